@@ -1,0 +1,1 @@
+"""Distributed generalized symmetric-definite eigensolver on hpccoll (placeholder)."""

@@ -1,0 +1,12 @@
+"""hpccoll: barrier-free small-message GPU collectives with an mpi4py-style Communicator."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from ._buffers import IN_PLACE
+from .comm import Communicator
+from .errors import CollectiveTimeout, HpccollError, MismatchError
+from .ops import MAX, MIN, PROD, SUM, Op
+
+__all__ = ["Communicator", "IN_PLACE", "SUM", "PROD", "MAX", "MIN", "Op",
+           "CollectiveTimeout", "HpccollError", "MismatchError", "__version__"]

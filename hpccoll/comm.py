@@ -1,0 +1,234 @@
+"""The Communicator: mpi4py-style collectives on host or device buffers.
+
+Construction is collective over the MPI communicator it wraps (which it duplicates,
+so hpccoll's traffic never meets the caller's).  One collective is in flight per
+communicator at a time: calls from two threads, or on two streams without ordering
+between them, are not supported; use one communicator per stream (`Dup`)."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from mpi4py import MPI
+
+from . import _env
+from ._validate import check_agreement, prepare
+from .backends.host import HostBackend
+from .errors import HpccollError
+from .ops import SUM
+
+log = logging.getLogger("hpccoll")
+
+BACKENDS = ("auto", "host", "cuda", "nccl")
+
+
+def _device_backend_reason() -> str | None:
+    """None when the CUDA backend can run here, else why not."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - report any import failure
+        return f"CuPy is not importable ({exc.__class__.__name__}: {exc}); pip install 'hpccoll[cuda13]'"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return f"no usable CUDA driver ({exc})"
+    if n == 0:
+        return "no GPU"
+    return None
+
+
+class Communicator:
+    """Collectives over an MPI communicator, mirroring mpi4py.MPI.Comm.
+
+    backend: "auto" (CUDA kernels where a GPU and CuPy are usable, else host),
+    "host" (MPI; device buffers are staged through host memory), "cuda", "nccl".
+    algorithm / deterministic: defaults for every call (each call may override).
+    check: compare every call's arguments across ranks first (or HPCCOLL_CHECK=1).
+    timeout: seconds a device kernel waits for a peer before CollectiveTimeout.
+    """
+
+    def __init__(self, comm=None, *, backend: str = "auto", device: int | None = None,
+                 algorithm: str = "auto", deterministic: bool = False, check: bool | None = None,
+                 timeout: float | None = None, _owned_comm=None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}")
+        base = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(base, MPI.Comm):
+            raise TypeError(f"comm must be an mpi4py communicator, not {type(base).__name__}")
+        _env.detect_singleton(MPI.COMM_WORLD.Get_size())
+        self._comm = _owned_comm if _owned_comm is not None else base.Dup()
+        self.algorithm = algorithm
+        self.deterministic = bool(deterministic)
+        self.check = _env.check_mode(check)
+        self.timeout = _env.timeout_s(timeout)
+        self._host = HostBackend(self._comm)
+        self._device = None
+        self._lock = threading.Lock()
+        self._freed = False
+        self.backend = self._open_device_backend(backend, device)
+
+    def _open_device_backend(self, backend: str, device) -> str:
+        if backend == "host":
+            return "host"
+        reason = _device_backend_reason()
+        # Construction is collective: agree on whether every rank can open the device path.
+        reasons = self._comm.allgather(reason)
+        bad = [(r, why) for r, why in enumerate(reasons) if why]
+        if bad:
+            msg = "; ".join(f"rank {r}: {why}" for r, why in bad)
+            if backend == "auto":
+                log.info("hpccoll: using the host backend (%s)", msg)
+                return "host"
+            raise HpccollError(f"backend={backend!r} is not available: {msg}")
+        if backend == "nccl":
+            from .backends.nccl import NcclBackend
+
+            self._device = NcclBackend(self._comm, device)
+            return "nccl"
+        from .backends.cuda import CudaBackend, CudaUnavailable
+
+        try:
+            self._device = CudaBackend(self._comm, device, timeout=self.timeout)
+        except CudaUnavailable as exc:
+            if backend == "auto":
+                log.warning("hpccoll: CUDA backend unavailable, using host backend: %s", exc)
+                return "host"
+            raise
+        return "cuda"
+
+    # -- mpi4py-style basics -------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self._comm.Get_size()
+
+    @property
+    def mpi_comm(self):
+        """The (duplicated) MPI communicator underneath."""
+        return self._comm
+
+    @property
+    def device(self):
+        """The CUDA device ordinal this rank uses, or None on the host backend."""
+        return None if self._device is None else self._device.device_id
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def _like_me(self, owned_comm) -> "Communicator":
+        return Communicator(owned_comm, backend=self.backend, device=self.device,
+                            algorithm=self.algorithm, deterministic=self.deterministic,
+                            check=self.check, timeout=self.timeout, _owned_comm=owned_comm)
+
+    def Dup(self) -> "Communicator":
+        """A new communicator over the same ranks, with its own device workspace."""
+        return self._like_me(self._comm.Dup())
+
+    def Split(self, color: int = 0, key: int = 0) -> "Communicator | None":
+        """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None."""
+        sub = self._comm.Split(color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        return self._like_me(sub)
+
+    def Free(self) -> None:
+        """Release device workspace and the MPI communicator (collective)."""
+        if self._freed:
+            return
+        self._freed = True
+        if self._device is not None:
+            self._device.free()
+            self._device = None
+        self._comm.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.Free()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<hpccoll.Communicator rank {self.rank}/{self.size} backend={self.backend}>"
+
+    # -- collectives -----------------------------------------------------------
+    def _run(self, name, sendbuf, recvbuf, *, op=None, root=None, algorithm=None,
+             deterministic=None, stream=None):
+        if self._freed:
+            raise HpccollError(f"{name}: this communicator was freed")
+        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
+        algo = self.algorithm if algorithm is None else algorithm
+        det = self.deterministic if deterministic is None else bool(deterministic)
+        if self.check:
+            check_agreement(self._comm, call)
+        if not self._lock.acquire(blocking=False):
+            raise HpccollError(f"{name}: another collective is in flight on this communicator "
+                               "(one at a time per communicator; use Dup() for another thread)")
+        try:
+            if call.recv.is_device and self._device is not None:
+                self._device.run(call, det, algo, stream)
+            else:
+                if algo not in ("auto", "mpi", "host"):
+                    if self._device is None:
+                        raise ValueError(f"{name}: algorithm={algo!r} needs device buffers on the "
+                                         f"cuda backend; this call runs on the host backend: use 'auto'")
+                getattr(self._host, _METHOD[name])(call, det, algo)
+        finally:
+            self._lock.release()
+
+    def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
+        """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
+        self._run("Allreduce", sendbuf, recvbuf, op=op, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    def Bcast(self, buf, root: int = 0, *, algorithm=None, deterministic=None, stream=None):
+        """Copy buf from root to every rank."""
+        self._run("Bcast", None, buf, root=root, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, algorithm=None,
+                             deterministic=None, stream=None):
+        """recvbuf = block `rank` of op over ranks of sendbuf (size*len(recvbuf) elements)."""
+        self._run("Reduce_scatter_block", sendbuf, recvbuf, op=op, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    def Allgather(self, sendbuf, recvbuf, *, algorithm=None, deterministic=None, stream=None):
+        """recvbuf = concatenation over ranks of sendbuf."""
+        self._run("Allgather", sendbuf, recvbuf, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    def Barrier(self) -> None:
+        """Wait until every rank has called Barrier (device work ordered on the stream too)."""
+        if self._device is not None:
+            self._device.barrier()
+        else:
+            self._host.barrier()
+
+    def allreduce(self, x, op=SUM, **kw):
+        """Return a new array: op over ranks of x (same type and device as x)."""
+        out = _empty_like(x)
+        self.Allreduce(x, out, op=op, **kw)
+        return out
+
+
+_METHOD = {"Allreduce": "allreduce", "Bcast": "bcast",
+           "Reduce_scatter_block": "reduce_scatter_block", "Allgather": "allgather"}
+
+
+def _empty_like(x):
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return np.empty_like(x)
+    try:
+        import cupy
+
+        return cupy.empty_like(cupy.asarray(x))
+    except ImportError:
+        raise TypeError(f"allreduce: x must be a numpy or device array, not {type(x).__name__}") from None
