@@ -81,7 +81,7 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
             raise ValueError(f"{fn}: {argname} is not contiguous: pass np.ascontiguousarray({argname})")
         if writable and not arr.flags.writeable:
             raise ValueError(f"{fn}: {argname} is read-only: pass a writable array (e.g. {argname}.copy())")
-        flat = arr.reshape(-1, order="K") if arr.ndim != 1 else arr
+        flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr  # "A": a view in memory order
     elif hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack_device__"):
         cp = _cupy()
         if cp is None:
@@ -96,7 +96,7 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
         if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
             raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
         device = arr.device.id
-        flat = arr.reshape(-1, order="K") if arr.ndim != 1 else arr
+        flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr  # "A": a view in memory order
     else:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")

@@ -45,7 +45,7 @@ def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=N
             raise ValueError(f"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
         return Call(name, buf, buf, None, root, True)
 
-    rop = as_op(op) if op is not None else None
+    rop = as_op(op) if name in ("Allreduce", "Reduce_scatter_block") else None  # op=None raises
     recv = as_buf(recvbuf, "recvbuf", fn, writable=True)
     in_place = is_in_place(sendbuf)
     send = recv if in_place else as_buf(sendbuf, "sendbuf", fn, writable=False)
