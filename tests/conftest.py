@@ -1,0 +1,101 @@
+"""Shared test setup: abort every rank when one fails under MPI; skip `gpu` tests without a GPU.
+
+MPI tests run with `mpiexec -n N python -m pytest --with-mpi tests/mpi` (pytest-mpi skips
+them without --with-mpi).  A failed assertion on one rank would leave the others waiting in
+the next collective forever, so the first failure prints its report and aborts the job."""
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import pytest
+
+#: element counts every collective test runs: odd, and around power-of-two boundaries
+COUNTS = (1, 7, 1023, 4097)
+
+
+def _mpi_world():
+    """MPI.COMM_WORLD if MPI is initialized with more than one rank, else None."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return None
+    world = MPI.COMM_WORLD
+    return world if world.Get_size() > 1 else None
+
+
+def pytest_runtest_logreport(report):
+    """A failure on one rank must not leave the other ranks hanging: report it, then Abort."""
+    if not report.failed:
+        return
+    world = _mpi_world()
+    if world is None:
+        return
+    sys.stderr.write(f"\n[rank {world.Get_rank()}/{world.Get_size()}] FAILED {report.nodeid} "
+                     f"({report.when}):\n{report.longreprtext}\n"
+                     f"[rank {world.Get_rank()}] aborting the MPI job so the other ranks do not hang\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    world.Abort(1)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_unavailable_reason() -> str | None:
+    """None when CuPy imports and sees at least one GPU, else why `gpu` tests are skipped."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken CUDA install
+        return f"CuPy is not importable ({exc.__class__.__name__})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return f"no usable CUDA driver ({exc.__class__.__name__})"
+    return None if n > 0 else "no GPU"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped, with the reason, where CuPy or a GPU is missing."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a GPU: {reason}")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture
+def cupy():
+    """The cupy module, or skip the test (for GPU tests that are not marked `gpu`)."""
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs a GPU: {reason}")
+    import cupy as cp
+
+    return cp
+
+
+@pytest.fixture(scope="module")
+def comm():
+    """A host-backend Communicator over COMM_WORLD, check mode off (collective; freed after)."""
+    import hpccoll
+
+    c = hpccoll.Communicator(backend="host", check=False)
+    yield c
+    c.Free()
+
+
+def dtypes():
+    """Every supported dtype as a pytest param; bfloat16 is skipped without ml_dtypes."""
+    from hpccoll.ops import BFLOAT16
+
+    params = [pytest.param(np.dtype(n), id=n) for n in ("float64", "float32", "float16")]
+    params.append(pytest.param(BFLOAT16, id="bfloat16", marks=pytest.mark.skipif(
+        BFLOAT16 is None, reason="bfloat16 needs ml_dtypes")))
+    params += [pytest.param(np.dtype(n), id=n) for n in ("int32", "int64")]
+    return params

@@ -1,0 +1,287 @@
+"""Host backend collectives against a numpy reference built from every rank's gathered input.
+
+Every iteration draws fresh data seeded by (test, rank, iteration), so a collective that
+returns stale or another rank's data fails.  Run with an odd rank count too (`-n 3`): the
+rank-order reference and block layouts differ from the even case."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from conftest import COUNTS, dtypes
+from mpi4py import MPI
+
+import hpccoll
+from hpccoll.ops import BFLOAT16, MAX, MIN, PROD, SUM, reduce_in_rank_order
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+OPS = [pytest.param(op, id=op.name) for op in (SUM, PROD, MAX, MIN)]
+ITERATIONS = 4
+WORLD = MPI.COMM_WORLD
+
+
+# -- data and references -----------------------------------------------------------
+
+def _rng(request, it: int, salt: int = 0) -> np.random.Generator:
+    """Different for every test, rank and iteration; the same on a rerun."""
+    test = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng([test, WORLD.Get_rank(), it, salt])
+
+
+def _is_float(dtype) -> bool:
+    return dtype == BFLOAT16 or np.dtype(dtype).kind == "f"
+
+
+def random_input(rng, dtype, n: int, op=SUM) -> np.ndarray:
+    """Random values that keep every op's exact result representable (no overflow)."""
+    size = WORLD.Get_size()
+    if _is_float(dtype):
+        if op is PROD:  # magnitudes in [0.5, 2): a product of `size` of them stays finite
+            x = rng.uniform(0.5, 2.0, n) * rng.choice([-1.0, 1.0], n)
+        else:
+            x = rng.standard_normal(n) * 4
+        return x.astype(dtype)
+    info = np.iinfo(dtype)
+    if op is PROD:
+        hi = int(round(info.max ** (1.0 / size))) // 2
+    elif op is SUM:
+        hi = info.max // size
+    else:
+        hi = info.max
+    return rng.integers(-hi, hi, n, dtype=dtype, endpoint=True)
+
+
+def gather(x: np.ndarray) -> np.ndarray:
+    """Every rank's x, stacked in rank order (through plain mpi4py, not hpccoll)."""
+    parts = WORLD.allgather(np.ascontiguousarray(x).tobytes())
+    return np.stack([np.frombuffer(p, dtype=x.dtype).reshape(x.shape) for p in parts])
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    """x viewed as unsigned integers of its width: equality of these is bitwise equality."""
+    return np.ascontiguousarray(x).view(f"u{x.dtype.itemsize}")
+
+
+def assert_bitwise(got: np.ndarray, want: np.ndarray, what: str = "result"):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if not np.array_equal(bits(got), bits(want)):
+        bad = np.flatnonzero(bits(got).ravel() != bits(want).ravel())
+        i = bad[0]
+        pytest.fail(f"{what}: {bad.size} of {got.size} elements differ in bits on rank "
+                    f"{WORLD.Get_rank()}; first at [{i}]: got {got.ravel()[i]!r}, want {want.ravel()[i]!r}")
+
+
+def assert_same_on_every_rank(x: np.ndarray):
+    """Every rank holds bit-identical x."""
+    every = gather(x)
+    for r in range(1, len(every)):
+        assert np.array_equal(bits(every[r]), bits(every[0])), f"rank {r} differs from rank 0 in bits"
+
+
+def _eps(dtype) -> float:
+    if dtype == BFLOAT16:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+    return float(np.finfo(dtype).eps)
+
+
+def assert_reduced(got: np.ndarray, inputs: np.ndarray, op, deterministic: bool):
+    """deterministic: the rank-order reference bit for bit.  Otherwise exact for integers and
+    MAX/MIN, and within the rounding-error bound of any summation order for float SUM/PROD."""
+    want = reduce_in_rank_order(op, inputs)
+    if deterministic or not _is_float(got.dtype) or op in (MAX, MIN):
+        assert_bitwise(got, want)
+        return
+    wide = inputs.astype(np.float64)
+    scale = np.abs(wide).sum(axis=0) if op is SUM else np.abs(wide).prod(axis=0)
+    tol = 2 * len(inputs) * _eps(got.dtype) * scale
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert np.all(err <= tol), f"max error {err.max()} exceeds the rounding bound"
+
+
+def _in_place_ids(v):
+    return "in_place" if v else "out_of_place"
+
+
+# -- Allreduce -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_allreduce(comm, request, dtype, op, n, deterministic):
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, n, op)
+        x_before = x.copy()
+        out = np.full(n, 7, dtype=dtype)  # stale data the collective must overwrite
+        comm.Allreduce(x, out, op=op, deterministic=deterministic)
+        assert_bitwise(x, x_before, "sendbuf (must not change)")
+        assert_reduced(out, gather(x), op, deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("n", (1, 1023))
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_allreduce_in_place(comm, request, dtype, op, n, deterministic):
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, n, op)
+        inputs = gather(x)
+        comm.Allreduce(hpccoll.IN_PLACE, x, op=op, deterministic=deterministic)
+        assert_reduced(x, inputs, op, deterministic)
+
+
+@pytest.mark.parametrize("in_place", [hpccoll.IN_PLACE, MPI.IN_PLACE], ids=["hpccoll", "mpi4py"])
+def test_allreduce_mpi4py_in_place_marker(comm, request, in_place):
+    x = random_input(_rng(request, 0), np.float64, 7)
+    inputs = gather(x)
+    comm.Allreduce(in_place, x, op=SUM, deterministic=True)
+    assert_reduced(x, inputs, SUM, True)
+
+
+@pytest.mark.parametrize("name", ["SUM", "PROD", "MAX", "MIN"])
+@pytest.mark.parametrize("dtype", [np.float64, np.int32], ids=["float64", "int32"])
+def test_allreduce_accepts_mpi4py_ops(comm, request, dtype, name):
+    op = getattr(hpccoll, name)
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, 1023, op)
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=getattr(MPI, name), deterministic=True)
+        assert_reduced(out, gather(x), op, True)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_lowercase_allreduce_returns_new_array(comm, request, dtype, op):
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, 7 * 3, op).reshape(7, 3)
+        y = comm.allreduce(x, op=op, deterministic=True)
+        assert y is not x and y.shape == x.shape and y.dtype == x.dtype
+        assert_reduced(y, gather(x), op, True)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_allreduce_multidimensional(comm, request, order):
+    """2-D arrays in either memory order reduce element by element, shape kept."""
+    for it in range(ITERATIONS):
+        x = np.asarray(random_input(_rng(request, it), np.float32, 5 * 9).reshape(5, 9), order=order)
+        out = np.empty_like(x, order=order)
+        comm.Allreduce(x, out, op=SUM, deterministic=True)
+        assert_reduced(out, gather(x), SUM, True)
+
+
+# -- determinism ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_deterministic_identical_bits_everywhere_and_every_time(comm, request, dtype, op):
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, 4097, op)
+        first = np.empty_like(x)
+        second = np.empty_like(x)
+        comm.Allreduce(x, first, op=op, deterministic=True)
+        comm.Allreduce(x, second, op=op, deterministic=True)
+        assert_bitwise(second, first, "repeated call")
+        assert_same_on_every_rank(first)
+
+
+def test_deterministic_flag_on_the_communicator(request):
+    with hpccoll.Communicator(backend="host", deterministic=True, check=False) as c:
+        x = random_input(_rng(request, 0), np.float32, 4097)
+        out = np.empty_like(x)
+        c.Allreduce(x, out)
+        assert_reduced(out, gather(x), SUM, True)
+        assert_same_on_every_rank(out)
+
+
+SPECIALS = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0])
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [d for d in dtypes() if d.id.startswith(("float", "bf"))])
+def test_deterministic_special_values(comm, request, dtype, op):
+    """NaN, -0.0 and +-Inf follow the reference; NaN positions compared by isnan."""
+    for it in range(ITERATIONS):
+        rng = _rng(request, it)
+        x = rng.choice(SPECIALS, 1023).astype(dtype)
+        x[:: 5] = rng.standard_normal(x[:: 5].size).astype(dtype)
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=op, deterministic=True)
+        want = reduce_in_rank_order(op, gather(x))
+        nan = np.isnan(want.astype(np.float64))
+        assert np.array_equal(np.isnan(out.astype(np.float64)), nan), "NaN positions differ"
+        assert_bitwise(out[~nan], want[~nan])
+        got_all = gather(out)
+        for r in range(1, len(got_all)):
+            assert np.array_equal(np.isnan(got_all[r].astype(np.float64)), nan)
+            assert np.array_equal(bits(got_all[r][~nan]), bits(got_all[0][~nan]))
+
+
+# -- Reduce_scatter_block ------------------------------------------------------------------
+
+@pytest.mark.parametrize("in_place", [False, True], ids=_in_place_ids)
+@pytest.mark.parametrize("n", COUNTS[:3])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_reduce_scatter_block(comm, request, dtype, op, n, in_place):
+    size, rank = comm.size, comm.rank
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, n * size, op)
+        inputs = gather(x)
+        want = reduce_in_rank_order(op, inputs)[rank * n:(rank + 1) * n]
+        if in_place:
+            comm.Reduce_scatter_block(hpccoll.IN_PLACE, x, op=op, deterministic=True)
+            got = x[:n]
+        else:
+            got = np.full(n, 3, dtype=dtype)
+            comm.Reduce_scatter_block(x, got, op=op)
+        assert_bitwise(got, want)
+
+
+# -- Allgather --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("in_place", [False, True], ids=_in_place_ids)
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_allgather(comm, request, dtype, n, in_place):
+    size, rank = comm.size, comm.rank
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, n)
+        want = gather(x).reshape(-1)
+        if in_place:
+            out = np.full(n * size, 5, dtype=dtype)
+            out[rank * n:(rank + 1) * n] = x
+            comm.Allgather(hpccoll.IN_PLACE, out)
+        else:
+            out = np.full(n * size, 5, dtype=dtype)
+            comm.Allgather(x, out)
+        assert_bitwise(out, want)
+
+
+# -- Bcast -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("dtype", dtypes())
+def test_bcast_from_every_root(comm, request, dtype, n):
+    for it in range(ITERATIONS):
+        for root in range(comm.size):
+            x = random_input(_rng(request, it, salt=root), dtype, n)
+            want = gather(x)[root]
+            buf = x.copy() if comm.rank == root else np.full(n, 9, dtype=dtype)
+            comm.Bcast(buf, root=root)
+            assert_bitwise(buf, want, f"Bcast from root {root}")
+
+
+def test_bcast_2d_keeps_shape(comm, request):
+    x = random_input(_rng(request, 0), np.int64, 12).reshape(3, 4)
+    want = gather(x)[comm.size - 1]
+    buf = x.copy()
+    comm.Bcast(buf, root=comm.size - 1)
+    assert_bitwise(buf, want)
+
+
+def test_barrier(comm):
+    comm.Barrier()
