@@ -1,0 +1,135 @@
+"""Communicator lifecycle on the host backend: rank/size, Dup, Split, Free, context manager."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpccoll
+from hpccoll import HpccollError
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+WORLD = MPI.COMM_WORLD
+
+
+def allreduce_sum(c, value, **kw) -> int:
+    x = np.array([value], dtype=np.int64)
+    out = np.empty_like(x)
+    c.Allreduce(x, out, **kw)
+    return int(out[0])
+
+
+def test_rank_and_size(comm):
+    assert comm.rank == comm.Get_rank() == WORLD.Get_rank()
+    assert comm.size == comm.Get_size() == WORLD.Get_size()
+    assert comm.backend == "host" and comm.device is None
+    assert repr(comm) == f"<hpccoll.Communicator rank {comm.rank}/{comm.size} backend=host>"
+
+
+def test_traffic_on_a_duplicate_of_the_callers_comm(comm):
+    """hpccoll duplicates the communicator it wraps: same group, different context."""
+    assert comm.mpi_comm != WORLD
+    assert MPI.Comm.Compare(comm.mpi_comm, WORLD) == MPI.CONGRUENT
+
+
+def test_wraps_a_given_communicator():
+    with hpccoll.Communicator(MPI.COMM_SELF, backend="host") as c:
+        assert (c.rank, c.size) == (0, 1)
+        assert allreduce_sum(c, 5) == 5
+
+
+def test_dup_is_independent_and_inherits_settings():
+    with hpccoll.Communicator(backend="host", deterministic=True, check=True, timeout=12.5) as c:
+        d = c.Dup()
+        assert (d.rank, d.size) == (c.rank, c.size)
+        assert (d.backend, d.deterministic, d.check, d.timeout) == ("host", True, True, 12.5)
+        assert MPI.Comm.Compare(d.mpi_comm, c.mpi_comm) == MPI.CONGRUENT
+        assert allreduce_sum(d, d.rank) == d.size * (d.size - 1) // 2
+        d.Free()
+        assert allreduce_sum(c, 1) == c.size  # freeing the duplicate leaves the original usable
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["key_rank", "key_reversed"])
+def test_split_even_odd(comm, reverse):
+    color = comm.rank % 2
+    key = -comm.rank if reverse else comm.rank
+    sub = comm.Split(color, key)
+    try:
+        members = [r for r in range(comm.size) if r % 2 == color]
+        if reverse:
+            members = members[::-1]
+        assert sub.size == len(members)
+        assert sub.rank == members.index(comm.rank)
+        assert sub.backend == "host"
+        assert allreduce_sum(sub, comm.rank) == sum(members)
+        got = np.empty(sub.size, dtype=np.int64)
+        sub.Allgather(np.array([comm.rank], dtype=np.int64), got)
+        assert got.tolist() == members
+    finally:
+        sub.Free()
+
+
+def test_split_undefined_gives_none(comm):
+    color = MPI.UNDEFINED if comm.rank == 0 else 1
+    sub = comm.Split(color)
+    if comm.rank == 0:
+        assert sub is None
+    else:
+        assert sub.size == comm.size - 1
+        assert allreduce_sum(sub, 1) == comm.size - 1
+        sub.Free()
+
+
+def test_free_then_use_raises_and_free_twice_is_fine():
+    c = hpccoll.Communicator(backend="host")
+    c.Free()
+    c.Free()
+    with pytest.raises(HpccollError, match="Allreduce: this communicator was freed"):
+        c.Allreduce(np.ones(3), np.empty(3))
+    with pytest.raises(HpccollError, match="Bcast: this communicator was freed"):
+        c.Bcast(np.ones(3), root=0)
+
+
+def test_context_manager_frees(comm):
+    with comm.Dup() as d:
+        assert allreduce_sum(d, 2) == 2 * d.size
+    with pytest.raises(HpccollError, match="freed"):
+        d.Allgather(np.ones(1), np.empty(comm.size))
+
+
+def test_context_manager_frees_on_exception():
+    with pytest.raises(RuntimeError, match="boom"):
+        with hpccoll.Communicator(backend="host") as c:
+            raise RuntimeError("boom")
+    with pytest.raises(HpccollError, match="freed"):
+        c.Allreduce(np.ones(1), np.empty(1))
+
+
+def test_auto_backend_falls_back_to_host_without_gpu():
+    from hpccoll.comm import _device_backend_reason
+
+    if _device_backend_reason() is None:
+        pytest.skip("a GPU is usable here; auto picks the device backend")
+    with hpccoll.Communicator() as c:
+        assert c.backend == "host"
+        assert allreduce_sum(c, 1) == c.size
+
+
+@pytest.mark.parametrize("algorithm", ["ll128", "sentinel", "bogus"])
+def test_device_algorithm_on_host_raises_on_every_rank(comm, algorithm):
+    with pytest.raises(ValueError, match=f"Allreduce: algorithm='{algorithm}' needs device buffers"):
+        comm.Allreduce(np.ones(3), np.empty(3), algorithm=algorithm)
+    assert allreduce_sum(comm, 1) == comm.size  # nothing was sent: the next call is clean
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "host"])
+def test_host_algorithms_accepted(comm, algorithm):
+    assert allreduce_sum(comm, 3, algorithm=algorithm) == 3 * comm.size
+
+
+def test_bad_root_raises_before_communication(comm):
+    for root in (-1, comm.size, 1.5):
+        with pytest.raises(ValueError, match=rf"Bcast: root={root!r} is not a rank"):
+            comm.Bcast(np.ones(3), root=root)
+    assert allreduce_sum(comm, 1) == comm.size
