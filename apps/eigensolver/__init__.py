@@ -1,1 +1,11 @@
-"""Distributed generalized symmetric-definite eigensolver on hpccoll (placeholder)."""
+"""Distributed generalized symmetric-definite eigensolver (sygvd) on hpccoll collectives.
+
+    from hpccoll_eigensolver import BlockCyclic, distribute, gather, sygvd
+    desc = BlockCyclic(n, n, nb, comm.Get_size())
+    w, X_local = sygvd(distribute(A, desc, rank), distribute(B, desc, rank), desc, comm)
+
+Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algorithm."""
+from .layout import BlockCyclic, distribute, gather, numroc
+from .solver import PHASES, NotPositiveDefinite, sygvd
+
+__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "PHASES", "NotPositiveDefinite"]
