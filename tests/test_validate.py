@@ -1,0 +1,190 @@
+"""Argument validation (hpccoll/_validate.py, _buffers.py): bad inputs raise before any
+communication, with a message that names the argument and the fix."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpccoll
+from hpccoll._validate import block_count, prepare
+
+
+class _NoCommunication:
+    """Stands in for the backend: any use means a bad call reached communication."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"backend.{name} was reached: validation must raise first")
+
+
+@pytest.fixture
+def comm(monkeypatch):
+    """A one-rank Communicator whose backend and check mode fail the test if reached."""
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=True)
+    c._host = _NoCommunication()
+    monkeypatch.setattr("hpccoll.comm.check_agreement", _fail_agreement)
+    yield c
+    c.Free()
+
+
+def _fail_agreement(*args):
+    raise AssertionError("check_agreement was reached: validation must raise first")
+
+
+def f64(n):
+    return np.zeros(n)
+
+
+# -- size -------------------------------------------------------------------------------
+
+def test_allreduce_size_mismatch(comm):
+    with pytest.raises(ValueError, match="Allreduce: recvbuf has 1000 elements, sendbuf 999"):
+        comm.Allreduce(f64(999), f64(1000))
+
+
+def test_allgather_size_mismatch():
+    with pytest.raises(ValueError, match=r"Allgather: recvbuf has 7 elements, sendbuf 3: .*3\*3 = 9"):
+        prepare("Allgather", 3, f64(3), f64(7))
+
+
+def test_allgather_in_place_not_multiple():
+    with pytest.raises(ValueError, match="Allgather: recvbuf has 7 elements, not a multiple of size=3"):
+        prepare("Allgather", 3, hpccoll.IN_PLACE, f64(7))
+
+
+def test_reduce_scatter_block_size_mismatch():
+    with pytest.raises(ValueError, match=r"Reduce_scatter_block: sendbuf has 8 elements, recvbuf 3: .*3\*3 = 9"):
+        prepare("Reduce_scatter_block", 3, f64(8), f64(3), op=hpccoll.SUM)
+
+
+def test_reduce_scatter_block_in_place_not_multiple():
+    with pytest.raises(ValueError, match="IN_PLACE recvbuf .* multiple of size=3 elements, it has 8"):
+        prepare("Reduce_scatter_block", 3, hpccoll.IN_PLACE, f64(8), op=hpccoll.SUM)
+
+
+def test_block_counts_agree_between_in_place_and_not():
+    assert block_count(prepare("Allgather", 3, f64(4), f64(12)), 3) == 4
+    assert block_count(prepare("Allgather", 3, hpccoll.IN_PLACE, f64(12)), 3) == 4
+    assert block_count(prepare("Reduce_scatter_block", 3, f64(12), f64(4), op="sum"), 3) == 4
+    assert block_count(prepare("Reduce_scatter_block", 3, hpccoll.IN_PLACE, f64(12), op="sum"), 3) == 4
+
+
+# -- dtype and layout -------------------------------------------------------------------
+
+def test_dtype_mismatch(comm):
+    with pytest.raises(TypeError, match="Allreduce: sendbuf is float32 but recvbuf is float64"):
+        comm.Allreduce(np.zeros(4, np.float32), np.zeros(4, np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.uint8, np.float128 if hasattr(np, "float128") else np.bool_])
+def test_unsupported_dtype(comm, dtype):
+    x = np.zeros(4, dtype)
+    with pytest.raises(TypeError, match=rf"dtype {np.dtype(dtype).name} is not supported: use one of "
+                                        "float64, float32, float16, bfloat16, int32, int64"):
+        comm.Allreduce(x, x.copy())
+
+
+def test_non_contiguous_sendbuf(comm):
+    with pytest.raises(ValueError, match=r"Allreduce: sendbuf is not contiguous: pass np.ascontiguousarray\(sendbuf\)"):
+        comm.Allreduce(np.zeros(8)[::2], np.zeros(4))
+
+
+def test_non_contiguous_recvbuf(comm):
+    with pytest.raises(ValueError, match="Allgather: recvbuf is not contiguous"):
+        comm.Allgather(np.zeros(4), np.zeros((4, 2))[:, 0])
+
+
+def test_read_only_recvbuf(comm):
+    out = np.zeros(4)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match=r"Allreduce: recvbuf is read-only: pass a writable array"):
+        comm.Allreduce(np.zeros(4), out)
+
+
+def test_read_only_bcast_buffer(comm):
+    buf = np.zeros(4)
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="Bcast: buf is read-only"):
+        comm.Bcast(buf, root=0)
+
+
+def test_read_only_sendbuf_is_fine():
+    x = np.ones(4)
+    x.flags.writeable = False
+    with hpccoll.Communicator(MPI.COMM_SELF, backend="host") as c:
+        out = np.empty(4)
+        c.Allreduce(x, out)
+        assert np.array_equal(out, x)
+
+
+def test_not_an_array(comm):
+    with pytest.raises(TypeError, match="Allreduce: sendbuf must be a numpy array or a device array .* not list"):
+        comm.Allreduce([1.0, 2.0], np.zeros(2))
+
+
+# -- root, op, backend, algorithm -------------------------------------------------------
+
+@pytest.mark.parametrize("root", [-1, 1, 1.5, True, None])
+def test_bad_root(comm, root):
+    with pytest.raises(ValueError, match=rf"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < 1"):
+        comm.Bcast(np.zeros(3), root=root)
+
+
+@pytest.mark.parametrize("op", ["AVG", None, 3, "sum!", np.add])
+def test_bad_op(comm, op):
+    with pytest.raises(ValueError, match=r"op=.* is not supported: use hpccoll.SUM, MAX, MIN or PROD"):
+        comm.Allreduce(np.zeros(3), np.zeros(3), op=op)
+
+
+def test_bad_op_reduce_scatter(comm):
+    with pytest.raises(ValueError, match="op=.* is not supported"):
+        comm.Reduce_scatter_block(np.zeros(3), np.zeros(3), op=MPI.LAND)
+
+
+def test_bad_backend_name():
+    with pytest.raises(ValueError, match="backend='gpu': use one of auto, host, cuda, nccl"):
+        hpccoll.Communicator(MPI.COMM_SELF, backend="gpu")
+
+
+def test_comm_must_be_mpi4py():
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator, not int"):
+        hpccoll.Communicator(3, backend="host")
+
+
+def test_bad_algorithm_on_host():
+    """(Checked after check mode's exchange, so this communicator runs without check mode.)"""
+    with hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=False) as c:
+        c._host = _NoCommunication()
+        with pytest.raises(ValueError, match="Allreduce: algorithm='ll128' needs device buffers on the cuda backend"):
+            c.Allreduce(np.zeros(3), np.zeros(3), algorithm="ll128")
+
+
+@pytest.mark.parametrize("name", ["HPCCOLL_TIMEOUT"])
+@pytest.mark.parametrize("value", ["soon", "0", "-1"])
+def test_bad_timeout_env(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="HPCCOLL_TIMEOUT|timeout="):
+        hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+
+
+# -- what a valid call becomes ----------------------------------------------------------
+
+def test_prepare_in_place_uses_recvbuf():
+    out = np.zeros(6, np.int32)
+    call = prepare("Allreduce", 2, MPI.IN_PLACE, out, op=MPI.MAX)
+    assert call.in_place and call.send is call.recv and call.op is hpccoll.MAX
+    assert call.recv.dtype == "int32" and call.recv.count == 6 and not call.recv.is_device
+
+
+def test_prepare_multidimensional_is_a_flat_view():
+    for order in "CF":
+        out = np.zeros((3, 5), order=order)
+        call = prepare("Allreduce", 2, np.ones((3, 5), order=order), out, op=hpccoll.SUM)
+        assert call.recv.count == 15 and call.recv.flat.ndim == 1
+        assert np.shares_memory(call.recv.flat, out)
+
+
+def test_bfloat16_is_supported():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.zeros(4, ml_dtypes.bfloat16)
+    assert prepare("Allreduce", 2, x, x.copy(), op="max").recv.dtype == "bfloat16"
