@@ -1,0 +1,285 @@
+"""The slurm/*.sbatch scripts against a real Slurm, and srun's singleton trap.
+
+Tests marked `slurm` need a reachable controller (`tests/slurm/run` starts a one-node cluster on
+localhost and runs them); they submit the real scripts with small CPU problems, wait for the job
+(bounded), and check its state, exit code and the files it wrote.  The unmarked tests check the
+scripts' own guards and hygiene without Slurm."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM = REPO / "slurm"
+SCRIPTS = ("bench.sbatch", "eigensolver.sbatch", "reproducibility.sbatch")
+#: seconds one job may take from submission to its end (small CPU problems, 2 CPUs)
+JOB_TIMEOUT = float(os.environ.get("HPCCOLL_SLURM_JOB_TIMEOUT", "300"))
+_DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def _slurm_unreachable() -> str | None:
+    if not shutil.which("sbatch") or not shutil.which("sinfo"):
+        return "no Slurm client (sbatch, sinfo) on PATH; tests/slurm/run starts a cluster"
+    try:
+        r = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 15 s"
+    if r.returncode != 0:
+        return f"no Slurm controller reachable (sinfo: {r.stderr.strip()}); tests/slurm/run starts one"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    why = _slurm_unreachable()
+    if why:
+        pytest.skip(why)
+
+
+def _user_env() -> dict[str, str]:
+    """The submitting user's environment: this Python's install is the one the jobs use."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    if os.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    if sys.prefix != sys.base_prefix and (Path(sys.prefix) / "bin" / "activate").is_file():
+        env["HPCCOLL_VENV"] = sys.prefix  # exercise the scripts' venv activation
+    else:
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _job_fields(job_id: str) -> dict[str, str] | None:
+    r = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                       timeout=30)
+    if r.returncode != 0 or "JobState=" not in r.stdout:
+        return None
+    return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+
+def submit(script: str, tmp_path: Path, ntasks: int = 2, **variables) -> tuple[dict, str, Path]:
+    """sbatch the script with `variables` exported, wait for its end (bounded by JOB_TIMEOUT),
+    return (scontrol fields, job log, OUT folder)."""
+    out = tmp_path / "out"
+    env = _user_env()
+    env.update({k: str(v) for k, v in variables.items()})
+    env["OUT"] = str(out)
+    r = subprocess.run(["sbatch", "--parsable", "-n", str(ntasks), f"--chdir={tmp_path}",
+                        f"--output={tmp_path}/slurm-%j.out", str(SLURM / script)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"sbatch {script} failed: {r.stderr}"
+    job_id = r.stdout.strip().split(";")[0]
+    log = tmp_path / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    fields = None
+    while time.monotonic() < deadline:
+        fields = _job_fields(job_id)
+        if fields is None:
+            # purged already (MinJobAge) or unknown: the job is over, squeue no longer lists it
+            q = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+            if q.returncode == 0 and q.stdout.strip():
+                time.sleep(0.5)
+                continue
+            pytest.fail(f"job {job_id} ({script}) vanished from scontrol; log:\n{_read(log)}")
+        if fields.get("JobState") in _DONE:
+            break
+        time.sleep(0.5)
+    else:
+        subprocess.run(["scancel", job_id], timeout=30)
+        pytest.fail(f"job {job_id} ({script}) still {fields and fields.get('JobState')} after "
+                    f"{JOB_TIMEOUT:.0f} s; cancelled. Log:\n{_read(log)}")
+    return fields, _read(log), out
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<{path}: {exc}>"
+
+
+def assert_completed(fields: dict, log: str) -> None:
+    state, code = fields.get("JobState"), fields.get("ExitCode")
+    assert (state, code) == ("COMPLETED", "0:0"), \
+        f"job {fields.get('JobId')} ended {state} with exit {code}; log:\n{log}"
+
+
+def job_txt(out: Path) -> dict[str, str]:
+    lines = (out / "job.txt").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def _values(obj, key_part: str) -> list:
+    """Every value, at any depth, under a dict key containing key_part (case-insensitive)."""
+    found = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if key_part in str(k).lower():
+                found.append(v)
+            found += _values(v, key_part)
+    elif isinstance(obj, list):
+        for v in obj:
+            found += _values(v, key_part)
+    return found
+
+
+def _numbers(values) -> list[float]:
+    nums = []
+    for v in values:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            nums.append(float(v))
+        elif isinstance(v, (list, dict)):
+            nums += _numbers(v if isinstance(v, list) else list(v.values()))
+    return nums
+
+
+def _expected_plugin() -> str:
+    from mpi4py import MPI  # noqa: PLC0415 - only the slurm tests need it
+
+    return "pmix" if "Open MPI" in MPI.Get_library_version() else "pmi2"
+
+
+# ---------------------------------------------------------------- against a real Slurm
+
+
+@pytest.mark.slurm
+def test_bench_job(slurm, tmp_path):
+    fields, log, out = submit("bench.sbatch", tmp_path, COLLECTIVE="allreduce", SIZES="8:4K",
+                              ITERS=5)
+    assert_completed(fields, log)
+    meta = job_txt(out)
+    assert meta["ranks"] == "2" and meta["gpus"] == "0"
+    assert meta["mpi_plugin"] == _expected_plugin()
+    data = json.loads((out / "bench.json").read_text())
+    assert data, "bench.json is empty"
+    assert "allreduce" in json.dumps(data)
+    sizes = set(_numbers(_values(data, "size")) + _numbers(_values(data, "bytes")))
+    assert {8.0, 4096.0} <= sizes, f"bench.json lacks the sizes 8 and 4096: {sorted(sizes)[:20]}"
+
+
+@pytest.mark.slurm
+def test_eigensolver_job(slurm, tmp_path):
+    n = 96
+    fields, log, out = submit("eigensolver.sbatch", tmp_path, N=n, COMM="mpi", REPEAT=2)
+    assert_completed(fields, log)
+    meta = job_txt(out)
+    assert meta["ranks"] == "2" and "--comm mpi" in meta["command"]
+    results = sorted(out.glob("**/*.json"))
+    assert results, f"{out} has no JSON result; it has {sorted(p.name for p in out.iterdir())}"
+    data = [json.loads(p.read_text()) for p in results]
+    assert n in _numbers(_values(data, "n")), f"no result records n={n}"
+    residuals = _numbers(_values(data, "resid"))
+    assert residuals, f"no residual in {[p.name for p in results]}"
+    # LAPACK-style scaled residual: O(1) for a correct solve (1e-3 measured on GPUs)
+    assert all(math.isfinite(r) and 0 <= r < 100 for r in residuals), residuals
+
+
+@pytest.mark.slurm
+def test_reproducibility_job(slurm, tmp_path):
+    # COMM unset: on this CPU node the script must default to the only path there, mpi.
+    fields, log, out = submit("reproducibility.sbatch", tmp_path, N=64, REPEAT=2)
+    assert_completed(fields, log)
+    meta = job_txt(out)
+    assert "--comm mpi" in meta["command"] and "--ranks 2" in meta["command"]
+    report = (out / "report.txt").read_text()
+    assert "mpi" in report.lower(), report
+    assert list(out.glob("**/*.json")), f"compare wrote no JSON into {out}"
+
+
+@pytest.mark.slurm
+def test_srun_wrong_plugin_is_refused(slurm):
+    """srun --mpi=none with the MPICH wheel starts 2 singletons: hpccoll must refuse loudly."""
+    r = subprocess.run(["srun", "-n", "2", "--mpi=none", sys.executable, "-c",
+                        "import hpccoll; hpccoll.Communicator()"],
+                       env=_user_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0
+    assert "--mpi=pmi2" in r.stderr and "size 1" in r.stderr, r.stderr
+
+
+@pytest.mark.slurm
+def test_srun_right_plugin_makes_one_world(slurm):
+    r = subprocess.run(["srun", "-n", "2", f"--mpi={_expected_plugin()}", sys.executable, "-c",
+                        "import hpccoll; c = hpccoll.Communicator(backend='host'); "
+                        "print('world', c.Get_size())"],
+                       env=_user_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split().count("2") == 2, r.stdout
+
+
+# ---------------------------------------------------------------- the scripts, without Slurm
+
+
+def _run_script(script: str, **variables) -> subprocess.CompletedProcess:
+    env = _user_env()
+    env.pop("HPCCOLL_VENV", None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({k: str(v) for k, v in variables.items()})
+    return subprocess.run(["bash", str(SLURM / script)], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_refuses_outside_slurm(script):
+    r = _run_script(script)
+    assert r.returncode == 2 and "submit with sbatch" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_refuses_multinode(script, tmp_path):
+    r = _run_script(script, SLURM_JOB_ID=1, SLURM_JOB_NUM_NODES=2, OUT=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "2 nodes" in r.stderr and "HPCCOLL_ALLOW_MULTINODE=1" in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir()), "refused, yet it wrote something"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_refuses_per_task_gpus(script):
+    r = _run_script(script, SLURM_JOB_ID=1, SLURM_GPUS_PER_TASK=1)
+    assert r.returncode == 2 and "CUDA IPC" in r.stderr and "--gpus-per-node" in r.stderr, r.stderr
+
+
+def test_script_refuses_a_missing_venv(tmp_path):
+    r = _run_script("bench.sbatch", SLURM_JOB_ID=1, HPCCOLL_VENV=tmp_path / "nope")
+    assert r.returncode == 2 and "HPCCOLL_VENV" in r.stderr, r.stderr
+
+
+def _common_block(text: str) -> str:
+    m = re.search(r"^# --- common:.*?^# --- end common ---$", text, re.S | re.M)
+    assert m, "no common block"
+    return m.group(0)
+
+
+def test_common_block_identical():
+    blocks = {s: _common_block((SLURM / s).read_text()) for s in SCRIPTS}
+    first = blocks[SCRIPTS[0]]
+    for s, b in blocks.items():
+        assert b == first, f"slurm/{s}: the common block differs from slurm/{SCRIPTS[0]}'s"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_header(script):
+    text = (SLURM / script).read_text()
+    assert os.access(SLURM / script, os.X_OK)
+    assert "#SBATCH --nodes=1" in text
+    assert "--gpus-per-task" in text.split("#SBATCH")[0], "the header must warn about per-task GPUs"
+    for var in ("OUT", "HPCCOLL_VENV", "HPCCOLL_MPI_PLUGIN", "HPCCOLL_ALLOW_MULTINODE", "Writes:"):
+        assert var in text.split("#SBATCH")[0], f"{script}: header does not document {var}"
+
+
+def test_shellcheck_clean():
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    files = [str(SLURM / s) for s in SCRIPTS] + [str(Path(__file__).with_name("run"))]
+    r = subprocess.run(["shellcheck", *files], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
