@@ -1,0 +1,262 @@
+// collectives.cu - the collective kernels, written on LLBuffer (ll_buffer.cuh).
+//
+// One thread handles packs p = tid, tid + T, ... (T = threads in the grid).  The launch
+// configuration is a function of (collective, algorithm, size, nranks) only, so the same
+// thread handles pack p on every rank.  `iters` > 1 runs that many collectives back to back
+// inside one launch (the benchmark's in-kernel mode); the host path always passes 1.
+#include "hc_common.cuh"
+#include "ll_buffer.cuh"
+#include "proto_ll.cuh"
+#include "proto_ll128.cuh"
+#include "proto_sentinel.cuh"
+
+__device__ __forceinline__ u64 tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 nthreads() { return (u64)gridDim.x * blockDim.x; }
+__device__ __forceinline__ u64 packsOf(u64 count) { return (count + HC_EPP - 1) / HC_EPP; }
+
+// Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
+__device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
+  const T* x = (const T*)base + p * HC_EPP;
+  return (p + 1) * HC_EPP <= count ? ldPack(x) : ldPartial(x, (int)(count - p * HC_EPP), (T)0);
+}
+__device__ __forceinline__ void storePack(void* base, u64 count, u64 p, Pack v) {
+  T* y = (T*)base + p * HC_EPP;
+  if ((p + 1) * HC_EPP <= count) stPack(y, v); else stPartial(y, v, (int)(count - p * HC_EPP));
+}
+
+// ---------------------------------------------------------------------------------------
+// Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
+template <class Proto, int OP>
+__device__ void allreduceOneShot(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = packsOf(a.count);
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
+    for (u64 p = tid(); p < packs; p += nthreads()) buf.bcast(p, loadPack(a.in, a.count, p));
+    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+      Pack y;
+      ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
+      if (ok) storePack(a.out, a.count, p, y);
+    }
+  }
+  epochEnd(a, e0);
+}
+
+// Allreduce, two-shot: reduce-scatter to chunk owners (region), then all-gather (region2).
+template <class Proto, int OP>
+__device__ void allreduceTwoShot(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = packsOf(a.count);
+  const u64 chunk = (packs + a.nranks - 1) / a.nranks;  // packs per owner
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    LLBuffer<Proto> rs(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
+    LLBuffer<Proto> ag(a, a.region2, a.sub2, e0 + it, HC_COLL_ALLREDUCE);
+    for (u64 p = tid(); p < packs; p += nthreads()) {
+      const int owner = (int)(p / chunk);
+      if (owner != a.rank) rs.send(owner, p - owner * chunk, loadPack(a.in, a.count, p));
+    }
+    const u64 lo = a.rank * chunk, hi = min(packs, lo + chunk);
+    for (u64 p = lo + tid(); ok && p < hi; p += nthreads()) {
+      Pack y;
+      ok = rs.template recvReduce<OP>(p - lo, loadPack(a.in, a.count, p), y);
+      if (ok) {
+        ag.bcast(p - lo, y);
+        storePack(a.out, a.count, p, y);
+      }
+    }
+    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+      const int owner = (int)(p / chunk);
+      if (owner == a.rank) continue;
+      Pack y;
+      ok = ag.recv(owner, p - owner * chunk, y);
+      if (ok) storePack(a.out, a.count, p, y);
+    }
+  }
+  epochEnd(a, e0);
+}
+
+#if HC_IS_FLOAT
+// Allreduce, two-shot LL128 atomic (SUM): reductions into owner lines, then a sentinel
+// all-gather of the owners' lines (region2, line-structured: slot = line * 8 + lane).
+// Warp-structured: each 8-lane group handles one line per step; the owner's poll is a
+// warp-uniform loop (shuffles with the full mask, timeout decided with __any_sync).
+__device__ void allreduceTwoShotLL128(const Args& a) {
+  const u64 e0 = epochBegin(a);
+  const int lane = threadIdx.x & 31, sub = lane & 7;
+  const bool counterLane = sub == 7;
+  const u64 lines = (a.count + LL128::kEPL - 1) / LL128::kEPL;
+  const u64 perOwner = (lines + a.nranks - 1) / a.nranks;
+  const u64 gwarp = tid() >> 5, nwarps = nthreads() >> 5;
+  const int myElems = counterLane ? HC_EPP - 1 : HC_EPP;
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    const u64 e = e0 + it;
+    LLBuffer<Sentinel> ag(a, a.region2, a.sub2, e, HC_COLL_ALLREDUCE);
+    auto lineAt = [&](int owner, u64 l) { return a.peers[owner] + a.region + (e & 1) * a.sub + l * 128 + sub * 16; };
+    auto elem0 = [&](u64 line) { return line * LL128::kEPL + (u64)sub * HC_EPP; };
+    auto nElems = [&](u64 line) {
+      const u64 first = elem0(line);
+      return first >= a.count ? 0 : (int)min((u64)myElems, a.count - first);
+    };
+    // phase 1: every rank adds its contribution into the owner's lines (own lines too)
+    for (u64 l = gwarp * 4 + (lane >> 3); l < lines; l += nwarps * 4) {
+      const int owner = (int)(l / perOwner);
+      Pack x = ldPartial((const T*)a.in + elem0(l), nElems(l), (T)0);
+      LL128::contribute(lineAt(owner, l - owner * perOwner), x, counterLane);
+    }
+    // phase 1b: the owner waits for nranks contributions per line, then shares the sums
+    const u64 lo = a.rank * perOwner, hi = min(lines, lo + perOwner);
+    const u64 steps = (hi > lo) ? (hi - lo + nwarps * 4 - 1) / (nwarps * 4) : 0;
+    for (u64 s = 0; ok && s < steps; ++s) {  // warp-uniform trip count
+      const u64 l = lo + s * nwarps * 4 + gwarp * 4 + (lane >> 3);
+      const bool mine = l < hi;
+      char* line = mine ? lineAt(a.rank, l - lo) : nullptr;
+      Pack v;
+      v.u = make_uint4(0, 0, 0, 0);
+      const u64 t0 = globaltimer();
+      for (u32 n = 0;; ++n) {
+        if (mine) v = ldVolatile(line);
+        const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)a.nranks;  // meaningful on lane 7 of the group
+        const bool have = !mine || __shfl_sync(0xffffffffu, full, (lane & ~7) | 7);
+        if (__all_sync(0xffffffffu, have)) break;
+        if ((n & 255u) == 255u) {
+          const bool late = aborted(a) || globaltimer() - t0 > a.timeoutNs;
+          if (__any_sync(0xffffffffu, late)) {
+            if (lane == 0 && !aborted(a)) failTimeout(a, HC_COLL_ALLREDUCE, -1, lo, globaltimer() - t0);
+            ok = false;
+            break;
+          }
+        }
+      }
+      if (!ok || !mine) continue;
+      LL128::clear(line);
+      if (counterLane) v.e[HC_EPP - 1] = (T)0;
+      ag.bcast((l - lo) * 8 + sub, v);
+      stPartial((T*)a.out + elem0(l), v, nElems(l));
+    }
+    // phase 2: receive every other owner's sums
+    for (u64 l = gwarp * 4 + (lane >> 3); ok && l < lines; l += nwarps * 4) {
+      const int owner = (int)(l / perOwner);
+      if (owner == a.rank) continue;
+      Pack y;
+      ok = ag.recv(owner, (l - owner * perOwner) * 8 + sub, y);
+      if (ok) stPartial((T*)a.out + elem0(l), y, nElems(l));
+    }
+    ok = __all_sync(0xffffffffu, ok);  // keep `ok` warp-uniform: the next poll shuffles
+  }
+  epochEnd(a, e0);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Bcast (LL: exact bits): root pushes, everyone else receives.
+__device__ void bcastLL(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = packsOf(a.count);
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    LLBuffer<LL> buf(a, a.region, a.sub, e0 + it, HC_COLL_BCAST);
+    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+      if (a.rank == a.root) {
+        buf.bcast(p, loadPack(a.out, a.count, p));
+      } else {
+        Pack y;
+        ok = buf.recv(a.root, p, y);
+        if (ok) storePack(a.out, a.count, p, y);
+      }
+    }
+  }
+  epochEnd(a, e0);
+}
+
+// Allgather (LL): `count` elements per rank, a multiple of HC_EPP (the host pads otherwise).
+__device__ void allgatherLL(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    LLBuffer<LL> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLGATHER);
+    for (u64 p = tid(); p < packs; p += nthreads()) {
+      Pack x = ldPack((const T*)a.in + p * HC_EPP);
+      buf.bcast(p, x);
+      stPack((T*)a.out + (a.rank * a.count) + p * HC_EPP, x);
+    }
+    for (int k = 1; ok && k < a.nranks; ++k) {
+      const int src = (a.rank + k) % a.nranks;
+      for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+        Pack y;
+        ok = buf.recv(src, p, y);
+        if (ok) stPack((T*)a.out + src * a.count + p * HC_EPP, y);
+      }
+    }
+  }
+  epochEnd(a, e0);
+}
+
+// Reduce_scatter_block: block j of the input goes to rank j, which reduces in rank order.
+// `count` = elements per block, a multiple of HC_EPP (the host pads otherwise).
+template <class Proto, int OP>
+__device__ void reduceScatter(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it) {
+    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_REDUCE_SCATTER);
+    for (int k = 1; k < a.nranks; ++k) {
+      const int dst = (a.rank + k) % a.nranks;
+      for (u64 p = tid(); p < packs; p += nthreads())
+        buf.send(dst, p, ldPack((const T*)a.in + dst * a.count + p * HC_EPP));
+    }
+    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+      Pack y;
+      ok = buf.template recvReduce<OP>(p, ldPack((const T*)a.in + a.rank * a.count + p * HC_EPP), y);
+      if (ok) stPack((T*)a.out + p * HC_EPP, y);
+    }
+  }
+  epochEnd(a, e0);
+}
+
+// Barrier: thread r < nranks signals rank r and waits for rank r's signal.  Arrival words
+// hold the barrier's epoch+1 (monotonic: never re-armed).  One block.
+__device__ void barrier(const Args& a) {
+  const u64 e0 = epochBegin(a);
+  bool ok = !aborted(a);
+  const int r = threadIdx.x;
+  for (int it = 0; ok && it < a.iters; ++it) {
+    const u64 mark = e0 + it + 1;
+    if (r < a.nranks && r != a.rank) {
+      u64* theirs = (u64*)(a.peers[r] + HC_OFF_BARRIER) + a.rank;
+      asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(theirs), "l"(mark) : "memory");
+      const volatile u64* mine = (const volatile u64*)(a.peers[a.rank] + HC_OFF_BARRIER) + r;
+      ok = boundedPoll(a, HC_COLL_BARRIER, [&] { return r; }, 0, [&] { return *mine >= mark; });
+    }
+    __syncthreads();
+  }
+  epochEnd(a, e0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points: hc_<collective>_<algorithm>_<op>, instantiated for this module's HC_DTYPE.
+#define HC_KERNEL(name, body) \
+  extern "C" __global__ void __launch_bounds__(1024) name(const Args a) { body; }
+
+#define HC_REDUCING(OPNAME, OP)                                                               \
+  HC_KERNEL(hc_allreduce_oneshot_ll_##OPNAME, (allreduceOneShot<LL, OP>(a)))                  \
+  HC_KERNEL(hc_allreduce_twoshot_ll_##OPNAME, (allreduceTwoShot<LL, OP>(a)))                  \
+  HC_KERNEL(hc_reduce_scatter_ll_##OPNAME, (reduceScatter<LL, OP>(a)))                        \
+  HC_SENTINEL_KERNELS(OPNAME, OP)
+
+#if HC_IS_FLOAT
+#define HC_SENTINEL_KERNELS(OPNAME, OP)                                                       \
+  HC_KERNEL(hc_allreduce_oneshot_sentinel_##OPNAME, (allreduceOneShot<Sentinel, OP>(a)))      \
+  HC_KERNEL(hc_allreduce_twoshot_sentinel_##OPNAME, (allreduceTwoShot<Sentinel, OP>(a)))      \
+  HC_KERNEL(hc_reduce_scatter_sentinel_##OPNAME, (reduceScatter<Sentinel, OP>(a)))
+HC_KERNEL(hc_allreduce_twoshot_ll128_sum, allreduceTwoShotLL128(a))
+#else
+#define HC_SENTINEL_KERNELS(OPNAME, OP)
+#endif
+
+HC_REDUCING(sum, HC_SUM)
+HC_REDUCING(prod, HC_PROD)
+HC_REDUCING(max, HC_MAX)
+HC_REDUCING(min, HC_MIN)
+HC_KERNEL(hc_bcast_ll, bcastLL(a))
+HC_KERNEL(hc_allgather_ll, allgatherLL(a))
+HC_KERNEL(hc_barrier, barrier(a))

@@ -1,0 +1,189 @@
+// hc_common.cuh - types, element traits, reduction ops, PTX access helpers, bounded polling.
+//
+// Compiled by NVRTC (no standard headers): everything needed is defined here.
+// One module is compiled per element type: HC_DTYPE selects it (codes below), and
+// every kernel of cuda/collectives.cu is instantiated for that type.
+#pragma once
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define HC_MAX_RANKS 8       // ranks per node the kernels support
+#define HC_MAX_BLOCKS 256    // epoch counters kept per communicator
+#define HC_PACK 16           // bytes moved per thread per step
+
+// ---- workspace control region (at offset 0 of every rank's symmetric buffer) ----
+// [0, 2048)      u64 epochs[HC_MAX_BLOCKS]   per-block collective counters (see ll_buffer.cuh)
+// [2048, 2056)   int abortFlag                set by the first poll that times out
+// [2112, 2176)   ErrRec                       what that poll waited for
+// [4096, 4096+64) u64 barrier[HC_MAX_RANKS]   barrier arrivals, written by peers
+#define HC_OFF_EPOCHS 0
+#define HC_OFF_ABORT 2048
+#define HC_OFF_ERR 2112
+#define HC_OFF_BARRIER 4096
+#define HC_CTRL_BYTES 65536
+
+struct ErrRec {
+  int code;        // 1 = timeout
+  int collective;  // HC_COLL_* below
+  int peer;        // rank waited for
+  int pad;
+  u64 slot;        // slot (pack index) waited on
+  u64 waitedNs;
+};
+
+#define HC_COLL_ALLREDUCE 1
+#define HC_COLL_BCAST 2
+#define HC_COLL_ALLGATHER 3
+#define HC_COLL_REDUCE_SCATTER 4
+#define HC_COLL_BARRIER 5
+
+// Kernel arguments, passed by value (constant bank: no loads on the critical path).
+struct Args {
+  char* peers[HC_MAX_RANKS];  // symmetric workspace base of each rank; peers[rank] is our own
+  const void* in;             // user input (16-byte aligned; the host stages unaligned buffers)
+  void* out;                  // user output (16-byte aligned)
+  u64 count;                  // elements in this launch
+  u64 region;                 // byte offset of the collective's region in every workspace
+  u64 region2;                // second region (phase 2 of two-shot)
+  u64 sub;                    // bytes of one (parity, source) sub-buffer of `region`
+  u64 sub2;                   // bytes of one (parity, source) sub-buffer of `region2`
+  u64 timeoutNs;              // bound of every poll
+  volatile int* hostErr;      // mapped host word: non-zero once any poll timed out
+  int rank, nranks, root, iters;
+};
+
+// ---- element types ----
+#define HC_F64 0
+#define HC_F32 1
+#define HC_F16 2
+#define HC_BF16 3
+#define HC_I32 4
+#define HC_I64 5
+
+#ifndef HC_DTYPE
+#define HC_DTYPE HC_F32
+#endif
+
+// T: storage type; Acc: type the op is computed in (16-bit floats compute in fp32 and round
+// back to nearest-even after every step, exactly as numpy / ml_dtypes do).
+#if HC_DTYPE == HC_F64
+typedef double T; typedef double Acc;
+#define HC_IS_FLOAT 1
+#elif HC_DTYPE == HC_F32
+typedef float T; typedef float Acc;
+#define HC_IS_FLOAT 1
+#elif HC_DTYPE == HC_F16 || HC_DTYPE == HC_BF16
+typedef u16 T; typedef float Acc;
+#define HC_IS_FLOAT 1
+#elif HC_DTYPE == HC_I32
+typedef int T; typedef int Acc;
+#define HC_IS_FLOAT 0
+#elif HC_DTYPE == HC_I64
+typedef long long T; typedef long long Acc;
+#define HC_IS_FLOAT 0
+#endif
+
+#define HC_EPP (HC_PACK / (int)sizeof(T))  // elements per 16-byte pack
+
+__device__ __forceinline__ Acc toAcc(T x) {
+#if HC_DTYPE == HC_F16
+  float f; asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(x)); return f;
+#elif HC_DTYPE == HC_BF16
+  return __uint_as_float(((u32)x) << 16);
+#else
+  return x;
+#endif
+}
+
+__device__ __forceinline__ T fromAcc(Acc a) {
+#if HC_DTYPE == HC_F16
+  u16 h; asm("{ .reg .b16 r; cvt.rn.f16.f32 r, %1; mov.b16 %0, r; }" : "=h"(h) : "f"(a)); return h;
+#elif HC_DTYPE == HC_BF16
+  u16 h; asm("{ .reg .b16 r; cvt.rn.bf16.f32 r, %1; mov.b16 %0, r; }" : "=h"(h) : "f"(a)); return h;
+#else
+  return a;
+#endif
+}
+
+// ---- reduction ops: fixed semantics shared with hpccoll.ops.reduce_in_rank_order ----
+#define HC_SUM 0
+#define HC_PROD 1
+#define HC_MAX 2
+#define HC_MIN 3
+
+template <int OP>
+__device__ __forceinline__ T combine(T a, T b) {
+  Acc x = toAcc(a), y = toAcc(b);
+  if (OP == HC_SUM) return fromAcc(x + y);
+  if (OP == HC_PROD) return fromAcc(x * y);
+  // MAX/MIN: numpy's scalar rule, selecting the original bits: a if (a >= b or isnan(a)) else b
+  bool keep = (OP == HC_MAX) ? (x >= y) : (x <= y);
+  keep = keep || (x != x);
+  return keep ? a : b;
+}
+
+// A 16-byte pack viewed as elements.
+union Pack {
+  uint4 u;
+  u64 q[2];
+  T e[HC_EPP];
+};
+
+template <int OP>
+__device__ __forceinline__ Pack combinePack(Pack a, Pack b) {
+  Pack r;
+#pragma unroll
+  for (int i = 0; i < HC_EPP; ++i) r.e[i] = combine<OP>(a.e[i], b.e[i]);
+  return r;
+}
+
+// ---- memory access helpers ----
+// st/ld.volatile reach L2 (and over NVLink the peer's L2) without L1 caching; each vector
+// element is single-copy atomic: u32 for <=4-byte types, u64 for 8-byte types (so an 8-byte
+// element never tears).  No fence is issued anywhere on the send/poll paths.
+__device__ __forceinline__ void stVolatile(void* p, Pack v) {
+#if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(v.q[0]), "l"(v.q[1]) : "memory");
+#else
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.u.x), "r"(v.u.y),
+               "r"(v.u.z), "r"(v.u.w) : "memory");
+#endif
+}
+
+__device__ __forceinline__ Pack ldVolatile(const void* p) {
+  Pack v;
+#if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.q[0]), "=l"(v.q[1]) : "l"(p) : "memory");
+#else
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.u.x), "=r"(v.u.y), "=r"(v.u.z), "=r"(v.u.w) : "l"(p) : "memory");
+#endif
+  return v;
+}
+
+// Plain 16-byte global load/store (user buffers, 16-byte aligned).
+__device__ __forceinline__ Pack ldPack(const void* p) { Pack v; v.u = *(const uint4*)p; return v; }
+__device__ __forceinline__ void stPack(void* p, Pack v) { *(uint4*)p = v.u; }
+
+// Load `n` (< HC_EPP) elements of a partial last pack; `fill` elsewhere.
+__device__ __forceinline__ Pack ldPartial(const T* p, int n, T fill) {
+  Pack v;
+#pragma unroll
+  for (int i = 0; i < HC_EPP; ++i) v.e[i] = i < n ? p[i] : fill;
+  return v;
+}
+__device__ __forceinline__ void stPartial(T* p, Pack v, int n) {
+#pragma unroll
+  for (int i = 0; i < HC_EPP; ++i) if (i < n) p[i] = v.e[i];
+}
+
+__device__ __forceinline__ u64 globaltimer() {
+  u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+
+__device__ __forceinline__ int ldVolatileInt(const int* p) { return *(const volatile int*)p; }
+
+// LL flag of an epoch: 1..2^32-1, never 0 (receive buffers start zeroed).
+__device__ __forceinline__ u32 llFlag(u64 epoch) { return (u32)(epoch % 0xFFFFFFFFull) + 1u; }

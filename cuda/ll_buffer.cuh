@@ -1,0 +1,160 @@
+// ll_buffer.cuh - LLBuffer<Proto>: the device API every collective is written on.
+//
+// A region of the symmetric workspace, identical in layout on every rank:
+//
+//   region + ((epoch & 1) * nranks + src) * sub  ->  slots written by rank `src` into the
+//                                                   region's owner, for epochs of that parity
+//
+// Primitives (slot = index of a 16-byte pack inside a (parity, src) sub-buffer):
+//   send(peer, slot, v)        store v into peer's sub-buffer for src = me
+//   bcast(slot, v)             send to every peer (unicast stores; the NVLink-multicast
+//                              path exists only as HC_USE_MULTICAST and is never enabled:
+//                              multicast is forbidden on our machines)
+//   recv(src, slot, v)         poll my sub-buffer of src until valid, then re-arm it
+//   recvReduce<OP>(slot, own, acc)
+//                              receive from every peer and reduce in FIXED RANK ORDER
+//                              (own contribution taken at position `rank`): every rank computes
+//                              the same expression tree, so every rank gets the same bits
+//   reset(src, slot) / resetRange(src, start, count, stride)
+//                              re-arm slots (the protocol's clear)
+//   epoch / advance: see epochBegin / epochEnd
+//
+// Epochs and the double buffering ("the data is the credit"):
+// - Each block reads its counter epochs[blockIdx.x] (our own control region, device memory)
+//   at start and writes epoch+iters at the end; block 0 also writes that value into the
+//   counters of blocks beyond gridDim.x, so all HC_MAX_BLOCKS counters always hold the number
+//   of collectives issued on this communicator - whatever grid each launch used, and under
+//   CUDA-graph replay too (no epoch is ever a host argument).
+// - Parity (epoch & 1) picks the sub-buffer.  A peer can run at most one collective ahead of
+//   us: its collective e+1 needs our data of e+1, which we send only after finishing e.  So a
+//   peer writing epoch e+2 into the parity we read at e proves we are done with e; our re-arm
+//   stores of e completed at kernel end, before our e+1 sends (stream order).  No barrier.
+// - Every poll is bounded: after timeoutNs it records (collective, peer, slot) in the error
+//   record, raises the abort flag (every other poll then gives up within 256 spins), and
+//   writes the mapped host word so the host can raise CollectiveTimeout.
+#pragma once
+#include "hc_common.cuh"
+
+__device__ __forceinline__ u64* ctrlEpochs(const Args& a) { return (u64*)(a.peers[a.rank] + HC_OFF_EPOCHS); }
+__device__ __forceinline__ int* ctrlAbort(const Args& a) { return (int*)(a.peers[a.rank] + HC_OFF_ABORT); }
+__device__ __forceinline__ ErrRec* ctrlErr(const Args& a) { return (ErrRec*)(a.peers[a.rank] + HC_OFF_ERR); }
+
+__device__ __forceinline__ u64 epochBegin(const Args& a) {
+  return *(volatile u64*)(ctrlEpochs(a) + blockIdx.x);
+}
+
+__device__ __forceinline__ void epochEnd(const Args& a, u64 epoch) {
+  __syncthreads();  // every thread of the block has read its epoch
+  u64* ep = ctrlEpochs(a);
+  const u64 next = epoch + (u64)a.iters;
+  if (threadIdx.x == 0) ep[blockIdx.x] = next;
+  if (blockIdx.x == 0)
+    for (int j = gridDim.x + threadIdx.x; j < HC_MAX_BLOCKS; j += blockDim.x) ep[j] = next;
+}
+
+__device__ __forceinline__ bool aborted(const Args& a) { return ldVolatileInt(ctrlAbort(a)) != 0; }
+
+// Record a timeout (first one wins) and tell everyone to give up.
+__device__ __noinline__ void failTimeout(const Args& a, int coll, int peer, u64 slot, u64 waited) {
+  ErrRec* e = ctrlErr(a);
+  if (atomicCAS(&e->code, 0, 1) == 0) {
+    e->collective = coll;
+    e->peer = peer;
+    e->slot = slot;
+    e->waitedNs = waited;
+    __threadfence_system();
+    *a.hostErr = coll;
+  }
+  *(volatile int*)ctrlAbort(a) = 1;
+}
+
+// Poll `ready()` until true; false when timed out or aborted.  The timer and the abort flag
+// are read every 256 spins only, so the fast path is the bare poll.
+template <class Ready, class Peer>
+__device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
+  if (ready()) return true;
+  const u64 t0 = globaltimer();
+  for (u32 n = 1;; ++n) {
+    if (ready()) return true;
+    if ((n & 255u) == 0) {
+      if (aborted(a)) return false;
+      const u64 dt = globaltimer() - t0;
+      if (dt > a.timeoutNs) {
+        failTimeout(a, coll, peer(), slot, dt);
+        return false;
+      }
+    }
+  }
+}
+
+template <class Proto>
+struct LLBuffer {
+  const Args& a;
+  u64 region, sub, epoch;
+  u32 flag;
+  int coll;
+
+  __device__ LLBuffer(const Args& args, u64 regionOff, u64 subBytes, u64 ep, int collective)
+      : a(args), region(regionOff), sub(subBytes), epoch(ep), flag(llFlag(ep)), coll(collective) {}
+
+  __device__ __forceinline__ char* slotPtr(int owner, int src, u64 slot) const {
+    return a.peers[owner] + region + ((epoch & 1) * (u64)a.nranks + src) * sub + slot * Proto::kBytesPerPack;
+  }
+
+  __device__ __forceinline__ void send(int peer, u64 slot, Pack v) const {
+    Proto::write(slotPtr(peer, a.rank, slot), v, flag);
+  }
+
+  __device__ __forceinline__ void bcast(u64 slot, Pack v) const {
+#pragma unroll
+    for (int k = 1; k < HC_MAX_RANKS; ++k) {
+      if (k >= a.nranks) break;
+      int peer = a.rank + k;
+      peer -= peer >= a.nranks ? a.nranks : 0;  // stagger targets so ranks don't all hit rank 0 first
+      send(peer, slot, v);
+    }
+  }
+
+  __device__ __forceinline__ void reset(int src, u64 slot) const { Proto::clear(slotPtr(a.rank, src, slot)); }
+
+  __device__ __forceinline__ void resetRange(int src, u64 start, u64 count, u64 stride) const {
+    for (u64 i = 0; i < count; ++i) reset(src, start + i * stride);
+  }
+
+  // Poll my sub-buffer of `src` until valid; re-arm it.  False on timeout/abort.
+  __device__ __forceinline__ bool recv(int src, u64 slot, Pack& v) const {
+    const char* p = slotPtr(a.rank, src, slot);
+    const u32 f = flag;
+    if (!boundedPoll(a, coll, [&] { return src; }, slot, [&] { return Proto::readOnce(p, f, v); })) return false;
+    reset(src, slot);
+    return true;
+  }
+
+  // Receive slot `slot` from every peer, reduce in rank order 0..nranks-1 with `own` at
+  // position rank.  Polls all peers in one sweep so their latencies overlap.
+  template <int OP>
+  __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc) const {
+    Pack v[HC_MAX_RANKS];
+    u32 pending = 0;
+#pragma unroll
+    for (int r = 0; r < HC_MAX_RANKS; ++r)
+      if (r < a.nranks && r != a.rank) pending |= 1u << r;
+    const u32 f = flag;
+    auto sweep = [&] {
+#pragma unroll
+      for (int r = 0; r < HC_MAX_RANKS; ++r)
+        if (pending & (1u << r))
+          if (Proto::readOnce(slotPtr(a.rank, r, slot), f, v[r])) pending &= ~(1u << r);
+      return pending == 0;
+    };
+    if (!boundedPoll(a, coll, [&] { return __ffs(pending) - 1; }, slot, sweep)) return false;
+#pragma unroll
+    for (int r = 0; r < HC_MAX_RANKS; ++r)
+      if (r < a.nranks && r != a.rank) reset(r, slot);
+    acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
+#pragma unroll
+    for (int r = 1; r < HC_MAX_RANKS; ++r)
+      if (r < a.nranks) acc = combinePack<OP>(acc, r == a.rank ? own : v[r]);
+    return true;
+  }
+};

@@ -1,0 +1,128 @@
+"""Run-time compilation of cuda/ with NVRTC, cached on disk.
+
+The same function compiles the kernels at run time (GPU) and in CI (no GPU needed):
+`compile_module(source, dtype, arch)` returns cubin bytes.  Cache key: the text of every
+file in cuda/, the options, the NVRTC version and the architecture.  Cache folder:
+$HPCCOLL_CACHE_DIR, else ~/.cache/hpccoll/kernels."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from .errors import HpccollError
+
+DTYPE_CODES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
+SOURCES = ("collectives.cu", "sol.cu")
+
+
+def cuda_dir() -> Path:
+    """Folder of the shipped device sources (package hpccoll.cuda, from cuda/)."""
+    return Path(str(resources.files("hpccoll.cuda")))
+
+
+def _candidates():
+    env = os.environ.get("HPCCOLL_NVRTC")
+    if env:
+        yield env
+    for base in sys.path:
+        for pat in ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                    "nvidia/cu12/lib/libnvrtc.so.12"):
+            yield from glob.glob(os.path.join(base, pat))
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+        yield name
+    yield from sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"), reverse=True)
+
+
+_lib = None
+
+
+def _nvrtc():
+    global _lib
+    if _lib is None:
+        errors = []
+        for cand in _candidates():
+            try:
+                # NVRTC dlopens its builtins library by name: load it first, from the same folder.
+                for builtins in glob.glob(os.path.join(os.path.dirname(cand), "libnvrtc-builtins.so*")):
+                    if ".alt." not in builtins:
+                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                _lib = ctypes.CDLL(cand)
+                break
+            except OSError as exc:
+                errors.append(f"{cand}: {exc}")
+        else:
+            raise HpccollError("NVRTC not found: pip install 'nvidia-cuda-nvrtc==13.0.*' (CUDA 13) or "
+                               "nvidia-cuda-nvrtc-cu12, or set HPCCOLL_NVRTC=/path/libnvrtc.so")
+    return _lib
+
+
+def nvrtc_version() -> str:
+    lib = _nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def _check(lib, res, what, prog=None):
+    if res != 0:
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        msg = lib.nvrtcGetErrorString(res).decode()
+        log = ""
+        if prog is not None:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace")
+        raise HpccollError(f"NVRTC {what} failed: {msg}\n{log}")
+
+
+def options(dtype: str, arch: str, extra=()) -> list[str]:
+    return [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda_dir()}",
+            f"-DHC_DTYPE={DTYPE_CODES[dtype]}", "--fmad=false", "-lineinfo", *extra]
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for f in sorted(cuda_dir().glob("*.cu*")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("HPCCOLL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hpccoll", "kernels")
+    return Path(d)
+
+
+def compile_module(source: str, dtype: str, arch: str = "sm_90", extra=(), use_cache: bool = True) -> bytes:
+    """cubin of cuda/<source> for `dtype` and `arch` (e.g. "sm_90")."""
+    opts = options(dtype, arch, extra)
+    key = hashlib.sha256("\0".join([_source_digest(), source, nvrtc_version(), *opts]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{Path(source).stem}-{dtype}-{arch}-{key}.cubin"
+    if use_cache and path.exists():
+        return path.read_bytes()
+    lib = _nvrtc()
+    src = (cuda_dir() / source).read_bytes()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.encode(), 0, None, None), "create")
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    res = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    _check(lib, res, f"compile of {source} ({dtype}, {arch})", prog)
+    size = ctypes.c_size_t()
+    _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+    buf = ctypes.create_string_buffer(size.value)
+    _check(lib, lib.nvrtcGetCUBIN(prog, buf), "cubin")
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    cubin = buf.raw
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: ranks compiling at once never see half a file
+    return cubin
