@@ -93,15 +93,15 @@ class CountingComm:
 
     def size_histogram(self, phases=None) -> dict:
         """Counts of collectives per power-of-two byte bucket ('<=1KiB', '<=2KiB', ...)."""
-        hist: dict[str, int] = defaultdict(int)
+        hist: dict[int, int] = defaultdict(int)
         for phase, _name, nbytes, _sec in self.records:
             if phases is not None and phase not in phases:
                 continue
             b = 1024
             while nbytes > b:
                 b *= 2
-            hist[_fmt_bytes(b)] += 1
-        return dict(hist)
+            hist[b] += 1
+        return {_fmt_bytes(b): hist[b] for b in sorted(hist)}
 
 
 def _fmt_bytes(b: int) -> str:

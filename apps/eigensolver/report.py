@@ -1,0 +1,313 @@
+"""Reproducibility and performance report from a directory of run JSON files.
+
+build_report(DIR) reads every run JSON (schema hpccoll-eigensolver/run/1) and failure JSON
+there and writes report.md, report.json and PNG plots (matplotlib, when installed)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from . import metrics
+
+CLUSTER_RTOL = 1e-7
+ATOMICS_NOTE = (
+    "Floating-point atomics (and any unordered reduction) are exact for two contributions: "
+    "a + b == b + a bit for bit, so run-to-run differences from reduction order can only "
+    "appear when three or more contributions meet in one sum. Runs with 2 ranks therefore "
+    "cannot show non-determinism of a 2-rank reduction; use >= 3 ranks to expose it.")
+
+
+def load_runs(directory: str):
+    runs, failures = [], []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        if os.path.basename(path) == "report.json":
+            continue
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        rec["_path"] = path
+        schema = rec.get("schema", "")
+        if schema.startswith("hpccoll-eigensolver/run/"):
+            runs.append(rec)
+        elif schema.startswith("hpccoll-eigensolver/failure/"):
+            failures.append(rec)
+    return runs, failures
+
+
+def _key(rec) -> tuple:
+    return (rec["problem"], rec["n"], rec["ranks"], rec["comm"])
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def _load_x(directory: str, rec):
+    name = rec.get("eigenvectors_file")
+    if not name:
+        return None
+    path = os.path.join(directory, name)
+    return np.load(path) if os.path.exists(path) else None
+
+
+def analyse_group(directory: str, recs: list[dict]) -> dict:
+    recs = sorted(recs, key=lambda r: r["repeat_index"])
+    r0 = recs[0]
+    w0 = np.asarray(r0["eigenvalues"])
+    X0 = _load_x(directory, r0)
+    groups = metrics.clusters(w0, CLUSTER_RTOL)
+    per_run = []
+    for rec in recs:
+        w = np.asarray(rec["eigenvalues"])
+        ulp = metrics.ulp_distance(w, w0) if w.shape == w0.shape else None
+        entry = {
+            "run": rec["repeat_index"],
+            "eigenvalues_sha256": rec["eigenvalues_sha256"],
+            "eigenvectors_sha256": rec["eigenvectors_sha256"],
+            "per_rank": rec.get("per_rank", []),
+            "ranks_agree_on_eigenvalues": rec.get("ranks_agree_on_eigenvalues"),
+            "max_ulp_to_run0": float(ulp.max()) if ulp is not None and ulp.size else None,
+            "median_ulp_to_run0": float(np.median(ulp)) if ulp is not None and ulp.size else None,
+            "max_eigvec_diff_to_run0": None, "max_cluster_angle_to_run0": None,
+        }
+        X = _load_x(directory, rec) if X0 is not None else None
+        if X is not None and rec["eigenvectors_sha256"] == r0["eigenvectors_sha256"]:
+            entry["max_eigvec_diff_to_run0"] = 0.0  # bitwise identical
+            entry["max_cluster_angle_to_run0"] = 0.0 if groups else None
+        elif X is not None and X.shape == X0.shape:
+            Xa = metrics.align_signs(X, X0)
+            norms = np.linalg.norm(X0, axis=0)
+            norms[norms == 0] = 1.0
+            entry["max_eigvec_diff_to_run0"] = float(np.max(np.linalg.norm(Xa - X0, axis=0) / norms))
+            entry["max_cluster_angle_to_run0"] = metrics.max_subspace_angle(X, X0, groups)
+        per_run.append(entry)
+    rank_digests = defaultdict(set)
+    for rec in recs:
+        for pr in rec.get("per_rank", []):
+            rank_digests[pr["rank"]].add(pr["local_eigenvectors_sha256"])
+    phases = defaultdict(list)
+    for rec in recs:
+        for k, v in rec["phases"].items():
+            phases[k].append(v)
+    coll = [rec.get("collectives") or {} for rec in recs]
+    return {
+        "problem": r0["problem"], "n": r0["n"], "ranks": r0["ranks"], "comm": r0["comm"],
+        "backend": r0.get("backend"), "device": r0.get("device"), "nb": r0.get("nb"),
+        "runs": len(recs),
+        "distinct_eigenvalue_digests": len({r["eigenvalues_sha256"] for r in recs}),
+        "distinct_eigenvector_digests": len({r["eigenvectors_sha256"] for r in recs}),
+        "distinct_local_block_digests_per_rank": {str(k): len(v) for k, v in sorted(rank_digests.items())},
+        "ranks_agree_on_eigenvalues_all_runs": all(bool(r.get("ranks_agree_on_eigenvalues")) for r in recs),
+        "max_ulp_to_run0": max((e["max_ulp_to_run0"] or 0.0) for e in per_run),
+        "median_ulp_to_run0": _median([e["median_ulp_to_run0"] for e in per_run[1:]]) if len(per_run) > 1 else 0.0,
+        "max_eigvec_diff_to_run0": max((e["max_eigvec_diff_to_run0"] or 0.0) for e in per_run)
+        if X0 is not None else None,
+        "max_cluster_angle_to_run0": max((e["max_cluster_angle_to_run0"] or 0.0) for e in per_run)
+        if X0 is not None and groups else None,
+        "clusters": len(groups), "cluster_rtol": CLUSTER_RTOL,
+        "per_run": per_run,
+        "median_phase_seconds": {k: _median(v) for k, v in phases.items()},
+        "median_solve_seconds": _median([r["solve_seconds"] for r in recs]),
+        "collective_count": coll[0].get("count"), "collective_bytes": coll[0].get("bytes"),
+        "median_collective_seconds": _median([c.get("seconds") for c in coll]),
+        "median_collective_share": _median([c.get("share_of_solve") for c in coll]),
+        "collectives_by_name": coll[0].get("by_name"), "collective_sizes": coll[0].get("sizes"),
+        "collectives_by_phase": {ph: sum(v["count"] for v in d.values())
+                                 for ph, d in (coll[0].get("by_phase") or {}).items()},
+        "residual": [r["residual"] for r in recs], "b_orthogonality": [r["b_orthogonality"] for r in recs],
+        "eigenvalue_error": [r.get("eigenvalue_error") for r in recs],
+        "eigenvalue_error_vs_scipy": [r.get("eigenvalue_error_vs_scipy") for r in recs],
+        "eigenvalue_error_definition": r0.get("eigenvalue_error_definition"),
+        "machine": r0.get("machine"), "git_commit": r0.get("git_commit"),
+        "w0": w0,
+    }
+
+
+def _fmt(x, spec=".3g"):
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def _cross_config(groups: list[dict]) -> list[dict]:
+    """Eigenvalue ULP distance of each configuration's run 0 to the first configuration's run 0."""
+    out = []
+    by_problem = defaultdict(list)
+    for g in groups:
+        by_problem[(g["problem"], g["n"])].append(g)
+    for (problem, n), gs in by_problem.items():
+        base = gs[0]
+        for g in gs:
+            d = metrics.ulp_distance(g["w0"], base["w0"]) if g["w0"].shape == base["w0"].shape else None
+            out.append({"problem": problem, "n": n, "config": f"{g['comm']} ({g['ranks']} ranks)",
+                        "base": f"{base['comm']} ({base['ranks']} ranks)",
+                        "max_ulp": float(d.max()) if d is not None and d.size else None,
+                        "median_ulp": float(np.median(d)) if d is not None and d.size else None})
+    return out
+
+
+def _plots(directory: str, groups: list[dict]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    labels = [f"{g['comm']}\n{g['ranks']}r n={g['n']}" for g in groups]
+    phase_names = []
+    for g in groups:
+        for k in g["median_phase_seconds"]:
+            if k not in phase_names:
+                phase_names.append(k)
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups) + 2), 4.5))
+    bottom = np.zeros(len(groups))
+    for ph in phase_names:
+        vals = np.array([g["median_phase_seconds"].get(ph) or 0.0 for g in groups])
+        ax.bar(labels, vals, bottom=bottom, label=ph)
+        bottom += vals
+    coll = np.array([g["median_collective_seconds"] or 0.0 for g in groups])
+    ax.scatter(labels, coll, color="black", marker="_", s=400, zorder=3, label="in collectives")
+    ax.set_ylabel("seconds (median over runs)")
+    ax.set_title("Phase times per configuration")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = os.path.join(directory, "phases.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups) + 2), 4.5))
+    for i, g in enumerate(groups):
+        ys = [e["max_ulp_to_run0"] or 0.0 for e in g["per_run"]]
+        ax.scatter([i] * len(ys), np.array(ys) + 1.0, alpha=0.7)
+    ax.set_xticks(range(len(groups)), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("1 + max eigenvalue ULP distance to run 0")
+    ax.set_title("Run-to-run eigenvalue differences (1 = bitwise identical)")
+    fig.tight_layout()
+    p = os.path.join(directory, "ulp.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def build_report(directory: str) -> list[str]:
+    """Write report.md, report.json and plots into directory; returns their paths."""
+    runs, failures = load_runs(directory)
+    by_key = defaultdict(list)
+    for rec in runs:
+        by_key[_key(rec)].append(rec)
+    groups = [analyse_group(directory, recs) for _, recs in sorted(by_key.items(), key=lambda kv: kv[0])]
+    cross = _cross_config(groups)
+    pngs = _plots(directory, groups) if groups else []
+    rank_counts = sorted({g["ranks"] for g in groups})
+
+    md = ["# hpccoll eigensolver: reproducibility report", ""]
+    if groups:
+        m = groups[0]["machine"] or {}
+        md += [f"Machine: {m.get('hostname')} — {m.get('gpu') or m.get('cpu')}; git {groups[0]['git_commit']}.",
+               f"Rank counts used: {', '.join(map(str, rank_counts))}.", ""]
+    md += ["> " + ATOMICS_NOTE, ""]
+    if rank_counts and max(rank_counts) < 3:
+        md += ["**Only runs with fewer than 3 ranks are present: reduction-order non-determinism "
+               "cannot show up here.**", ""]
+    md += ["## Reproducibility", "",
+           "| problem | n | ranks | comm | backend | runs | distinct w digests | distinct X digests | "
+           "ranks agree on w | max ULP to run 0 | median ULP to run 0 | max eigvec diff | max cluster angle (rad) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in groups:
+        md.append(f"| {g['problem']} | {g['n']} | {g['ranks']} | {g['comm']} | {g['backend']} | {g['runs']} | "
+                  f"{g['distinct_eigenvalue_digests']} | {g['distinct_eigenvector_digests']} | "
+                  f"{'yes' if g['ranks_agree_on_eigenvalues_all_runs'] else 'NO'} | {_fmt(g['max_ulp_to_run0'], 'g')} | "
+                  f"{_fmt(g['median_ulp_to_run0'], 'g')} | {_fmt(g['max_eigvec_diff_to_run0'])} | "
+                  f"{_fmt(g['max_cluster_angle_to_run0'])} |")
+    md += ["", f"Eigenvector differences: max over columns of ||s·x − x₀||/||x₀|| after sign alignment; "
+           f"cluster angles: largest principal angle between the subspaces of eigenvalue clusters "
+           f"(neighbours closer than {CLUSTER_RTOL:g}·max|λ|). '–': eigenvectors not saved or no clusters.", ""]
+    md += ["### Digests per run and rank", ""]
+    for g in groups:
+        md += [f"**{g['comm']}, {g['ranks']} ranks, {g['problem']} n={g['n']}** "
+               f"(distinct local-block digests per rank: {g['distinct_local_block_digests_per_rank']})", "",
+               "| run | SHA-256 w | SHA-256 X | per-rank SHA-256 w | per-rank SHA-256 local X |", "|---|---|---|---|---|"]
+        for e in g["per_run"]:
+            pw = " ".join(p["eigenvalues_sha256"][:12] for p in e["per_rank"])
+            px = " ".join(p["local_eigenvectors_sha256"][:12] for p in e["per_rank"])
+            md.append(f"| {e['run']} | {e['eigenvalues_sha256'][:16]} | {e['eigenvectors_sha256'][:16]} | {pw} | {px} |")
+        md.append("")
+    if cross:
+        md += ["### Across configurations (run 0 of each against the first configuration)", "",
+               "| problem | n | config | vs | max ULP | median ULP |", "|---|---|---|---|---|---|"]
+        for c in cross:
+            md.append(f"| {c['problem']} | {c['n']} | {c['config']} | {c['base']} | "
+                      f"{_fmt(c['max_ulp'], 'g')} | {_fmt(c['median_ulp'], 'g')} |")
+        md.append("")
+    phase_names = []
+    for g in groups:
+        for k in g["median_phase_seconds"]:
+            if k not in phase_names:
+                phase_names.append(k)
+    md += ["## Time (median over runs, seconds)", "",
+           "| comm | ranks | n | " + " | ".join(phase_names) + " | solve | in collectives | share | "
+           "collectives | bytes |", "|---" * (len(phase_names) + 8) + "|"]
+    for g in groups:
+        ph = " | ".join(_fmt(g["median_phase_seconds"].get(k), ".4f") for k in phase_names)
+        share = g["median_collective_share"]
+        md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {ph} | {_fmt(g['median_solve_seconds'], '.4f')} | "
+                  f"{_fmt(g['median_collective_seconds'], '.4f')} | "
+                  f"{'–' if share is None else f'{100 * share:.1f}%'} | {_fmt(g['collective_count'])} | "
+                  f"{_fmt(g['collective_bytes'])} |")
+    md += ["", "Collectives per configuration (count per phase; sizes as power-of-two buckets):", ""]
+    for g in groups:
+        names = ", ".join(f"{k} {v['count']}× ({v['min_bytes']}–{v['max_bytes']} B)"
+                          for k, v in (g["collectives_by_name"] or {}).items())
+        md.append(f"- {g['comm']} {g['ranks']}r: {names}; per phase {g['collectives_by_phase']}; "
+                  f"sizes {g['collective_sizes']}")
+    md += ["", "## Accuracy", "",
+           f"residual = ‖AX − BXΛ‖_F/(n‖A‖_F‖X‖_F ε); B-orth = ‖XᵀBX − I‖_F/(nε); eigenvalue error = "
+           f"{metrics.EIGENVALUE_ERROR_DEFINITION} against the constructed spectrum (known/clustered/wilkinson; "
+           "its rounding when forming A and B contributes O(ε·cond(B))) and against scipy.linalg.eigh(A, B). "
+           "Max over runs.", "",
+           "| problem | n | comm | ranks | residual | B-orth | eig. error (known) | eig. error (scipy) |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def mx(xs):
+        xs = [x for x in xs if x is not None]
+        return max(xs) if xs else None
+
+    for g in groups:
+        md.append(f"| {g['problem']} | {g['n']} | {g['comm']} | {g['ranks']} | {_fmt(mx(g['residual']))} | "
+                  f"{_fmt(mx(g['b_orthogonality']))} | {_fmt(mx(g['eigenvalue_error']))} | "
+                  f"{_fmt(mx(g['eigenvalue_error_vs_scipy']))} |")
+    if failures:
+        md += ["", "## Configurations that did not run", ""]
+        for f in failures:
+            tail = (f.get("error") or "").strip().splitlines()[-3:]
+            md.append(f"- **{f['comm']}** ({f.get('ranks')} ranks, exit {f.get('returncode')}): "
+                      + " / ".join(t.strip() for t in tail))
+    if pngs:
+        md += ["", "## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
+    md.append("")
+
+    md_path = os.path.join(directory, "report.md")
+    with open(md_path, "w") as f:
+        f.write("\n".join(md))
+    js_path = os.path.join(directory, "report.json")
+    with open(js_path, "w") as f:
+        json.dump({"schema": "hpccoll-eigensolver/report/1", "note": ATOMICS_NOTE, "rank_counts": rank_counts,
+                   "configurations": [{k: v for k, v in g.items() if k != "w0"} for g in groups],
+                   "across_configurations": cross,
+                   "failures": [{k: v for k, v in f.items() if k != "_path"} for f in failures]},
+                  f, indent=1, default=str)
+    return [md_path, js_path] + pngs
