@@ -1,0 +1,215 @@
+"""Serial tests of the eigensolver app: layout, problems, metrics, a one-rank solve, the report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+
+from hpccoll_eigensolver import BlockCyclic, distribute, gather, numroc, sygvd
+from hpccoll_eigensolver import metrics
+from hpccoll_eigensolver.problems import make_problem
+from hpccoll_eigensolver.report import build_report
+
+
+# -- layout ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n,nb,p", [(1, 1, 1), (10, 3, 3), (64, 16, 2), (101, 8, 3), (7, 64, 4)])
+def test_block_cyclic_partitions_columns(n, nb, p):
+    desc = BlockCyclic(n, n, nb, p)
+    seen = np.concatenate([desc.local_cols(r) for r in range(p)])
+    assert sorted(seen.tolist()) == list(range(n))
+    for r in range(p):
+        cols = desc.local_cols(r)
+        assert cols.size == desc.local_n(r) == numroc(n, nb, r, p)
+        assert all(desc.owner(int(j)) == r for j in cols)
+        assert [desc.local_index(int(j)) for j in cols] == list(range(cols.size))
+    assert desc.max_local_n == max(desc.local_n(r) for r in range(p))
+
+
+class _SimComm:
+    """Plays all ranks of an Allgather for the serial gather test."""
+
+    def __init__(self, rank, size, blocks):
+        self.rank, self.size, self.blocks = rank, size, blocks
+
+    def Get_rank(self):
+        return self.rank
+
+    def Allgather(self, send, recv):
+        w = recv.shape[1]
+        for r, blk in enumerate(self.blocks):
+            recv[r] = 0
+            recv[r, :blk.shape[1]] = blk.T
+
+
+@pytest.mark.parametrize("n,nb,p", [(13, 4, 3), (64, 64, 2), (50, 7, 1)])
+def test_distribute_gather_round_trip(n, nb, p):
+    a = np.random.default_rng(0).standard_normal((n, n))
+    desc = BlockCyclic(n, n, nb, p)
+    blocks = [distribute(a, desc, r) for r in range(p)]
+    assert all(b.flags.f_contiguous for b in blocks)
+    for r in range(p):
+        np.testing.assert_array_equal(gather(blocks[r], desc, _SimComm(r, p, blocks)), a)
+
+
+def test_distribute_rejects_wrong_shape():
+    with pytest.raises(ValueError, match="shape"):
+        distribute(np.zeros((3, 4)), BlockCyclic(4, 4, 2, 1), 0)
+
+
+# -- problems ----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson", "random"])
+def test_problems_are_deterministic_and_correct(kind):
+    p1 = make_problem(kind, 60, cond_b=1e3, seed=5)
+    p2 = make_problem(kind, 60, cond_b=1e3, seed=5)
+    assert p1.A.tobytes() == p2.A.tobytes() and p1.B.tobytes() == p2.B.tobytes()
+    np.testing.assert_array_equal(p1.A, p1.A.T)
+    np.testing.assert_array_equal(p1.B, p1.B.T)
+    assert np.linalg.cond(p1.B) == pytest.approx(1e3, rel=1e-6)
+    w = sl.eigh(p1.A, p1.B, eigvals_only=True)
+    if kind == "random":
+        assert p1.eigenvalues is None
+    else:
+        assert metrics.eigenvalue_error(w, p1.eigenvalues) < 1e-12
+
+
+def test_clustered_and_wilkinson_have_clusters():
+    assert len(metrics.clusters(make_problem("clustered", 64).eigenvalues)) == 8
+    assert len(metrics.clusters(make_problem("wilkinson", 41).eigenvalues, 1e-9)) >= 5
+
+
+def test_file_problem(tmp_path):
+    p = make_problem("random", 20, seed=1)
+    np.save(tmp_path / "A.npy", p.A)
+    np.save(tmp_path / "B.npy", p.B)
+    q = make_problem(f"file:{tmp_path / 'A.npy'},{tmp_path / 'B.npy'}", 0)
+    np.testing.assert_array_equal(q.A, p.A)
+    with pytest.raises(ValueError, match="file:A.npy,B.npy"):
+        make_problem("file:onlyone.npy", 0)
+    with pytest.raises(ValueError, match="known"):
+        make_problem("nonsense", 10)
+
+
+# -- metrics --------------------------------------------------------------------------------
+def test_metrics_on_scipy_solution():
+    p = make_problem("known", 80, seed=2)
+    w, X = sl.eigh(p.A, p.B)
+    assert metrics.residual(p.A, p.B, X, w) < 1.0
+    assert metrics.b_orthogonality(p.B, X) < 50
+    assert metrics.eigenvalue_error(w, None) is None
+    assert metrics.sha256(X) == metrics.sha256(np.asfortranarray(X))
+
+
+def test_ulp_distance():
+    a = np.array([1.0, 0.0, -0.0, -2.0, 1e-300])
+    b = np.array([np.nextafter(1.0, 2.0), -0.0, 5e-324, np.nextafter(-2.0, 0.0), -1e-300])
+    d = metrics.ulp_distance(a, b)
+    assert d[:4].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert d[4] > 1e17
+
+
+def test_sign_alignment():
+    X0 = np.eye(3)
+    X = X0 * np.array([1.0, -1.0, 1.0])
+    np.testing.assert_array_equal(metrics.align_signs(X, X0), X0)
+
+
+# -- solver at one rank ------------------------------------------------------------------------
+@pytest.mark.parametrize("n,nb", [(1, 4), (2, 4), (37, 8), (64, 64)])
+def test_sygvd_one_rank(n, nb):
+    from hpccoll import Communicator
+
+    p = make_problem("random", n, cond_b=10.0, seed=n)
+    with Communicator(backend="host", deterministic=True) as comm:
+        desc = BlockCyclic(n, n, nb, 1)
+        w, X = sygvd(p.A.copy(order="F"), p.B.copy(order="F"), desc, comm)
+    ref = sl.eigh(p.A, p.B, eigvals_only=True)
+    assert metrics.eigenvalue_error(w, ref) < 1e-12
+    assert metrics.residual(p.A, p.B, X, w) < 1.0
+    assert metrics.b_orthogonality(p.B, X) < 50
+
+
+def test_sygvd_rejects_indefinite_b():
+    from hpccoll import Communicator
+    from hpccoll_eigensolver import NotPositiveDefinite
+
+    n = 10
+    with Communicator(backend="host") as comm, pytest.raises(NotPositiveDefinite):
+        sygvd(np.eye(n), -np.eye(n), BlockCyclic(n, n, 4, 1), comm)
+
+
+# -- report -------------------------------------------------------------------------------------
+def _synthetic_run(out, comm, r, w, ranks=3, x_digest="x0"):
+    rec = {"schema": "hpccoll-eigensolver/run/1", "n": w.size, "nb": 2, "ranks": ranks, "comm": comm,
+           "backend": "host", "device": "cpu", "problem": "known", "cond_b": 1e3, "seed": 0,
+           "repeat_index": r, "repeat": 3, "eigenvalues_sha256": metrics.sha256(w),
+           "eigenvectors_sha256": x_digest,
+           "per_rank": [{"rank": i, "eigenvalues_sha256": metrics.sha256(w),
+                         "local_eigenvectors_sha256": f"{x_digest}-{i}"} for i in range(ranks)],
+           "ranks_agree_on_eigenvalues": True, "residual": 1e-3, "b_orthogonality": 2.0,
+           "eigenvalue_error": 1e-15, "eigenvalue_error_vs_scipy": None,
+           "eigenvalue_error_definition": metrics.EIGENVALUE_ERROR_DEFINITION,
+           "phases": {"potrf": 0.1, "sytrd": 0.5}, "solve_seconds": 0.7,
+           "collectives": {"count": 10, "bytes": 800, "seconds": 0.2, "share_of_solve": 0.2,
+                           "by_phase": {"sytrd": {"Allreduce": {"count": 10, "bytes": 800, "seconds": 0.2,
+                                                                "min_bytes": 8, "max_bytes": 80}}},
+                           "by_name": {"Allreduce": {"count": 10, "bytes": 800, "seconds": 0.2,
+                                                     "min_bytes": 8, "max_bytes": 80}},
+                           "sizes": {"<=1KiB": 10}},
+           "machine": {"hostname": "test", "cpu": "cpu", "gpu": None}, "git_commit": None,
+           "eigenvalues": w.tolist(), "eigenvectors_file": None}
+    with open(os.path.join(out, f"known_n{w.size}_p{ranks}_{comm}_run{r:03d}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def test_report_from_synthetic_runs(tmp_path):
+    w = np.linspace(-1.0, 1.0, 9)
+    w2 = w.copy()
+    w2[3] = np.nextafter(w2[3], 9.0)
+    for r, ww in enumerate([w, w, w2]):
+        _synthetic_run(tmp_path, "ll128", r, ww, x_digest="x0" if r < 2 else "x1")
+    for r in range(2):
+        _synthetic_run(tmp_path, "sentinel", r, w)
+    with open(tmp_path / "failed_known_n9_p3_nccl.json", "w") as f:
+        json.dump({"schema": "hpccoll-eigensolver/failure/1", "comm": "nccl", "ranks": 3, "n": 9,
+                   "returncode": 2, "error": "backend='nccl' is not available: no GPU"}, f)
+    paths = build_report(str(tmp_path))
+    assert {os.path.basename(p) for p in paths} >= {"report.md", "report.json"}
+    rep = json.loads((tmp_path / "report.json").read_text())
+    by = {c["comm"]: c for c in rep["configurations"]}
+    assert by["ll128"]["distinct_eigenvalue_digests"] == 2
+    assert by["ll128"]["max_ulp_to_run0"] == 1.0
+    assert by["sentinel"]["distinct_eigenvalue_digests"] == 1
+    assert by["sentinel"]["max_ulp_to_run0"] == 0.0
+    md = (tmp_path / "report.md").read_text()
+    assert "three or more contributions" in md and "nccl" in md and "no GPU" in md
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def test_cli_help():
+    from hpccoll_eigensolver.cli import build_parser
+
+    for cmd in ("solve", "compare", "report"):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([cmd, "--help"])
+        assert e.value.code == 0
+
+
+def test_compare_end_to_end(tmp_path):
+    """compare launches mpiexec: the host path runs twice identically; the cuda path without a GPU
+    is recorded as a failure in the report instead of crashing."""
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "hpccoll_eigensolver.cli", "compare", "--n", "40", "--nb", "8",
+           "--ranks", "2", "--repeat", "2", "--comm", "mpi,sentinel", "--problem", "clustered", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads((out / "report.json").read_text())
+    mpi = [c for c in rep["configurations"] if c["comm"] == "mpi"][0]
+    assert mpi["runs"] == 2 and mpi["distinct_eigenvalue_digests"] == 1 and mpi["distinct_eigenvector_digests"] == 1
+    assert mpi["ranks_agree_on_eigenvalues_all_runs"]
+    if not any(c["comm"] == "sentinel" for c in rep["configurations"]):
+        assert any(f["comm"] == "sentinel" for f in rep["failures"])
