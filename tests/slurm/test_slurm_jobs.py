@@ -66,7 +66,8 @@ def _job_fields(job_id: str) -> dict[str, str] | None:
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
 
 
-def submit(script: str, tmp_path: Path, ntasks: int = 2, **variables) -> tuple[dict, str, Path]:
+def submit(script: str, tmp_path: Path, ntasks: int = 2, sbatch_args=(), **variables
+           ) -> tuple[dict, str, Path]:
     """sbatch the script with `variables` exported, wait for its end (bounded by JOB_TIMEOUT),
     return (scontrol fields, job log, OUT folder)."""
     out = tmp_path / "out"
@@ -74,7 +75,7 @@ def submit(script: str, tmp_path: Path, ntasks: int = 2, **variables) -> tuple[d
     env.update({k: str(v) for k, v in variables.items()})
     env["OUT"] = str(out)
     r = subprocess.run(["sbatch", "--parsable", "-n", str(ntasks), f"--chdir={tmp_path}",
-                        f"--output={tmp_path}/slurm-%j.out", str(SLURM / script)],
+                        f"--output={tmp_path}/slurm-%j.out", *sbatch_args, str(SLURM / script)],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"sbatch {script} failed: {r.stderr}"
     job_id = r.stdout.strip().split(";")[0]
@@ -195,6 +196,35 @@ def test_reproducibility_job(slurm, tmp_path):
     report = (out / "report.txt").read_text()
     assert "mpi" in report.lower(), report
     assert list(out.glob("**/*.json")), f"compare wrote no JSON into {out}"
+
+
+@pytest.fixture
+def fake_gpus(slurm):
+    """tests/slurm/run gives its node 2 fake GPUs (device files like /dev/null) where it can."""
+    if os.environ.get("HPCCOLL_SLURM_FAKE_GPUS", "0") != "2":
+        pytest.skip("this Slurm node has no (fake) GPUs; tests/slurm/run configures 2")
+
+
+@pytest.mark.slurm
+def test_every_task_gets_all_node_gpus(fake_gpus, tmp_path):
+    """--gpus-per-node=2: both tasks see GPUs 0,1 (no per-task binding); no real GPU, so the
+    benchmark itself runs on the host backend."""
+    fields, log, out = submit("bench.sbatch", tmp_path, sbatch_args=["--gpus-per-node=2"],
+                              SIZES="8:64", ITERS=3)
+    meta = job_txt(out)
+    assert meta["gpus"] == "2", meta
+    assert meta["task_gpus"] == "0,1", f"tasks saw {meta['task_gpus']!r}, want all of 0,1 each"
+    assert_completed(fields, log)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("binding", [["--gpus-per-task=1"], ["--gpus-per-node=2", "--gpu-bind=closest"]],
+                         ids=["gpus-per-task", "gpu-bind"])
+def test_per_task_gpu_binding_is_refused(fake_gpus, tmp_path, binding):
+    fields, log, out = submit("eigensolver.sbatch", tmp_path, sbatch_args=binding, N=64, COMM="mpi")
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "2:0", (fields, log)
+    assert "breaks CUDA IPC" in log and "--gpus-per-node" in log, log
+    assert not out.exists(), "refused, yet it wrote output"
 
 
 @pytest.mark.slurm
