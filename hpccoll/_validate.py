@@ -41,9 +41,9 @@ def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=N
     fn = name
     if name == "Bcast":
         buf = as_buf(recvbuf, "buf", fn, writable=True)
-        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < size:
+        if isinstance(root, bool) or not hasattr(root, "__index__") or not 0 <= root.__index__() < size:
             raise ValueError(f"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
-        return Call(name, buf, buf, None, root, True)
+        return Call(name, buf, buf, None, root.__index__(), True)  # numpy integers too, as in mpi4py
 
     rop = as_op(op) if name in ("Allreduce", "Reduce_scatter_block") else None  # op=None raises
     recv = as_buf(recvbuf, "recvbuf", fn, writable=True)

@@ -210,6 +210,13 @@ class Communicator:
         else:
             self._host.barrier()
 
+    def synchronize(self, stream=None) -> None:
+        """Wait for this communicator's device work on `stream`; raise CollectiveTimeout if a
+        kernel gave up waiting for a peer.  (Device collectives are asynchronous: like CUDA
+        errors, a timeout surfaces here or at the next call on this communicator.)"""
+        if self._device is not None:
+            self._device.synchronize(stream)
+
     def allreduce(self, x, op=SUM, **kw):
         """Return a new array: op over ranks of x (same type and device as x)."""
         out = _empty_like(x)

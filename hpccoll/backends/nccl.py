@@ -1,5 +1,12 @@
-"""NCCL baseline backend (through CuPy's NCCL bindings)."""
+"""NCCL backend (through CuPy's NCCL bindings): the baseline hpccoll is measured against,
+and the eigensolver's `--comm nccl` path.  Not deterministic across rank counts; NCCL picks
+its own algorithms (NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced)."""
 from __future__ import annotations
+
+import os
+
+from .._validate import Call
+from ..errors import HpccollError
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -8,5 +15,80 @@ def nccl_unavailable_reason() -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"cupy.cuda.nccl not importable ({exc})"
     if not getattr(nccl, "available", True):
-        return "CuPy was built without NCCL (pip install nvidia-nccl-cu13)"
+        return "CuPy found no NCCL library (pip install nvidia-nccl-cu13)"
     return None
+
+
+class NcclBackend:
+    name = "nccl"
+
+    def __init__(self, mpi_comm, device=None):
+        os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
+        why = nccl_unavailable_reason()
+        if why:
+            raise HpccollError(f"backend='nccl' is not available: {why}")
+        import cupy
+        from cupy.cuda import nccl
+        from mpi4py import MPI
+
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        self.device_id = int(device) if device is not None else node.Get_rank() % ndev
+        node.Free()
+        cupy.cuda.Device(self.device_id).use()
+        uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        self.nccl = nccl
+        self.comm = nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+        self.mpi = mpi_comm
+        self.types = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
+                      "float16": nccl.NCCL_FLOAT16, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
+        if hasattr(nccl, "NCCL_BFLOAT16"):
+            self.types["bfloat16"] = nccl.NCCL_BFLOAT16
+        self.ops = {"SUM": nccl.NCCL_SUM, "PROD": nccl.NCCL_PROD, "MAX": nccl.NCCL_MAX, "MIN": nccl.NCCL_MIN}
+
+    def _stream(self, stream) -> int:
+        from .cuda import _stream_ptr
+
+        return _stream_ptr(stream)
+
+    def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+        t = self.types.get(call.recv.dtype)
+        if t is None:
+            raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}")
+        s = self._stream(stream)
+        send, recv = call.send.flat, call.recv.flat
+        for _ in range(iters):
+            if call.name == "Allreduce":
+                self.comm.allReduce(send.data.ptr, recv.data.ptr, recv.size, t, self.ops[call.op.name], s)
+            elif call.name == "Bcast":
+                self.comm.bcast(recv.data.ptr, recv.size, t, call.root, s)
+            elif call.name == "Allgather":
+                n = recv.size // self.mpi.Get_size()
+                src = recv[self.mpi.Get_rank() * n:] if call.in_place else send
+                self.comm.allGather(src.data.ptr, recv.data.ptr, n, t, s)
+            elif call.name == "Reduce_scatter_block":
+                n = recv.size // self.mpi.Get_size() if call.in_place else recv.size
+                self.comm.reduceScatter(send.data.ptr, recv.data.ptr, n, t, self.ops[call.op.name], s)
+
+    def synchronize(self, stream=None) -> None:
+        import cupy
+
+        cupy.cuda.ExternalStream(self._stream(stream)).synchronize()
+
+    def check_error(self) -> None:
+        pass
+
+    def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
+        import cupy
+
+        x = cupy.zeros(1, dtype=cupy.float32)
+        s = self._stream(stream)
+        for _ in range(iters):
+            self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, s)
+        if sync:
+            self.synchronize(stream)
+
+    def free(self) -> None:
+        self.mpi.Barrier()
+        self.comm.destroy()

@@ -1,0 +1,363 @@
+"""CUDA backend: hpccoll's barrier-free kernels over symmetric memory on one node.
+
+Owns the workspace layout (region offsets and sizes), kernel modules and launch
+configuration; the algorithm comes from hpccoll.select."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from .. import select
+from .._driver import MAX_RANKS, Args, Launcher, Module
+from .._nvrtc import compile_module
+from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
+from .._validate import Call
+from ..errors import CollectiveTimeout, HpccollError
+from ..ops import np_dtype
+
+__all__ = ["CudaBackend", "CudaUnavailable"]
+log = logging.getLogger("hpccoll")
+
+KiB, MiB = 1024, 1024 * 1024
+S_ONESHOT = 1 * MiB      # payload per source of one one-shot sentinel launch
+S_LL = 256 * KiB         # payload per source of one LL launch
+S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
+PACK = 16
+COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
+OPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
+SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see proto_sentinel.cuh)
+
+
+def _align(n: int, a: int = 256) -> int:
+    return (n + a - 1) // a * a
+
+
+class Layout:
+    """Byte offsets of the regions in every rank's workspace (identical on all ranks)."""
+
+    def __init__(self, nranks: int):
+        n = nranks
+        self.sub_oneshot = S_ONESHOT
+        self.sub_ll = 2 * S_LL                                   # LL: 16 B of slot per 8 B of data
+        self.sub_twoshot = _align((S_TWOSHOT // 120 // n + 2) * 128)  # >= LL128 lines per owner
+        off = CTRL_BYTES
+        self.oneshot = off; off += 2 * n * self.sub_oneshot      # sentinel
+        self.ll = off; off += 2 * n * self.sub_ll                # LL
+        self.ll2 = off; off += 2 * n * self.sub_ll               # LL (two-shot phase 2)
+        self.ts1 = off; off += 2 * n * self.sub_twoshot          # sentinel (reduce-scatter)
+        self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
+        self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
+        self.total = _align(off, 2 * MiB)
+        self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
+
+
+def _stream_ptr(stream) -> int:
+    import cupy
+
+    if stream is None:
+        return cupy.cuda.get_current_stream().ptr
+    if isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream", "handle"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"stream must be a CuPy/torch stream or a raw handle (int), not {type(stream).__name__}")
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, mpi_comm, device=None, *, timeout: float = 30.0):
+        import cupy
+        from mpi4py import MPI
+
+        self.comm = mpi_comm
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+        try:
+            nodes = mpi_comm.allreduce(1 if node.Get_rank() == 0 else 0)
+            if nodes > 1:
+                raise CudaUnavailable(f"communicator spans {nodes} nodes; the device path is single-node")
+            if node.Get_size() > MAX_RANKS:
+                raise CudaUnavailable(f"{node.Get_size()} ranks on this node; the kernels support {MAX_RANKS}")
+        except CudaUnavailable:
+            node.Free()
+            raise
+        self.node = node
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        self.device_id = int(device) if device is not None else node.Get_rank() % ndev
+        if not 0 <= self.device_id < ndev:
+            raise ValueError(f"device={device}: this node has GPUs 0..{ndev - 1}")
+        cupy.cuda.Device(self.device_id).use()
+        props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
+        name = props["name"]
+        self.gpu_name = name.decode() if isinstance(name, bytes) else name
+        self.sms = int(props["multiProcessorCount"])
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        devices = mpi_comm.allgather(self.device_id)
+        self.ranks_per_gpu = devices.count(self.device_id)
+        self.peer_atomics = self._agree(all(
+            d == self.device_id or bool(cupy.cuda.runtime.deviceGetP2PAttribute(3, self.device_id, d))
+            for d in devices))
+        access = all(d == self.device_id or cupy.cuda.runtime.deviceCanAccessPeer(self.device_id, d)
+                     for d in devices)
+        if not self._agree(access):
+            raise CudaUnavailable("some GPUs of this node cannot access each other (no P2P)")
+        self.timeout_ns = int(timeout * 1e9)
+        self.layout = Layout(self.size)
+        self.ws = Workspace(mpi_comm, self.layout.total)
+        self._init_regions()
+        self.ws.probe_peers(mpi_comm)
+        self.table = select.load_table(self.gpu_name)
+        self._modules: dict[str, Module] = {}
+        self._launchers: dict[tuple, Launcher] = {}
+        self._broken: str | None = None
+        mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
+
+    def _agree(self, ok: bool) -> bool:
+        return all(self.comm.allgather(bool(ok)))
+
+    def _init_regions(self) -> None:
+        import cupy
+
+        for lo, hi in self.layout.sentinel_regions:
+            self.ws.view(lo, hi - lo, np.uint32).fill(SENTINEL_BYTE_PATTERN)
+        cupy.cuda.runtime.deviceSynchronize()
+
+    # -- kernels ----------------------------------------------------------------
+    def _module(self, dtype: str) -> Module:
+        mod = self._modules.get(dtype)
+        if mod is None:
+            # Node rank 0 compiles (or finds the cache); the others then load from the cache.
+            if self.node.Get_rank() == 0:
+                cubin = compile_module("collectives.cu", dtype, self.arch)
+            self.node.Barrier()
+            if self.node.Get_rank() != 0:
+                cubin = compile_module("collectives.cu", dtype, self.arch)
+            mod = self._modules[dtype] = Module(cubin)
+        return mod
+
+    def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0)) -> Launcher:
+        key = (dtype, kernel)
+        lau = self._launchers.get(key)
+        if lau is None:
+            a = Args()
+            for r, p in enumerate(self.ws.peers):
+                a.peers[r] = p
+            a.region, a.sub = region
+            a.region2, a.sub2 = region2
+            a.timeoutNs = self.timeout_ns
+            a.hostErr = self.ws.host_err_dev
+            a.rank, a.nranks, a.root, a.iters = self.rank, self.size, 0, 1
+            lau = self._launchers[key] = Launcher(self._module(dtype).fn(kernel), a)
+        return lau
+
+    def _grid(self, work_items: int, threads_per_item: int = 1) -> tuple[int, int]:
+        """(blocks, threads): one thread per 16-byte pack up to the block cap, then loop."""
+        threads_needed = max(32, work_items * threads_per_item)
+        block = min(512, (threads_needed + 31) // 32 * 32)
+        cap = max(1, min(64, self.sms) // self.ranks_per_gpu)  # the whole grid must be resident
+        blocks = min(cap, (threads_needed + block - 1) // block)
+        return blocks, block
+
+    # -- errors -------------------------------------------------------------------
+    def check_error(self) -> None:
+        if self._broken:
+            raise CollectiveTimeout(self._broken)
+        if self.ws.host_error():
+            import cupy
+
+            cupy.cuda.runtime.deviceSynchronize()
+            rec = self.ws.error_record()
+            coll = COLL_NAMES.get(rec["collective"], "?")
+            self._broken = (f"{coll}: rank {self.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
+                            f"{rec['peer']} (slot {rec['slot']}); a peer never joined or died. This "
+                            "communicator is unusable: Free() it (raise HPCCOLL_TIMEOUT if ranks are "
+                            "legitimately that far apart)")
+            raise CollectiveTimeout(self._broken, collective=coll, peer=rec["peer"], slot=rec["slot"],
+                                    waited_s=rec["waited_ns"] / 1e9)
+
+    def synchronize(self, stream=None) -> None:
+        import cupy
+
+        cupy.cuda.ExternalStream(_stream_ptr(stream)).synchronize()
+        self.check_error()
+
+    # -- dispatch -----------------------------------------------------------------
+    def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+        self.check_error()
+        if call.recv.device != self.device_id:
+            raise ValueError(f"{call.name}: buffers are on GPU {call.recv.device} but this rank's "
+                             f"communicator uses GPU {self.device_id}: allocate them there")
+        op = call.op.name if call.op else None
+        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        s = _stream_ptr(stream)
+        getattr(self, "_" + call.name.lower())(call, algo, op, s, iters)
+
+    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
+        if algorithm == "auto" or (algorithm not in select.ALGORITHMS):
+            if algorithm != "auto":
+                select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
+            algorithm = select.choose(self.table, collective, dtype, op, nbytes, self.size,
+                                      deterministic, self.peer_atomics)
+        elif collective not in select.ALGORITHMS[algorithm][0]:
+            algorithm = select.choose(self.table, collective, dtype, op, nbytes, self.size,
+                                      deterministic, self.peer_atomics)
+        select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
+        return algorithm
+
+    # Staging: kernels read/write 16-byte packs; unaligned user buffers go through aligned copies.
+    @staticmethod
+    def _aligned(flat):
+        return flat.data.ptr % PACK == 0
+
+    def _allreduce(self, call: Call, algo: str, op: str, s: int, iters: int) -> None:
+        import cupy
+
+        send, recv = call.send.flat, call.recv.flat
+        if not (self._aligned(send) and self._aligned(recv)):
+            with cupy.cuda.ExternalStream(s):
+                tmp = cupy.ascontiguousarray(send.copy())
+            self._allreduce_aligned(tmp, tmp, call.recv.dtype, algo, op, s, iters)
+            with cupy.cuda.ExternalStream(s):
+                recv[...] = tmp
+            return
+        self._allreduce_aligned(send, recv, call.recv.dtype, algo, op, s, iters)
+
+    def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
+        L, esize = self.layout, send.itemsize
+        kernel = f"hc_allreduce_{algo}_{OPS[op]}"
+        if algo == "oneshot_sentinel":
+            cap, region, region2, per = S_ONESHOT, (L.oneshot, L.sub_oneshot), (0, 0), 1
+        elif algo == "oneshot_ll":
+            cap, region, region2, per = S_LL, (L.ll, L.sub_ll), (0, 0), 1
+        elif algo == "twoshot_ll":
+            cap, region, region2, per = S_LL * self.size, (L.ll, L.sub_ll), (L.ll2, L.sub_ll), 1
+        elif algo == "twoshot_sentinel":
+            cap, region, region2, per = S_TWOSHOT, (L.ts1, L.sub_twoshot), (L.ts2, L.sub_twoshot), 1
+        else:  # twoshot_ll128
+            cap, region, region2, per = S_TWOSHOT, (L.ll128, L.sub_twoshot), (L.ts2, L.sub_twoshot), 0
+        lau = self._launcher(dtype, kernel, region, region2)
+        n = send.size
+        step = cap // esize
+        a = lau.args
+        a.iters = iters
+        for c0 in range(0, max(n, 1), step):
+            c = min(step, n - c0)
+            a.in_ = send.data.ptr + c0 * esize
+            a.out = recv.data.ptr + c0 * esize
+            a.count = c
+            if per:
+                packs = (c * esize + PACK - 1) // PACK
+                blocks, block = self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
+            else:  # LL128: an 8-lane group per 128-byte line
+                lines = (c + 128 // esize - 2) // (128 // esize - 1)
+                blocks, block = self._grid((lines + self.size - 1) // self.size, 8)
+            lau(blocks, block, s)
+
+    def _bcast(self, call: Call, algo: str, op, s: int, iters: int) -> None:
+        import cupy
+
+        buf = call.recv.flat
+        if not self._aligned(buf):
+            with cupy.cuda.ExternalStream(s):
+                tmp = buf.copy()
+            self._bcast_flat(tmp, call, s, iters)
+            with cupy.cuda.ExternalStream(s):
+                buf[...] = tmp
+            return
+        self._bcast_flat(buf, call, s, iters)
+
+    def _bcast_flat(self, buf, call, s, iters):
+        L, esize = self.layout, buf.itemsize
+        lau = self._launcher(call.recv.dtype, "hc_bcast_ll", (L.ll, L.sub_ll))
+        a = lau.args
+        a.root, a.iters = call.root, iters
+        step = S_LL // esize
+        for c0 in range(0, max(buf.size, 1), step):
+            c = min(step, buf.size - c0)
+            a.in_ = a.out = buf.data.ptr + c0 * esize
+            a.count = c
+            lau(*self._grid((c * esize + PACK - 1) // PACK), s)
+
+    def _blockwise(self, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int,
+                   gather: bool) -> None:
+        """Allgather / Reduce_scatter_block: per-rank blocks of `count`; direct when the block is
+        pack-aligned and fits one launch, else staged through padded [nranks, chunk] buffers."""
+        import cupy
+
+        n = self.size
+        esize = call.recv.flat.itemsize
+        epp = PACK // esize
+        if gather:
+            count = call.recv.count // n
+            src = (call.recv.flat[self.rank * count:(self.rank + 1) * count] if call.in_place
+                   else call.send.flat)
+        else:
+            count = call.recv.count // n if call.in_place else call.recv.count
+            src = call.recv.flat if call.in_place else call.send.flat
+        out = call.recv.flat
+        lau = self._launcher(call.recv.dtype, kernel, region)
+        a = lau.args
+        a.iters = iters
+        direct = count % epp == 0 and count * esize <= cap_bytes and self._aligned(src) and self._aligned(out)
+        if direct:
+            a.in_, a.out, a.count = src.data.ptr, out.data.ptr, count
+            lau(*self._grid(count // epp), s)
+            return
+        step = max(epp, cap_bytes // esize // epp * epp)
+        with cupy.cuda.ExternalStream(s):
+            for c0 in range(0, max(count, 1), step):
+                c = min(step, count - c0)
+                cp = (c + epp - 1) // epp * epp
+                if gather:
+                    tin = cupy.zeros(cp, dtype=out.dtype)
+                    tin[:c] = src[c0:c0 + c]
+                    tout = cupy.empty((n, cp), dtype=out.dtype)
+                else:
+                    tin = cupy.zeros((n, cp), dtype=out.dtype)
+                    tin[:, :c] = src.reshape(n, -1)[:, c0:c0 + c]
+                    tout = cupy.empty(cp, dtype=out.dtype)
+                a.in_, a.out, a.count = tin.data.ptr, tout.data.ptr, cp
+                lau(*self._grid(cp // epp), s)
+                if gather:
+                    out.reshape(n, count)[:, c0:c0 + c] = tout[:, :c]
+                else:
+                    out[c0:c0 + c] = tout[:c]
+
+    def _allgather(self, call: Call, algo: str, op, s: int, iters: int) -> None:
+        L = self.layout
+        self._blockwise(call, "hc_allgather_ll", (L.ll, L.sub_ll), S_LL, s, iters, gather=True)
+
+    def _reduce_scatter_block(self, call: Call, algo: str, op, s: int, iters: int) -> None:
+        L = self.layout
+        if algo == "sentinel":
+            region, cap = (L.ts1, L.sub_twoshot), S_TWOSHOT // self.size
+        else:
+            region, cap = (L.ll, L.sub_ll), S_LL
+        self._blockwise(call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, gather=False)
+
+    def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
+        self.check_error()
+        lau = self._launcher("float32", "hc_barrier", (0, 0))
+        lau.args.iters = iters
+        lau(1, 32, _stream_ptr(stream))
+        if sync:
+            self.synchronize(stream)
+
+    def free(self) -> None:
+        import cupy
+
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+        finally:
+            self.comm.Barrier()  # no peer may still be writing into a workspace we unmap
+            self.ws.free()
+            self.node.Free()
+
+
+def dtype_of(name: str):
+    return np_dtype(name)
