@@ -1,0 +1,187 @@
+"""cuSOLVERMp sygvd as a reference (`hpccoll-eigensolver anchor cusolvermp`, under mpiexec, GPU only).
+
+Imported lazily: nothing here is needed by the hpccoll solver. Written against nvmath-python
+1.0.0's raw bindings `nvmath.bindings.cusolverMp` (create, create_device_grid,
+create_matrix_desc, sygvd_buffer_size, sygvd) and the cuSOLVERMp C API; the NCCL communicator
+comes from libnccl through ctypes. Untested on this (CPU-only) machine: points marked
+UNCERTAIN are where the binding's exact behaviour was not checked.
+
+Needs (reference notes section 5): nvmath-python 1.0.0, nvidia-cusolvermp-cu13 0.8.x, and the
+site-packages `nvidia/cu13/lib` and `nvidia/nccl/lib` libraries loadable (LD_LIBRARY_PATH, or
+preloaded here with ctypes RTLD_GLOBAL before importing nvmath)."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+# C enum values (cuSOLVER / cuBLAS / CUDA headers)
+CUDA_R_64F = 1                 # cudaDataType_t
+CUSOLVER_EIG_TYPE_1 = 1        # A x = lambda B x
+CUSOLVER_EIG_MODE_VECTOR = 1
+CUBLAS_FILL_MODE_LOWER = 0
+GRID_MAPPING_COL_MAJOR = 0     # cusolverMpGridMapping_t (CUDALIBMG_GRID_MAPPING_COL_MAJOR)
+NCCL_UNIQUE_ID_BYTES = 128
+
+
+def _site_dirs(sub: str) -> list[str]:
+    """<site-packages>/nvidia/<sub> folders (namespace package nvidia)."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return [os.path.join(p, sub) for p in getattr(nvidia, "__path__", []) if os.path.isdir(os.path.join(p, sub))]
+
+
+def preload_libraries() -> list[str]:
+    """dlopen the CUDA 13 and NCCL wheel libraries with RTLD_GLOBAL so libcusolverMp finds them."""
+    loaded = []
+    libs = []
+    for d in _site_dirs("cu13/lib") + _site_dirs("nccl/lib"):
+        libs += sorted(glob.glob(os.path.join(d, "*.so*")))
+    pending = libs
+    for _ in range(4):  # a few passes: load order follows dependencies we do not know in advance
+        failed = []
+        for lib in pending:
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                loaded.append(lib)
+            except OSError:
+                failed.append(lib)
+        if not failed or len(failed) == len(pending):
+            break
+        pending = failed
+    return loaded
+
+
+def _libnccl():
+    for d in _site_dirs("nccl/lib"):
+        p = os.path.join(d, "libnccl.so.2")
+        if os.path.exists(p):
+            return ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL("libnccl.so.2", mode=ctypes.RTLD_GLOBAL)
+
+
+class _NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * NCCL_UNIQUE_ID_BYTES)]
+
+
+def nccl_comm_from_mpi(mpi_comm) -> int:
+    """An ncclComm_t (as int) over mpi_comm's ranks: ncclGetUniqueId on rank 0, MPI bcast, ncclCommInitRank.
+    The current CUDA device must already be set."""
+    nccl = _libnccl()
+    uid = _NcclUniqueId()
+    if mpi_comm.Get_rank() == 0:
+        rc = nccl.ncclGetUniqueId(ctypes.byref(uid))
+        if rc != 0:
+            raise RuntimeError(f"ncclGetUniqueId failed: {rc}")
+    raw = mpi_comm.bcast(bytes(uid.internal) if mpi_comm.Get_rank() == 0 else None, root=0)
+    ctypes.memmove(ctypes.addressof(uid), raw, NCCL_UNIQUE_ID_BYTES)
+    comm = ctypes.c_void_p()
+    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _NcclUniqueId, ctypes.c_int]
+    rc = nccl.ncclCommInitRank(ctypes.byref(comm), mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+    if rc != 0:
+        raise RuntimeError(f"ncclCommInitRank failed: {rc}")
+    return int(comm.value)
+
+
+def run_cusolvermp(args) -> int:
+    """Solve with cuSOLVERMp sygvd on a 1 x P grid (--repeat times); any failure is printed and the
+    job aborted with a non-zero code, which `compare` records in the report."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        return _run(args, world)
+    except Exception as exc:  # noqa: BLE001 - report, do not crash the comparison
+        msg = f"cusolvermp anchor failed on rank {world.Get_rank()}: {type(exc).__name__}: {exc}"
+        print(msg, file=sys.stderr, flush=True)
+        traceback.print_exc()
+        if world.Get_size() > 1:
+            world.Abort(3)
+        return 3
+
+
+def _run(args, world) -> int:
+    from . import metrics
+    from .anchors import anchor_record
+    from .cli import load_problem_on_root, print_run, reference_eigenvalues, run_stem, save_vectors, write_run
+    from .layout import BlockCyclic, distribute
+    from .runinfo import select_device
+
+    rank, size = world.Get_rank(), world.Get_size()
+    xp, dev = select_device(world)
+    if dev is None:
+        raise RuntimeError("needs CuPy and a GPU")
+    preload_libraries()
+    from nvmath.bindings import cusolverMp as mp  # UNCERTAIN: module name as in nvmath-python 1.0.0
+
+    cp = xp
+    prob, n = load_problem_on_root(args, rank, world)
+    A = np.ascontiguousarray(prob.A) if rank == 0 else np.empty((n, n))
+    B = np.ascontiguousarray(prob.B) if rank == 0 else np.empty((n, n))
+    world.Bcast(A, root=0)
+    world.Bcast(B, root=0)
+    nb = args.nb
+    desc = BlockCyclic(n, n, nb, size)
+    nloc = desc.local_n(rank)
+    lld = n  # one process row: every rank holds all n rows (F order)
+    ref, ref_s = reference_eigenvalues(prob, args) if rank == 0 else (None, None)
+
+    nccl_comm = nccl_comm_from_mpi(world)
+    stream = cp.cuda.Stream(non_blocking=True)
+    handle = mp.create(dev, stream.ptr)
+    grid = mp.create_device_grid(handle, nccl_comm, 1, size, GRID_MAPPING_COL_MAJOR)
+    # UNCERTAIN: whether sygvd wants mb == nb; with one process row mb only has to be valid.
+    mdesc = mp.create_matrix_desc(grid, CUDA_R_64F, n, n, nb, nb, 0, 0, lld)
+    dev_bytes, host_bytes = mp.sygvd_buffer_size(
+        handle, CUSOLVER_EIG_TYPE_1, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
+        1, 1, mdesc, 1, 1, mdesc, 1, 1, mdesc, CUDA_R_64F)
+    d_work = cp.empty(max(int(dev_bytes), 1), dtype=cp.uint8)
+    h_work = np.empty(max(int(host_bytes), 1), dtype=np.uint8)
+    info = cp.zeros(1, dtype=cp.int32)
+    try:
+        for r in range(args.repeat):
+            with stream:
+                a = cp.asfortranarray(cp.asarray(distribute(A, desc, rank)))
+                b = cp.asfortranarray(cp.asarray(distribute(B, desc, rank)))
+                w = cp.empty(n, dtype=cp.float64)
+                z = cp.empty((n, max(nloc, 1)), dtype=cp.float64, order="F")
+            stream.synchronize()
+            world.Barrier()
+            t0 = time.perf_counter()
+            mp.sygvd(handle, CUSOLVER_EIG_TYPE_1, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
+                     a.data.ptr, 1, 1, mdesc, b.data.ptr, 1, 1, mdesc, w.data.ptr, z.data.ptr, 1, 1, mdesc,
+                     CUDA_R_64F, d_work.data.ptr, int(dev_bytes), h_work.ctypes.data, int(host_bytes),
+                     info.data.ptr)
+            stream.synchronize()
+            solve_s = time.perf_counter() - t0
+            if int(info.get()[0]) != 0:
+                raise RuntimeError(f"cusolverMpSygvd info = {int(info.get()[0])}")
+            zl = cp.asnumpy(z[:, :nloc])
+            mine = (metrics.sha256(w), metrics.sha256(zl))
+            digests = world.gather(mine, root=0)
+            blocks = world.gather(zl, root=0)  # setup/verification traffic only, never timed
+            if rank == 0:
+                X = np.empty((n, n))
+                for q, blk in enumerate(blocks):
+                    X[:, desc.local_cols(q)] = blk
+                per_rank = [{"rank": i, "eigenvalues_sha256": dw, "local_eigenvectors_sha256": dx}
+                            for i, (dw, dx) in enumerate(digests)]
+                rec = anchor_record(args, comm="cusolvermp", backend="cusolverMp+nccl", ranks=size, n=n, r=r,
+                                    w=cp.asnumpy(w), X=X, per_rank=per_rank, phases={"sygvd": solve_s},
+                                    solve_s=solve_s, prob=prob, ref=ref, ref_s=ref_s, xp=np,
+                                    extra={"grid": [1, size]})
+                print_run(rec)
+                write_run(args.out, run_stem(args, n, size, "cusolvermp", r), rec,
+                          X if save_vectors(args, n) else None)
+    finally:
+        mp.destroy_matrix_desc(mdesc)
+        mp.destroy_grid(grid)
+        mp.destroy(handle)
+    return 0
