@@ -171,31 +171,43 @@ def test_bench_job(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_eigensolver_job(slurm, tmp_path):
-    n = 96
-    fields, log, out = submit("eigensolver.sbatch", tmp_path, N=n, COMM="mpi", REPEAT=2)
+    n, repeat = 96, 2
+    fields, log, out = submit("eigensolver.sbatch", tmp_path, N=n, COMM="mpi", REPEAT=repeat)
     assert_completed(fields, log)
     meta = job_txt(out)
     assert meta["ranks"] == "2" and "--comm mpi" in meta["command"]
-    results = sorted(out.glob("**/*.json"))
-    assert results, f"{out} has no JSON result; it has {sorted(p.name for p in out.iterdir())}"
-    data = [json.loads(p.read_text()) for p in results]
-    assert n in _numbers(_values(data, "n")), f"no result records n={n}"
-    residuals = _numbers(_values(data, "resid"))
-    assert residuals, f"no residual in {[p.name for p in results]}"
-    # LAPACK-style scaled residual: O(1) for a correct solve (1e-3 measured on GPUs)
-    assert all(math.isfinite(r) and 0 <= r < 100 for r in residuals), residuals
+    runs = sorted(out.glob("*_run[0-9][0-9][0-9].json"))
+    assert len(runs) == repeat, f"want {repeat} run JSONs in {out}: {sorted(p.name for p in out.iterdir())}"
+    for path in runs:
+        rec = json.loads(path.read_text())
+        assert (rec["n"], rec["ranks"], rec["comm"], rec["problem"]) == (n, 2, "mpi", "known"), path
+        assert rec["cond_b"] == 1e3
+        # LAPACK-style scaled residual and B-orthogonality: O(1) for a correct solve
+        for key in ("residual", "b_orthogonality"):
+            assert math.isfinite(rec[key]) and 0 <= rec[key] < 100, (path.name, key, rec[key])
+        assert rec["eigenvalue_error"] < 1e-10, (path.name, rec["eigenvalue_error"])
+        assert len(rec["eigenvalues"]) == n
+    # the mpi path reduces in rank order: both solves agree bit for bit
+    digests = {json.loads(p.read_text())["eigenvalues_sha256"] for p in runs}
+    assert len(digests) == 1, digests
 
 
 @pytest.mark.slurm
 def test_reproducibility_job(slurm, tmp_path):
     # COMM unset: on this CPU node the script must default to the only path there, mpi.
-    fields, log, out = submit("reproducibility.sbatch", tmp_path, N=64, REPEAT=2)
+    n, repeat = 64, 2
+    fields, log, out = submit("reproducibility.sbatch", tmp_path, N=n, REPEAT=repeat)
     assert_completed(fields, log)
     meta = job_txt(out)
     assert "--comm mpi" in meta["command"] and "--ranks 2" in meta["command"]
-    report = (out / "report.txt").read_text()
-    assert "mpi" in report.lower(), report
-    assert list(out.glob("**/*.json")), f"compare wrote no JSON into {out}"
+    assert not list(out.glob("failed_*.json"))
+    assert len(list(out.glob(f"known_n{n}_p2_mpi_run*.json"))) == repeat
+    assert "| mpi |" in (out / "report.md").read_text()
+    report = json.loads((out / "report.json").read_text())
+    (config,) = report["configurations"]
+    assert (config["comm"], config["n"], config["ranks"], config["runs"]) == ("mpi", n, 2, repeat)
+    assert config["distinct_eigenvalue_digests"] == 1, config
+    assert config["ranks_agree_on_eigenvalues_all_runs"] is True
 
 
 @pytest.fixture
