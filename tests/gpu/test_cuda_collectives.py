@@ -1,0 +1,284 @@
+"""GPU tests of the CUDA backend (run on the GPU machine, 2 ranks and 4 ranks on 2 GPUs):
+
+    mpiexec -n 2 python -m pytest --with-mpi tests/gpu
+
+Fresh random data every iteration; deterministic algorithms compared BITWISE with the
+fixed-order host reference (NaN positions by isnan: GPU arithmetic returns canonical NaNs);
+LL128 within fp tolerance and identical on every rank."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import hpccoll
+from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
+
+FLOATS = ["float64", "float32", "float16", "bfloat16"]
+INTS = ["int32", "int64"]
+DTYPES = FLOATS + INTS
+SIZES = [1, 7, 8, 1023, 4096, 65537, (1 << 18) + 3]
+ALGOS = ["oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128"]
+
+
+@pytest.fixture(scope="module")
+def cc():
+    c = hpccoll.Communicator(backend="cuda")
+    assert c.backend == "cuda", "the CUDA backend did not open"
+    yield c
+    c.Free()
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _random(rng, dtype: str, n: int, op: str):
+    """Fresh data; PROD gets values near 1 (and small ints) so products stay finite."""
+    if dtype in INTS:
+        hi = 3 if op == "PROD" else 1 << 20
+        return rng.integers(-hi, hi, n).astype(dtype)
+    x = rng.standard_normal(n)
+    if op == "PROD":
+        x = 1.0 + 0.01 * x
+    return x.astype(np_dtype(dtype))
+
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def _assert_bitwise(got, ref, what):
+    if got.dtype.kind == "f" or got.dtype == BFLOAT16:
+        gn, rn = np.isnan(got.astype(np.float64)), np.isnan(ref.astype(np.float64))
+        assert np.array_equal(gn, rn), f"{what}: NaN positions differ"
+        keep = ~rn
+        bad = np.flatnonzero(_bits(got)[keep] != _bits(ref)[keep])
+    else:
+        bad = np.flatnonzero(_bits(got) != _bits(ref))
+    assert bad.size == 0, f"{what}: {bad.size} elements differ (first indices among compared: {bad[:5]})"
+
+
+def _same_on_all_ranks(arr, what):
+    digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    digests = _world().allgather(digest)
+    assert len(set(digests)) == 1, f"{what}: results differ across ranks"
+
+
+def _valid(algo, dtype, op):
+    if "ll128" in algo:
+        return dtype in FLOATS and op == "SUM"
+    if "sentinel" in algo:
+        return dtype in FLOATS
+    return True
+
+
+CASES = [(a, d, o) for a in ALGOS for d in DTYPES for o in OPS if _valid(a, d, o)]
+
+
+@pytest.mark.parametrize("algo,dtype,op", CASES)
+def test_allreduce(cc, algo, dtype, op):
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, hash((algo, dtype, op)) & 0xFFFF, 1])
+    det = "ll128" not in algo
+    for it, n in enumerate(SIZES):
+        x = _random(rng, dtype, n, op)
+        xs = _world().allgather(x)
+        ref = reduce_in_rank_order(OPS[op], xs)
+        dx = cp.asarray(x)
+        out = cp.empty_like(dx)
+        cc.Allreduce(dx, out, op=OPS[op], algorithm=algo, deterministic=det)
+        cc.synchronize()
+        got = cp.asnumpy(out)
+        assert np.array_equal(cp.asnumpy(dx), x), "sendbuf was modified"
+        what = f"{algo} {dtype} {op} n={n} rank {cc.rank}"
+        if det:
+            _assert_bitwise(got, ref, what)
+        else:
+            tol = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+            np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64),
+                                       rtol=tol, atol=tol * cc.size * 4, err_msg=what)
+        _same_on_all_ranks(got, what)
+        # in place, odd offset (unaligned: staged) on the largest sizes
+        if n > 1000:
+            buf = cp.asarray(np.concatenate([x[:1], x]))[1:]
+            cc.Allreduce(hpccoll.IN_PLACE, buf, op=OPS[op], algorithm=algo, deterministic=det)
+            got2 = cp.asnumpy(buf)
+            if det:
+                _assert_bitwise(got2, ref, what + " in place unaligned")
+
+
+@pytest.mark.parametrize("algo", ["oneshot_sentinel", "twoshot_sentinel"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_special_values(cc, algo, dtype):
+    """Sentinel bit patterns, -0.0, NaN and +-Inf in the input never hang and reduce like the host."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 7])
+    dt = np_dtype(dtype)
+    n = 4099
+    x = rng.standard_normal(n).astype(dt)
+    width = {8: np.uint64, 4: np.uint32, 2: np.uint16}[dt.itemsize]
+    sentinel = {8: 0xFFFAFFFAFFFAFFFA, 4: 0xFFFAFFFA, 2: 0xFFFA}[dt.itemsize]
+    xb = x.view(width)
+    xb[rng.integers(0, n, 50)] = sentinel
+    x[rng.integers(0, n, 20)] = -0.0
+    x[rng.integers(0, n, 20)] = np.inf
+    x[rng.integers(0, n, 20)] = -np.inf
+    x[rng.integers(0, n, 5)] = np.nan
+    xs = _world().allgather(x)
+    for op in ("SUM", "MAX", "MIN"):
+        with np.errstate(invalid="ignore", over="ignore"):
+            ref = reduce_in_rank_order(OPS[op], xs)
+        out = cp.empty(n, dtype=dt)
+        cc.Allreduce(cp.asarray(x), out, op=OPS[op], algorithm=algo, deterministic=True)
+        cc.synchronize()
+        _assert_bitwise(cp.asnumpy(out), ref, f"{algo} {dtype} {op} special values")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int32"])
+def test_bcast_allgather_reduce_scatter(cc, dtype):
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 11])
+    size = cc.size
+    for n in (1, 7, 8, 1023, 4096, 65537, (1 << 17) + 5):
+        x = _random(rng, dtype, n, "SUM")
+        xs = _world().allgather(x)
+        for root in range(size):
+            buf = cp.asarray(x)
+            cc.Bcast(buf, root=root)
+            _assert_bitwise(cp.asnumpy(buf), xs[root], f"Bcast {dtype} n={n} root={root}")
+        out = cp.empty(n * size, dtype=x.dtype)
+        cc.Allgather(cp.asarray(x), out)
+        _assert_bitwise(cp.asnumpy(out), np.concatenate(xs), f"Allgather {dtype} n={n}")
+        inplace = cp.zeros(n * size, dtype=x.dtype)
+        inplace[cc.rank * n:(cc.rank + 1) * n] = cp.asarray(x)
+        cc.Allgather(hpccoll.IN_PLACE, inplace)
+        _assert_bitwise(cp.asnumpy(inplace), np.concatenate(xs), f"Allgather in place {dtype} n={n}")
+        big = _random(rng, dtype, n * size, "SUM")
+        bigs = _world().allgather(big)
+        ref = reduce_in_rank_order(OPS["SUM"], bigs)[cc.rank * n:(cc.rank + 1) * n]
+        rs = cp.empty(n, dtype=x.dtype)
+        cc.Reduce_scatter_block(cp.asarray(big), rs, deterministic=True)
+        _assert_bitwise(cp.asnumpy(rs), ref, f"Reduce_scatter_block {dtype} n={n}")
+    cc.Barrier()
+
+
+def test_64MiB(cc):
+    import cupy as cp
+
+    n = 16 * 1024 * 1024
+    for algo in ("oneshot_sentinel", "twoshot_sentinel", "twoshot_ll128"):
+        x = cp.random.default_rng(cc.rank + 100).standard_normal(n, dtype=cp.float32)
+        xs = [cp.asnumpy(x)]
+        xs = _world().allgather(xs[0])
+        ref = reduce_in_rank_order(OPS["SUM"], xs)
+        out = cp.empty_like(x)
+        cc.Allreduce(x, out, algorithm=algo, deterministic=algo != "twoshot_ll128")
+        got = cp.asnumpy(out)
+        if algo == "twoshot_ll128":
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        else:
+            _assert_bitwise(got, ref, f"{algo} 64 MiB")
+
+
+def _expected_sum(cp, seeds, n, dtype):
+    """Every rank's input regenerated from seeds, summed in rank order on the GPU."""
+    acc = None
+    for s in seeds:
+        x = cp.random.default_rng(s).standard_normal(n, dtype=cp.float32).astype(dtype)
+        acc = x if acc is None else (acc + x).astype(dtype)
+    return acc
+
+
+def test_back_to_back_varying_sizes(cc):
+    """100,000 back-to-back calls, sizes cycling, fresh data, every result checked on the GPU."""
+    import cupy as cp
+
+    sizes = [1, 7, 1023, 4096, 65537, 333, 8, 20000]
+    mism = cp.zeros(1, dtype=cp.int64)
+    calls = 100_000
+    outs = {}
+    for i in range(calls):
+        n = sizes[i % len(sizes)]
+        if i % 50 == 0 or n not in outs:  # fresh data for every size at least every 50 calls
+            seeds = [(i, r) for r in range(cc.size)]
+            x = cp.random.default_rng(seeds[cc.rank]).standard_normal(n, dtype=cp.float32)
+            ref = _expected_sum(cp, seeds, n, cp.float32)
+            outs[n] = (x, ref, cp.empty_like(x))
+        x, ref, out = outs[n]
+        cc.Allreduce(x, out, deterministic=True)
+        if i % 7 == 0:
+            mism += (out.view(cp.uint32) != ref.view(cp.uint32)).sum()
+    cc.synchronize()
+    assert int(mism.get()) == 0
+
+
+def test_graph_replay(cc):
+    """A captured Allreduce replayed 10,000 times with fresh data in each replay."""
+    import cupy as cp
+
+    n = 4099
+    for algo in ("oneshot_sentinel", "twoshot_sentinel", "oneshot_ll"):
+        stream = cp.cuda.Stream(non_blocking=True)
+        x = cp.empty(n, dtype=cp.float32)
+        out = cp.empty_like(x)
+        with stream:
+            cc.Allreduce(x, out, algorithm=algo, deterministic=True, stream=stream)  # warm (compile, launcher)
+            stream.synchronize()
+            stream.begin_capture()
+            cc.Allreduce(x, out, algorithm=algo, deterministic=True, stream=stream)
+            graph = stream.end_capture()
+        bad = cp.zeros(1, dtype=cp.int64)
+        with stream:
+            for i in range(10_000):
+                seeds = [(i, 17, r) for r in range(cc.size)]
+                x[...] = cp.random.default_rng(seeds[cc.rank]).standard_normal(n, dtype=cp.float32)
+                graph.launch(stream)
+                ref = _expected_sum(cp, seeds, n, cp.float32)
+                bad += (out.view(cp.uint32) != ref.view(cp.uint32)).sum()
+        stream.synchronize()
+        cc.synchronize()
+        assert int(bad.get()) == 0, f"{algo}: graph replays gave wrong results"
+
+
+def test_rank_that_never_joins_times_out():
+    import cupy as cp
+
+    c = hpccoll.Communicator(backend="cuda", timeout=2.0)
+    try:
+        x = cp.ones(1000, dtype=cp.float32)
+        if c.rank == 0:
+            out = cp.empty_like(x)
+            c.Allreduce(x, out)
+            with pytest.raises(hpccoll.CollectiveTimeout) as info:
+                c.synchronize()
+            assert info.value.peer is not None and info.value.peer != 0
+            assert "Allreduce" in str(info.value)
+            with pytest.raises(hpccoll.CollectiveTimeout):  # the communicator stays broken
+                c.Allreduce(x, out)
+    finally:
+        c.Free()
+
+
+def test_bad_inputs_on_device(cc):
+    import cupy as cp
+
+    x = cp.ones(10, dtype=cp.int32)
+    with pytest.raises(ValueError, match="oneshot_sentinel needs a floating-point dtype"):
+        cc.Allreduce(x, cp.empty_like(x), algorithm="oneshot_sentinel")
+    y = cp.ones(10, dtype=cp.float32)
+    with pytest.raises(ValueError, match="SUM only"):
+        cc.Allreduce(y, cp.empty_like(y), op=hpccoll.MAX, algorithm="twoshot_ll128")
+    with pytest.raises(ValueError, match="not deterministic"):
+        cc.Allreduce(y, cp.empty_like(y), algorithm="twoshot_ll128", deterministic=True)
+    with pytest.raises(ValueError, match="unknown"):
+        cc.Allreduce(y, cp.empty_like(y), algorithm="ring")
