@@ -25,6 +25,9 @@ SCRIPTS = ("bench.sbatch", "eigensolver.sbatch", "reproducibility.sbatch")
 JOB_TIMEOUT = float(os.environ.get("HPCCOLL_SLURM_JOB_TIMEOUT", "300"))
 _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+#: pending reasons that never clear on a one-node test cluster
+_NEVER = {"PartitionConfig", "PartitionNodeLimit", "BadConstraints", "ReqNodeNotAvail",
+          "Resources_Unavailable", "InvalidQOS"}
 
 
 def _slurm_unreachable() -> str | None:
@@ -93,6 +96,11 @@ def submit(script: str, tmp_path: Path, ntasks: int = 2, sbatch_args=(), **varia
             pytest.fail(f"job {job_id} ({script}) vanished from scontrol; log:\n{_read(log)}")
         if fields.get("JobState") in _DONE:
             break
+        if fields.get("JobState") == "PENDING" and fields.get("Reason") in _NEVER:
+            subprocess.run(["scancel", job_id], timeout=30)
+            pytest.fail(f"job {job_id} ({script}) can never start here: {fields.get('Reason')} "
+                        f"(NumNodes={fields.get('NumNodes')} NumCPUs={fields.get('NumCPUs')}); "
+                        "the node has fewer CPUs than the job's tasks?")
         time.sleep(0.5)
     else:
         subprocess.run(["scancel", job_id], timeout=30)
