@@ -93,3 +93,14 @@ def launch_raw(fn, grid: int, block: int, stream: int, *cargs) -> None:
     """Launch with arbitrary ctypes arguments (microbenchmarks)."""
     params = (ctypes.c_void_p * len(cargs))(*[ctypes.addressof(a) for a in cargs])
     check(libcuda().cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, None), "cuLaunchKernel")
+
+
+def p2p_native_atomics(src: int, dst: int) -> bool:
+    """cuDeviceGetP2PAttribute(NATIVE_ATOMIC_SUPPORTED) between two device ordinals."""
+    lib = libcuda()
+    check(lib.cuInit(0), "cuInit")
+    value, d0, d1 = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    check(lib.cuDeviceGet(ctypes.byref(d0), src), "cuDeviceGet")
+    check(lib.cuDeviceGet(ctypes.byref(d1), dst), "cuDeviceGet")
+    check(lib.cuDeviceGetP2PAttribute(ctypes.byref(value), 3, d0, d1), "cuDeviceGetP2PAttribute")
+    return bool(value.value)

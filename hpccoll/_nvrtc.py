@@ -11,7 +11,6 @@ import glob
 import hashlib
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from .errors import HpccollError
@@ -21,8 +20,15 @@ SOURCES = ("collectives.cu", "sol.cu")
 
 
 def cuda_dir() -> Path:
-    """Folder of the shipped device sources (package hpccoll.cuda, from cuda/)."""
-    return Path(str(resources.files("hpccoll.cuda")))
+    """Folder of the device sources: hpccoll/cuda in an installed wheel, cuda/ in a checkout.
+
+    (cuda/ has no __init__.py on purpose: a regular package named `cuda` at the top of a
+    checkout would shadow NVIDIA's `cuda` namespace package that CuPy imports.)"""
+    here = Path(__file__).resolve().parent
+    for d in (here / "cuda", here.parent / "cuda"):
+        if (d / "collectives.cu").exists():
+            return d
+    raise HpccollError(f"device sources not found beside {here}: reinstall hpccoll")
 
 
 def _candidates():

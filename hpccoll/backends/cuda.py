@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from .. import select
-from .._driver import MAX_RANKS, Args, Launcher, Module
+from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -100,7 +100,7 @@ class CudaBackend:
         devices = mpi_comm.allgather(self.device_id)
         self.ranks_per_gpu = devices.count(self.device_id)
         self.peer_atomics = self._agree(all(
-            d == self.device_id or bool(cupy.cuda.runtime.deviceGetP2PAttribute(3, self.device_id, d))
+            d == self.device_id or p2p_native_atomics(self.device_id, d)
             for d in devices))
         access = all(d == self.device_id or cupy.cuda.runtime.deviceCanAccessPeer(self.device_id, d)
                      for d in devices)
