@@ -104,3 +104,11 @@ def p2p_native_atomics(src: int, dst: int) -> bool:
     check(lib.cuDeviceGet(ctypes.byref(d1), dst), "cuDeviceGet")
     check(lib.cuDeviceGetP2PAttribute(ctypes.byref(value), 3, d0, d1), "cuDeviceGetP2PAttribute")
     return bool(value.value)
+
+
+def host_device_pointer(host_ptr: int) -> int:
+    """Device address of mapped pinned host memory (cuMemHostGetDevicePointer)."""
+    dptr = ctypes.c_uint64()
+    check(libcuda().cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(host_ptr), 0),
+          "cuMemHostGetDevicePointer")
+    return dptr.value

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from ._driver import host_device_pointer
 from .errors import HpccollError
 
 CTRL_BYTES = 65536     # HC_CTRL_BYTES
@@ -53,7 +54,7 @@ class Workspace:
         # without synchronizing.
         self.host_err = rt.hostAlloc(64, 2)  # cudaHostAllocMapped
         ctypes.memset(self.host_err, 0, 64)
-        self.host_err_dev = rt.hostGetDevicePointer(self.host_err, 0)
+        self.host_err_dev = host_device_pointer(self.host_err)
 
     def view(self, offset: int, nbytes: int, dtype=np.uint8):
         """A CuPy array over [offset, offset+nbytes) of my workspace."""

@@ -51,3 +51,18 @@ def test_unknown_command_is_a_usage_error(capsys):
         main(["frobnicate"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_info_lists_the_gpus(capsys):
+    """Marked `gpu`: skipped (by tests/conftest.py) where CuPy or a GPU is missing."""
+    import cupy
+
+    main(["info"])
+    out = capsys.readouterr().out
+    assert f"GPUs: {cupy.cuda.runtime.getDeviceCount()}" in out
+    assert "  cuda: available" in out
+
+
+def test_cupy_fixture_skips_without_a_gpu(cupy):
+    assert cupy.cuda.runtime.getDeviceCount() > 0

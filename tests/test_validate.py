@@ -2,6 +2,8 @@
 communication, with a message that names the argument and the fix."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -124,9 +126,9 @@ def test_not_an_array(comm):
 
 # -- root, op, backend, algorithm -------------------------------------------------------
 
-@pytest.mark.parametrize("root", [-1, 1, 1.5, True, None])
+@pytest.mark.parametrize("root", [-1, 1, 1.5, True, None, "0", np.float64(0), np.int64(1)])
 def test_bad_root(comm, root):
-    with pytest.raises(ValueError, match=rf"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < 1"):
+    with pytest.raises(ValueError, match=re.escape(f"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < 1")):
         comm.Bcast(np.zeros(3), root=root)
 
 
@@ -168,6 +170,11 @@ def test_bad_timeout_env(monkeypatch, name, value):
 
 
 # -- what a valid call becomes ----------------------------------------------------------
+
+def test_numpy_integer_root_is_a_rank():
+    call = prepare("Bcast", 3, None, np.zeros(2), root=np.int32(2))
+    assert call.root == 2 and type(call.root) is int
+
 
 def test_prepare_in_place_uses_recvbuf():
     out = np.zeros(6, np.int32)

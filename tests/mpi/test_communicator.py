@@ -133,3 +133,9 @@ def test_bad_root_raises_before_communication(comm):
         with pytest.raises(ValueError, match=rf"Bcast: root={root!r} is not a rank"):
             comm.Bcast(np.ones(3), root=root)
     assert allreduce_sum(comm, 1) == comm.size
+
+
+def test_numpy_integer_root(comm):
+    buf = np.full(3, comm.rank, dtype=np.int32)
+    comm.Bcast(buf, root=np.int64(comm.size - 1))
+    assert buf.tolist() == [comm.size - 1] * 3
