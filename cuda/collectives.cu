@@ -117,7 +117,8 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       for (u32 n = 0;; ++n) {
         if (mine) v = ldVolatile(line);
         const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)a.nranks;  // meaningful on lane 7 of the group
-        const bool have = !mine || __shfl_sync(0xffffffffu, full, (lane & ~7) | 7);
+        const int groupFull = __shfl_sync(0xffffffffu, full, (lane & ~7) | 7);  // every lane shuffles
+        const bool have = !mine || groupFull;
         if (__all_sync(0xffffffffu, have)) break;
         if ((n & 255u) == 255u) {
           const bool late = aborted(a) || globaltimer() - t0 > a.timeoutNs;

@@ -1,11 +1,1082 @@
-"""`hpccoll bench` / `hpccoll tune` (filled in by the benchmark work)."""
+"""`hpccoll bench` / `hpccoll tune`: the latency suite, the speed-of-light model, baselines.
+
+    mpiexec -n N hpccoll bench allreduce [--sizes 8:64M] [--dtype float32] [--algorithms all]
+                                         [--iters K] [--deterministic] [--baselines]
+                                         [--json out.json] [--plot out.png]
+
+Per (size, algorithm) four latencies per op, in µs (median over repetitions, then the MAX
+over ranks of each rank's median; every timed region starts after an MPI barrier and a
+device synchronize):
+
+  eager           one Python call + stream synchronize per iteration (perf_counter)
+  graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
+  in_kernel       K collectives inside one kernel launch (hpccoll algorithms only)
+  blocking        graph of (op, device barrier) minus a graph of barriers alone (`barrier_us`)
+
+Without a GPU (host backend) only `eager` runs, algorithm "mpi".  Every GPU-only piece
+(SoL model, graphs, baselines) that fails is skipped with its reason printed and recorded in
+the JSON (`skipped`), never crashing the sweep: ranks agree on success before timing, so
+one rank's failure cannot leave the others waiting in a kernel."""
 from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+GRAPH_OPS = 20          # collectives per captured graph (G)
+REPS = 5                # timed repetitions per mode; the median is reported
+KiB, MiB = 1024, 1024 * 1024
+HPCCOLL_ALLREDUCE = ("oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128")
+HPCCOLL_ALGOS = {"allreduce": HPCCOLL_ALLREDUCE, "bcast": ("ll",), "allgather": ("ll",),
+                 "reduce_scatter": ("sentinel", "ll")}
+BASELINES = ("nccl", "torch_one_shot", "torch_two_shot", "mpi")
+COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "Allgather",
+                   "reduce_scatter": "Reduce_scatter_block"}
+ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "graph_us",
+            "in_kernel_us", "blocking_us", "barrier_us", "ok")
+
+
+# -- command line ------------------------------------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": KiB, "KB": KiB, "KIB": KiB, "M": MiB, "MB": MiB, "MIB": MiB,
+          "G": 1024 * MiB, "GB": 1024 * MiB, "GIB": 1024 * MiB}
+
+
+def parse_size(text: str) -> int:
+    """'8' -> 8, '4K' -> 4096, '64M' -> 67108864 (binary units; KiB/MB spellings accepted)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"size {text!r}: use a number of bytes with an optional K, M or G suffix (e.g. 64K)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_sizes(spec: str) -> list[int]:
+    """'8:64M' = powers of two from 8 B to 64 MiB; '4K,64K,1M' = exactly those."""
+    if ":" in spec:
+        lo_s, hi_s = spec.split(":", 1)
+        lo, hi = parse_size(lo_s), parse_size(hi_s)
+        if lo <= 0 or hi < lo:
+            raise ValueError(f"sizes {spec!r}: use LO:HI with 0 < LO <= HI (e.g. 8:64M)")
+        out, s = [], lo
+        while s <= hi:
+            out.append(s)
+            s *= 2
+        return out
+    sizes = [parse_size(p) for p in spec.split(",") if p.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise ValueError(f"sizes {spec!r}: give positive sizes, e.g. 4K,64K,1M or 8:64M")
+    return sizes
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("G", 1024 * MiB), ("M", MiB), ("K", KiB)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def _common_args(p, sizes_default: str) -> None:
+    p.add_argument("--sizes", default=sizes_default,
+                   help="LO:HI (powers of two) or a comma list, e.g. 8:64M or 4K,64K,1M; bytes per rank")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--iters", type=int, default=100, help="iterations per timed repetition (default 100)")
 
 
 def add_parsers(sub) -> None:
-    b = sub.add_parser("bench", help="latency sweep of a collective")
-    b.add_argument("collective", choices=["allreduce", "bcast", "allgather", "reduce_scatter"])
+    b = sub.add_parser("bench", help="latency sweep of a collective (eager, graph, in-kernel, blocking; "
+                                     "SoL model; NCCL / torch symm_mem / MPI baselines)")
+    b.add_argument("collective", choices=list(COLLECTIVE_CALL))
+    _common_args(b, "8:64M")
+    b.add_argument("--algorithms", default="all",
+                   help="all (every hpccoll algorithm valid here, plus auto), auto, or NAME,NAME,...")
+    b.add_argument("--deterministic", action="store_true", help="deterministic policy (no ll128)")
+    b.add_argument("--baselines", action="store_true",
+                   help="also time NCCL, torch symmetric memory (one/two shot) and host-staged MPI")
+    b.add_argument("--json", default=None, help="write results here (rank 0)")
+    b.add_argument("--plot", default=None, help="write a latency plot (PNG) here (rank 0)")
+    t = sub.add_parser("tune", help="measure the allreduce algorithms (graph mode) at this rank count "
+                                    "and write the tuning table that algorithm='auto' uses")
+    _common_args(t, "8:64M")
+    t.add_argument("--out", default=None, help="table path (default: hpccoll.select.tuning_path())")
+    t.add_argument("--json", default=None, help="also write the raw sweep here (rank 0)")
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+def say(rank: int, *msg) -> None:
+    if rank == 0:
+        print(*msg, flush=True)
+
+
+def _agree(mpi_comm, ok: bool) -> bool:
+    """True only when every rank succeeded (collective)."""
+    from mpi4py import MPI
+
+    return bool(mpi_comm.allreduce(1 if ok else 0, op=MPI.MIN))
+
+
+def _max(mpi_comm, t):
+    """MAX over ranks of each rank's time (None if any rank has none)."""
+    vals = mpi_comm.allgather(t)
+    return None if any(v is None for v in vals) else max(vals)
+
+
+def _err(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
+
+
+class Skip(Exception):
+    """A mode or baseline that cannot run here (the message says why)."""
+
+
+# -- buffers and references ----------------------------------------------------------------
+
+class Case:
+    """Buffers of one (collective, size) on one rank, the call, and its reference check."""
+
+    def __init__(self, collective: str, nbytes: int, dtype: str, rank: int, size: int, xp):
+        from .ops import np_dtype
+
+        self.collective, self.rank, self.size, self.xp = collective, rank, size, xp
+        self.np_dtype = np_dtype(dtype)
+        esize = self.np_dtype.itemsize
+        self.count = max(1, nbytes // esize)
+        self.nbytes = self.count * esize
+        rng = np.random.default_rng([rank, self.count, 12345])
+        n = size
+        host_in = {"allreduce": self.count, "bcast": self.count, "allgather": self.count,
+                   "reduce_scatter": self.count * n}[collective]
+        if self.np_dtype.kind == "f" or self.np_dtype.itemsize == 2 and self.np_dtype.kind == "V":
+            base = rng.uniform(-1, 1, host_in)
+        else:
+            base = rng.integers(-100, 100, host_in)
+        self.host_send = base.astype(self.np_dtype)
+        out_n = {"allreduce": self.count, "bcast": self.count, "allgather": self.count * n,
+                 "reduce_scatter": self.count}[collective]
+        self.send = self._to_dev(self.host_send)
+        self.recv = self.send if collective == "bcast" else self._to_dev(np.zeros(out_n, self.np_dtype))
+        if collective == "bcast" and rank != 0:
+            self.recv[...] = self._to_dev(np.zeros(out_n, self.np_dtype))
+
+    def _to_dev(self, a):
+        if self.xp is np:
+            return a.copy()
+        return self.xp.asarray(a)
+
+    def prepare(self):
+        """hpccoll._validate.Call of this case (for the in-kernel mode)."""
+        from . import SUM
+        from ._validate import prepare
+
+        if self.collective == "bcast":
+            return prepare("Bcast", self.size, None, self.recv, root=0)
+        op = SUM
+        return prepare(COLLECTIVE_CALL[self.collective], self.size, self.send, self.recv, op=op)
+
+    def call(self, comm, algorithm=None, deterministic=None, stream=None):
+        kw = {"algorithm": algorithm, "deterministic": deterministic, "stream": stream}
+        if self.collective == "allreduce":
+            comm.Allreduce(self.send, self.recv, **kw)
+        elif self.collective == "bcast":
+            comm.Bcast(self.recv, root=0, **kw)
+        elif self.collective == "allgather":
+            comm.Allgather(self.send, self.recv, **kw)
+        else:
+            comm.Reduce_scatter_block(self.send, self.recv, **kw)
+
+    def reset(self) -> None:
+        """Bcast works in place: put root's data back so every check sees a fresh result."""
+        if self.collective == "bcast" and self.rank != 0:
+            self.recv[...] = 0
+
+    def host_result(self, arr=None) -> np.ndarray:
+        a = self.recv if arr is None else arr
+        if self.xp is np:
+            return np.asarray(a)
+        if hasattr(a, "get"):
+            return a.get()
+        return np.asarray(a.cpu())  # torch
+
+    def check(self, mpi_comm, result: np.ndarray) -> bool:
+        """Result against a float64 reference built from every rank's gathered input (collective)."""
+        allin = mpi_comm.allgather(self.host_send)
+        x = np.stack([a.astype(np.float64) for a in allin])  # [n, host_in]
+        n = self.size
+        if self.collective == "allreduce":
+            ref = x.sum(axis=0)
+        elif self.collective == "bcast":
+            ref = x[0]
+        elif self.collective == "allgather":
+            ref = x.reshape(-1)
+        else:
+            ref = x.reshape(n, n, self.count)[:, self.rank, :].sum(axis=0)
+        res = np.asarray(result).astype(np.float64).reshape(-1)
+        eps = {8: 1e-12, 4: 1e-5, 2: 1e-2}.get(self.np_dtype.itemsize, 1e-5)
+        if self.np_dtype.itemsize == 2 and self.np_dtype.name != "float16":
+            eps = 2e-2  # bfloat16
+        tol = eps * n if self.collective in ("allreduce", "reduce_scatter") else eps
+        ok = res.shape == ref.shape and bool(np.allclose(res, ref, rtol=tol, atol=tol * n))
+        return _agree(mpi_comm, ok)
+
+
+# -- timing ------------------------------------------------------------------------------
+
+def _sync_all(mpi_comm, gpu: bool) -> None:
+    if gpu:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+    mpi_comm.Barrier()
+
+
+def time_eager(mpi_comm, fn, sync, iters: int, gpu: bool) -> float:
+    """Median µs of one blocking call (fn(); sync()), MAX over ranks."""
+    for _ in range(min(3, iters)):
+        fn()
+        sync()
+    _sync_all(mpi_comm, gpu)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return _max(mpi_comm, statistics.median(times) * 1e6)
+
+
+def _cupy_graph(fn_on_stream, ops: int):
+    """Capture `ops` calls of fn_on_stream(s) into a CUDA graph on a fresh stream."""
+    import cupy
+
+    s = cupy.cuda.Stream(non_blocking=True)
+    fn_on_stream(s)  # warm up on this stream before capture (the first call compiles)
+    s.synchronize()
+    with s:
+        s.begin_capture()
+        try:
+            for _ in range(ops):
+                fn_on_stream(s)
+        except BaseException:
+            try:
+                s.end_capture()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        g = s.end_capture()
+    g.launch(s)  # one untimed replay (uploads the graph)
+    s.synchronize()
+    return g, s
+
+
+def _time_events(mpi_comm, stream, launch, ops_per_launch: int, launches: int) -> float:
+    """Median over REPS of event time / (launches * ops_per_launch), in µs; MAX over ranks."""
+    import cupy
+
+    per = []
+    for _ in range(REPS):
+        _sync_all(mpi_comm, True)
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        e0.record(stream)
+        for _ in range(launches):
+            launch()
+        e1.record(stream)
+        e1.synchronize()
+        per.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / (launches * ops_per_launch))
+    return _max(mpi_comm, statistics.median(per))
+
+
+def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None) -> float:
+    """Per-op µs of a graph of GRAPH_OPS calls, replayed max(1, iters // GRAPH_OPS) times."""
+    g = s = None
+    why = None
+    try:
+        g, s = _cupy_graph(fn_on_stream, GRAPH_OPS)
+        if check is not None:
+            check(s)
+    except Exception as exc:  # noqa: BLE001
+        why = _err(exc)
+    whys = mpi_comm.allgather(why)
+    if any(whys):
+        raise Skip("graph capture failed: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
+    return _time_events(mpi_comm, s, lambda: g.launch(s), GRAPH_OPS, max(1, iters // GRAPH_OPS))
+
+
+# -- speed of light ------------------------------------------------------------------------
+
+HC_OFF_PINGPONG = 4096 + 512  # HC_OFF_BARRIER + 512 in cuda/hc_common.cuh / sol.cu
+
+
+def measure_sol(comm, log) -> dict:
+    """The paper's model, measured here: SoL = 2 L_L2_RTT + (L_pingpong - 2 L_L2_RTT) / 2,
+    plus a peer-copy bandwidth term.  Must run before any collective: the bandwidth copy
+    writes into the peers' two-shot region, which is re-armed (sentinel) afterwards."""
+    import cupy
+
+    from ._driver import Args, Module, launch_raw
+    from ._nvrtc import compile_module
+
+    dev, mpi = comm._device, comm.mpi_comm
+    rank, n = comm.rank, comm.size
+    res: dict = {}
+    why = None
+    try:
+        if dev.node.Get_rank() == 0:
+            cubin = compile_module("sol.cu", "float32", dev.arch)
+        dev.node.Barrier()
+        if dev.node.Get_rank() != 0:
+            cubin = compile_module("sol.cu", "float32", dev.arch)
+        mod = Module(cubin)
+        f_fence, f_pp = mod.fn("hc_sol_fence"), mod.fn("hc_sol_pingpong")
+    except Exception as exc:  # noqa: BLE001
+        why = _err(exc)
+    # collective: compiles collectives.cu (float32) for the barrier Args on every rank
+    base_args = dev._launcher("float32", "hc_barrier", (0, 0)).args
+    whys = mpi.allgather(why)
+    if any(whys):
+        raise Skip("sol.cu: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
+    s = cupy.cuda.Stream(non_blocking=True)
+    out = cupy.zeros(4, dtype=cupy.uint64)
+
+    # L_L2_RTT: one thread, `iters` __threadfence() in a row
+    iters = 10000
+    fences = []
+    for _ in range(5):
+        launch_raw(f_fence, 1, 1, s.ptr, ctypes.c_void_p(out.data.ptr), ctypes.c_int(iters))
+        s.synchronize()
+        fences.append(int(out[0].get()) / iters)
+    fence_ns = _max(mpi, statistics.median(fences))
+    res["fence_ns"] = fence_ns
+
+    # Ping-pong between ranks 0 and 1 (rank 0 times it).  Rank 0 starts ~ms later (a run of
+    # fences first), so rank 1 has read its base word before rank 0's first store lands.
+    if n >= 2:
+        a = Args()
+        ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base_args), ctypes.sizeof(Args))
+        pp_iters = 1000
+        a.iters, a.timeoutNs = pp_iters, int(5e9)
+        word = dev.ws.peers[rank] + HC_OFF_PINGPONG
+        rts = []
+        for _ in range(5):
+            cupy.cuda.runtime.memset(word, 0, 8)
+            out.fill(0)
+            _sync_all(mpi, True)
+            if rank == 0:
+                launch_raw(f_fence, 1, 1, s.ptr, ctypes.c_void_p(out.data.ptr + 8), ctypes.c_int(20000))
+            if rank in (0, 1):
+                launch_raw(f_pp, 1, 1, s.ptr, a, ctypes.c_void_p(out.data.ptr))
+            s.synchronize()
+            total = int(out[0].get())
+            rt = total / pp_iters if rank == 0 and total > 0 else None
+            rts.append(mpi.bcast(rt, root=0))
+        rts = [r for r in rts if r]
+        if rts:
+            rt = statistics.median(rts)
+            res.update(pingpong_roundtrip_ns=rt, one_way_ns=rt / 2,
+                       remote_store_ns=(rt - 2 * fence_ns) / 2)
+            res["sol_ns"] = 2 * fence_ns + res["remote_store_ns"]
+            res["sol_us"] = res["sol_ns"] / 1e3
+        else:
+            log("SoL: the ping-pong timed out on every try (no round trip measured)")
+
+        # Bandwidth: every rank copies its own two-shot region into the next rank's at once.
+        L = dev.layout
+        nbytes = min(L.sub_twoshot * 2 * n, 16 * MiB)
+        peer = (rank + 1) % n
+        src, dst = dev.ws.peers[rank] + L.ts1, dev.ws.peers[peer] + L.ts1
+        cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr)  # warm up
+        s.synchronize()
+        per = []
+        for _ in range(5):
+            _sync_all(mpi, True)
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record(s)
+            for _ in range(4):
+                cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr)
+            e1.record(s)
+            e1.synchronize()
+            per.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e6 / 4)  # ns per copy
+        t_ns = _max(mpi, statistics.median(per))
+        res.update(copy_bytes=nbytes, copy_ns=t_ns, bw_GBps=nbytes / t_ns)
+        # re-arm: every rank's sentinel regions back to the idle pattern before any collective
+        _sync_all(mpi, True)
+        dev._init_regions()
+        _sync_all(mpi, True)
+    return res
+
+
+def sol_us_for(sol: dict, nbytes: int) -> float | None:
+    if not sol or "sol_us" not in sol:
+        return None
+    bw = sol.get("bw_GBps")
+    return sol["sol_us"] + (nbytes / bw / 1e3 if bw else 0.0)
+
+
+# -- baselines ---------------------------------------------------------------------------
+
+class TorchSymm:
+    """torch symmetric-memory one-shot / two-shot allreduce in the same processes."""
+
+    def __init__(self, comm, dtype: str):
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        os.environ["NCCL_NVLS_ENABLE"] = "0"
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.torch, self.dist, self.symm = torch, dist, symm_mem
+        mpi = comm.mpi_comm
+        dev = comm.device
+        torch.cuda.set_device(dev)
+        self.device = torch.device("cuda", dev)
+        port = None
+        if comm.rank == 0:
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                port = sk.getsockname()[1]
+        port = mpi.bcast(port, root=0)
+        self.owned = False
+        if not dist.is_initialized():
+            kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+            try:
+                dist.init_process_group("nccl", device_id=self.device, **kw)
+            except TypeError:
+                dist.init_process_group("nccl", **kw)
+            self.owned = True
+        self.group = dist.group.WORLD.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            try:
+                symm_mem.enable_symm_mem_for_group(self.group)
+            except Exception:  # noqa: BLE001 - newer torch: not needed
+                pass
+        want = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        self.dtype = want.get(dtype, torch.bfloat16)
+        self.dtype_name = str(self.dtype).replace("torch.", "")
+
+    def tensor(self, count: int, rank: int):
+        t = self.symm.empty(count, device=self.device, dtype=self.dtype)
+        self.symm.rendezvous(t, self.group)
+        g = self.torch.Generator(device="cpu").manual_seed(1000 + rank)
+        t.copy_(self.torch.rand(count, generator=g, dtype=self.torch.float32).to(self.dtype))
+        return t
+
+    def op(self, which: str, t):
+        ops = self.torch.ops.symm_mem
+        if which == "torch_one_shot":
+            return lambda: ops.one_shot_all_reduce(t, "sum", self.group)
+        return lambda: ops.two_shot_all_reduce_(t, "sum", self.group)
+
+    def sync(self) -> None:
+        self.torch.cuda.current_stream().synchronize()
+
+    def time_graph(self, mpi_comm, fn, iters: int) -> float:
+        torch = self.torch
+        why = None
+        g = None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(GRAPH_OPS):
+                    fn()
+            g.replay()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            why = _err(exc)
+        whys = mpi_comm.allgather(why)
+        if any(whys):
+            raise Skip("torch graph capture failed: " + "; ".join(w for w in whys if w))
+        launches = max(1, iters // GRAPH_OPS)
+        per = []
+        for _ in range(REPS):
+            torch.cuda.synchronize()
+            mpi_comm.Barrier()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(launches):
+                g.replay()
+            e1.record()
+            e1.synchronize()
+            per.append(e0.elapsed_time(e1) * 1e3 / (launches * GRAPH_OPS))
+        return _max(mpi_comm, statistics.median(per))
+
+    def close(self) -> None:
+        if self.owned:
+            try:
+                self.dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, peer_atomics: bool,
+                   on_gpu: bool) -> list[str]:
+    """The hpccoll algorithms a sweep runs (host backend: just 'mpi')."""
+    from . import select
+
+    if not on_gpu:
+        return ["mpi"]
+    call = COLLECTIVE_CALL[collective]
+    op = "SUM" if collective in ("allreduce", "reduce_scatter") else None
+    if spec == "all":
+        out = []
+        for a in HPCCOLL_ALGOS[collective]:
+            try:
+                select.validate(a, call, dtype, op, deterministic, peer_atomics)
+            except Exception:  # noqa: BLE001 - not valid for this dtype / policy / machine
+                continue
+            out.append(a)
+        return out + ["auto"]
+    return [a.strip() for a in spec.split(",") if a.strip()]
+
+
+def _row(collective, algorithm, dtype, case, **kw) -> dict:
+    row = {"collective": collective, "algorithm": algorithm, "dtype": dtype, "bytes": case.nbytes,
+           "count": case.count, "eager_us": None, "graph_us": None, "in_kernel_us": None,
+           "blocking_us": None, "barrier_us": None, "ok": None}
+    row.update(kw)
+    return row
+
+
+def _mode(row: dict, key: str, fn, log) -> None:
+    """Run one timing mode; a Skip / failure records the reason instead of a number."""
+    try:
+        row[key] = fn()
+    except Skip as exc:
+        row.setdefault("skipped", {})[key] = str(exc)
+        log(f"  {row['algorithm']} {fmt_bytes(row['bytes'])}: {key} skipped: {exc}")
+
+
+def _guarded(mpi_comm, fn):
+    """fn() on every rank; raise Skip on all ranks when it failed on any."""
+    why, val = None, None
+    try:
+        val = fn()
+    except Exception as exc:  # noqa: BLE001
+        why = _err(exc)
+    whys = mpi_comm.allgather(why)
+    if any(whys):
+        raise Skip("; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
+    return val
+
+
+def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
+    """One (size, algorithm) row of hpccoll itself (or 'mpi' on the host backend)."""
+    mpi = comm.mpi_comm
+    det = opts.deterministic
+    row = _row(opts.collective, algo, opts.dtype, case)
+    sync = (lambda: comm.synchronize()) if gpu else (lambda: None)
+    if gpu and algo == "auto":
+        try:
+            call = case.prepare()
+            op = call.op.name if call.op else None
+            row["resolved"] = comm._device.resolve(call.name, call.recv.dtype, op, call.send.nbytes, det, "auto")
+        except Exception:  # noqa: BLE001
+            pass
+    # correctness once (also compiles the kernel)
+    try:
+        case.reset()
+        _guarded(mpi, lambda: (case.call(comm, algo, det), sync()))
+        row["ok"] = case.check(mpi, case.host_result())
+    except Skip as exc:
+        row["ok"] = False
+        row.setdefault("skipped", {})["all"] = str(exc)
+        log(f"  {algo} {fmt_bytes(case.nbytes)}: failed: {exc}")
+        return row
+    _mode(row, "eager_us", lambda: time_eager(mpi, lambda: case.call(comm, algo, det), sync,
+                                              opts.iters, gpu), log)
+    if not gpu:
+        return row
+    import cupy
+
+    _mode(row, "graph_us", lambda: time_graph(
+        mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters), log)
+
+    def in_kernel():
+        call = case.prepare()
+        s = cupy.cuda.Stream(non_blocking=True)
+        _guarded(mpi, lambda: (comm._device.run(call, det, algo, s, iters=1), comm.synchronize(s)))
+        t = _time_events(mpi, s, lambda: comm._device.run(call, det, algo, s, iters=opts.iters),
+                         opts.iters, 1)
+        comm.synchronize(s)
+        return t
+
+    _mode(row, "in_kernel_us", in_kernel, log)
+    _blocking(comm, row, lambda s: case.call(comm, algo, det, stream=s), opts, log)
+    return row
+
+
+def _barrier_graph_us(comm, opts):
+    return time_graph(comm.mpi_comm, lambda s: comm._device.barrier(stream=s, sync=False), opts.iters)
+
+
+def _blocking(comm, row, fn_on_stream, opts, log) -> None:
+    """blocking_us = per-op time of a graph of (op, device barrier) minus a barrier's."""
+    def both(s):
+        fn_on_stream(s)
+        comm._device.barrier(stream=s, sync=False)
+
+    def run():
+        bar = _barrier_graph_us(comm, opts)
+        tot = time_graph(comm.mpi_comm, both, opts.iters)
+        row["barrier_us"] = bar
+        return tot - bar
+
+    _mode(row, "blocking_us", run, log)
+
+
+def bench_nccl(nccl_comm, cuda_comm, case, opts, log) -> dict:
+    mpi = nccl_comm.mpi_comm
+    row = _row(opts.collective, "nccl", opts.dtype, case)
+    sync = lambda: nccl_comm.synchronize()  # noqa: E731
+    try:
+        case.reset()
+        _guarded(mpi, lambda: (case.call(nccl_comm), sync()))
+        row["ok"] = case.check(mpi, case.host_result())
+    except Skip as exc:
+        row["ok"] = False
+        row.setdefault("skipped", {})["all"] = str(exc)
+        return row
+    _mode(row, "eager_us", lambda: time_eager(mpi, lambda: case.call(nccl_comm), sync, opts.iters, True), log)
+    _mode(row, "graph_us", lambda: time_graph(mpi, lambda s: case.call(nccl_comm, stream=s), opts.iters), log)
+    if cuda_comm is not None:
+        _blocking(cuda_comm, row, lambda s: case.call(nccl_comm, stream=s), opts, log)
+    return row
+
+
+def bench_torch(ts: TorchSymm, which: str, comm, case, opts, log) -> dict:
+    mpi = comm.mpi_comm
+    row = _row(opts.collective, which, ts.dtype_name, case)
+    esize = ts.torch.empty(0, dtype=ts.dtype).element_size()
+    count = max(1, case.nbytes // esize)
+    row.update(count=count, bytes=count * esize)
+    try:
+        t = _guarded(mpi, lambda: ts.tensor(count, comm.rank))
+        ref = mpi.allreduce(t.float().cpu().numpy().astype(np.float64))
+        fn = ts.op(which, t)
+        inp = t.clone()
+
+        def check():
+            t.copy_(inp)
+            out = fn()
+            out = t if out is None else out
+            ts.sync()
+            return out.float().cpu().numpy()
+
+        res = _guarded(mpi, check)
+        tol = 2e-2 * comm.size if ts.dtype_name != "float32" else 1e-5 * comm.size
+        row["ok"] = _agree(mpi, bool(np.allclose(res, ref, rtol=tol, atol=tol * comm.size)))
+    except Skip as exc:
+        row["ok"] = False
+        row.setdefault("skipped", {})["all"] = str(exc)
+        log(f"  {which} {fmt_bytes(case.nbytes)}: failed: {exc}")
+        return row
+    # two_shot_all_reduce_ is in place: values grow over repetitions; latency does not care
+    _mode(row, "eager_us", lambda: time_eager(mpi, fn, ts.sync, opts.iters, True), log)
+    _mode(row, "graph_us", lambda: ts.time_graph(mpi, fn, opts.iters), log)
+    del t
+    return row
+
+
+def run_sweep(opts, log=None) -> dict:
+    """The whole benchmark (collective over MPI.COMM_WORLD); returns the result dict on every rank."""
+    import hpccoll
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    log = log or (lambda *m: say(world.Get_rank(), *m))
+    sizes = parse_sizes(opts.sizes) if isinstance(opts.sizes, str) else list(opts.sizes)
+    comm = hpccoll.Communicator(backend="auto", check=False)
+    gpu = comm.backend == "cuda"
+    rank, n = comm.rank, comm.size
+    skipped: dict = {}
+    result = {"machine": machine_info(comm), "commit": git_commit(), "date": _now(), "ranks": n,
+              "backend": comm.backend, "collective": opts.collective, "dtype": opts.dtype,
+              "deterministic": bool(opts.deterministic), "iters": opts.iters, "graph_ops": GRAPH_OPS,
+              "command": getattr(opts, "command", None) or " ".join(["hpccoll"] + sys.argv[1:]),
+              "sol_us": None, "sol": {}, "rows": [], "skipped": skipped}
+    if not gpu:
+        log("hpccoll bench: no usable GPU / CUDA backend: host backend, eager mode, algorithm 'mpi' only")
+    if gpu:
+        try:
+            result["sol"] = measure_sol(comm, log)
+            result["sol_us"] = result["sol"].get("sol_us")
+        except Skip as exc:
+            skipped["sol"] = str(exc)
+            log(f"SoL model skipped: {exc}")
+        except Exception as exc:  # noqa: BLE001
+            skipped["sol"] = _err(exc)
+            log(f"SoL model skipped: {_err(exc)}")
+    peer_atomics = bool(getattr(comm._device, "peer_atomics", False)) if gpu else False
+    algos = algorithm_list(opts.collective, opts.algorithms, opts.dtype, opts.deterministic,
+                           peer_atomics, gpu)
+
+    # baselines
+    nccl_comm = host_comm = ts = None
+    torch_ops: list[str] = []
+    if getattr(opts, "baselines", False):
+        if not gpu:
+            skipped["baselines"] = "no GPU: the host run is the MPI path itself"
+            log("baselines skipped: no GPU (the host run is the MPI path itself)")
+        else:
+            try:
+                nccl_comm = _guarded(comm.mpi_comm, lambda: hpccoll.Communicator(backend="nccl", check=False))
+            except Skip as exc:
+                skipped["nccl"] = str(exc)
+                log(f"nccl baseline skipped: {exc}")
+            if opts.collective == "allreduce":
+                try:
+                    ts = _guarded(comm.mpi_comm, lambda: TorchSymm(comm, opts.dtype))
+                    torch_ops = ["torch_one_shot", "torch_two_shot"]
+                except Skip as exc:
+                    skipped["torch"] = str(exc)
+                    log(f"torch symm_mem baselines skipped: {exc}")
+            else:
+                skipped["torch"] = "torch symm_mem baselines are allreduce only"
+            host_comm = hpccoll.Communicator(backend="host", check=False)
+
+    xp = np
+    if gpu:
+        import cupy as xp  # noqa: F811
+    bar = None
+    total = len(sizes) * (len(algos) + (nccl_comm is not None) + len(torch_ops) + (host_comm is not None))
+    if rank == 0 and sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc=f"bench {opts.collective}", unit="run", leave=False)
+        except ImportError:
+            bar = None
+    prev = log
+
+    def log(*m):  # noqa: F811 - keep progress bar output intact
+        if bar is not None:
+            if rank == 0:
+                bar.write(" ".join(str(x) for x in m))
+        else:
+            prev(*m)
+
+    rows = result["rows"]
+    try:
+        for nbytes in sizes:
+            try:
+                case = Case(opts.collective, nbytes, opts.dtype, rank, n, xp)
+            except Exception as exc:  # noqa: BLE001 - e.g. a dtype this array library lacks
+                raise SystemExit(f"hpccoll bench: cannot make {opts.dtype} buffers of "
+                                 f"{fmt_bytes(nbytes)} on the {comm.backend} backend: {_err(exc)}") from None
+            for algo in algos:
+                if bar is not None:
+                    bar.set_postfix_str(f"{fmt_bytes(nbytes)} {algo}")
+                rows.append(bench_hpccoll(comm, case, algo, opts, gpu, log))
+                bar and bar.update(1)
+            if nccl_comm is not None:
+                rows.append(bench_nccl(nccl_comm, comm, case, opts, log))
+                bar and bar.update(1)
+            for which in torch_ops:
+                rows.append(bench_torch(ts, which, comm, case, opts, log))
+                bar and bar.update(1)
+            if host_comm is not None:
+                r = bench_hpccoll(host_comm, case, "mpi", opts, False, log)
+                rows.append(r)
+                bar and bar.update(1)
+            del case
+    finally:
+        if bar is not None:
+            bar.close()
+        if ts is not None:
+            ts.close()
+        for c in (nccl_comm, host_comm):
+            if c is not None:
+                c.Free()
+        comm.Free()
+    for r in rows:
+        annotate(r, result, n)
+    return result
+
+
+def annotate(row: dict, result: dict, nranks: int) -> None:
+    """busbw, x SoL, speed-ups vs NCCL and the best torch baseline (graph / graph)."""
+    t = row.get("graph_us") or row.get("eager_us")
+    b = row["bytes"]
+    coll = row["collective"]
+    if t:
+        if coll == "allreduce":
+            bus = b * 2 * (nranks - 1) / nranks
+        elif coll in ("allgather", "reduce_scatter"):
+            bus = b * nranks * (nranks - 1) / nranks
+        else:
+            bus = b
+        row["busbw_GBps"] = bus / (t * 1e3)
+    sol = sol_us_for(result.get("sol"), b)
+    row["sol_us"] = sol
+    row["ratio_to_sol"] = (row["in_kernel_us"] / sol) if (sol and row.get("in_kernel_us")) else None
+
+    def graph_of(name):
+        return [r["graph_us"] for r in result["rows"]
+                if r["algorithm"] == name and r["bytes"] == b and r.get("graph_us")]
+
+    g = row.get("graph_us")
+    nccl = graph_of("nccl")
+    torch = graph_of("torch_one_shot") + graph_of("torch_two_shot")
+    row["speedup_vs_nccl"] = (nccl[0] / g) if (g and nccl) else None
+    row["speedup_vs_torch"] = (min(torch) / g) if (g and torch) else None
+
+
+# -- report -----------------------------------------------------------------------------
+
+def _f(v, w: int = 8, p: int = 2) -> str:
+    if v is None:
+        return "-".rjust(w)
+    if isinstance(v, float):
+        return f"{v:{w}.{p}f}"
+    return str(v).rjust(w)
+
+
+COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("graph", 8),
+           ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
+           ("ok", 3)]
+
+
+def format_table(result: dict) -> str:
+    """nccl-tests-like table: latencies in µs, busbw in GB/s."""
+    lines = [f"# hpccoll bench {result.get('collective')}  ranks {result.get('ranks')}  "
+             f"backend {result.get('backend')}  dtype {result.get('dtype')}  "
+             f"{result.get('machine', {}).get('gpu') or ''}"]
+    sol = result.get("sol") or {}
+    if result.get("sol_us"):
+        lines.append(f"# SoL {result['sol_us']:.3f} us = 2*{sol.get('fence_ns', 0):.0f} ns fence + "
+                     f"({sol.get('pingpong_roundtrip_ns', 0):.0f} ns ping-pong - 2*fence)/2; "
+                     f"peer copy {sol.get('bw_GBps', 0):.1f} GB/s")
+    lines.append("# times: us per op (eager: blocking Python call; graph: per op in a CUDA graph; "
+                 "in-kern: per op inside one launch; blocking: graph op + device barrier - barrier)")
+    lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
+    for r in result.get("rows", []):
+        algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")
+        ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
+        cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
+                 r.get("eager_us"), r.get("graph_us"), r.get("in_kernel_us"), r.get("blocking_us"),
+                 r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),
+                 r.get("speedup_vs_torch"), ok]
+        lines.append("".join(c.rjust(w + 1) if isinstance(c, str) else " " + _f(c, w)
+                             for c, (_, w) in zip(cells, COLUMNS)))
+    if result.get("skipped"):
+        for k, v in result["skipped"].items():
+            lines.append(f"# skipped {k}: {v}")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+        f.write("\n")
+
+
+def plot(result: dict, path: str) -> None:
+    """Latency vs size (log-log): graph mode per algorithm / baseline, dashed in-kernel, SoL line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    by: dict[str, list] = {}
+    for r in result.get("rows", []):
+        by.setdefault(r["algorithm"], []).append(r)
+    for i, (algo, rows) in enumerate(by.items()):
+        rows = sorted(rows, key=lambda r: r["bytes"])
+        color = f"C{i % 10}"
+        pts = [(r["bytes"], r.get("graph_us") or r.get("eager_us")) for r in rows]
+        pts = [p for p in pts if p[1]]
+        if pts:
+            mode = "graph" if any(r.get("graph_us") for r in rows) else "eager"
+            ax.plot(*zip(*pts), "-o", ms=3, color=color, label=f"{algo} ({mode})")
+        ik = [(r["bytes"], r["in_kernel_us"]) for r in rows if r.get("in_kernel_us")]
+        if ik:
+            ax.plot(*zip(*ik), "--", color=color, label=f"{algo} (in-kernel)")
+    if result.get("sol_us"):
+        ax.axhline(result["sol_us"], color="k", ls=":", label=f"SoL {result['sol_us']:.2f} us")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("latency per op (us)")
+    m = result.get("machine", {})
+    ax.set_title(f"hpccoll {result.get('collective')}: {m.get('gpu') or m.get('hostname')}, "
+                 f"{result.get('ranks')} ranks, {result.get('dtype')}, {result.get('date', '')[:10]}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- provenance ----------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("HPCCOLL_COMMIT")
+
+
+def machine_info(comm) -> dict:
+    info = {"hostname": socket.gethostname(), "gpu": None, "driver": None, "cuda_runtime": None,
+            "cuda_driver": None, "backend": comm.backend}
+    if comm.backend in ("cuda", "nccl"):
+        try:
+            import cupy
+
+            rt = cupy.cuda.runtime
+            props = rt.getDeviceProperties(comm.device)
+            name = props["name"]
+            info["gpu"] = name.decode() if isinstance(name, bytes) else name
+            info["cuda_runtime"] = rt.runtimeGetVersion()
+            info["cuda_driver"] = rt.driverGetVersion()
+            info["cupy"] = cupy.__version__
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0:
+                info["driver"] = out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+    return info
+
+
+# -- tune --------------------------------------------------------------------------------
+
+def tuning_rows(winners: list[tuple[int, str]]) -> list[list]:
+    """[(bytes, algorithm)] ascending -> [[max_bytes, algorithm], ..., [None, last]]."""
+    rows: list[list] = []
+    for nbytes, algo in sorted(winners):
+        if rows and rows[-1][1] == algo:
+            rows[-1][0] = nbytes
+        else:
+            rows.append([nbytes, algo])
+    if rows:
+        rows[-1][0] = None
+    return rows
+
+
+def winners_of(rows: list[dict]) -> list[tuple[int, str]]:
+    best: dict[int, tuple[float, str]] = {}
+    for r in rows:
+        t = r.get("graph_us") or r.get("eager_us")
+        if r.get("ok") and t and r["algorithm"] in HPCCOLL_ALLREDUCE:
+            if r["bytes"] not in best or t < best[r["bytes"]][0]:
+                best[r["bytes"]] = (t, r["algorithm"])
+    return [(b, a) for b, (t, a) in best.items()]
+
+
+def tune(opts) -> int:
+    from mpi4py import MPI
+
+    from . import select
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    tables, gpu_name, sweeps = {}, None, {}
+    for det in (False, True):
+        o = _Opts(collective="allreduce", sizes=opts.sizes, dtype=opts.dtype, iters=opts.iters,
+                  algorithms="all", deterministic=det, baselines=False, json=None, plot=None,
+                  command=" ".join(["hpccoll"] + sys.argv[1:]))
+        res = run_sweep(o)
+        if res["backend"] != "cuda":
+            say(rank, "hpccoll tune: needs the cuda backend (no GPU here); nothing written")
+            return 2
+        gpu_name = res["machine"].get("gpu")
+        key = "allreduce_deterministic" if det else "allreduce"
+        tables[key] = tuning_rows(winners_of(res["rows"]))
+        sweeps[key] = res
+        say(rank, format_table(res))
+    if rank == 0:
+        path = opts.out or str(select.tuning_path())
+        table: dict = {}
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    table = json.load(f)
+            except (OSError, ValueError):
+                table = {}
+            if table.get("gpu") != gpu_name:
+                table = {}
+        if not table:
+            table = json.loads(json.dumps(select._shipped("generic")))
+        table["gpu"] = gpu_name
+        table["note"] = f"measured by hpccoll tune on {socket.gethostname()} at {_now()}"
+        n = str(world.Get_size())
+        for key, rows in tables.items():
+            if rows:
+                table.setdefault(key, {})[n] = rows
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        print(f"hpccoll tune: wrote {path}: " + json.dumps({k: v for k, v in tables.items()}), flush=True)
+        if opts.json:
+            write_json(sweeps, opts.json)
+    return 0
+
+
+class _Opts:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
 
 
 def main(args) -> int:
-    raise SystemExit("hpccoll bench: not built yet")
+    from mpi4py import MPI
+
+    try:
+        parse_sizes(args.sizes)
+        from .ops import np_dtype
+
+        np_dtype(args.dtype)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: {exc}") from None
+    if args.iters < 1:
+        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: --iters must be >= 1, not {args.iters}")
+    if getattr(args, "cmd", "bench") == "tune":
+        return tune(args)
+    rank = MPI.COMM_WORLD.Get_rank()
+    if args.baselines:  # before anything imports torch or creates an NCCL communicator
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        os.environ["NCCL_NVLS_ENABLE"] = "0"
+    result = run_sweep(args)
+    if rank == 0:
+        print(format_table(result), flush=True)
+        if args.json:
+            write_json(result, args.json)
+            print(f"# wrote {args.json}", flush=True)
+        if args.plot:
+            try:
+                plot(result, args.plot)
+                print(f"# wrote {args.plot}", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"# plot skipped: {_err(exc)}", flush=True)
+    bad = [r for r in result["rows"] if r.get("ok") is False]
+    return 1 if bad else 0
