@@ -1,0 +1,67 @@
+"""`hpccoll bench` end to end under MPI on the host backend (tiny sizes, few iterations)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+from hpccoll import bench
+
+pytestmark = pytest.mark.mpi(min_size=2)
+WORLD = MPI.COMM_WORLD
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="hpccoll")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    bench.add_parsers(sub)
+    return p.parse_args(argv)
+
+
+def _shared_dir():
+    d = tempfile.mkdtemp(prefix="hpccoll-bench-") if WORLD.Get_rank() == 0 else None
+    return WORLD.bcast(d, root=0)
+
+
+def _no_gpu():
+    from hpccoll.comm import _device_backend_reason
+
+    return WORLD.allreduce(_device_backend_reason() is not None, op=MPI.LAND)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "bcast", "allgather", "reduce_scatter"])
+def test_bench_host_rows(collective):
+    if not _no_gpu():
+        pytest.skip("a GPU is usable here: this test checks the host-backend path")
+    d = _shared_dir()
+    path = os.path.join(d, f"{collective}.json")
+    plot = os.path.join(d, f"{collective}.png")
+    args = _args(["bench", collective, "--sizes", "8:256", "--iters", "3", "--json", path, "--plot", plot])
+    assert bench.main(args) == 0
+    WORLD.Barrier()
+    res = json.loads(open(path).read())
+    assert res["ranks"] == WORLD.Get_size() and res["backend"] == "host"
+    assert res["sol_us"] is None and res["collective"] == collective
+    assert [r["bytes"] for r in res["rows"]] == [8, 16, 32, 64, 128, 256]
+    for r in res["rows"]:
+        assert r["ok"] is True, r
+        assert r["algorithm"] == "mpi" and r["dtype"] == "float32" and r["count"] == r["bytes"] // 4
+        assert r["eager_us"] > 0
+        assert r["graph_us"] is None and r["in_kernel_us"] is None and r["blocking_us"] is None
+    if WORLD.Get_rank() == 0:
+        pytest.importorskip("matplotlib")
+        assert os.path.getsize(plot) > 0
+
+
+def test_bench_host_deterministic_float64():
+    if not _no_gpu():
+        pytest.skip("a GPU is usable here")
+    res = bench.run_sweep(_args(["bench", "allreduce", "--sizes", "24,1K", "--dtype", "float64",
+                                 "--iters", "2", "--deterministic"]), log=lambda *m: None)
+    assert [(r["bytes"], r["count"], r["ok"]) for r in res["rows"]] == [(24, 3, True), (1024, 128, True)]
+    # every rank returns the same result
+    assert WORLD.allgather([r["ok"] for r in res["rows"]]) == [[True, True]] * WORLD.Get_size()

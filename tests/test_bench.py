@@ -1,0 +1,183 @@
+"""`hpccoll bench` / `hpccoll tune` pieces that need no GPU and no MPI job (hpccoll/bench.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from hpccoll import bench
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="hpccoll")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    bench.add_parsers(sub)
+    return p
+
+
+@pytest.mark.parametrize("text, expect", [("8", 8), ("4K", 4096), ("64M", 64 << 20), ("1G", 1 << 30),
+                                          ("16KiB", 16384), ("2kb", 2048), (" 3 ", 3)])
+def test_parse_size(text, expect):
+    assert bench.parse_size(text) == expect
+
+
+@pytest.mark.parametrize("bad", ["", "K", "4X", "-8", "1.5M"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="size"):
+        bench.parse_size(bad)
+
+
+def test_parse_sizes_range_and_list():
+    r = bench.parse_sizes("8:64M")
+    assert r[0] == 8 and r[-1] == 64 << 20 and len(r) == 24
+    assert all(b == 2 * a for a, b in zip(r, r[1:]))
+    assert bench.parse_sizes("4K,64K,1M") == [4096, 65536, 1 << 20]
+    assert bench.parse_sizes("1K:1K") == [1024]
+    with pytest.raises(ValueError):
+        bench.parse_sizes("64M:8")
+    with pytest.raises(ValueError):
+        bench.parse_sizes("0:8")
+
+
+def test_fmt_bytes():
+    assert [bench.fmt_bytes(b) for b in (8, 1000, 4096, 3 << 20, 1 << 30)] == ["8", "1000", "4K", "3M", "1G"]
+
+
+def test_parsers_defaults():
+    a = _parser().parse_args(["bench", "allreduce"])
+    assert (a.cmd, a.collective, a.sizes, a.dtype, a.algorithms) == ("bench", "allreduce", "8:64M", "float32", "all")
+    assert not a.deterministic and not a.baselines and a.json is None and a.plot is None
+    t = _parser().parse_args(["tune", "--out", "/tmp/t.json"])
+    assert t.cmd == "tune" and t.out == "/tmp/t.json"
+
+
+def test_algorithm_list():
+    assert bench.algorithm_list("allreduce", "all", "float32", False, False, on_gpu=False) == ["mpi"]
+    full = bench.algorithm_list("allreduce", "all", "float32", False, True, on_gpu=True)
+    assert full == list(bench.HPCCOLL_ALLREDUCE) + ["auto"]
+    det = bench.algorithm_list("allreduce", "all", "float32", True, True, on_gpu=True)
+    assert "twoshot_ll128" not in det and "auto" in det
+    ints = bench.algorithm_list("allreduce", "all", "int32", False, True, on_gpu=True)
+    assert ints == ["oneshot_ll", "twoshot_ll", "auto"]
+    assert bench.algorithm_list("bcast", "all", "float32", False, True, on_gpu=True) == ["ll", "auto"]
+    assert bench.algorithm_list("reduce_scatter", "all", "float32", False, True, True) == ["sentinel", "ll", "auto"]
+    assert bench.algorithm_list("allreduce", "oneshot_ll, auto", "float32", False, True, True) == ["oneshot_ll", "auto"]
+
+
+def fake_result(nranks=2):
+    """A result as run_sweep returns it on the GPU, with every kind of row."""
+    res = {"machine": {"hostname": "node1", "gpu": "NVIDIA H200", "driver": "580.0", "cuda_runtime": 13000},
+           "commit": "abc", "date": "2026-12-01T00:00:00+00:00", "ranks": nranks, "backend": "cuda",
+           "collective": "allreduce", "dtype": "float32", "command": "hpccoll bench allreduce",
+           "sol_us": 0.88, "sol": {"fence_ns": 200.0, "pingpong_roundtrip_ns": 1360.0, "one_way_ns": 680.0,
+                                   "remote_store_ns": 480.0, "sol_ns": 880.0, "sol_us": 0.88,
+                                   "bw_GBps": 400.0},
+           "rows": [], "skipped": {"torch": "no torch here"}}
+    for b in (1024, 4096):
+        for algo, eager, graph, ik, blk in (("oneshot_sentinel", 9.0, 2.0, 1.0, 1.5),
+                                            ("auto", 9.1, 2.1, 1.1, None),
+                                            ("nccl", 30.0, 10.0, None, 12.0),
+                                            ("torch_one_shot", 14.0, 6.0, None, None),
+                                            ("mpi", 40.0, None, None, None)):
+            res["rows"].append({"collective": "allreduce", "algorithm": algo, "dtype": "float32", "bytes": b,
+                                "count": b // 4, "eager_us": eager, "graph_us": graph, "in_kernel_us": ik,
+                                "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
+    for r in res["rows"]:
+        bench.annotate(r, res, nranks)
+    return res
+
+
+def test_annotate():
+    res = fake_result()
+    r = next(r for r in res["rows"] if r["algorithm"] == "oneshot_sentinel" and r["bytes"] == 1024)
+    assert r["speedup_vs_nccl"] == pytest.approx(5.0)
+    assert r["speedup_vs_torch"] == pytest.approx(3.0)
+    assert r["busbw_GBps"] == pytest.approx(1024 * 2 * 1 / 2 / 2000)
+    assert r["sol_us"] == pytest.approx(0.88 + 1024 / 400.0 / 1e3)
+    assert r["ratio_to_sol"] == pytest.approx(1.0 / r["sol_us"])
+    mpi = next(r for r in res["rows"] if r["algorithm"] == "mpi")
+    assert mpi["ratio_to_sol"] is None and mpi["busbw_GBps"] > 0  # eager time when no graph
+
+
+def test_format_table():
+    txt = bench.format_table(fake_result())
+    lines = txt.splitlines()
+    header = next(line for line in lines if "algorithm" in line)
+    for col in ("size", "count", "dtype", "eager", "graph", "in-kern", "blocking", "busbw", "xSoL",
+                "vsNCCL", "vsTorch", "ok"):
+        assert col in header
+    data = [line for line in lines if not line.startswith("#") and line is not header]
+    assert len(data) == 10
+    assert all(len(line) == len(header) for line in data)
+    assert "SoL 0.880 us" in txt and "skipped torch: no torch here" in txt
+    first = data[0].split()
+    assert first[:4] == ["1K", "256", "float32", "oneshot_sentinel"] and first[-1] == "yes"
+    assert "5.00" in data[0]  # x vs NCCL
+
+
+def test_json_schema(tmp_path):
+    p = tmp_path / "r.json"
+    bench.write_json(fake_result(), str(p))
+    d = json.loads(p.read_text())
+    for key in ("machine", "commit", "date", "ranks", "sol_us", "sol", "command", "rows"):
+        assert key in d
+    for key in ("hostname", "gpu", "driver"):
+        assert key in d["machine"]
+    for r in d["rows"]:
+        for key in bench.ROW_KEYS:
+            assert key in r
+    assert d["rows"][2]["in_kernel_us"] is None  # nccl: N/A is null
+
+
+def test_plot_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = tmp_path / "r.png"
+    bench.plot(fake_result(), str(p))
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tuning_rows():
+    w = [(8, "oneshot_ll"), (64, "oneshot_ll"), (1024, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel"),
+         (4 << 20, "twoshot_sentinel")]
+    assert bench.tuning_rows(w) == [[64, "oneshot_ll"], [1024, "oneshot_sentinel"], [None, "twoshot_sentinel"]]
+    assert bench.tuning_rows([]) == []
+    rows = fake_result()["rows"]
+    assert bench.winners_of(rows) == [(1024, "oneshot_sentinel"), (4096, "oneshot_sentinel")]
+
+
+def test_tuning_rows_work_with_choose():
+    from hpccoll import select
+
+    rows = bench.tuning_rows([(8, "oneshot_ll"), (4096, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel")])
+    table = {"allreduce": {"2": rows}}
+    assert select.choose(table, "Allreduce", "float32", "SUM", 8, 2, False, True) == "oneshot_ll"
+    assert select.choose(table, "Allreduce", "float32", "SUM", 4096, 2, False, True) == "oneshot_sentinel"
+    assert select.choose(table, "Allreduce", "float32", "SUM", 1 << 26, 2, False, True) == "twoshot_sentinel"
+
+
+def test_h200_table_is_a_valid_table():
+    from importlib import resources
+
+    t = json.loads((resources.files("hpccoll") / "tuning" / "h200.json").read_text())
+    g = json.loads((resources.files("hpccoll") / "tuning" / "generic.json").read_text())
+    assert t["gpu"] == "NVIDIA H200"
+    for key in ("allreduce", "allreduce_deterministic"):
+        assert set(t[key]) == set(g[key])
+        for rows in t[key].values():
+            assert rows[-1][0] is None and all(r[0] is not None for r in rows[:-1])
+
+
+def test_single_rank_host_run(tmp_path, capsys):
+    """The whole command on one rank (host backend without a GPU)."""
+    from hpccoll.comm import _device_backend_reason
+
+    if _device_backend_reason() is None:
+        pytest.skip("a GPU is usable here: the host-only path is not what runs")
+    out = tmp_path / "one.json"
+    args = _parser().parse_args(["bench", "allreduce", "--sizes", "8,1K", "--iters", "3", "--json", str(out)])
+    assert bench.main(args) == 0
+    d = json.loads(out.read_text())
+    assert d["ranks"] == 1 and [r["bytes"] for r in d["rows"]] == [8, 1024]
+    assert all(r["ok"] and r["algorithm"] == "mpi" and r["eager_us"] > 0 for r in d["rows"])
+    assert "float32" in capsys.readouterr().out
