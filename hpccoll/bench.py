@@ -327,88 +327,105 @@ def measure_sol(comm, log) -> dict:
     dev, mpi = comm._device, comm.mpi_comm
     rank, n = comm.rank, comm.size
     res: dict = {}
-    why = None
-    try:
-        if dev.node.Get_rank() == 0:
-            cubin = compile_module("sol.cu", "float32", dev.arch)
-        dev.node.Barrier()
-        if dev.node.Get_rank() != 0:
-            cubin = compile_module("sol.cu", "float32", dev.arch)
-        mod = Module(cubin)
-        f_fence, f_pp = mod.fn("hc_sol_fence"), mod.fn("hc_sol_pingpong")
-    except Exception as exc:  # noqa: BLE001
-        why = _err(exc)
-    # collective: compiles collectives.cu (float32) for the barrier Args on every rank
-    base_args = dev._launcher("float32", "hc_barrier", (0, 0)).args
+    why = mod = None
+
+    def build():
+        m = Module(compile_module("sol.cu", "float32", dev.arch))
+        return m, m.fn("hc_sol_fence"), m.fn("hc_sol_pingpong")
+
+    # node rank 0 compiles (or finds the cache) first; the others then load from the cache
+    for first in (True, False):
+        if (dev.node.Get_rank() == 0) == first:
+            try:
+                mod, f_fence, f_pp = build()
+            except Exception as exc:  # noqa: BLE001
+                why = _err(exc)
+        if first:
+            dev.node.Barrier()
     whys = mpi.allgather(why)
     if any(whys):
         raise Skip("sol.cu: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
-    s = cupy.cuda.Stream(non_blocking=True)
-    out = cupy.zeros(4, dtype=cupy.uint64)
+    # collective: compiles collectives.cu (float32) for the barrier's Args on every rank
+    base_args = _guarded(mpi, lambda: dev._launcher("float32", "hc_barrier", (0, 0)).args)
+
+    # Every step that runs locally goes through _guarded: ranks agree it worked before the next
+    # collective, so one rank's failure skips the model on all ranks instead of hanging them.
+    s = _guarded(mpi, lambda: cupy.cuda.Stream(non_blocking=True))
+    out = _guarded(mpi, lambda: cupy.zeros(4, dtype=cupy.uint64))
 
     # L_L2_RTT: one thread, `iters` __threadfence() in a row
     iters = 10000
-    fences = []
-    for _ in range(5):
+
+    def fence_once():
         launch_raw(f_fence, 1, 1, s.ptr, ctypes.c_void_p(out.data.ptr), ctypes.c_int(iters))
         s.synchronize()
-        fences.append(int(out[0].get()) / iters)
+        return int(out[0].get()) / iters
+
+    fences = [_guarded(mpi, fence_once) for _ in range(5)]
     fence_ns = _max(mpi, statistics.median(fences))
     res["fence_ns"] = fence_ns
+    if n < 2:
+        return res
 
-    # Ping-pong between ranks 0 and 1 (rank 0 times it).  Rank 0 starts ~ms later (a run of
-    # fences first), so rank 1 has read its base word before rank 0's first store lands.
-    if n >= 2:
-        a = Args()
-        ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base_args), ctypes.sizeof(Args))
-        pp_iters = 1000
-        a.iters, a.timeoutNs = pp_iters, int(5e9)
-        word = dev.ws.peers[rank] + HC_OFF_PINGPONG
-        rts = []
-        for _ in range(5):
-            cupy.cuda.runtime.memset(word, 0, 8)
-            out.fill(0)
-            _sync_all(mpi, True)
-            if rank == 0:
-                launch_raw(f_fence, 1, 1, s.ptr, ctypes.c_void_p(out.data.ptr + 8), ctypes.c_int(20000))
-            if rank in (0, 1):
-                launch_raw(f_pp, 1, 1, s.ptr, a, ctypes.c_void_p(out.data.ptr))
-            s.synchronize()
-            total = int(out[0].get())
-            rt = total / pp_iters if rank == 0 and total > 0 else None
-            rts.append(mpi.bcast(rt, root=0))
-        rts = [r for r in rts if r]
-        if rts:
-            rt = statistics.median(rts)
-            res.update(pingpong_roundtrip_ns=rt, one_way_ns=rt / 2,
-                       remote_store_ns=(rt - 2 * fence_ns) / 2)
-            res["sol_ns"] = 2 * fence_ns + res["remote_store_ns"]
-            res["sol_us"] = res["sol_ns"] / 1e3
-        else:
-            log("SoL: the ping-pong timed out on every try (no round trip measured)")
+    # Ping-pong between ranks 0 and 1 (rank 0 times it).  Both reset their own word first.
+    # Rank 0 starts ~4 ms later (20000 fences first on its stream), so rank 1 has read its
+    # base word before rank 0's first store lands (sol.cu reads the base, then polls).
+    a = Args()
+    ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base_args), ctypes.sizeof(Args))
+    pp_iters = 1000
+    a.iters, a.timeoutNs = pp_iters, int(5e9)
+    word = dev.ws.peers[rank] + HC_OFF_PINGPONG
 
-        # Bandwidth: every rank copies its own two-shot region into the next rank's at once.
-        L = dev.layout
-        nbytes = min(L.sub_twoshot * 2 * n, 16 * MiB)
-        peer = (rank + 1) % n
-        src, dst = dev.ws.peers[rank] + L.ts1, dev.ws.peers[peer] + L.ts1
-        cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr)  # warm up
+    def reset():
+        cupy.cuda.runtime.memset(word, 0, 8)
+        out.fill(0)
+        cupy.cuda.runtime.deviceSynchronize()
+
+    def pingpong():
+        if rank == 0:
+            launch_raw(f_fence, 1, 1, s.ptr, ctypes.c_void_p(out.data.ptr + 8), ctypes.c_int(20000))
+        if rank in (0, 1):
+            launch_raw(f_pp, 1, 1, s.ptr, a, ctypes.c_void_p(out.data.ptr))
         s.synchronize()
-        per = []
-        for _ in range(5):
-            _sync_all(mpi, True)
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(s)
-            for _ in range(4):
-                cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr)
-            e1.record(s)
-            e1.synchronize()
-            per.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e6 / 4)  # ns per copy
-        t_ns = _max(mpi, statistics.median(per))
+        return int(out[0].get())
+
+    rts = []
+    for _ in range(5):
+        _guarded(mpi, reset)
+        mpi.Barrier()
+        total = _guarded(mpi, pingpong)
+        rts.append(mpi.bcast(total / pp_iters if rank == 0 and total > 0 else None, root=0))
+    rts = [r for r in rts if r]
+    if rts:
+        rt = statistics.median(rts)
+        res.update(pingpong_roundtrip_ns=rt, one_way_ns=rt / 2, remote_store_ns=(rt - 2 * fence_ns) / 2)
+        res["sol_ns"] = 2 * fence_ns + res["remote_store_ns"]
+        res["sol_us"] = res["sol_ns"] / 1e3
+    else:
+        log("SoL: the ping-pong timed out on every try (no round trip measured)")
+
+    # Bandwidth: every rank copies its own two-shot region into the next rank's at once
+    # (both hold the idle sentinel pattern; every region is re-armed afterwards anyway).
+    L = dev.layout
+    nbytes = min(L.sub_twoshot * 2 * n, 16 * MiB)
+    src, dst = dev.ws.peers[rank] + L.ts1, dev.ws.peers[(rank + 1) % n] + L.ts1
+
+    def copy_warm():
+        cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr)  # 4: cudaMemcpyDefault
+        s.synchronize()
+
+    try:
+        _guarded(mpi, copy_warm)
+        copies = 4
+        t_ns = _time_events(mpi, s, lambda: cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, s.ptr),
+                            1, copies) * 1e3
         res.update(copy_bytes=nbytes, copy_ns=t_ns, bw_GBps=nbytes / t_ns)
+    except Skip as exc:
+        log(f"SoL: peer-copy bandwidth skipped: {exc}")
+    finally:
         # re-arm: every rank's sentinel regions back to the idle pattern before any collective
         _sync_all(mpi, True)
-        dev._init_regions()
+        _guarded(mpi, dev._init_regions)
         _sync_all(mpi, True)
     return res
 
@@ -445,7 +462,8 @@ class TorchSymm:
         port = mpi.bcast(port, root=0)
         self.owned = False
         if not dist.is_initialized():
-            kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+            kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size,
+                      timeout=datetime.timedelta(seconds=120))
             try:
                 dist.init_process_group("nccl", device_id=self.device, **kw)
             except TypeError:
@@ -689,7 +707,6 @@ def bench_torch(ts: TorchSymm, which: str, comm, case, opts, log) -> dict:
     # two_shot_all_reduce_ is in place: values grow over repetitions; latency does not care
     _mode(row, "eager_us", lambda: time_eager(mpi, fn, ts.sync, opts.iters, True), log)
     _mode(row, "graph_us", lambda: ts.time_graph(mpi, fn, opts.iters), log)
-    del t
     return row
 
 
