@@ -151,11 +151,15 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
 
 // ---------------------------------------------------------------------------------------
 // Bcast (LL: exact bits): root pushes, everyone else receives.
+// Bcast is the one collective without a bidirectional exchange, so the data cannot be the
+// credit: each receiving block acknowledges (ack = epoch+1, monotonic) and the root's block
+// waits for those acks before it finishes, so a root never overwrites a slot being read.
 __device__ void bcastLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it) {
-    LLBuffer<LL> buf(a, a.region, a.sub, e0 + it, HC_COLL_BCAST);
+    const u64 e = e0 + it;
+    LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_BCAST);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
       if (a.rank == a.root) {
         buf.bcast(p, loadPack(a.out, a.count, p));
@@ -165,6 +169,18 @@ __device__ void bcastLL(const Args& a) {
         if (ok) storePack(a.out, a.count, p, y);
       }
     }
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (a.rank != a.root) {
+      if (r == 0) {
+        u64* ack = (u64*)(a.peers[a.root] + HC_OFF_ACK) + blockIdx.x * HC_MAX_RANKS + a.rank;
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(ack), "l"(e + 1) : "memory");
+      }
+    } else if (r < a.nranks && r != a.rank) {
+      const volatile u64* ack = (const volatile u64*)(a.peers[a.rank] + HC_OFF_ACK) + blockIdx.x * HC_MAX_RANKS + r;
+      ok = boundedPoll(a, HC_COLL_BCAST, [&] { return r; }, 0, [&] { return *ack >= e + 1; });
+    }
+    __syncthreads();
   }
   epochEnd(a, e0);
 }
