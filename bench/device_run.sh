@@ -29,7 +29,7 @@ for stage in "${@:-all}"; do
              -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-2ranks.txt" ;;
     tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout 420 "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \
              -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
-    bench) timeout 500 "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes 8:64M --dtype float32 \
+    bench) timeout 500 "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce.json" --plot "$OUT/bench-allreduce.png" \
              2>&1 | tee "$OUT/bench-allreduce.txt" ;;
     *) echo "unknown stage $stage" ;;
