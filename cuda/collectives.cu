@@ -98,9 +98,12 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       const u64 first = elem0(line);
       return first >= a.count ? 0 : (int)min((u64)myElems, a.count - first);
     };
-    // phase 1: every rank adds its contribution into the owner's lines (own lines too)
+    // phase 1: every rank adds its contribution into the other owners' lines.  The owner adds
+    // its own in registers in phase 1b, in the thread that also re-arms the line, so no
+    // contribution of a later epoch can race with that re-arm inside an in-kernel loop.
     for (u64 l = gwarp * 4 + (lane >> 3); l < lines; l += nwarps * 4) {
       const int owner = (int)(l / perOwner);
+      if (owner == a.rank) continue;
       Pack x = ldPartial((const T*)a.in + elem0(l), nElems(l), (T)0);
       LL128::contribute(lineAt(owner, l - owner * perOwner), x, counterLane);
     }
@@ -111,12 +114,13 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       const u64 l = lo + s * nwarps * 4 + gwarp * 4 + (lane >> 3);
       const bool mine = l < hi;
       char* line = mine ? lineAt(a.rank, l - lo) : nullptr;
-      Pack v;
-      v.u = make_uint4(0, 0, 0, 0);
+      Pack v, own;
+      v.u = own.u = make_uint4(0, 0, 0, 0);
+      if (mine) own = ldPartial((const T*)a.in + elem0(l), nElems(l), (T)0);
       const u64 t0 = globaltimer();
       for (u32 n = 0;; ++n) {
         if (mine) v = ldVolatile(line);
-        const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)a.nranks;  // meaningful on lane 7 of the group
+        const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)(a.nranks - 1);  // peers only; lane 7 holds it
         const int groupFull = __shfl_sync(0xffffffffu, full, (lane & ~7) | 7);  // every lane shuffles
         const bool have = !mine || groupFull;
         if (__all_sync(0xffffffffu, have)) break;
@@ -131,6 +135,8 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       }
       if (!ok || !mine) continue;
       LL128::clear(line);
+#pragma unroll
+      for (int i = 0; i < HC_EPP; ++i) v.e[i] = fromAcc(toAcc(v.e[i]) + toAcc(own.e[i]));
       if (counterLane) v.e[HC_EPP - 1] = (T)0;
       ag.bcast((l - lo) * 8 + sub, v);
       stPartial((T*)a.out + elem0(l), v, nElems(l));

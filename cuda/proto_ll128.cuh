@@ -7,10 +7,11 @@
 //     lane 7    : HC_EPP-1 data elements + the counter (last element)
 //   data elements per line: EPL = 128/sizeof(T) - 1  (f64 15, f32 31, f16/bf16 63)
 //
-// Every rank (the owner too) adds its contribution with ONE warp-wide vector reduction per
-// line - red.global.v4.f32.add, .v4.f16x2/.v4.bf16x2.add.noftz, f64: two red.add.f64 per lane -
-// with 1.0 in the counter.  The owner polls the line until the counter reads nranks, takes the
-// sums from that same load, and re-arms the line with zeros (double buffered by epoch parity).
+// Every peer adds its contribution with ONE warp-wide vector reduction per line -
+// red.global.v4.f32.add, .v4.f16x2/.v4.bf16x2.add.noftz, f64: two red.add.f64 per lane - with
+// 1.0 in the counter.  The owner polls the line until the counter reads nranks-1, takes the
+// sums from that same load, adds its own contribution in registers, and re-arms the line with
+// zeros (double buffered by epoch parity).
 //
 // Assumption (NCCL's LL128 assumption, extended to reductions): the reductions of the 8 lanes
 // of one warp instruction to one 128-byte-aligned line travel and are applied as one unit, so
