@@ -800,6 +800,10 @@ def run_sweep(opts, log=None) -> dict:
                 if bar is not None:
                     bar.set_postfix_str(f"{fmt_bytes(nbytes)} {algo}")
                 rows.append(bench_hpccoll(comm, case, algo, opts, gpu, log))
+                if rank == 0 and bar is None:  # progress without a tty: one line per row
+                    r = rows[-1]
+                    print(f"# {r['bytes']} B {algo}: eager {r.get('eager_us')} graph {r.get('graph_us')} "
+                          f"in-kernel {r.get('in_kernel_us')} ok {r.get('ok')}", flush=True)
                 bar and bar.update(1)
             if nccl_comm is not None:
                 rows.append(bench_nccl(nccl_comm, comm, case, opts, log))
