@@ -7,9 +7,8 @@
 //
 // Primitives (slot = index of a 16-byte pack inside a (parity, src) sub-buffer):
 //   send(peer, slot, v)        store v into peer's sub-buffer for src = me
-//   bcast(slot, v)             send to every peer (unicast stores; the NVLink-multicast
-//                              path exists only as HC_USE_MULTICAST and is never enabled:
-//                              multicast is forbidden on our machines)
+//   bcast(slot, v)             send to every peer with unicast stores (there is deliberately
+//                              no NVLink-multicast path: multicast is forbidden on our machines)
 //   recv(src, slot, v)         poll my sub-buffer of src until valid, then re-arm it
 //   recvReduce<OP>(slot, own, acc)
 //                              receive from every peer and reduce in FIXED RANK ORDER

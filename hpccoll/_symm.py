@@ -85,12 +85,12 @@ class Workspace:
         return ctypes.c_int.from_address(self.host_err).value
 
     def error_record(self) -> dict:
-        rec = np.zeros(6, dtype=np.int32)
-        self.rt.memcpy(rec.ctypes.data, self.ptr + OFF_ERR, 24, 0)
-        waited = np.zeros(2, dtype=np.uint64)
-        self.rt.memcpy(waited.ctypes.data, self.ptr + OFF_ERR + 16, 16, 0)
-        return {"code": int(rec[0]), "collective": int(rec[1]), "peer": int(rec[2]),
-                "slot": int(waited[0]), "waited_ns": int(waited[1])}
+        """The ErrRec of cuda/hc_common.cuh: int code, collective, peer, pad; u64 slot, waitedNs."""
+        raw = np.zeros(32, dtype=np.uint8)
+        self.rt.memcpy(raw.ctypes.data, self.ptr + OFF_ERR, 32, 0)
+        ints, u64s = raw[:16].view(np.int32), raw[16:].view(np.uint64)
+        return {"code": int(ints[0]), "collective": int(ints[1]), "peer": int(ints[2]),
+                "slot": int(u64s[0]), "waited_ns": int(u64s[1])}
 
     def _release(self):
         for p in self._opened:

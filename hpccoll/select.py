@@ -74,7 +74,7 @@ def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int
         return "sentinel" if is_float else "ll"
     # Allreduce: table rows are [[max_bytes, algorithm], ...] in ascending max_bytes
     key = "allreduce_deterministic" if deterministic else "allreduce"
-    rows = _rule(table, key, nranks) or [[262144, "oneshot_sentinel"], [None, "twoshot_sentinel"]]
+    rows = _rule(table, key, nranks) or _rule(_shipped("generic"), key, nranks)
     for max_bytes, algo in rows:
         if max_bytes is None or nbytes <= max_bytes:
             break

@@ -7,8 +7,6 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
-
 
 def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, w, X, per_rank,
                   phases: dict, solve_s: float, prob, ref, ref_s, xp, extra=None) -> dict:

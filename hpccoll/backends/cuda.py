@@ -4,9 +4,6 @@ Owns the workspace layout (region offsets and sizes), kernel modules and launch
 configuration; the algorithm comes from hpccoll.select."""
 from __future__ import annotations
 
-import logging
-import os
-
 import numpy as np
 
 from .. import select
@@ -14,11 +11,9 @@ from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
-from ..errors import CollectiveTimeout, HpccollError
-from ..ops import np_dtype
+from ..errors import CollectiveTimeout
 
 __all__ = ["CudaBackend", "CudaUnavailable"]
-log = logging.getLogger("hpccoll")
 
 KiB, MiB = 1024, 1024 * 1024
 S_ONESHOT = 1 * MiB      # payload per source of one one-shot sentinel launch
@@ -50,6 +45,14 @@ class Layout:
         self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
         self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
         self.total = _align(off, 2 * MiB)
+        # allreduce algorithm -> (bytes per launch, (region, sub), (region2, sub2))
+        self.allreduce = {
+            "oneshot_sentinel": (S_ONESHOT, (self.oneshot, self.sub_oneshot), (0, 0)),
+            "oneshot_ll": (S_LL, (self.ll, self.sub_ll), (0, 0)),
+            "twoshot_ll": (S_LL * n, (self.ll, self.sub_ll), (self.ll2, self.sub_ll)),
+            "twoshot_sentinel": (S_TWOSHOT, (self.ts1, self.sub_twoshot), (self.ts2, self.sub_twoshot)),
+            "twoshot_ll128": (S_TWOSHOT, (self.ll128, self.sub_twoshot), (self.ts2, self.sub_twoshot)),
+        }
         self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
 
 
@@ -198,12 +201,11 @@ class CudaBackend:
         getattr(self, "_" + call.name.lower())(call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        if algorithm == "auto" or (algorithm not in select.ALGORITHMS):
-            if algorithm != "auto":
-                select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
-            algorithm = select.choose(self.table, collective, dtype, op, nbytes, self.size,
-                                      deterministic, self.peer_atomics)
-        elif collective not in select.ALGORITHMS[algorithm][0]:
+        """The algorithm to run: `auto`, or a communicator default that does not implement this
+        collective, goes through the tuning table; unknown names raise."""
+        if algorithm != "auto" and algorithm not in select.ALGORITHMS:
+            select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
+        if algorithm == "auto" or collective not in select.ALGORITHMS[algorithm][0]:
             algorithm = select.choose(self.table, collective, dtype, op, nbytes, self.size,
                                       deterministic, self.peer_atomics)
         select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
@@ -220,7 +222,7 @@ class CudaBackend:
         send, recv = call.send.flat, call.recv.flat
         if not (self._aligned(send) and self._aligned(recv)):
             with cupy.cuda.ExternalStream(s):
-                tmp = cupy.ascontiguousarray(send.copy())
+                tmp = send.copy()  # fresh allocation: aligned
             self._allreduce_aligned(tmp, tmp, call.recv.dtype, algo, op, s, iters)
             with cupy.cuda.ExternalStream(s):
                 recv[...] = tmp
@@ -228,19 +230,9 @@ class CudaBackend:
         self._allreduce_aligned(send, recv, call.recv.dtype, algo, op, s, iters)
 
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
-        L, esize = self.layout, send.itemsize
-        kernel = f"hc_allreduce_{algo}_{OPS[op]}"
-        if algo == "oneshot_sentinel":
-            cap, region, region2, per = S_ONESHOT, (L.oneshot, L.sub_oneshot), (0, 0), 1
-        elif algo == "oneshot_ll":
-            cap, region, region2, per = S_LL, (L.ll, L.sub_ll), (0, 0), 1
-        elif algo == "twoshot_ll":
-            cap, region, region2, per = S_LL * self.size, (L.ll, L.sub_ll), (L.ll2, L.sub_ll), 1
-        elif algo == "twoshot_sentinel":
-            cap, region, region2, per = S_TWOSHOT, (L.ts1, L.sub_twoshot), (L.ts2, L.sub_twoshot), 1
-        else:  # twoshot_ll128
-            cap, region, region2, per = S_TWOSHOT, (L.ll128, L.sub_twoshot), (L.ts2, L.sub_twoshot), 0
-        lau = self._launcher(dtype, kernel, region, region2)
+        esize = send.itemsize
+        cap, region, region2 = self.layout.allreduce[algo]
+        lau = self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2)
         n = send.size
         step = cap // esize
         a = lau.args
@@ -250,12 +242,12 @@ class CudaBackend:
             a.in_ = send.data.ptr + c0 * esize
             a.out = recv.data.ptr + c0 * esize
             a.count = c
-            if per:
-                packs = (c * esize + PACK - 1) // PACK
-                blocks, block = self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
-            else:  # LL128: an 8-lane group per 128-byte line
+            if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
                 lines = (c + 128 // esize - 2) // (128 // esize - 1)
                 blocks, block = self._grid((lines + self.size - 1) // self.size, 8)
+            else:  # a thread per pack (two-shot: of the owner's share)
+                packs = (c * esize + PACK - 1) // PACK
+                blocks, block = self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
             lau(blocks, block, s)
 
     def _bcast(self, call: Call, algo: str, op, s: int, iters: int) -> None:
@@ -358,6 +350,3 @@ class CudaBackend:
             self.ws.free()
             self.node.Free()
 
-
-def dtype_of(name: str):
-    return np_dtype(name)
