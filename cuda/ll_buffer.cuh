@@ -61,7 +61,8 @@ __device__ __noinline__ void failTimeout(const Args& a, int coll, int peer, u64 
     e->peer = peer;
     e->slot = slot;
     e->waitedNs = waited;
-    __threadfence_system();
+    // No fence: the host reads this record only after synchronizing with the kernel, and
+    // kernel completion makes it visible.  The host word only says "look".
     *a.hostErr = coll;
   }
   *(volatile int*)ctrlAbort(a) = 1;
