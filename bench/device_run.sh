@@ -25,13 +25,14 @@ mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 for stage in "${@:-all}"; do
   case $stage in
     info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt" ;;
-    tests) HPCCOLL_TIMEOUT=10 timeout 420 "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -x -rs --with-mpi \
+    tests) HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -x -rs --with-mpi \
              -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-2ranks.txt" ;;
-    tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout 420 "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \
+    tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \
              -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     bench) timeout 500 "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce.json" --plot "$OUT/bench-allreduce.png" \
              2>&1 | tee "$OUT/bench-allreduce.txt" ;;
+    profile) timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1 | tee "$OUT/profile-eager.txt" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
