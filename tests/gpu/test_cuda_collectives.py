@@ -219,6 +219,8 @@ def test_back_to_back_varying_sizes(cc):
             outs[n] = (_data(cp, i, cc.rank, n), _expected_sum(cp, i, cc.size, n), cp.empty(n, cp.float32))
         x, ref, out = outs[n]
         cc.Allreduce(x, out, deterministic=True)
+        if i % 10_000 == 0 and cc.rank == 0:
+            print(f"back-to-back: call {i}", flush=True)
         if i % 7 == 0:
             mism += (out.view(cp.uint32) != ref.view(cp.uint32)).sum()
     cc.synchronize()
