@@ -23,6 +23,7 @@ PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
 OPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
 SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see proto_sentinel.cuh)
+_MODULES: dict[tuple[int, str], Module] = {}  # (device, dtype) -> loaded kernels
 
 
 def _align(n: int, a: int = 256) -> int:
@@ -115,7 +116,6 @@ class CudaBackend:
         self._init_regions()
         self.ws.probe_peers(mpi_comm)
         self.table = select.load_table(self.gpu_name)
-        self._modules: dict[str, Module] = {}
         self._launchers: dict[tuple, Launcher] = {}
         self._broken: str | None = None
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
@@ -132,15 +132,13 @@ class CudaBackend:
 
     # -- kernels ----------------------------------------------------------------
     def _module(self, dtype: str) -> Module:
-        mod = self._modules.get(dtype)
+        # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
+        # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
+        # is written atomically.  Loaded modules are shared by the process's communicators.
+        key = (self.device_id, dtype)
+        mod = _MODULES.get(key)
         if mod is None:
-            # Node rank 0 compiles (or finds the cache); the others then load from the cache.
-            if self.node.Get_rank() == 0:
-                cubin = compile_module("collectives.cu", dtype, self.arch)
-            self.node.Barrier()
-            if self.node.Get_rank() != 0:
-                cubin = compile_module("collectives.cu", dtype, self.arch)
-            mod = self._modules[dtype] = Module(cubin)
+            mod = _MODULES[key] = Module(compile_module("collectives.cu", dtype, self.arch))
         return mod
 
     def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0)) -> Launcher:
