@@ -15,6 +15,7 @@ from . import _env
 from ._validate import check_agreement, prepare
 from .backends.host import HostBackend
 from .errors import HpccollError
+from .hier import Hierarchical, node_layout
 from .ops import SUM
 
 log = logging.getLogger("hpccoll")
@@ -49,7 +50,7 @@ class Communicator:
 
     def __init__(self, comm=None, *, backend: str = "auto", device: int | None = None,
                  algorithm: str = "auto", deterministic: bool = False, check: bool | None = None,
-                 timeout: float | None = None, _owned_comm=None):
+                 timeout: float | None = None, _owned_comm=None, _flat: bool = False):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}")
         base = MPI.COMM_WORLD if comm is None else comm
@@ -63,8 +64,15 @@ class Communicator:
         self.timeout = _env.timeout_s(timeout)
         self._host = HostBackend(self._comm)
         self._device = None
+        self._hier = None
         self._lock = threading.Lock()
         self._freed = False
+        self._requested = backend
+        layout = None if _flat else node_layout(self._comm)
+        if layout is not None:  # several nodes: node / inter-node / node phases (hpccoll.hier)
+            self._hier = Hierarchical(self, layout, backend, device)
+            self.backend = self._hier.name
+            return
         self.backend = self._open_device_backend(backend, device)
 
     def _open_device_backend(self, backend: str, device) -> str:
@@ -113,7 +121,8 @@ class Communicator:
     @property
     def device(self):
         """The CUDA device ordinal this rank uses, or None on the host backend."""
-        return None if self._device is None else self._device.device_id
+        engine = self._hier or self._device
+        return None if engine is None else engine.device_id
 
     def Get_rank(self) -> int:
         return self.rank
@@ -122,7 +131,7 @@ class Communicator:
         return self.size
 
     def _like_me(self, owned_comm) -> "Communicator":
-        return Communicator(owned_comm, backend=self.backend, device=self.device,
+        return Communicator(owned_comm, backend=self._requested, device=self.device,
                             algorithm=self.algorithm, deterministic=self.deterministic,
                             check=self.check, timeout=self.timeout, _owned_comm=owned_comm)
 
@@ -142,6 +151,8 @@ class Communicator:
         if self._freed:
             return
         self._freed = True
+        if self._hier is not None:
+            self._hier.free()
         if self._device is not None:
             self._device.free()
             self._device = None
@@ -171,7 +182,9 @@ class Communicator:
             raise HpccollError(f"{name}: another collective is in flight on this communicator "
                                "(one at a time per communicator; use Dup() for another thread)")
         try:
-            if call.recv.is_device and self._device is not None:
+            if self._hier is not None:
+                self._hier.run(call, det, algo, stream)
+            elif call.recv.is_device and self._device is not None:
                 self._device.run(call, det, algo, stream)
             else:
                 if algo not in ("auto", "mpi", "host"):
@@ -205,7 +218,9 @@ class Communicator:
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
-        if self._device is not None:
+        if self._hier is not None:
+            self._hier.barrier()
+        elif self._device is not None:
             self._device.barrier()
         else:
             self._host.barrier()
@@ -214,8 +229,9 @@ class Communicator:
         """Wait for this communicator's device work on `stream`; raise CollectiveTimeout if a
         kernel gave up waiting for a peer.  (Device collectives are asynchronous: like CUDA
         errors, a timeout surfaces here or at the next call on this communicator.)"""
-        if self._device is not None:
-            self._device.synchronize(stream)
+        engine = self._hier or self._device
+        if engine is not None:
+            engine.synchronize(stream)
 
     def allreduce(self, x, op=SUM, **kw):
         """Return a new array: op over ranks of x (same type and device as x)."""

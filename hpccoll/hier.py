@@ -1,0 +1,193 @@
+"""Hierarchical collectives for communicators that span several nodes.
+
+Every collective runs in phases: inside each node on a node-local Communicator (hpccoll's
+LLBuffer kernels on GPUs, MPI on the host backend), between nodes on a "stripe" communicator
+that joins the ranks with the same node-local rank (MPI with host staging; NCCL for
+non-deterministic device calls when available), then inside the node again.
+
+Layout: ranks are grouped by node (`MPI_Comm_split_type(SHARED)`), nodes ordered by their
+lowest rank, ranks in a node by rank.  Every node must hold the same number of ranks.
+`HPCCOLL_NODE_SIZE=k` treats consecutive groups of k ranks as nodes (testing on one machine).
+
+Determinism (deterministic=True): for a fixed layout (nodes × ranks per node) every rank gets
+the same bits in every run.  The sum is taken per node in local-rank order, then over nodes in
+node order: ((x[n0,l0] op x[n0,l1] ...) op (x[n1,l0] op ...)) ...  That differs from the flat
+rank-order sum, so results change bits when the layout changes (other node count or node
+size), exactly as they would with any other reduction tree.  Reduce_scatter_block returns
+the same bits as the corresponding slice of Allreduce."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from ._buffers import IN_PLACE
+from .errors import HpccollError
+
+log = logging.getLogger("hpccoll")
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    nodes: int
+    per_node: int
+    node: int                        # my node index
+    local: int                       # my rank inside the node
+    rank_of: tuple[tuple[int, ...], ...]  # rank_of[node][local] -> rank
+
+    @property
+    def contiguous(self) -> bool:
+        return all(r == n * self.per_node + l for n, row in enumerate(self.rank_of) for l, r in enumerate(row))
+
+
+def node_layout(mpi_comm) -> NodeLayout | None:
+    """The node layout of `mpi_comm` (collective), or None when it is a single node."""
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    sim = os.environ.get("HPCCOLL_NODE_SIZE", "")
+    if sim:
+        if not sim.isdigit() or int(sim) < 1:
+            raise ValueError(f"HPCCOLL_NODE_SIZE={sim!r}: use a positive number of ranks per simulated node")
+        k = int(sim)
+        if size % k:
+            raise ValueError(f"HPCCOLL_NODE_SIZE={k} does not divide the {size} ranks: use a divisor of {size}")
+        node_id = rank // k
+    else:
+        shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        node_id = shared.allreduce(rank, op=MPI.MIN)  # named by its lowest rank
+        shared.Free()
+    ids = mpi_comm.allgather(node_id)
+    order = sorted(set(ids))
+    if len(order) == 1:
+        return None
+    members = [[r for r in range(size) if ids[r] == nid] for nid in order]
+    per = {len(m) for m in members}
+    if len(per) != 1:
+        log.warning("hpccoll: nodes hold different numbers of ranks (%s): hierarchical collectives "
+                    "need equal nodes; using flat MPI collectives", sorted(len(m) for m in members))
+        return None
+    node = order.index(node_id)
+    return NodeLayout(len(order), per.pop(), node, members[node].index(rank),
+                      tuple(tuple(m) for m in members))
+
+
+def _xp(buf):
+    if buf.is_device:
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+class Hierarchical:
+    """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases."""
+
+    def __init__(self, parent, layout: NodeLayout, backend: str, device):
+        from .comm import Communicator
+
+        self.layout = layout
+        self.rank = parent.rank
+        kw = dict(algorithm=parent.algorithm, deterministic=parent.deterministic, check=False,
+                  timeout=parent.timeout, _flat=True)
+        local_mpi = parent.mpi_comm.Split(layout.node, layout.local)
+        stripe_mpi = parent.mpi_comm.Split(layout.local, layout.node)
+        self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
+        self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
+        self.stripe_nccl = None
+        if self.local.backend == "cuda":
+            from .backends.nccl import nccl_unavailable_reason
+
+            ok = stripe_mpi.allreduce(nccl_unavailable_reason() is None, op=MPI.LAND)
+            if ok:
+                dup = stripe_mpi.Dup()
+                self.stripe_nccl = Communicator(dup, backend="nccl", device=self.local.device,
+                                                _owned_comm=dup, **kw)
+
+    @property
+    def name(self) -> str:
+        between = "nccl|mpi" if self.stripe_nccl else "mpi"
+        return f"hier({self.layout.nodes}x{self.layout.per_node}: {self.local.backend}+{between})"
+
+    @property
+    def device_id(self):
+        return self.local.device
+
+    def _between(self, buf, det: bool, stream):
+        """The inter-node communicator for this call; device data waits for the node phase."""
+        if buf.is_device and not det and self.stripe_nccl is not None:
+            return self.stripe_nccl
+        if buf.is_device:
+            self.local.synchronize(stream)  # host staging reads the buffer: node phase first
+        return self.stripe
+
+    def run(self, call, det: bool, algo: str, stream) -> None:
+        getattr(self, "_" + call.name.lower())(call, det, algo, stream)
+
+    def _allreduce(self, call, det, algo, stream):
+        recv = call.recv.flat
+        src = IN_PLACE if call.in_place else call.send.flat
+        self.local.Allreduce(src, recv, op=call.op, algorithm=algo, deterministic=det, stream=stream)
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, deterministic=det,
+                                                stream=stream)
+
+    def _bcast(self, call, det, algo, stream):
+        node, local = self._where(call.root)
+        buf = call.recv.flat
+        if self.layout.local == local:
+            self._between(call.recv, True, stream).Bcast(buf, root=node, stream=stream)
+        self.local.Bcast(buf, root=local, stream=stream)
+
+    def _allgather(self, call, det, algo, stream):
+        L, xp = self.layout, _xp(call.recv)
+        recv = call.recv.flat
+        n = recv.size // (L.nodes * L.per_node)
+        mine = recv[self.rank * n:(self.rank + 1) * n].copy() if call.in_place else call.send.flat
+        in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
+        self.local.Allgather(mine, in_node, stream=stream)
+        target = recv if L.contiguous else xp.empty_like(recv)
+        self._between(call.recv, True, stream).Allgather(in_node, target, stream=stream)
+        if not L.contiguous:  # [node][local] blocks -> rank order
+            blocks = target.reshape(L.nodes * L.per_node, n)
+            out = recv.reshape(-1, n)
+            for j, row in enumerate(L.rank_of):
+                for l, r in enumerate(row):
+                    out[r] = blocks[j * L.per_node + l]
+
+    def _reduce_scatter_block(self, call, det, algo, stream):
+        L, xp = self.layout, _xp(call.recv)
+        size = L.nodes * L.per_node
+        src = call.recv.flat if call.in_place else call.send.flat
+        n = src.size // size
+        blocks = src.reshape(size, n)
+        # regroup the blocks as [local l][node j] so the node phase hands local rank l the blocks
+        # of every node's rank l, summed over this node (local order)
+        order = [L.rank_of[j][l] for l in range(L.per_node) for j in range(L.nodes)]
+        grouped = blocks[xp.asarray(order)].reshape(-1)
+        node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
+        self.local.Reduce_scatter_block(grouped, node_sums, op=call.op, deterministic=det, stream=stream)
+        out = call.recv.flat[:n]
+        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op,
+                                                           deterministic=det, stream=stream)
+
+    def _where(self, rank: int) -> tuple[int, int]:
+        for j, row in enumerate(self.layout.rank_of):
+            if rank in row:
+                return j, row.index(rank)
+        raise HpccollError(f"rank {rank} is in no node")  # pragma: no cover - layout covers all ranks
+
+    def barrier(self) -> None:
+        self.local.Barrier()
+        if self.layout.local == 0:
+            self.stripe.Barrier()
+        self.local.Barrier()
+
+    def synchronize(self, stream=None) -> None:
+        self.local.synchronize(stream)
+
+    def free(self) -> None:
+        for c in (self.local, self.stripe, self.stripe_nccl):
+            if c is not None:
+                c.Free()
