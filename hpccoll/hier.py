@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from mpi4py import MPI
 
@@ -37,8 +38,9 @@ class NodeLayout:
     local: int                       # my rank inside the node
     rank_of: tuple[tuple[int, ...], ...]  # rank_of[node][local] -> rank
 
-    @property
+    @cached_property
     def contiguous(self) -> bool:
+        """Ranks numbered node by node (the usual launch): gathers land in rank order as they are."""
         return all(r == n * self.per_node + l for n, row in enumerate(self.rank_of) for l, r in enumerate(row))
 
 
