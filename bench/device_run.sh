@@ -32,7 +32,19 @@ for stage in "${@:-all}"; do
     bench) timeout 500 "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce.json" --plot "$OUT/bench-allreduce.png" \
              2>&1 | tee "$OUT/bench-allreduce.txt" ;;
-    profile) timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1 | tee "$OUT/profile-eager.txt" ;;
+    profile) { echo "## HPCCOLL_PDL=1 (default)"; timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1;
+               echo "## HPCCOLL_PDL=0"; HPCCOLL_PDL=0 timeout 120 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL python3 bench/profile_eager.py 2>&1;
+             } | tee "$OUT/profile-eager.txt" ;;
+    nopdl) HPCCOLL_PDL=0 timeout 300 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL hpccoll bench allreduce --sizes "${SIZES:-8:64M}" \
+             --dtype "${DTYPE:-float32}" --algorithms oneshot_sentinel,oneshot_ll,twoshot_sentinel,twoshot_ll128 \
+             --json "$OUT/bench-allreduce-nopdl.json" 2>&1 | tail -40 | tee "$OUT/bench-allreduce-nopdl.txt" ;;
+    hier) { for ns in 2 1; do echo "## HPCCOLL_NODE_SIZE=$ns (2 = one node, flat; 1 = two simulated nodes)";
+              HPCCOLL_NODE_SIZE=$ns timeout 200 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_NODE_SIZE hpccoll bench allreduce \
+                --sizes "${HIER_SIZES:-8,4K,64K,1M,4M}" --algorithms auto --json "$OUT/bench-hier-ns$ns.json" 2>&1 | tail -12;
+              HPCCOLL_NODE_SIZE=$ns timeout 200 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_NODE_SIZE hpccoll bench allreduce \
+                --sizes "${HIER_SIZES:-8,4K,64K,1M,4M}" --algorithms auto --deterministic \
+                --json "$OUT/bench-hier-ns$ns-det.json" 2>&1 | tail -12; done; } | tee "$OUT/bench-hier.txt" ;;
+    eig) timeout ${EIG_LIMIT:-480} bash bench/eig_device.sh 2>&1 | tail -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

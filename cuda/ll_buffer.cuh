@@ -53,9 +53,12 @@ __device__ __forceinline__ void epochEnd(const Args& a, u64 epoch) {
 
 __device__ __forceinline__ bool aborted(const Args& a) { return ldVolatileInt(ctrlAbort(a)) != 0; }
 
-// Record a timeout (first one wins) and tell everyone to give up.
-__device__ __noinline__ void failTimeout(const Args& a, int coll, int peer, u64 slot, u64 waited) {
-  ErrRec* e = ctrlErr(a);
+// Record a timeout (first one wins) and tell everyone to give up.  Takes the control region
+// and the host word by value, never `const Args&`: the address of a kernel parameter in a
+// non-inlined call would make every kernel copy its Args into a local-memory stack frame.
+__device__ __noinline__ void failTimeoutAt(char* ctrl, volatile int* hostErr, int coll, int peer, u64 slot,
+                                           u64 waited) {
+  ErrRec* e = (ErrRec*)(ctrl + HC_OFF_ERR);
   if (atomicCAS(&e->code, 0, 1) == 0) {
     e->collective = coll;
     e->peer = peer;
@@ -63,9 +66,13 @@ __device__ __noinline__ void failTimeout(const Args& a, int coll, int peer, u64 
     e->waitedNs = waited;
     // No fence: the host reads this record only after synchronizing with the kernel, and
     // kernel completion makes it visible.  The host word only says "look".
-    *a.hostErr = coll;
+    *hostErr = coll;
   }
-  *(volatile int*)ctrlAbort(a) = 1;
+  *(volatile int*)(ctrl + HC_OFF_ABORT) = 1;
+}
+
+__device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u64 slot, u64 waited) {
+  failTimeoutAt(a.peers[a.rank], a.hostErr, coll, peer, slot, waited);
 }
 
 // Poll `ready()` until true; false when timed out or aborted.  The timer and the abort flag

@@ -45,6 +45,7 @@ def libcuda():
         _cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                          ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _cuda.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return _cuda
 
 
@@ -74,19 +75,54 @@ class Module:
         return f
 
 
-class Launcher:
-    """One kernel with a reusable by-value Args parameter block."""
+class _LaunchAttr(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
 
-    def __init__(self, fn, args: Args):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuLaunchKernelEx)."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class Launcher:
+    """One kernel with a reusable by-value Args parameter block.
+
+    pdl=True launches with programmatic stream serialization (Hopper+): the kernel may be
+    scheduled while the stream's previous kernel still runs; the kernel itself waits for it
+    (griddepcontrol.wait, cuda/collectives.cu) before touching memory."""
+
+    def __init__(self, fn, args: Args, pdl: bool = False):
         self.fn = fn
         self.args = args
         self._params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        self.pdl = pdl
+        if pdl:
+            self._attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            ctypes.memmove(self._attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+            self._cfg = _LaunchConfig(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1,
+                                      attrs=ctypes.pointer(self._attr), numAttrs=1)
+            self._cfg_ref = ctypes.byref(self._cfg)
+            self._launch_ex = libcuda().cuLaunchKernelEx
         self._launch = libcuda().cuLaunchKernel
 
     def __call__(self, grid: int, block: int, stream: int) -> None:
-        res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
+        if self.pdl:
+            cfg = self._cfg
+            cfg.gridDimX, cfg.blockDimX, cfg.hStream = grid, block, stream
+            res = self._launch_ex(self._cfg_ref, self.fn, self._params, None)
+        else:
+            res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if res:
-            check(res, "cuLaunchKernel")
+            check(res, "cuLaunchKernelEx" if self.pdl else "cuLaunchKernel")
 
 
 def launch_raw(fn, grid: int, block: int, stream: int, *cargs) -> None:

@@ -24,6 +24,14 @@ def timeout_s(explicit: float | None = None) -> float:
     return float(val)
 
 
+def pdl_mode() -> bool:
+    """Programmatic dependent launch of the collective kernels (Hopper+): HPCCOLL_PDL, default on."""
+    raw = os.environ.get("HPCCOLL_PDL", "1").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"HPCCOLL_PDL={raw!r}: use 1 (on, the default) or 0 (off)")
+    return raw in ("1", "true", "yes", "on")
+
+
 def check_mode(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return bool(explicit)

@@ -5,8 +5,10 @@
                                          [--json out.json] [--plot out.png]
 
 Per (size, algorithm) four latencies per op, in µs (median over repetitions, then the MAX
-over ranks of each rank's median; every timed region starts after an MPI barrier and a
-device synchronize):
+over ranks of each rank's median; every timed region starts after an MPI barrier, a device
+synchronize and - on GPUs - a device barrier kernel on the timed stream, so that both GPUs
+start the timed work within a microsecond of each other: without it the host-side skew of
+the MPI barrier (tens of µs) lands in the first op and inflates per-op figures):
 
   eager           one Python call + stream synchronize per iteration (perf_counter)
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
@@ -34,6 +36,7 @@ import numpy as np
 
 GRAPH_OPS = 20          # collectives per captured graph (G)
 REPS = 5                # timed repetitions per mode; the median is reported
+_ALIGN = None           # align(stream_handle): device barrier queued before every timed region
 KiB, MiB = 1024, 1024 * 1024
 HPCCOLL_ALLREDUCE = ("oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128")
 HPCCOLL_ALGOS = {"allreduce": HPCCOLL_ALLREDUCE, "bcast": ("ll",), "allgather": ("ll",),
@@ -238,6 +241,12 @@ def _sync_all(mpi_comm, gpu: bool) -> None:
     mpi_comm.Barrier()
 
 
+def _align(stream_handle: int) -> None:
+    """Queue a device barrier on the stream about to be timed (no-op without one)."""
+    if _ALIGN is not None:
+        _ALIGN(stream_handle)
+
+
 def time_eager(mpi_comm, fn, sync, iters: int, gpu: bool) -> float:
     """Median µs of one blocking call (fn(); sync()), MAX over ranks."""
     for _ in range(min(3, iters)):
@@ -284,6 +293,7 @@ def _time_events(mpi_comm, stream, launch, ops_per_launch: int, launches: int) -
     per = []
     for _ in range(REPS):
         _sync_all(mpi_comm, True)
+        _align(stream.ptr)
         e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
         e0.record(stream)
         for _ in range(launches):
@@ -523,6 +533,7 @@ class TorchSymm:
         for _ in range(REPS):
             torch.cuda.synchronize()
             mpi_comm.Barrier()
+            _align(torch.cuda.current_stream().cuda_stream)
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             for _ in range(launches):
@@ -599,7 +610,8 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     det = opts.deterministic
     row = _row(opts.collective, algo, opts.dtype, case)
     sync = (lambda: comm.synchronize()) if gpu else (lambda: None)
-    if gpu and algo == "auto":
+    flat = comm.backend == "cuda"  # single node: kernel-level modes apply; hierarchical: eager, graph
+    if flat and algo == "auto":
         try:
             call = case.prepare()
             op = call.op.name if call.op else None
@@ -634,6 +646,9 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         comm.synchronize(s)
         return t
 
+    if not flat:
+        row.setdefault("skipped", {})["in_kernel"] = "hierarchical communicator: several launches and MPI/NCCL per call"
+        return row
     _mode(row, "in_kernel_us", in_kernel, log)
     _blocking(comm, row, lambda s: case.call(comm, algo, det, stream=s), opts, log)
     return row
@@ -719,7 +734,8 @@ def run_sweep(opts, log=None) -> dict:
     log = log or (lambda *m: say(world.Get_rank(), *m))
     sizes = parse_sizes(opts.sizes) if isinstance(opts.sizes, str) else list(opts.sizes)
     comm = hpccoll.Communicator(backend="auto", check=False)
-    gpu = comm.backend == "cuda"
+    gpu = comm.device is not None     # device buffers (flat CUDA backend, or hierarchical on GPUs)
+    flat = comm.backend == "cuda"     # one node: SoL, in-kernel, blocking and baselines apply
     rank, n = comm.rank, comm.size
     skipped: dict = {}
     result = {"machine": machine_info(comm), "commit": git_commit(), "date": _now(), "ranks": n,
@@ -729,7 +745,7 @@ def run_sweep(opts, log=None) -> dict:
               "sol_us": None, "sol": {}, "rows": [], "skipped": skipped}
     if not gpu:
         log("hpccoll bench: no usable GPU / CUDA backend: host backend, eager mode, algorithm 'mpi' only")
-    if gpu:
+    if flat:
         try:
             result["sol"] = measure_sol(comm, log)
             result["sol_us"] = result["sol"].get("sol_us")
@@ -741,13 +757,16 @@ def run_sweep(opts, log=None) -> dict:
             log(f"SoL model skipped: {_err(exc)}")
     peer_atomics = bool(getattr(comm._device, "peer_atomics", False)) if gpu else False
     algos = algorithm_list(opts.collective, opts.algorithms, opts.dtype, opts.deterministic,
-                           peer_atomics, gpu)
+                           peer_atomics, gpu) if flat or not gpu else ["auto"]
 
     # baselines
     nccl_comm = host_comm = ts = None
     torch_ops: list[str] = []
     if getattr(opts, "baselines", False):
-        if not gpu:
+        if gpu and not flat:
+            skipped["baselines"] = "hierarchical communicator: run the baselines on a single-node layout"
+            log("baselines skipped: hierarchical communicator")
+        elif not gpu:
             skipped["baselines"] = "no GPU: the host run is the MPI path itself"
             log("baselines skipped: no GPU (the host run is the MPI path itself)")
         else:
@@ -789,6 +808,10 @@ def run_sweep(opts, log=None) -> dict:
             prev(*m)
 
     rows = result["rows"]
+    global _ALIGN
+    if flat:
+        _ALIGN = lambda h: comm._device.barrier(stream=h, sync=False)  # noqa: E731
+    result["aligned_start"] = flat
     try:
         for nbytes in sizes:
             try:
@@ -817,6 +840,7 @@ def run_sweep(opts, log=None) -> dict:
                 bar and bar.update(1)
             del case
     finally:
+        _ALIGN = None
         if bar is not None:
             bar.close()
         if ts is not None:
@@ -966,7 +990,7 @@ def git_commit() -> str | None:
 def machine_info(comm) -> dict:
     info = {"hostname": socket.gethostname(), "gpu": None, "driver": None, "cuda_runtime": None,
             "cuda_driver": None, "backend": comm.backend}
-    if comm.backend in ("cuda", "nccl"):
+    if comm.device is not None:
         try:
             import cupy
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import select
+from .. import _env, select
 from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
@@ -70,6 +70,22 @@ def _stream_ptr(stream) -> int:
     raise TypeError(f"stream must be a CuPy/torch stream or a raw handle (int), not {type(stream).__name__}")
 
 
+class FastLaunch:
+    """One prepared kernel launch: `launch(stream)` = error check + one driver call."""
+
+    __slots__ = ("backend", "launcher", "grid", "block")
+
+    def __init__(self, backend, launcher: Launcher, grid: tuple[int, int]):
+        self.backend, self.launcher = backend, launcher
+        self.grid, self.block = grid
+
+    def launch(self, stream) -> None:
+        b = self.backend
+        if b._broken or b.ws.host_error():
+            b.check_error()
+        self.launcher(self.grid, self.block, _stream_ptr(stream))
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -101,6 +117,8 @@ class CudaBackend:
         self.gpu_name = name.decode() if isinstance(name, bytes) else name
         self.sms = int(props["multiProcessorCount"])
         self.arch = f"sm_{props['major']}{props['minor']}"
+        # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
+        self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
         devices = mpi_comm.allgather(self.device_id)
         self.ranks_per_gpu = devices.count(self.device_id)
         self.peer_atomics = self._agree(all(
@@ -153,7 +171,7 @@ class CudaBackend:
             a.timeoutNs = self.timeout_ns
             a.hostErr = self.ws.host_err_dev
             a.rank, a.nranks, a.root, a.iters = self.rank, self.size, 0, 1
-            lau = self._launchers[key] = Launcher(self._module(dtype).fn(kernel), a)
+            lau = self._launchers[key] = Launcher(self._module(dtype).fn(kernel), a, pdl=self.pdl)
         return lau
 
     def _grid(self, work_items: int, threads_per_item: int = 1) -> tuple[int, int]:
@@ -184,7 +202,10 @@ class CudaBackend:
     def synchronize(self, stream=None) -> None:
         import cupy
 
-        cupy.cuda.ExternalStream(_stream_ptr(stream)).synchronize()
+        if stream is None:
+            cupy.cuda.get_current_stream().synchronize()
+        else:
+            cupy.cuda.runtime.streamSynchronize(_stream_ptr(stream))
         self.check_error()
 
     # -- dispatch -----------------------------------------------------------------
@@ -227,6 +248,13 @@ class CudaBackend:
             return
         self._allreduce_aligned(send, recv, call.recv.dtype, algo, op, s, iters)
 
+    def _allreduce_grid(self, algo: str, count: int, esize: int) -> tuple[int, int]:
+        if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
+            lines = (count + 128 // esize - 2) // (128 // esize - 1)
+            return self._grid((lines + self.size - 1) // self.size, 8)
+        packs = (count * esize + PACK - 1) // PACK  # a thread per pack (two-shot: of the owner's share)
+        return self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
+
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
         esize = send.itemsize
         cap, region, region2 = self.layout.allreduce[algo]
@@ -240,13 +268,35 @@ class CudaBackend:
             a.in_ = send.data.ptr + c0 * esize
             a.out = recv.data.ptr + c0 * esize
             a.count = c
-            if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
-                lines = (c + 128 // esize - 2) // (128 // esize - 1)
-                blocks, block = self._grid((lines + self.size - 1) // self.size, 8)
-            else:  # a thread per pack (two-shot: of the owner's share)
-                packs = (c * esize + PACK - 1) // PACK
-                blocks, block = self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
-            lau(blocks, block, s)
+            lau(*self._allreduce_grid(algo, c, esize), s)
+
+    def plan(self, call: Call, deterministic: bool, algorithm: str):
+        """A FastLaunch repeating exactly this call without re-validating it, or None when the
+        call needs more than one kernel launch (staging, chunking).  The Communicator keeps
+        it for the next call with the same buffers (its eager fast path)."""
+        flat = call.recv.flat
+        if call.recv.device != self.device_id or not (self._aligned(flat) and self._aligned(call.send.flat)):
+            return None
+        esize, n = flat.itemsize, flat.size
+        op = call.op.name if call.op else None
+        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        if call.name == "Allreduce":
+            cap, region, region2 = self.layout.allreduce[algo]
+            if n * esize > cap:
+                return None
+            lau = self._launcher(call.recv.dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2)
+            grid = self._allreduce_grid(algo, n, esize)
+        elif call.name == "Bcast":
+            if n * esize > S_LL:
+                return None
+            lau = self._launcher(call.recv.dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll))
+            grid = self._grid((n * esize + PACK - 1) // PACK)
+        else:
+            return None
+        a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
+        a.in_, a.out, a.count, a.iters = call.send.flat.data.ptr, flat.data.ptr, n, 1
+        a.root = call.root or 0
+        return FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid)
 
     def _bcast(self, call: Call, algo: str, op, s: int, iters: int) -> None:
         import cupy

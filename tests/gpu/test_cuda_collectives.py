@@ -286,3 +286,102 @@ def test_bad_inputs_on_device(cc):
         cc.Allreduce(y, cp.empty_like(y), algorithm="twoshot_ll128", deterministic=True)
     with pytest.raises(ValueError, match="unknown"):
         cc.Allreduce(y, cp.empty_like(y), algorithm="ring")
+
+
+def test_repeat_calls_follow_every_change(cc):
+    """The eager fast path (a repeat with the same arrays skips validation) must notice every
+    change: op, algorithm, policy, in place, a new array (even at a recycled address), fresh
+    contents. Each result is compared bitwise with the fixed-order reference."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 77])
+    n = 3001
+    x = cp.empty(n, dtype=cp.float32)
+    out = cp.empty_like(x)
+    steps = [("SUM", "auto", True), ("SUM", "auto", True), ("MAX", "auto", True), ("MAX", "auto", True),
+             ("SUM", "oneshot_ll", True), ("SUM", "twoshot_sentinel", True), ("SUM", "twoshot_sentinel", True),
+             ("MIN", "oneshot_sentinel", True), ("SUM", "auto", False)]
+    for i in range(40):
+        op, algo, det = steps[i % len(steps)]
+        if i % 13 == 12:  # drop the arrays; the pool may hand back the same addresses
+            del x, out
+            x = cp.empty(n, dtype=cp.float32)
+            out = cp.empty_like(x)
+        h = rng.standard_normal(n).astype(np.float32)
+        ref = reduce_in_rank_order(OPS[op], _world().allgather(h))
+        x.set(h)
+        if i % 5 == 4:  # in place
+            out.set(h)
+            cc.Allreduce(hpccoll.IN_PLACE, out, op=OPS[op], algorithm=algo, deterministic=det)
+        else:
+            cc.Allreduce(x, out, op=OPS[op], algorithm=algo, deterministic=det)
+        got = cp.asnumpy(out)
+        what = f"repeat {i}: {op} {algo} det={det}"
+        if det or op != "SUM":
+            _assert_bitwise(got, ref, what)
+        else:
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * cc.size, err_msg=what)
+        _same_on_all_ranks(got, what)
+    # same buffers, a different dtype view, then a different size: full validation again
+    xb = x.view(cp.int32)
+    ob = out.view(cp.int32)
+    hi = rng.integers(-1000, 1000, n).astype(np.int32)
+    xb.set(hi)
+    cc.Allreduce(xb, ob, deterministic=True)
+    _assert_bitwise(cp.asnumpy(ob), reduce_in_rank_order(OPS["SUM"], _world().allgather(hi)), "int32 view")
+    h = rng.standard_normal(17).astype(np.float32)
+    cc.Allreduce(cp.asarray(h), out[:17], deterministic=True)
+    _assert_bitwise(cp.asnumpy(out[:17]), reduce_in_rank_order(OPS["SUM"], _world().allgather(h)), "slice")
+
+
+class _CudaArrayInterfaceOnly:
+    """A foreign device array: exposes __cuda_array_interface__ and nothing else."""
+
+    def __init__(self, arr):
+        self._arr = arr
+        self.__cuda_array_interface__ = arr.__cuda_array_interface__
+
+
+def test_torch_dlpack_and_cuda_array_interface_inputs(cc):
+    """torch tensors (DLPack), torch streams, and a bare __cuda_array_interface__ object."""
+    import cupy as cp
+
+    torch = pytest.importorskip("torch")
+    dev = torch.device("cuda", cc.device)
+    rng = np.random.default_rng([cc.rank, 78])
+    for dtype, tdt in (("float32", torch.float32), ("float64", torch.float64), ("bfloat16", torch.bfloat16),
+                       ("int64", torch.int64)):
+        for n in (1, 1023, 65537):
+            h = _random(rng, dtype, n, "SUM")
+            ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(h))
+            if dtype == "bfloat16":
+                t = torch.from_numpy(h.view(np.uint16).astype(np.int32)).to(torch.int32)
+                t = (t << 16).view(torch.float32).to(torch.bfloat16).to(dev)  # exact: bf16 = high half
+            else:
+                t = torch.from_numpy(h).to(dev)
+            o = torch.empty_like(t)
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                cc.Allreduce(t, o, deterministic=True, stream=side)
+            side.synchronize()
+            cc.synchronize(side)
+            if dtype == "bfloat16":
+                got = (o.view(torch.int16).to(torch.int32).cpu().numpy() & 0xFFFF).astype(np.uint16).view(BFLOAT16)
+            else:
+                got = o.cpu().numpy()
+            _assert_bitwise(got, ref, f"torch {dtype} n={n}")
+            # the same data through an object with only __cuda_array_interface__ (not bf16:
+            # the interface has no bfloat16 typestr)
+            if dtype != "bfloat16":
+                xi = _CudaArrayInterfaceOnly(cp.asarray(h))
+                oi = cp.empty(n, dtype=h.dtype)
+                cc.Allreduce(xi, _CudaArrayInterfaceOnly(oi), deterministic=True)
+                cc.synchronize()
+                _assert_bitwise(cp.asnumpy(oi), ref, f"__cuda_array_interface__ {dtype} n={n}")
+    # a tensor on the wrong device is refused with the fix named
+    if torch.cuda.device_count() > 1:
+        other = (cc.device + 1) % torch.cuda.device_count()
+        bad = torch.ones(8, device=torch.device("cuda", other))
+        with pytest.raises(ValueError, match="GPU"):
+            cc.Allreduce(bad, torch.empty_like(bad))
