@@ -24,6 +24,23 @@ __device__ __forceinline__ void storePack(void* base, u64 count, u64 p, Pack v) 
   if ((p + 1) * HC_EPP <= count) stPack(y, v); else stPartial(y, v, (int)(count - p * HC_EPP));
 }
 
+// Push every pack of the input to every peer.  Four packs per thread are loaded before the
+// first of their stores is issued, so four loads are in flight at once (the stores' "memory"
+// clobbers would otherwise serialize load, store, load, store).
+template <class Proto>
+__device__ __forceinline__ void sendAll(const LLBuffer<Proto>& buf, const Args& a, u64 packs) {
+  const u64 T = nthreads();
+  u64 p = tid();
+  for (; p + 3 * T < packs; p += 4 * T) {
+    Pack x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = loadPack(a.in, a.count, p + k * T);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) buf.bcast(p + k * T, x[k]);
+  }
+  for (; p < packs; p += T) buf.bcast(p, loadPack(a.in, a.count, p));
+}
+
 // ---------------------------------------------------------------------------------------
 // Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
 template <class Proto, int OP>
@@ -32,7 +49,7 @@ __device__ void allreduceOneShot(const Args& a) {
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
-    for (u64 p = tid(); p < packs; p += nthreads()) buf.bcast(p, loadPack(a.in, a.count, p));
+    sendAll(buf, a, packs);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
       Pack y;
       ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);

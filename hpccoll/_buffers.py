@@ -27,15 +27,22 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 
-def is_in_place(buf) -> bool:
-    if buf is IN_PLACE:
-        return True
+def _mpi_in_place():
     try:
         from mpi4py import MPI
 
-        return buf is MPI.IN_PLACE or (isinstance(buf, type(MPI.IN_PLACE)) and buf == MPI.IN_PLACE)
+        return MPI.IN_PLACE
     except ImportError:  # pragma: no cover
-        return False
+        return IN_PLACE
+
+
+_MPI_IN_PLACE = _mpi_in_place()
+
+
+def is_in_place(buf) -> bool:
+    if buf is IN_PLACE or buf is _MPI_IN_PLACE:
+        return True
+    return isinstance(buf, type(_MPI_IN_PLACE)) and buf == _MPI_IN_PLACE
 
 
 @dataclass
@@ -63,17 +70,23 @@ class Buf:
         return self.flat.ctypes.data
 
 
-def _cupy():
-    try:
-        import cupy
+_CUPY: list = []  # [cupy module or None], imported on first use
 
-        return cupy
-    except Exception:  # ImportError, or a broken CUDA install
-        return None
+
+def _cupy():
+    if not _CUPY:
+        try:
+            import cupy
+        except Exception:  # ImportError, or a broken CUDA install
+            cupy = None
+        _CUPY.append(cupy)
+    return _CUPY[0]
 
 
 def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
     """Wrap `obj` as a Buf, or raise TypeError/ValueError that names `argname` and the fix."""
+    if obj is not None and not isinstance(obj, np.ndarray) and _is_cupy_array(obj):
+        return _cupy_buf(obj, argname, fn)
     if isinstance(obj, np.ndarray):
         arr = obj
         device = None
@@ -101,3 +114,22 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")
     return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=int(arr.size), device=device)
+
+
+def _is_cupy_array(obj) -> bool:
+    cp = _cupy() if type(obj).__module__.startswith("cupy") else None
+    return cp is not None and type(obj) is cp.ndarray
+
+
+def _cupy_buf(arr, argname: str, fn: str) -> Buf:
+    """as_buf for a CuPy array: the common case, kept to a few attribute reads."""
+    if arr.ndim == 1:
+        if arr.strides[0] != arr.itemsize and arr.size > 1:
+            raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
+        flat = arr
+    else:
+        flags = arr.flags
+        if not (flags.c_contiguous or flags.f_contiguous):
+            raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
+        flat = arr.reshape(-1, order="A")  # "A": a view in memory order
+    return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=arr.size, device=arr.data.device_id)

@@ -78,8 +78,22 @@ SUPPORTED_DTYPES = {
 }
 
 
+_NAMES: dict = {}  # dtype object -> canonical name (the eager path asks on every call)
+
+
 def dtype_name(dtype) -> str:
     """Canonical name of a dtype, or raise TypeError naming the supported ones."""
+    try:
+        return _NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    if isinstance(dtype, np.dtype):
+        _NAMES[dtype] = name
+    return name
+
+
+def _dtype_name(dtype) -> str:
     dt = np.dtype(dtype) if not _is_bf16(dtype) else BFLOAT16
     name = "bfloat16" if _is_bf16(dt) else dt.name
     if name not in SUPPORTED_DTYPES:

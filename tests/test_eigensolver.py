@@ -40,7 +40,6 @@ class _SimComm:
         return self.rank
 
     def Allgather(self, send, recv):
-        w = recv.shape[1]
         for r, blk in enumerate(self.blocks):
             recv[r] = 0
             recv[r, :blk.shape[1]] = blk.T

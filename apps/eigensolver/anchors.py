@@ -36,8 +36,7 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
 def run_single_gpu(args) -> int:
     """`anchor single-gpu`: the one-GPU CuPy path, --repeat times; one JSON per run."""
     from ._xp import gpu_available
-    from .cli import print_run, reference_eigenvalues, run_stem, save_vectors, write_run
-    from .problems import make_problem
+    from .cli import make_problem_cached, print_run, reference_eigenvalues, run_stem, save_vectors, write_run
     from . import metrics
 
     if not gpu_available():
@@ -46,7 +45,7 @@ def run_single_gpu(args) -> int:
     import cupy as cp
     from cupyx.scipy.linalg import solve_triangular
 
-    prob = make_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed)
+    prob = make_problem_cached(args)
     n = prob.n
     ref, ref_s = reference_eigenvalues(prob, args)
     A0, B0 = cp.asarray(prob.A), cp.asarray(prob.B)

@@ -45,18 +45,24 @@ def run_stem(args, n: int, ranks: int, comm: str, r: int) -> str:
 
 def load_problem_on_root(args, rank: int, mpi_comm):
     """The Problem on rank 0 (None elsewhere) and n everywhere; a failure raises on every rank."""
-    from .problems import make_problem
-
     prob, err = None, None
     if rank == 0:
         try:
-            prob = make_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed)
+            prob = make_problem_cached(args)
         except Exception as exc:  # noqa: BLE001 - forwarded to every rank
             err = f"{type(exc).__name__}: {exc}"
     n, err = mpi_comm.bcast((prob.n if prob is not None else None, err), root=0)
     if err:
         raise SystemExit(f"hpccoll-eigensolver: problem {args.problem!r}: {err}")
     return prob, n
+
+
+def make_problem_cached(args):
+    """The problem of args, read from $HPCCOLL_EIG_PROBLEM_CACHE when set (see problems.cached_problem)."""
+    from .problems import cached_problem
+
+    return cached_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed,
+                          cache_dir=os.environ.get("HPCCOLL_EIG_PROBLEM_CACHE") or None)
 
 
 def reference_eigenvalues(prob, args):
@@ -165,7 +171,7 @@ def cmd_solve(args) -> int:
         timer = PhaseTimer(xp, cc, bar)
         world.Barrier()
         t0 = time.perf_counter()
-        w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer)
+        w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc)
         sync(xp)
         solve_s = time.perf_counter() - t0
         if bar is not None:
@@ -184,6 +190,7 @@ def cmd_solve(args) -> int:
         rec = {
             "schema": "hpccoll-eigensolver/run/1",
             "n": n, "nb": args.nb, "ranks": size, "comm": args.comm, "backend": comm.backend,
+            "stedc": args.stedc,
             "device": "gpu" if xp.__name__ == "cupy" else "cpu",
             "problem": args.problem, "cond_b": args.cond_b, "seed": args.seed,
             "repeat_index": r, "repeat": args.repeat,
@@ -231,7 +238,9 @@ def find_mpiexec() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         text = ""
     if "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower():
-        return [exe, "--allow-run-as-root", "--oversubscribe"]
+        # --bind-to none: Open MPI binds each of <= 2 ranks to one core by default, which would
+        # leave rank 0's LAPACK/BLAS work (problem setup, stedc on the host) one thread.
+        return [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
     return [exe]
 
 
@@ -265,11 +274,12 @@ def cmd_compare(args) -> int:
 
     mpiexec = find_mpiexec()
     me = [sys.executable, "-m", "hpccoll_eigensolver.cli"]
+    solve_opts = ["--stedc", args.stedc] + (["--no-sync-collectives"] if args.no_sync_collectives else [])
     for choice in [c.strip() for c in args.comm.split(",") if c.strip()]:
         if choice not in COMM_CHOICES:
             raise SystemExit(f"compare: --comm {choice!r}: use a comma list of {', '.join(COMM_CHOICES)}")
         _launch(choice, mpiexec + ["-n", str(args.ranks)] + me + ["solve", "--comm", choice]
-                + _problem_argv(args), args)
+                + solve_opts + _problem_argv(args), args)
     if args.cusolvermp:
         _launch("cusolvermp", mpiexec + ["-n", str(args.ranks)] + me + ["anchor", "cusolvermp"]
                 + _problem_argv(args), args)
@@ -298,6 +308,15 @@ def cmd_anchor(args) -> int:
     return run_cusolvermp(args)
 
 
+def add_solve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-sync-collectives", action="store_true",
+                   help="do not sync the device around each collective: the solve is timed as it runs "
+                        "in production, the collectives' own times are then launch times only")
+    p.add_argument("--stedc", choices=("host", "gpu"), default="host",
+                   help="where rank 0 solves the tridiagonal eigenproblem: host LAPACK dstevd (default) "
+                        "or gpu (cuSOLVER syevd of the dense tridiagonal; device arrays only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpccoll-eigensolver",
                                 description="Distributed generalized symmetric eigensolver (sygvd) on hpccoll")
@@ -306,13 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_args(s)
     s.add_argument("--comm", choices=tuple(COMM_CHOICES), default="auto",
                    help="collective path: mpi (host backend), nccl, sentinel, ll, ll128, auto")
-    s.add_argument("--no-sync-collectives", action="store_true",
-                   help="do not sync the device around each collective (its time is then launch time only)")
+    add_solve_args(s)
     s.set_defaults(fn=cmd_solve)
     c = sub.add_parser("compare", help="run solve for several --comm paths under mpiexec, then report")
     add_problem_args(c)
     c.add_argument("--ranks", type=int, default=2, help="MPI ranks per configuration (default 2)")
     c.add_argument("--comm", default="sentinel,ll128,nccl,mpi", help="comma list of --comm paths")
+    add_solve_args(c)
     c.add_argument("--cusolvermp", action="store_true", help="also run cuSOLVERMp sygvd (GPU)")
     c.add_argument("--single-gpu", action="store_true", help="also run the one-GPU CuPy anchor")
     c.set_defaults(fn=cmd_compare)

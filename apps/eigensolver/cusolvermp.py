@@ -12,7 +12,6 @@ preloaded here with ctypes RTLD_GLOBAL before importing nvmath)."""
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 import sys
 import time
@@ -38,24 +37,26 @@ def _site_dirs(sub: str) -> list[str]:
     return [os.path.join(p, sub) for p in getattr(nvidia, "__path__", []) if os.path.isdir(os.path.join(p, sub))]
 
 
+#: what libcusolverMp.so.0 (0.8) needs, in dependency order (readelf -d); its RPATH only
+#: looks beside itself and in ../../nccl/lib, which misses the venv when it is installed
+#: with pip --target elsewhere.
+PRELOAD = ("libnccl.so.2", "libcudart.so.13", "libnvJitLink.so.13", "libcublasLt.so.13",
+           "libcublas.so.13", "libcusparse.so.12", "libcusolver.so.12", "libcusolverMp.so.0")
+
+
 def preload_libraries() -> list[str]:
-    """dlopen the CUDA 13 and NCCL wheel libraries with RTLD_GLOBAL so libcusolverMp finds them."""
+    """dlopen libcusolverMp.so.0 and its wheel-provided dependencies with RTLD_GLOBAL, so that
+    nvmath's loader (which dlopens the soname) finds them already loaded.  Returns the paths
+    loaded; a library found nowhere is left to the system loader."""
+    dirs = _site_dirs("cu13/lib") + _site_dirs("nccl/lib") + _site_dirs("cusolvermp/lib")
     loaded = []
-    libs = []
-    for d in _site_dirs("cu13/lib") + _site_dirs("nccl/lib"):
-        libs += sorted(glob.glob(os.path.join(d, "*.so*")))
-    pending = libs
-    for _ in range(4):  # a few passes: load order follows dependencies we do not know in advance
-        failed = []
-        for lib in pending:
-            try:
-                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-                loaded.append(lib)
-            except OSError:
-                failed.append(lib)
-        if not failed or len(failed) == len(pending):
-            break
-        pending = failed
+    for name in PRELOAD:
+        for d in dirs:
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                loaded.append(path)
+                break
     return loaded
 
 
@@ -118,8 +119,8 @@ def _run(args, world) -> int:
     xp, dev = select_device(world)
     if dev is None:
         raise RuntimeError("needs CuPy and a GPU")
-    preload_libraries()
-    from nvmath.bindings import cusolverMp as mp  # UNCERTAIN: module name as in nvmath-python 1.0.0
+    loaded = [os.path.basename(p) for p in preload_libraries()]
+    from nvmath.bindings import cusolverMp as mp  # checked: nvmath-python 1.0.0 wheel, cusolverMp.pxd
 
     cp = xp
     prob, n = load_problem_on_root(args, rank, world)
@@ -175,8 +176,8 @@ def _run(args, world) -> int:
                             for i, (dw, dx) in enumerate(digests)]
                 rec = anchor_record(args, comm="cusolvermp", backend="cusolverMp+nccl", ranks=size, n=n, r=r,
                                     w=cp.asnumpy(w), X=X, per_rank=per_rank, phases={"sygvd": solve_s},
-                                    solve_s=solve_s, prob=prob, ref=ref, ref_s=ref_s, xp=np,
-                                    extra={"grid": [1, size]})
+                                    solve_s=solve_s, prob=prob, ref=ref, ref_s=ref_s, xp=cp,
+                                    extra={"grid": [1, size], "nvmath_loaded": loaded})
                 print_run(rec)
                 write_run(args.out, run_stem(args, n, size, "cusolvermp", r), rec,
                           X if save_vectors(args, n) else None)

@@ -10,9 +10,11 @@ Steps and their collectives (P ranks, n columns, block nb):
           columns, one Allgather (the transpose), a second local trsm.
   sytrd   Householder tridiagonalization, LAPACK latrd style with panels V, W replicated:
           per column one Bcast of [v, d_j, tau, e_j] from the owner and one Allreduce of
-          the n-j-1 partial products C v; V^T v and W^T v are local because V, W are
+          the partial products C v (rows j+1.. from an even row, so device buffers stay
+          16-byte aligned and need no staging); V^T v and W^T v are local because V, W are
           replicated, so nothing else needs reducing. Trailing updates: local GEMMs.
-  stedc   tridiagonal divide and conquer (LAPACK dstevd) on rank 0, one Bcast of [w, Z]:
+  stedc   tridiagonal divide and conquer (LAPACK dstevd; or cuSOLVER syevd of the dense
+          tridiagonal with stedc="gpu") on rank 0, one Bcast of [w, Z]:
           every rank gets the same bits without relying on identical LAPACK runs.
   ormtr   back-transformation Q Z with compact-WY blocks (larft), local GEMMs.
   trsm    X = L^-T (Q Z), local trsm with the replicated L.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, potrf, sync, to_host, trsm, tridiagonal_eigh
+from ._xp import get_xp, householder, is_device, potrf, sync, to_host, trsm, tridiagonal_eigh, w_update
 from .counting import PhaseTimer
 from .layout import BlockCyclic, gather
 
@@ -36,12 +38,13 @@ class NotPositiveDefinite(np.linalg.LinAlgError):
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
-          timer: PhaseTimer | None = None):
+          timer: PhaseTimer | None = None, stedc: str = "host"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
     Returns (w, X_local); X_local is None when eigvecs=False. A_local and B_local are not
-    modified. `comm` is an hpccoll Communicator (or anything with its buffer methods)."""
+    modified. `comm` is an hpccoll Communicator (or anything with its buffer methods).
+    stedc: where rank 0 solves the tridiagonal problem, "host" (LAPACK) or "gpu" (cuSOLVER)."""
     xp = get_xp(A_local, B_local)
     rank, size = comm.Get_rank(), comm.Get_size()
     if desc.m != desc.n:
@@ -66,7 +69,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         d, e, V, tau = _sytrd(C, desc, comm, xp)
     del C
     with timer.phase("stedc"):
-        w, Z_local = _stedc(d, e, desc, comm, xp, eigvecs)
+        w, Z_local = _stedc(d, e, desc, comm, xp, eigvecs, stedc)
     if not eigvecs:
         return w, None
     with timer.phase("ormtr"):
@@ -103,7 +106,10 @@ def _potrf(B, desc: BlockCyclic, comm, xp):
         if lt < cols.size:
             L21 = Lp[wdt:]
             B[k1:, lt:] -= L21 @ L21[cols_x[lt:] - k1].T
-    if not bool(xp.isfinite(L.diagonal()).all()):  # one host sync; L is replicated so all ranks agree
+    # One host sync; L is replicated so all ranks agree.  A failed potrf leaves a diagonal
+    # entry <= 0 (cuSOLVER/LAPACK store the offending pivot) or NaN (numpy path): both fail here.
+    dg = L.diagonal()
+    if not bool(((dg > 0) & xp.isfinite(dg)).all()):
         raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
     return L
 
@@ -119,29 +125,18 @@ def _sygst(A, L, desc: BlockCyclic, comm, xp):
 
 
 # -- sytrd ---------------------------------------------------------------------------
-def _householder(xp, x, out, m: int):
-    """LAPACK dlarfg on x (length m >= 1): out[:m] = v (v[0] = 1), out[m+1] = tau, out[m+2] = beta.
-
-    Branch-free (xp.where) so the scalars never leave the device."""
-    alpha = x[0]
-    xnorm = xp.linalg.norm(x[1:]) if m > 1 else xp.zeros((), dtype=x.dtype)
-    flat = xnorm == 0                               # H = I
-    beta = xp.where(flat, alpha, -xp.copysign(xp.hypot(alpha, xnorm), alpha))
-    safe_beta = xp.where(flat, 1.0, beta)
-    tau = xp.where(flat, 0.0, (beta - alpha) / safe_beta)
-    scale = xp.where(flat, 0.0, 1.0 / xp.where(flat, 1.0, alpha - beta))
-    out[0] = 1.0
-    if m > 1:
-        out[1:m] = x[1:] * scale
-    out[m + 1] = tau
-    out[m + 2] = beta
-
-
 def _sytrd(C, desc: BlockCyclic, comm, xp):
     """Tridiagonalize the distributed symmetric C (overwritten): C = Q T Q^T.
 
     Returns d, e (the tridiagonal, replicated), V (n x n, F order, column j = v_j with
-    v_j[j+1] = 1 and zeros above; replicated) and tau (replicated)."""
+    v_j[j+1] = 1 and zeros above; replicated) and tau (replicated).
+
+    Written for few, large device operations per column (each CuPy call costs ~7 us of CPU):
+    the panel's V and W sit side by side in one C-order array P = [V_p | W_p] (n x 2 pw,
+    unfilled columns zero), so P[j:] is contiguous (cuBLAS takes it without a copy) and the
+    two rank-k corrections become one GEMV pair with the halves of the row swapped;
+    the broadcast buffers of a panel are rows of one array, whose scalars (d, tau, e) are
+    gathered once per panel; C v uses full-height columns C[:, lt:] (contiguous, no copy)."""
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     cols = desc.local_cols(rank)
     cols_x = xp.asarray(cols)
@@ -149,61 +144,97 @@ def _sytrd(C, desc: BlockCyclic, comm, xp):
     e = xp.zeros(max(n - 1, 0), dtype=xp.float64)
     tau = xp.zeros(n, dtype=xp.float64)
     V = xp.zeros((n, n), dtype=xp.float64, order="F")
+    ybuf = xp.zeros(n, dtype=xp.float64)             # C v partial products (full height)
+    cvbuf = xp.empty(n, dtype=xp.float64)            # their sum over ranks
+    scale = xp.empty(1, dtype=xp.float64)            # Householder scratch
+    ld = n + 3 + (n + 3) % 2                         # even: every buffer row starts 16-byte aligned
     for p0 in range(0, n, nb):
         p1 = min(p0 + nb, n)
-        Vp = V[:, p0:p1]                               # view: filled in place
-        Wp = xp.zeros((n, p1 - p0), dtype=xp.float64, order="F")
+        pw = p1 - p0
+        P = xp.zeros((n, 2 * pw), dtype=xp.float64)  # [V_p | W_p], C order
+        swap = xp.asarray(np.r_[np.arange(pw, 2 * pw), np.arange(pw)])
+        bufs = xp.empty((pw, ld), dtype=xp.float64)  # row k: [v (m), d_j, tau_j, e_j] of column p0+k
+        done = 0
         for j in range(p0, p1):
             k, m = j - p0, n - j - 1
             owner = desc.owner(j)
-            buf = xp.empty(m + 3, dtype=xp.float64)    # [v (m), d_j, tau_j, e_j]
+            buf = bufs[k, :m + 3]
             if rank == owner:
                 col = C[j:, desc.local_index(j)]
                 if k:  # the panel's delayed rank-2k update, on this column only
-                    col = col - Vp[j:, :k] @ Wp[j, :k] - Wp[j:, :k] @ Vp[j, :k]
-                buf[m] = col[0]
+                    col = col - P[j:] @ P[j, swap]
                 if m > 0:
-                    _householder(xp, col[1:], buf, m)
+                    householder(xp, col, buf, scale)
                 else:
-                    buf[m + 1:] = 0.0
+                    buf[0] = col[0]
+                    buf[1:] = 0.0
             comm.Bcast(buf, root=owner)
-            d[j] = buf[m]
+            done = k + 1
             if m == 0:
                 break
-            tau[j] = buf[m + 1]
-            e[j] = buf[m + 2]
             v = buf[:m]
-            Vp[j + 1:, k] = v
+            P[j + 1:, k] = v
             if m == 1:  # a one-element reflector has tau = 0: nothing to update
                 continue
             lt = int(np.searchsorted(cols, j + 1))
+            j2 = (j + 1) & ~1                            # even start: the Allreduce buffers stay aligned
             if lt < cols.size:
-                y = C[j + 1:, lt:] @ v[cols_x[lt:] - (j + 1)]
+                xp.matmul(C[:, lt:], P[cols_x[lt:], k], out=ybuf)
             else:
-                y = xp.zeros(m, dtype=xp.float64)
-            Cv = xp.empty_like(y)
-            comm.Allreduce(y, Cv)                      # the only reduction of the column
+                ybuf[j2:] = 0.0
+            comm.Allreduce(ybuf[j2:], cvbuf[j2:])      # the only reduction of the column
+            Cv = cvbuf[j + 1:]
             if k:
-                Vk, Wk = Vp[j + 1:, :k], Wp[j + 1:, :k]
-                Cv -= Vk @ (Wk.T @ v) + Wk @ (Vk.T @ v)
-            t = buf[m + 1]
-            wv = t * Cv
-            wv += (-0.5 * t * (wv @ v)) * v
-            Wp[j + 1:, k] = wv
+                Pj = P[j + 1:]
+                Cv -= Pj @ (Pj.T @ v)[swap]
+            t = buf[m + 1:m + 2]
+            w_update(xp, t * Cv, t, v, P[j + 1:, pw + k])
+        # the panel's scalars, one gather each
+        kk = np.arange(done)
+        mm = n - (p0 + kk) - 1
+        flat_idx = xp.asarray(kk * ld + mm)
+        flat = bufs.reshape(-1)
+        d[p0:p0 + done] = flat[flat_idx]
+        ne = min(done, n - 1 - p0)
+        if ne > 0:
+            tau[p0:p0 + ne] = flat[flat_idx[:ne] + 1]
+            e[p0:p0 + ne] = flat[flat_idx[:ne] + 2]
+        V[:, p0:p1] = P[:, :pw]
         lt = int(np.searchsorted(cols, p1))
         if lt < cols.size:
-            g = cols_x[lt:]
-            C[p1:, lt:] -= Vp[p1:] @ Wp[g].T + Wp[p1:] @ Vp[g].T
+            # V W_g^T + W V_g^T as one GEMM: [V | W] [W_g | V_g]^T
+            C[p1:, lt:] -= P[p1:] @ P[cols_x[lt:]][:, swap].T
     return d, e, V, tau
 
 
 # -- stedc -----------------------------------------------------------------------------
-def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool):
-    """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T: solved on rank 0, one Bcast."""
+def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "host"):
+    """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T: solved on rank 0, one Bcast.
+
+    where="host": LAPACK dstevd (divide and conquer) through scipy; "gpu" (device arrays only):
+    cupy.linalg.eigh (cuSOLVER syevd) of the dense tridiagonal on rank 0's GPU.  Either way the
+    other ranks get rank 0's bits through the Bcast."""
     n, rank = desc.n, comm.Get_rank()
     nz = n * n if eigvecs else 0
-    host = np.empty(n + nz, dtype=np.float64)
-    if rank == 0:
+    if where not in ("host", "gpu"):
+        raise ValueError(f"sygvd: stedc={where!r}: use 'host' or 'gpu'")
+    on_gpu = where == "gpu" and is_device(xp) and n > 1
+    if rank != 0:
+        buf = xp.empty(n + nz, dtype=xp.float64)
+    elif on_gpu:
+        buf = xp.empty(n + nz, dtype=xp.float64)
+        T = xp.diag(d)
+        idx = xp.arange(n - 1)
+        T[idx + 1, idx] = e                          # eigh reads the lower triangle
+        T[idx, idx + 1] = e
+        if eigvecs:
+            w, Z = xp.linalg.eigh(T)
+            buf[n:].reshape((n, n), order="F")[...] = Z
+        else:
+            w = xp.linalg.eigvalsh(T)
+        buf[:n] = w
+    else:
+        host = np.empty(n + nz, dtype=np.float64)
         if eigvecs:
             w, Z = tridiagonal_eigh(to_host(d), to_host(e))
             host[n:] = Z.ravel(order="F")
@@ -212,7 +243,7 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool):
 
             w = eigh_tridiagonal(to_host(d), to_host(e), eigvals_only=True) if n > 1 else to_host(d)
         host[:n] = w
-    buf = xp.asarray(host)
+        buf = xp.asarray(host)
     comm.Bcast(buf, root=0)
     w = buf[:n].copy()
     if not eigvecs:
@@ -223,15 +254,19 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool):
 
 # -- ormtr -----------------------------------------------------------------------------
 def _larft(xp, V, tau):
-    """Upper-triangular T with H_0 ... H_{b-1} = I - V T V^T (LAPACK larft, forward, columnwise)."""
-    b = tau.size
-    S = V.T @ V
-    T = xp.zeros((b, b), dtype=V.dtype)
+    """Upper-triangular T with H_0 ... H_{b-1} = I - V T V^T (LAPACK larft, forward, columnwise).
+
+    S = V^T V on the device; the b-step recurrence on b x b numbers runs in NumPy on the host
+    (one small transfer per block instead of ~4 device launches per column)."""
+    S = to_host(V.T @ V)
+    th = to_host(tau)
+    b = th.size
+    T = np.zeros((b, b), dtype=np.float64)
     for i in range(b):
-        T[i, i] = tau[i]
+        T[i, i] = th[i]
         if i:
-            T[:i, i] = -tau[i] * (T[:i, :i] @ S[:i, i])
-    return T
+            T[:i, i] = -th[i] * (T[:i, :i] @ S[:i, i])
+    return xp.asarray(T)
 
 
 def _ormtr(V, tau, Z, desc: BlockCyclic, xp):
@@ -248,14 +283,15 @@ def _ormtr(V, tau, Z, desc: BlockCyclic, xp):
     return Z
 
 
-def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool = True, timer=None):
+def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool = True, timer=None,
+                      stedc: str = "host"):
     """Convenience: distribute replicated A, B, solve, and return (w, X_local, desc)."""
     from .layout import distribute
 
     desc = BlockCyclic(A_global.shape[0], A_global.shape[1], nb, comm.Get_size())
     rank = comm.Get_rank()
     w, X = sygvd(distribute(A_global, desc, rank), distribute(B_global, desc, rank), desc, comm,
-                 eigvecs=eigvecs, timer=timer)
+                 eigvecs=eigvecs, timer=timer, stedc=stedc)
     return w, X, desc
 
 

@@ -178,7 +178,9 @@ class CudaBackend:
         """(blocks, threads): one thread per 16-byte pack up to the block cap, then loop."""
         threads_needed = max(32, work_items * threads_per_item)
         block = min(512, (threads_needed + 31) // 32 * 32)
-        cap = max(1, min(64, self.sms) // self.ranks_per_gpu)  # the whole grid must be resident
+        # the whole grid must be resident: at most one 512-thread block per SM (<= 128 registers
+        # a thread fill an SM's register file), shared by the ranks on this GPU
+        cap = max(1, min(128, self.sms) // self.ranks_per_gpu)
         blocks = min(cap, (threads_needed + block - 1) // block)
         return blocks, block
 

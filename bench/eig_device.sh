@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The eigensolver on the GPU machine (called from bench/device_run.sh, cwd = repo root, after
+# the install).  Every step runs under `timeout`, appends to one log and the script goes on
+# after a failure; steps that would not fit in EIG_BUDGET seconds are skipped (and logged).
+# What comes back: $OUT/eig_device.log and $OUT/eigensolver.tar.gz (report.md/json, plots and
+# run JSONs of every folder; no eigenvector .npy).
+#
+# Order = importance per second: smoke (n=512) -> 4096 and 8192 against cuSOLVERMp and the
+# single-GPU anchor (the targets) -> 2048 all paths, repeat 10 -> 8192 with stedc on the GPU
+# -> the remaining comms at 4096/8192 -> 4 ranks on 2 GPUs under MPS.
+# Estimates (s, incl. ~10 s start-up per launch; the first 8192 launch also builds the problem,
+# cached in $HPCCOLL_EIG_PROBLEM_CACHE afterwards) are the numbers passed to `step`.
+set -uo pipefail
+OUT=${OUT:-/tmp/hpccoll-out}
+mkdir -p "$OUT"
+LOG=$OUT/eig_device.log
+WORK=${EIG_WORK:-/tmp/eig}
+BUDGET=${EIG_BUDGET:-420}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+export HPCCOLL_EIG_PROBLEM_CACHE=${HPCCOLL_EIG_PROBLEM_CACHE:-/tmp/eig-problems}
+export HPCCOLL_CACHE_DIR=${HPCCOLL_CACHE_DIR:-/tmp/hpccoll-kcache}
+[[ -d /tmp/site && -z ${PYTHONPATH:-} ]] && export PYTHONPATH=/tmp/site
+PY=${PYTHON:-python3}
+MPIEXEC=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
+EIG=("$PY" -m hpccoll_eigensolver.cli)
+mkdir -p "$WORK"
+T0=$SECONDS
+
+log() { echo "[eig $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
+
+# step NAME ESTIMATE_S TIMEOUT_S CMD...: run CMD unless it would not fit the budget.
+step() {
+    local name=$1 est=$2 limit=$3; shift 3
+    local left=$((BUDGET - (SECONDS - T0)))
+    if ((est > left)); then log "SKIP $name (estimate ${est}s > ${left}s left)"; return 0; fi
+    ((limit > left + 30)) && limit=$((left + 30))
+    log "START $name (estimate ${est}s, timeout ${limit}s): $*"
+    local t=$SECONDS
+    timeout --kill-after=15 "$limit" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    log "END $name rc=$rc in $((SECONDS - t))s"
+    return $rc
+}
+
+check_smoke() {  # accuracy of the smoke runs: exit 0 when every JSON in $1 is accurate
+    "$PY" - "$1" <<'EOF' 2>&1 | tee -a "$LOG"
+import glob, json, sys
+bad = 0
+files = glob.glob(sys.argv[1] + "/*.json")
+for f in files:
+    r = json.load(open(f))
+    if r.get("schema", "").endswith("failure/1"):
+        print("SMOKE failure record", f); bad += 1; continue
+    ok = r["residual"] < 10 and r["b_orthogonality"] < 100 and (r["eigenvalue_error"] or 0) < 1e-9 \
+        and r["ranks_agree_on_eigenvalues"]
+    print("SMOKE", "PASS" if ok else "FAIL", r["comm"], "res", r["residual"], "borth", r["b_orthogonality"],
+          "eigerr", r["eigenvalue_error"], "solve", r["solve_seconds"], r["phases"])
+    bad += not ok
+sys.exit(1 if bad or not files else 0)
+EOF
+}
+
+compare() {  # compare NAME EST LIMIT OUTDIR ARGS...
+    local name=$1 est=$2 limit=$3 dir=$4; shift 4
+    step "$name" "$est" "$limit" "${EIG[@]}" compare --out "$WORK/$dir" "$@"
+}
+
+mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+           mkdir -p /tmp/mps-pipe /tmp/mps-log; nvidia-cuda-mps-control -d && log "MPS on"; }
+mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; log "MPS off"; }
+
+log "eigensolver on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); budget ${BUDGET}s"
+"$PY" -c "import cupy, numpy, scipy; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'scipy', scipy.__version__)" >>"$LOG" 2>&1
+
+# 1. smoke: 2 ranks, n=512, sentinel; accuracy checked. If the fused CuPy kernels fail, retry
+#    with them off (HPCCOLL_EIG_FUSED=0) and keep that for the rest.
+smoke() { step "smoke$1" 60 120 "${MPIEXEC[@]}" -n 2 "${EIG[@]}" solve --n 512 --comm sentinel --repeat 2 \
+          --no-sync-collectives --out "$WORK/smoke$1" && check_smoke "$WORK/smoke$1"; }
+if ! smoke ""; then
+    log "smoke failed: retrying with HPCCOLL_EIG_FUSED=0"
+    export HPCCOLL_EIG_FUSED=0
+    smoke "-unfused" || log "smoke failed again: continuing (failures are recorded per step)"
+fi
+
+# 2. the targets: 4096 and 8192 (repeat 3) against cuSOLVERMp and one GPU; timed without a
+#    device sync around each collective.
+FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors no)
+compare "n4096 sentinel+anchors" 60 150 n4096 --n 4096 --comm sentinel --cusolvermp --single-gpu "${FAST[@]}"
+compare "n8192 sentinel+anchors" 110 240 n8192 --n 8192 --comm sentinel --cusolvermp --single-gpu "${FAST[@]}"
+
+# 3. n=2048, every path, repeat 10, with the per-collective device sync (time breakdown).
+compare "n2048 all" 150 240 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
+    --cusolvermp --single-gpu
+# 4. stedc on rank 0's GPU instead of LAPACK on its host (8192, sentinel).
+compare "n8192 sentinel stedc=gpu" 40 120 n8192-stedc-gpu --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
+# 5. the other comms at 4096 and 8192.
+compare "n4096 ll128,nccl,mpi" 60 150 n4096 --n 4096 --comm ll128,nccl,mpi "${FAST[@]}"
+compare "n8192 ll128,nccl" 70 180 n8192 --n 8192 --comm ll128,nccl "${FAST[@]}"
+
+# 6. 4 ranks on 2 GPUs under MPS, n=2048, repeat 10 (>= 3 ranks: atomics can show).
+left=$((BUDGET - (SECONDS - T0)))
+if ((left > 80)); then
+    mps_on
+    compare "n2048 4 ranks MPS" 80 150 n2048-p4-mps --n 2048 --ranks 4 --repeat 10 --comm sentinel,ll128 \
+        --no-sync-collectives
+    mps_off
+else
+    log "SKIP n2048 4 ranks MPS (${left}s left)"
+fi
+
+# Pack: reports, plots and run JSONs of every folder (no .npy), plus the log beside it.
+for d in "$WORK"/*/; do
+    [[ -f $d/report.md ]] || "${EIG[@]}" report "$d" >>"$LOG" 2>&1
+done
+tar -czf "$OUT/eigensolver.tar.gz" -C "$WORK" --exclude='*.npy' . 2>>"$LOG"
+size=$(stat -c %s "$OUT/eigensolver.tar.gz" 2>/dev/null || echo 0)
+if ((size > 16 * 1024 * 1024)); then  # over the return limit: reports only
+    log "archive ${size} B > 16 MiB: keeping report.md/report.json/png only"
+    (cd "$WORK" && find . \( -name 'report.*' -o -name '*.png' -o -name 'failed_*.json' \) -print0 \
+        | tar -czf "$OUT/eigensolver.tar.gz" --null -T -)
+fi
+log "done in $((SECONDS - T0))s; $(ls -l "$OUT/eigensolver.tar.gz" | awk '{print $5}') B archive"
+for d in "$WORK"/*/; do
+    [[ -f $d/report.md ]] && { echo "== $d"; sed -n '1,60p' "$d/report.md"; } >>"$LOG"
+done
+exit 0

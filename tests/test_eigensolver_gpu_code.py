@@ -1,0 +1,67 @@
+"""GPU-only pieces of the eigensolver that can be checked without a GPU: the fused CuPy
+ElementwiseKernel bodies compile with NVRTC (sm_90), and the host twin of each fused step
+computes what LAPACK's formulas say."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from hpccoll_eigensolver import _xp
+
+
+def _nvrtc_or_skip():
+    from hpccoll._nvrtc import _nvrtc
+    from hpccoll.errors import HpccollError
+
+    try:
+        return _nvrtc()
+    except HpccollError as exc:
+        pytest.skip(str(exc))
+
+
+def test_fused_kernel_bodies_compile():
+    from hpccoll._nvrtc import _check
+
+    lib = _nvrtc_or_skip()
+    # What cupy.ElementwiseKernel generates, reduced: the parameters become locals of the body.
+    src = ("extern \"C\" __global__ void hh(const double* a_, const double* x_, const double* d_, double* o_) {\n"
+           "  double alpha = a_[0], xn2 = x_[0], din = d_[0]; double tau, beta, scale, dout, one;\n"
+           + _xp.HH_SCALARS_BODY + "\n  o_[0] = tau; o_[1] = beta; o_[2] = scale; o_[3] = dout; o_[4] = one; }\n"
+           "extern \"C\" __global__ void wu(const double* w_, const double* v_, double t, double dot, double* o_) {\n"
+           "  int i = threadIdx.x; double w = w_[i], v = v_[i]; double out;\n  " + _xp.W_UPDATE_BODY
+           + "\n  o_[i] = out; }\n").encode()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"eig.cu", 0, None, None), "create")
+    opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")
+    _check(lib, lib.nvrtcCompileProgram(prog, 1, opts), "compile", prog)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.mark.parametrize("m", [1, 2, 7])
+def test_householder_reflects_onto_e1(m):
+    rng = np.random.default_rng(m)
+    col = rng.standard_normal(m + 1)
+    buf, scale = np.zeros(m + 3), np.zeros(1)
+    _xp.householder(np, col, buf, scale)
+    v, d, tau, beta = buf[:m], buf[m], buf[m + 1], buf[m + 2]
+    assert d == col[0] and v[0] == 1.0
+    H = np.eye(m) - tau * np.outer(v, v)
+    np.testing.assert_allclose(H @ col[1:], np.r_[beta, np.zeros(m - 1)], atol=1e-14)
+
+
+def test_householder_of_a_zero_tail_is_the_identity():
+    col = np.array([2.0, -3.0, 0.0, 0.0])
+    buf, scale = np.zeros(6), np.zeros(1)
+    _xp.householder(np, col, buf, scale)
+    assert buf[4] == 0.0 and buf[5] == -3.0  # tau = 0, beta = alpha
+
+
+def test_w_update_matches_latrd():
+    rng = np.random.default_rng(0)
+    w, v = rng.standard_normal(9), rng.standard_normal(9)
+    t = np.array([0.7])
+    out = np.empty(9)
+    _xp.w_update(np, w, t, v, out)
+    np.testing.assert_array_equal(out, w + (-0.5 * t * (w @ v)) * v)
