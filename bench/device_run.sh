@@ -7,9 +7,16 @@ OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export HPCCOLL_CACHE_DIR=${HPCCOLL_CACHE_DIR:-/tmp/hpccoll-kcache}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+# Carried wheels: test tools on PYTHONPATH; the cuSOLVERMp anchor's wheels (nvmath-python,
+# nvidia-cusolvermp-cu13) in a folder of their own, put on sys.path by that anchor only: their
+# nvidia/cu13/{include,lib} folders must not shadow the image's CUDA headers for CuPy/torch.
+if ls .whl/pytest_mpi*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/pytest_mpi*.whl \
     && export PYTHONPATH=/tmp/site
+fi
+if ls .whl/nvmath*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-anchor \
+    .whl/nvmath*.whl .whl/nvidia_cusolvermp*.whl && export HPCCOLL_ANCHOR_SITE=/tmp/site-anchor
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1 \
   || { echo "install failed"; tail -20 "$OUT/install.log"; exit 1; }
@@ -24,7 +31,22 @@ mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 
 for stage in "${@:-all}"; do
   case $stage in
-    info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt" ;;
+    info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt"
+          # files that read back with NUL bytes broke imports on two machines (2026-11-30): list any
+          python3 - <<'PYEOF' 2>&1 | tee -a "$OUT/info.txt"
+import glob, os, site
+roots = site.getsitepackages()
+bad = []
+for r in roots:
+    for sub in ("numpy/testing", "cupy/_core/include", "torch/distributed", "cupy/cuda"):
+        for f in glob.glob(os.path.join(r, sub, "**", "*"), recursive=True):
+            if os.path.isfile(f) and f.endswith((".py", ".h", ".cuh", ".hpp")):
+                with open(f, "rb") as fh:
+                    if b"\0" in fh.read():
+                        bad.append(f)
+print("files with NUL bytes:", len(bad), bad[:10])
+PYEOF
+          ;;
     tests) HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -x -rs --with-mpi \
              -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu 2>&1 | tee "$OUT/gpu-tests-2ranks.txt" ;;
     tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \

@@ -47,6 +47,17 @@ def main() -> None:
     t("ExternalStream(ptr)", lambda: cp.cuda.ExternalStream(s.ptr))
     t("stream.synchronize() (idle)", s.synchronize)
     t("backend.resolve", lambda: c._device.resolve("Allreduce", "float32", "SUM", 4096, True, algo))
+    # the floor of any blocking call on this machine: an (almost) empty kernel + stream sync
+    from hpccoll._driver import Module, launch_raw
+    from hpccoll._nvrtc import compile_module
+    import ctypes
+
+    f_empty = Module(compile_module("sol.cu", "float32", c._device.arch)).fn("hc_sol_fence")
+    scratch = cp.zeros(4, cp.uint64)
+    p_out, p_zero = ctypes.c_void_p(scratch.data.ptr), ctypes.c_int(0)
+    t("empty kernel launch (ctypes)", lambda: launch_raw(f_empty, 1, 1, s.ptr, p_out, p_zero))
+    t("empty kernel launch + stream sync", lambda: (launch_raw(f_empty, 1, 1, s.ptr, p_out, p_zero),
+                                                    s.synchronize()))
     t("raw ctypes launch", lambda: lau(blocks, block, s.ptr))
     t("raw ctypes launch + stream sync", lambda: (lau(blocks, block, s.ptr), s.synchronize()))
     t("backend.run", lambda: c._device.run(call, True, algo, None))

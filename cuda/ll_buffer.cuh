@@ -77,15 +77,18 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 
 // Poll `ready()` until true; false when timed out or aborted.  The timer and the abort flag
 // are read every 256 spins only, so the fast path is the bare poll.
+// The clock starts at the first 256-spin check, not at the first miss: a data word that
+// arrives within ~256 polls (the common case) never pays for a %globaltimer read.
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
-  if (ready()) return true;
-  const u64 t0 = globaltimer();
+  u64 t0 = 0;
   for (u32 n = 1;; ++n) {
     if (ready()) return true;
     if ((n & 255u) == 0) {
       if (aborted(a)) return false;
-      const u64 dt = globaltimer() - t0;
+      const u64 now = globaltimer();
+      if (t0 == 0) t0 = now;
+      const u64 dt = now - t0;
       if (dt > a.timeoutNs) {
         failTimeout(a, coll, peer(), slot, dt);
         return false;

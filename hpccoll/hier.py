@@ -9,14 +9,32 @@ Layout: ranks are grouped by node (`MPI_Comm_split_type(SHARED)`), nodes ordered
 lowest rank, ranks in a node by rank.  Every node must hold the same number of ranks.
 `HPCCOLL_NODE_SIZE=k` treats consecutive groups of k ranks as nodes (testing on one machine).
 
-Determinism (deterministic=True): for a fixed layout (nodes × ranks per node) every rank gets
-the same bits in every run.  The sum is taken per node in local-rank order, then over nodes in
-node order: ((x[n0,l0] op x[n0,l1] ...) op (x[n1,l0] op ...)) ...  That differs from the flat
+Allreduce has two variants, chosen per call by message size (so the same on every rank):
+  "ar" (below RSAG_BYTES, latency first): node Allreduce, then inter-node Allreduce of
+      the whole message on every stripe;
+  "rsag" (RSAG_BYTES and up, bandwidth first): node Reduce_scatter (local rank i gets shard i
+      of the node's result; shards of ceil(count / ranks per node) elements, zero-padded at the
+      end, the padding dropped),
+      inter-node Allreduce of shard i on stripe i (all stripes at once, each carrying
+      1/per_node of the message), node Allgather of the shards.
+HPCCOLL_HIER_RSAG_BYTES=b overrides RSAG_BYTES (0: always "rsag"); every rank must set the same
+value.  One rank per node, or a node-phase kernel named by the caller (algorithm= other than
+auto/mpi/host), always runs "ar".
+
+Determinism (deterministic=True): for a fixed layout (nodes × ranks per node) and a fixed
+message size every rank gets the same bits in every run.  Every element is reduced per node in
+local-rank order, then over nodes in node order: ((x[n0,l0] op x[n0,l1] ...) op (x[n1,l0] op
+...)) ...  Both Allreduce variants reduce each element in exactly that order (their phases are
+elementwise and each follows ops.reduce_in_rank_order), so with deterministic=True they return
+the same bits, and the threshold changes speed, not results.  That order differs from the flat
 rank-order sum, so results change bits when the layout changes (other node count or node
-size), exactly as they would with any other reduction tree.  Reduce_scatter_block returns
-the same bits as the corresponding slice of Allreduce."""
+size), exactly as they would with any other reduction tree.  Without deterministic=True no
+bits are promised: the phases use MPI's or NCCL's own reductions, whose order may depend on the
+message size, so the two variants may round differently from each other (and from run to
+run).  Reduce_scatter_block returns the same bits as the corresponding slice of Allreduce."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -28,6 +46,13 @@ from ._buffers import IN_PLACE
 from .errors import HpccollError
 
 log = logging.getLogger("hpccoll")
+
+#: Allreduce messages of at least this many bytes run "rsag", smaller ones "ar" (see above);
+#: HPCCOLL_HIER_RSAG_BYTES overrides it (0: always "rsag").
+RSAG_BYTES = 256 * 1024
+RSAG_ENV = "HPCCOLL_HIER_RSAG_BYTES"
+#: algorithm= values that leave the node phase's kernel to hpccoll (so "rsag" may run)
+_DEFAULT_ALGORITHMS = ("auto", "mpi", "host")
 
 
 @dataclass(frozen=True)
@@ -74,6 +99,43 @@ def node_layout(mpi_comm) -> NodeLayout | None:
                       tuple(tuple(m) for m in members))
 
 
+def _physical_device(mpi_comm, layout: NodeLayout) -> int | None:
+    """This rank's GPU from its place on the PHYSICAL machine (collective).  Simulated nodes
+    (HPCCOLL_NODE_SIZE) share one machine's GPUs: with a GPU per rank every rank gets its own;
+    with fewer GPUs each simulated node takes one GPU (node % GPUs), so the ranks of one
+    inter-node group sit on different GPUs whenever there are at least as many GPUs as nodes."""
+    shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    here, local = shared.Get_size(), shared.Get_rank()
+    shared.Free()
+    try:
+        import cupy
+
+        ndev = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: the host backend decides later
+        return None
+    if ndev < 1:
+        return None
+    if ndev >= here or not os.environ.get("HPCCOLL_NODE_SIZE"):
+        return local % ndev
+    return layout.node % ndev
+
+
+def rsag_threshold(mpi_comm) -> int:
+    """RSAG_BYTES, or HPCCOLL_HIER_RSAG_BYTES (collective).  Ranks that disagreed would run
+    different variants and hang, so a value that differs between ranks raises on every rank."""
+    raws = mpi_comm.allgather(os.environ.get(RSAG_ENV, ""))
+    if len(set(raws)) > 1:
+        seen = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(raws))
+        raise ValueError(f"{RSAG_ENV} differs between ranks ({seen}): set the same value on every rank")
+    raw = raws[0].strip()
+    if not raw:
+        return RSAG_BYTES
+    if not raw.isdigit():
+        raise ValueError(f"{RSAG_ENV}={raw!r}: use a number of bytes (e.g. 262144; 0 = always "
+                         "reduce-scatter / allreduce / allgather)")
+    return int(raw)
+
+
 def _xp(buf):
     if buf.is_device:
         import cupy
@@ -84,6 +146,17 @@ def _xp(buf):
     return numpy
 
 
+def _on_stream(buf, stream):
+    """Context for array work (copies, allocations) of a device call: on the call's stream."""
+    if not buf.is_device:
+        return contextlib.nullcontext()
+    import cupy
+
+    from .backends.cuda import _stream_ptr
+
+    return cupy.cuda.ExternalStream(_stream_ptr(stream))
+
+
 class Hierarchical:
     """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases."""
 
@@ -92,8 +165,11 @@ class Hierarchical:
 
         self.layout = layout
         self.rank = parent.rank
+        self.rsag_bytes = rsag_threshold(parent.mpi_comm)
         kw = dict(algorithm=parent.algorithm, deterministic=parent.deterministic, check=False,
                   timeout=parent.timeout, _flat=True)
+        if device is None and backend != "host":
+            device = _physical_device(parent.mpi_comm, layout)
         local_mpi = parent.mpi_comm.Split(layout.node, layout.local)
         stripe_mpi = parent.mpi_comm.Split(layout.local, layout.node)
         self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
@@ -102,8 +178,13 @@ class Hierarchical:
         if self.local.backend == "cuda":
             from .backends.nccl import nccl_unavailable_reason
 
-            ok = stripe_mpi.allreduce(nccl_unavailable_reason() is None, op=MPI.LAND)
-            if ok:
+            why = nccl_unavailable_reason()
+            if why is None and len(set(stripe_mpi.allgather(self.local.device))) < stripe_mpi.Get_size():
+                why = "ranks of one inter-node group share a GPU (NCCL needs one GPU per rank)"
+            whys = [w for w in stripe_mpi.allgather(why) if w]
+            if whys:
+                log.info("hpccoll: inter-node phase on MPI only: %s", whys[0])
+            else:
                 dup = stripe_mpi.Dup()
                 self.stripe_nccl = Communicator(dup, backend="nccl", device=self.local.device,
                                                 _owned_comm=dup, **kw)
@@ -128,12 +209,49 @@ class Hierarchical:
     def run(self, call, det: bool, algo: str, stream) -> None:
         getattr(self, "_" + call.name.lower())(call, det, algo, stream)
 
+    def allreduce_variant(self, nbytes: int, algo: str) -> str:
+        """"rsag" (node Reduce_scatter / inter-node Allreduce of a shard / node Allgather) or
+        "ar" (node Allreduce / inter-node Allreduce); the same on every rank of a valid call."""
+        if nbytes >= self.rsag_bytes and self.layout.per_node > 1 and algo in _DEFAULT_ALGORITHMS:
+            return "rsag"
+        return "ar"
+
     def _allreduce(self, call, det, algo, stream):
+        variant = self.allreduce_variant(call.recv.nbytes, algo)
+        getattr(self, "_allreduce_" + variant)(call, det, algo, stream)
+
+    def _allreduce_ar(self, call, det, algo, stream):
+        """Latency first: two collectives, each stripe carries the whole message."""
         recv = call.recv.flat
         src = IN_PLACE if call.in_place else call.send.flat
         self.local.Allreduce(src, recv, op=call.op, algorithm=algo, deterministic=det, stream=stream)
         self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, deterministic=det,
                                                 stream=stream)
+
+    def _allreduce_rsag(self, call, det, algo, stream):
+        """Bandwidth first: local rank i reduces shard i over its node, then with the local ranks i
+        of the other nodes (every stripe at once, each 1/per_node of the message), then the node
+        gathers the shards.  Pad elements (count not divisible by per_node) are reduced and dropped."""
+        P, xp = self.layout.per_node, _xp(call.recv)
+        recv = call.recv.flat
+        n = recv.size
+        shard_len = -(-n // P)
+        padded = shard_len * P != n
+        with _on_stream(call.recv, stream):
+            src = recv if call.in_place else call.send.flat
+            if padded:
+                src = xp.concatenate([src, xp.zeros(shard_len * P - n, dtype=recv.dtype)])
+            shard = xp.empty(shard_len, dtype=recv.dtype)
+        self.local.Reduce_scatter_block(src, shard, op=call.op, algorithm=algo, deterministic=det,
+                                        stream=stream)
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, deterministic=det,
+                                                        stream=stream)
+        with _on_stream(call.recv, stream):
+            gathered = xp.empty(shard_len * P, dtype=recv.dtype) if padded else recv
+        self.local.Allgather(shard, gathered, algorithm=algo, stream=stream)
+        if padded:
+            with _on_stream(call.recv, stream):
+                recv[...] = gathered[:n]
 
     def _bcast(self, call, det, algo, stream):
         node, local = self._where(call.root)

@@ -28,6 +28,22 @@ GRID_MAPPING_COL_MAJOR = 0     # cusolverMpGridMapping_t (CUDALIBMG_GRID_MAPPING
 NCCL_UNIQUE_ID_BYTES = 128
 
 
+ANCHOR_SITE_ENV = "HPCCOLL_ANCHOR_SITE"
+
+
+def use_anchor_site() -> None:
+    """Put $HPCCOLL_ANCHOR_SITE (a pip --target folder holding nvmath-python and
+    nvidia-cusolvermp-cu13) first on sys.path, for this process only: kept off PYTHONPATH, its
+    nvidia/cu13/include folder cannot shadow the CUDA headers CuPy compiles with elsewhere."""
+    site = os.environ.get(ANCHOR_SITE_ENV)
+    if site and os.path.isdir(site) and site not in sys.path:
+        sys.path.insert(0, site)
+        nv = sys.modules.get("nvidia")
+        extra = os.path.join(site, "nvidia")
+        if nv is not None and os.path.isdir(extra) and extra not in list(getattr(nv, "__path__", [])):
+            nv.__path__.append(extra)
+
+
 def _site_dirs(sub: str) -> list[str]:
     """<site-packages>/nvidia/<sub> folders (namespace package nvidia)."""
     try:
@@ -72,9 +88,26 @@ class _NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * NCCL_UNIQUE_ID_BYTES)]
 
 
-def nccl_comm_from_mpi(mpi_comm) -> int:
-    """An ncclComm_t (as int) over mpi_comm's ranks: ncclGetUniqueId on rank 0, MPI bcast, ncclCommInitRank.
-    The current CUDA device must already be set."""
+def nccl_comm_from_mpi(mpi_comm):
+    """(ncclComm_t as int, owner object) over mpi_comm's ranks.  CuPy's NCCL binding first (the
+    same one hpccoll's NCCL backend uses on this machine); else libnccl through ctypes:
+    ncclGetUniqueId on rank 0, MPI bcast, ncclCommInitRank.  The CUDA device must be current."""
+    try:
+        from cupy.cuda import nccl as cnccl
+
+        uid = cnccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        c = cnccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+        handle = getattr(c, "comm", None)
+        if handle:
+            return int(handle), c
+    except Exception as exc:  # noqa: BLE001 - fall back to ctypes below
+        print(f"cusolvermp anchor: CuPy NCCL communicator unavailable ({exc}); using libnccl directly",
+              file=sys.stderr, flush=True)
+    return _nccl_comm_ctypes(mpi_comm), None
+
+
+def _nccl_comm_ctypes(mpi_comm) -> int:
     nccl = _libnccl()
     uid = _NcclUniqueId()
     if mpi_comm.Get_rank() == 0:
@@ -119,6 +152,7 @@ def _run(args, world) -> int:
     xp, dev = select_device(world)
     if dev is None:
         raise RuntimeError("needs CuPy and a GPU")
+    use_anchor_site()
     loaded = [os.path.basename(p) for p in preload_libraries()]
     from nvmath.bindings import cusolverMp as mp  # checked: nvmath-python 1.0.0 wheel, cusolverMp.pxd
 
@@ -134,7 +168,7 @@ def _run(args, world) -> int:
     lld = n  # one process row: every rank holds all n rows (F order)
     ref, ref_s = reference_eigenvalues(prob, args) if rank == 0 else (None, None)
 
-    nccl_comm = nccl_comm_from_mpi(world)
+    nccl_comm, _nccl_owner = nccl_comm_from_mpi(world)  # the owner keeps the communicator alive
     stream = cp.cuda.Stream(non_blocking=True)
     handle = mp.create(dev, stream.ptr)
     grid = mp.create_device_grid(handle, nccl_comm, 1, size, GRID_MAPPING_COL_MAJOR)

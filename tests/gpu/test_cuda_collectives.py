@@ -15,6 +15,16 @@ import pytest
 import hpccoll
 from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
 
+def _assert_close(got, ref, rtol, atol, err_msg=""):
+    """np.testing.assert_allclose without numpy.testing (whose import failed on a GPU machine)."""
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    ok = np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        raise AssertionError(f"{err_msg}: {bad.size} of {ok.size} elements differ beyond rtol={rtol}, "
+                             f"atol={atol}; first {bad[:5]}: got {got.ravel()[bad[:5]]}, want {ref.ravel()[bad[:5]]}")
+
+
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
 FLOATS = ["float64", "float32", "float16", "bfloat16"]
@@ -103,7 +113,7 @@ def test_allreduce(cc, algo, dtype, op):
             _assert_bitwise(got, ref, what)
         else:
             tol = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
-            np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64),
+            _assert_close(got.astype(np.float64), ref.astype(np.float64),
                                        rtol=tol, atol=tol * cc.size * 4, err_msg=what)
         _same_on_all_ranks(got, what)
         # in place, odd offset (unaligned: staged) on the largest sizes
@@ -185,7 +195,7 @@ def test_64MiB(cc):
         cc.Allreduce(x, out, algorithm=algo, deterministic=algo != "twoshot_ll128")
         got = cp.asnumpy(out)
         if algo == "twoshot_ll128":
-            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+            _assert_close(got, ref, rtol=1e-5, atol=1e-5)
         else:
             _assert_bitwise(got, ref, f"{algo} 64 MiB")
 
@@ -320,7 +330,7 @@ def test_repeat_calls_follow_every_change(cc):
         if det or op != "SUM":
             _assert_bitwise(got, ref, what)
         else:
-            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * cc.size, err_msg=what)
+            _assert_close(got, ref, rtol=1e-5, atol=1e-5 * cc.size, err_msg=what)
         _same_on_all_ranks(got, what)
     # same buffers, a different dtype view, then a different size: full validation again
     xb = x.view(cp.int32)

@@ -1,6 +1,8 @@
 """Hierarchical collectives with device buffers on simulated nodes (HPCCOLL_NODE_SIZE):
 2 ranks = 2 nodes of 1 GPU; 4 ranks under MPS = 2 nodes of 2 ranks.  CUDA kernels inside a
-node, MPI (deterministic) or NCCL (otherwise) between nodes."""
+node, MPI (deterministic) or NCCL (otherwise) between nodes.  Allreduce from the threshold
+(hpccoll.hier.RSAG_BYTES / HPCCOLL_HIER_RSAG_BYTES) on runs "rsag": CUDA Reduce_scatter in the
+node, inter-node Allreduce of a shard, CUDA Allgather; it needs 2 ranks per node (4 under MPS)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +11,16 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll.ops import OPS, reduce_in_rank_order
+
+def _assert_close(got, ref, rtol, atol, err_msg=""):
+    """np.testing.assert_allclose without numpy.testing (whose import failed on a GPU machine)."""
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    ok = np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        raise AssertionError(f"{err_msg}: {bad.size} of {ok.size} elements differ beyond rtol={rtol}, "
+                             f"atol={atol}; first {bad[:5]}: got {got.ravel()[bad[:5]]}, want {ref.ravel()[bad[:5]]}")
+
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD
@@ -53,7 +65,7 @@ def test_allreduce_device(hc, op):
         fast = cp.empty(n, cp.float32)
         hc.Allreduce(cp.asarray(x), fast, op=OPS[op], deterministic=False)  # NCCL between nodes
         hc.synchronize()
-        np.testing.assert_allclose(cp.asnumpy(fast), got, rtol=1e-5, atol=1e-5)
+        _assert_close(cp.asnumpy(fast), got, rtol=1e-5, atol=1e-5)
 
 
 def test_bcast_allgather_reduce_scatter_device(hc):
@@ -77,3 +89,41 @@ def test_bcast_allgather_reduce_scatter_device(hc):
         hc.synchronize()
         assert np.array_equal(cp.asnumpy(rs).view(np.uint32), ref.view(np.uint32))
     hc.Barrier()
+
+
+@pytest.mark.parametrize("dtype, op", [("float32", "SUM"), ("float32", "MAX"), ("int32", "SUM")])
+def test_allreduce_device_rsag(hc, monkeypatch, dtype, op):
+    """Sizes from the threshold up (shards padded when the count is odd): same bits as the
+    hierarchical order on every rank, twice, in place; NCCL between nodes when not deterministic."""
+    import cupy as cp
+
+    if hc._hier.layout.per_node == 1:
+        pytest.skip("rsag needs more than one rank per node: run at 4 ranks (MPS)")
+    ran, real = [], hc._hier._allreduce_rsag
+
+    def spy(call, *rest):  # the counts that ran the rsag variant
+        ran.append(call.recv.count)
+        return real(call, *rest)
+
+    monkeypatch.setattr(hc._hier, "_allreduce_rsag", spy)
+    n0 = max(1, -(-hc._hier.rsag_bytes // 4))
+    counts = (n0, n0 + 1, 3 * n0 + 7)
+    for it, n in enumerate(counts):
+        rng = np.random.default_rng([WORLD.Get_rank(), it, len(op), 7])
+        x = (rng.standard_normal(n) if dtype == "float32" else rng.integers(-1000, 1000, n)).astype(dtype)
+        ref = _ref(OPS[op], WORLD.allgather(x), hc._hier.layout)
+        out = cp.empty(n, dtype)
+        hc.Allreduce(cp.asarray(x), out, op=OPS[op], deterministic=True)
+        hc.synchronize()
+        got = cp.asnumpy(out)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{dtype} {op} n={n}"
+        assert len(set(WORLD.allgather(got.tobytes()))) == 1, f"{dtype} {op} n={n}: ranks differ"
+        again = cp.asarray(x)
+        hc.Allreduce(hpccoll.IN_PLACE, again, op=OPS[op], deterministic=True)
+        hc.synchronize()
+        assert np.array_equal(cp.asnumpy(again).view(np.uint32), got.view(np.uint32)), "second run / in place"
+        fast = cp.empty(n, dtype)
+        hc.Allreduce(cp.asarray(x), fast, op=OPS[op], deterministic=False)  # NCCL between nodes
+        hc.synchronize()
+        _assert_close(cp.asnumpy(fast), got, rtol=1e-5, atol=1e-5)
+    assert ran == [n for n in counts for _ in range(3)]

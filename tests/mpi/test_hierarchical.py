@@ -3,20 +3,30 @@ consecutive groups of k ranks separate nodes.  Runs at every rank count tests/ru
 (2, 3, 4, 6): every node size d < size that divides it, d = 1 included.
 
 Deterministic results must equal, bit for bit, the documented hierarchical order (per node in
-local-rank order, then over nodes in node order) on every rank and in every run."""
+local-rank order, then over nodes in node order) on every rank and in every run.  Allreduce runs
+that order in two variants, "ar" (node Allreduce, inter-node Allreduce) and "rsag" (node
+Reduce_scatter, inter-node Allreduce of a shard, node Allgather), picked by size against
+HPCCOLL_HIER_RSAG_BYTES; the rsag tests set it low and check which variant ran."""
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import hpccoll
-from hpccoll.ops import OPS, reduce_in_rank_order
+import hpccoll.hier
+from hpccoll.ops import BFLOAT16, OPS, reduce_in_rank_order
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 WORLD = MPI.COMM_WORLD
 NODE_SIZES = [d for d in range(1, WORLD.Get_size()) if WORLD.Get_size() % d == 0]
+#: layouts where "rsag" can run (more than one rank per node); none at 2 or 3 ranks
+RSAG_NODE_SIZES = [d for d in NODE_SIZES if d > 1]
+#: every dtype the host backend reduces
+ALL_DTYPES = ["float64", "float32", "float16", "int32", "int64"] + (["bfloat16"] if BFLOAT16 is not None else [])
 
 
 @pytest.fixture(params=NODE_SIZES, ids=lambda d: f"node_size{d}")
@@ -122,4 +132,161 @@ def test_bad_node_size(monkeypatch):
         pytest.skip("needs 2 ranks")
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(WORLD.Get_size() + 1))
     with pytest.raises(ValueError, match="HPCCOLL_NODE_SIZE"):
+        hpccoll.Communicator(backend="host")
+
+
+# -- Allreduce, "rsag" variant (node Reduce_scatter / inter-node Allreduce / node Allgather) --------
+
+def _communicator(monkeypatch, node_size: int, rsag_bytes: int | None):
+    """A host communicator on nodes of `node_size`; rsag_bytes None = the module default."""
+    monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(node_size))
+    if rsag_bytes is None:
+        monkeypatch.delenv(hpccoll.hier.RSAG_ENV, raising=False)
+    else:
+        monkeypatch.setenv(hpccoll.hier.RSAG_ENV, str(rsag_bytes))
+    return hpccoll.Communicator(backend="host")
+
+
+def _record_variants(monkeypatch, comm) -> list[str]:
+    """The Allreduce variants `comm` runs from now on, in call order."""
+    ran = []
+    hier = comm._hier
+    for name in ("ar", "rsag"):
+        real = getattr(hier, "_allreduce_" + name)
+
+        def spy(*args, _real=real, _name=name):
+            ran.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(hier, "_allreduce_" + name, spy)
+    return ran
+
+
+def _seed(*parts) -> list[int]:
+    """Per-rank, per-case seed (stable across processes, unlike hash())."""
+    return [WORLD.Get_rank()] + [p if isinstance(p, int) else zlib.crc32(str(p).encode()) for p in parts]
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+@pytest.fixture(params=RSAG_NODE_SIZES or [pytest.param(None, marks=pytest.mark.skip(
+    reason="rsag needs more than one rank per node: 4 or 6 ranks"))], ids=lambda d: f"node_size{d}")
+def hc_rsag(request, monkeypatch):
+    """Threshold 0: every Allreduce runs the rsag variant."""
+    c = _communicator(monkeypatch, request.param, 0)
+    yield c
+    c.Free()
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("op", ["SUM", "PROD", "MAX", "MIN"])
+def test_allreduce_rsag_deterministic_bits(hc_rsag, monkeypatch, dtype, op):
+    """Each element goes through the node Reduce_scatter (local-rank order) and the stripe
+    Allreduce (node order): the documented hierarchical order, so _hier_ref is this variant's
+    reference too.  Counts below the node size, not divisible by it (padded shards), and large."""
+    ran = _record_variants(monkeypatch, hc_rsag)
+    again = hc_rsag.Dup()  # a second communicator: "every run" is not one communicator's cache
+    counts = (1, 2, 3, 7, 1023, 65537)
+    for it, n in enumerate(counts):
+        x = _data(np.random.default_rng(_seed(it, dtype, op)), dtype, n)
+        if op == "PROD" and x.dtype.kind != "i":
+            x = (1 + 0.01 * x.astype(np.float32)).astype(x.dtype)
+        ref = _hier_ref(OPS[op], WORLD.allgather(x), hc_rsag._hier.layout)
+        y = np.empty_like(x)
+        hc_rsag.Allreduce(x, y, op=OPS[op], deterministic=True)
+        assert _bits(y) == _bits(ref), f"{dtype} {op} n={n}: differs from the hierarchical order"
+        inplace = x.copy()
+        hc_rsag.Allreduce(hpccoll.IN_PLACE, inplace, op=OPS[op], deterministic=True)
+        assert _bits(inplace) == _bits(y), f"{dtype} {op} n={n}: IN_PLACE differs"
+        rerun = np.empty_like(x)
+        again.Allreduce(x, rerun, op=OPS[op], deterministic=True)
+        assert _bits(rerun) == _bits(y), f"{dtype} {op} n={n}: second run differs"
+        assert len(set(WORLD.allgather(_bits(y)))) == 1, f"{dtype} {op} n={n}: ranks differ"
+    again.Free()
+    assert ran == ["rsag"] * 2 * len(counts)  # `again` is a Dup: its calls are not recorded
+
+
+@pytest.mark.parametrize("node_size", NODE_SIZES, ids=lambda d: f"node_size{d}")
+def test_allreduce_variant_by_size(monkeypatch, node_size):
+    """Threshold 4 KiB: below it "ar", from it on "rsag" (more than one rank per node only), and
+    deterministic bits are the hierarchical order either way: the variants agree bit for bit."""
+    c = _communicator(monkeypatch, node_size, 4096)
+    ran = _record_variants(monkeypatch, c)
+    cases = [("float32", 1023, "ar"), ("float32", 1024, "rsag"), ("float32", 1025, "rsag"),
+             ("float64", 511, "ar"), ("float64", 513, "rsag"), ("float16", 2047, "ar"), ("float16", 4099, "rsag")]
+    for it, (dtype, n, _) in enumerate(cases):
+        x = _data(np.random.default_rng(_seed(it, "by_size")), dtype, n)
+        ref = _hier_ref(OPS["SUM"], WORLD.allgather(x), c._hier.layout)
+        y = np.empty_like(x)
+        c.Allreduce(x, y, deterministic=True)
+        assert _bits(y) == _bits(ref), f"{dtype} n={n}"
+        assert len(set(WORLD.allgather(_bits(y)))) == 1, f"{dtype} n={n}: ranks differ"
+    want = [v if node_size > 1 else "ar" for _, _, v in cases]
+    assert ran == want
+    c.Free()
+
+
+def test_allreduce_default_threshold(monkeypatch):
+    """Without the variable the module constant decides: RSAG_BYTES - 4 bytes is "ar", RSAG_BYTES "rsag"."""
+    node_size = RSAG_NODE_SIZES[-1] if RSAG_NODE_SIZES else NODE_SIZES[-1]
+    c = _communicator(monkeypatch, node_size, None)
+    assert c._hier.rsag_bytes == hpccoll.hier.RSAG_BYTES
+    ran = _record_variants(monkeypatch, c)
+    n = hpccoll.hier.RSAG_BYTES // 4
+    for it, count in enumerate((n - 1, n)):
+        x = _data(np.random.default_rng(_seed(it, "default")), "float32", count)
+        y = np.empty_like(x)
+        c.Allreduce(x, y, deterministic=True)
+        assert _bits(y) == _bits(_hier_ref(OPS["SUM"], WORLD.allgather(x), c._hier.layout))
+    assert ran == ["ar", "rsag" if node_size > 1 else "ar"]
+    c.Free()
+
+
+def test_allreduce_rsag_nondeterministic(hc_rsag, monkeypatch):
+    """deterministic=False promises no bits, only the sum (ints: exactly)."""
+    ran = _record_variants(monkeypatch, hc_rsag)
+    for it, n in enumerate((5, 4099)):
+        x = np.random.default_rng(_seed(it, "nondet")).standard_normal(n)
+        y = np.empty_like(x)
+        hc_rsag.Allreduce(x, y)
+        np.testing.assert_allclose(y, np.sum(WORLD.allgather(x), axis=0), rtol=1e-12, atol=1e-12)
+        i = np.random.default_rng(_seed(it, "nondet-int")).integers(-1000, 1000, n)
+        j = np.empty_like(i)
+        hc_rsag.Allreduce(i, j, op=hpccoll.MAX)
+        assert np.array_equal(j, np.max(WORLD.allgather(i), axis=0))
+    assert ran == ["rsag"] * 4
+
+
+def test_allreduce_rsag_rejects_bad_calls(hc_rsag):
+    """Validation runs before either variant: the same errors, and the communicator still works."""
+    with pytest.raises(ValueError, match="recvbuf has 4 elements, sendbuf 5"):
+        hc_rsag.Allreduce(np.zeros(5), np.empty(4))
+    with pytest.raises(TypeError, match="same dtype"):
+        hc_rsag.Allreduce(np.zeros(5), np.empty(5, np.float32))
+    with pytest.raises(ValueError, match="op="):
+        hc_rsag.Allreduce(np.zeros(5), np.empty(5), op="XOR")
+    with pytest.raises(TypeError, match="dtype"):
+        hc_rsag.Allreduce(np.zeros(5, np.uint8), np.empty(5, np.uint8))
+    with pytest.raises(ValueError, match="algorithm='oneshot_ll'"):  # a node kernel on the host: "ar" refuses it
+        hc_rsag.Allreduce(np.zeros(5), np.empty(5), algorithm="oneshot_ll")
+    y = np.empty(5)
+    hc_rsag.Allreduce(np.full(5, 1.0), y)
+    assert np.all(y == WORLD.Get_size())
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1.5"])
+def test_rsag_threshold_env_rejected(monkeypatch, value):
+    monkeypatch.setenv(hpccoll.hier.RSAG_ENV, value)
+    monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
+    with pytest.raises(ValueError, match=f"{hpccoll.hier.RSAG_ENV}=.*number of bytes"):
+        hpccoll.Communicator(backend="host")
+
+
+def test_rsag_threshold_must_agree(monkeypatch):
+    """Ranks with different thresholds would run different variants and hang: refused on every rank."""
+    monkeypatch.setenv(hpccoll.hier.RSAG_ENV, "0" if WORLD.Get_rank() == 0 else "4096")
+    monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
+    with pytest.raises(ValueError, match="differs between ranks"):
         hpccoll.Communicator(backend="host")
