@@ -52,8 +52,8 @@ PYEOF
     tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \
              -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
-             --algorithms all --baselines --json "$OUT/bench-allreduce.json" --plot "$OUT/bench-allreduce.png" \
-             2>&1 | tee "$OUT/bench-allreduce.txt" ;;
+             --algorithms all --baselines --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
+             2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;
     profile) { echo "## HPCCOLL_PDL=1 (default)"; timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1;
                echo "## HPCCOLL_PDL=0"; HPCCOLL_PDL=0 timeout 120 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL python3 bench/profile_eager.py 2>&1;
              } | tee "$OUT/profile-eager.txt" ;;
