@@ -47,10 +47,12 @@ for r in roots:
 print("files with NUL bytes:", len(bad), bad[:10])
 PYEOF
           ;;
-    tests) HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -x -rs --with-mpi \
-             -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu 2>&1 | tee "$OUT/gpu-tests-2ranks.txt" ;;
-    tests4) mps_on; HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -x -rs --with-mpi \
-             -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
+    tests) for f in tests/gpu/test_*.py; do  # one job per file: a failure aborts only its own job
+             HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -rs --with-mpi \
+               -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1; done | tee "$OUT/gpu-tests-2ranks.txt" ;;
+    tests4) mps_on; for f in tests/gpu/test_*.py; do
+             HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -rs --with-mpi \
+               -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1; done | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;
