@@ -31,6 +31,10 @@ mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 
 for stage in "${@:-all}"; do
   case $stage in
+    repair) python3 bench/fs_repair.py /tmp/stdfix 2>&1 | tee "$OUT/fs-repair.txt"
+            [[ ${PIPESTATUS[0]} == 10 ]] && export PYTHONPATH=/tmp/stdfix${PYTHONPATH:+:$PYTHONPATH} && echo "PYTHONPATH=$PYTHONPATH"
+            python3 -c "import numpy.testing, scipy.sparse; print('numpy.testing and scipy.sparse import')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
+            python3 -c "import torch; print('torch', torch.__version__, 'imports')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt" ;;
     info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt"
           # files that read back with NUL bytes broke imports on two machines (2026-11-30): list any
           python3 - <<'PYEOF' 2>&1 | tee -a "$OUT/info.txt"

@@ -204,7 +204,9 @@ def _data(cp, i: int, r: int, n: int):
     """Input of rank r at iteration i: different for every (i, r), cheap to regenerate on any
     rank (one elementwise kernel; a CuPy Generator per iteration costs milliseconds)."""
     phase = (i * 0.7071 + r * 1.3719) % 6.283
-    return cp.sin(cp.arange(n, dtype=cp.float32) * cp.float32(0.731 + 0.001 * r) + cp.float32(phase))
+    # Python-float scalars keep float32 and stay on CuPy's plain ufunc path (a NumPy scalar
+    # operand goes through __array_ufunc__, which imports cupyx and SciPy)
+    return cp.sin(cp.arange(n, dtype=cp.float32) * (0.731 + 0.001 * r) + phase)
 
 
 def _expected_sum(cp, i: int, nranks: int, n: int):
