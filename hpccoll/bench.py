@@ -733,6 +733,13 @@ def run_sweep(opts, log=None) -> dict:
     world = MPI.COMM_WORLD
     log = log or (lambda *m: say(world.Get_rank(), *m))
     sizes = parse_sizes(opts.sizes) if isinstance(opts.sizes, str) else list(opts.sizes)
+    if getattr(opts, "baselines", False) and opts.collective == "allreduce":
+        try:  # import torch before any GPU work of this process (see TorchSymm)
+            import importlib
+
+            importlib.import_module("torch.distributed._symmetric_memory")
+        except Exception:  # noqa: BLE001 - recorded later as a skipped baseline
+            pass
     comm = hpccoll.Communicator(backend="auto", check=False)
     gpu = comm.device is not None     # device buffers (flat CUDA backend, or hierarchical on GPUs)
     flat = comm.backend == "cuda"     # one node: SoL, in-kernel, blocking and baselines apply
