@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import dtype_name
+from .ops import BFLOAT16, dtype_name
 
 
 class _InPlace:
@@ -106,6 +106,7 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
             arr = cp.asarray(obj)
         else:
             arr = cp.from_dlpack(obj)
+        arr = _typed_bfloat16(arr, obj)
         if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
             raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
         device = arr.device.id
@@ -133,3 +134,13 @@ def _cupy_buf(arr, argname: str, fn: str) -> Buf:
             raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
         flat = arr.reshape(-1, order="A")  # "A": a view in memory order
     return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=arr.size, device=arr.data.device_id)
+
+
+def _typed_bfloat16(arr, source):
+    """A foreign bfloat16 tensor (torch) arrives from DLPack as raw 2-byte void elements
+    (CuPy maps no DLPack bfloat16 code; seen on the GPU machine, 2026-11-30): view it as
+    ml_dtypes' bfloat16 when the source says that is what it holds."""
+    if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and BFLOAT16 is not None \
+            and str(getattr(source, "dtype", "")).endswith("bfloat16"):
+        return arr.view(BFLOAT16)
+    return arr

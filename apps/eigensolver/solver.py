@@ -38,13 +38,14 @@ class NotPositiveDefinite(np.linalg.LinAlgError):
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
-          timer: PhaseTimer | None = None, stedc: str = "host"):
+          timer: PhaseTimer | None = None, stedc: str = "auto"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
     Returns (w, X_local); X_local is None when eigvecs=False. A_local and B_local are not
     modified. `comm` is an hpccoll Communicator (or anything with its buffer methods).
-    stedc: where rank 0 solves the tridiagonal problem, "host" (LAPACK) or "gpu" (cuSOLVER)."""
+    stedc: where rank 0 solves the tridiagonal problem, "host" (LAPACK) or "gpu" (cuSOLVER);
+    "auto": gpu for device arrays, else host."""
     xp = get_xp(A_local, B_local)
     rank, size = comm.Get_rank(), comm.Get_size()
     if desc.m != desc.n:
@@ -208,7 +209,7 @@ def _sytrd(C, desc: BlockCyclic, comm, xp):
 
 
 # -- stedc -----------------------------------------------------------------------------
-def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "host"):
+def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"):
     """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T: solved on rank 0, one Bcast.
 
     where="host": LAPACK dstevd (divide and conquer) through scipy; "gpu" (device arrays only):
@@ -216,8 +217,10 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "host"
     other ranks get rank 0's bits through the Bcast."""
     n, rank = desc.n, comm.Get_rank()
     nz = n * n if eigvecs else 0
-    if where not in ("host", "gpu"):
-        raise ValueError(f"sygvd: stedc={where!r}: use 'host' or 'gpu'")
+    if where not in ("auto", "host", "gpu"):
+        raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host' or 'gpu'")
+    if where == "auto":
+        where = "gpu" if is_device(xp) else "host"
     on_gpu = where == "gpu" and is_device(xp) and n > 1
     if rank != 0:
         buf = xp.empty(n + nz, dtype=xp.float64)
@@ -284,7 +287,7 @@ def _ormtr(V, tau, Z, desc: BlockCyclic, xp):
 
 
 def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool = True, timer=None,
-                      stedc: str = "host"):
+                      stedc: str = "auto"):
     """Convenience: distribute replicated A, B, solve, and return (w, X_local, desc)."""
     from .layout import distribute
 
