@@ -16,20 +16,29 @@ _MPI_TYPED = {"float64", "float32", "int32", "int64"}
 
 
 class _Staged:
-    """Host view of a buffer; device buffers are copied in and (for outputs) back."""
+    """Host view of a buffer; device buffers are copied in and (for outputs) back.
+
+    Staging is synchronous with respect to EVERY stream of the device: the copy in waits for
+    all queued work (the caller may have produced the data on a non-blocking stream, which a
+    legacy-stream copy would not wait for), and the copy back completes before returning (a
+    pageable host-to-device cudaMemcpy may return before its DMA lands)."""
 
     def __init__(self, buf, fetch: bool = True):
         self.buf = buf
         if buf.is_device:
             import cupy
 
+            cupy.cuda.runtime.deviceSynchronize()
             self.host = cupy.asnumpy(buf.flat) if fetch else np.empty(buf.count, buf.flat.dtype)
         else:
             self.host = buf.flat
 
     def commit(self):
         if self.buf.is_device:
+            import cupy
+
             self.buf.flat.set(self.host)
+            cupy.cuda.runtime.deviceSynchronize()
 
 
 class HostBackend:

@@ -11,19 +11,10 @@ import hashlib
 
 import numpy as np
 import pytest
+from _gpu_checks import assert_close as _assert_close
 
 import hpccoll
 from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
-
-def _assert_close(got, ref, rtol, atol, err_msg=""):
-    """np.testing.assert_allclose without numpy.testing (whose import failed on a GPU machine)."""
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    ok = np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
-    if not ok.all():
-        bad = np.flatnonzero(~ok)
-        raise AssertionError(f"{err_msg}: {bad.size} of {ok.size} elements differ beyond rtol={rtol}, "
-                             f"atol={atol}; first {bad[:5]}: got {got.ravel()[bad[:5]]}, want {ref.ravel()[bad[:5]]}")
-
 
 # Imported at collection, before any GPU work in this process: on the 2026-11-30 machines,
 # source files read by a process after it had run GPU work came back with NUL bytes (the same

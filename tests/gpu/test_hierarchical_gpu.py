@@ -7,20 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _gpu_checks import assert_close as _assert_close
 from mpi4py import MPI
 
 import hpccoll
 from hpccoll.ops import OPS, reduce_in_rank_order
-
-def _assert_close(got, ref, rtol, atol, err_msg=""):
-    """np.testing.assert_allclose without numpy.testing (whose import failed on a GPU machine)."""
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    ok = np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
-    if not ok.all():
-        bad = np.flatnonzero(~ok)
-        raise AssertionError(f"{err_msg}: {bad.size} of {ok.size} elements differ beyond rtol={rtol}, "
-                             f"atol={atol}; first {bad[:5]}: got {got.ravel()[bad[:5]]}, want {ref.ravel()[bad[:5]]}")
-
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD

@@ -1,0 +1,74 @@
+"""The eager fast path's reuse rule (hpccoll.comm._FastCall), without a GPU: a repeat is
+recognised only for the very same array objects with unchanged address, size and dtype, and
+the same op / root / algorithm / policy; anything else must take the validated path."""
+import gc
+
+import numpy as np
+
+import hpccoll
+from hpccoll.comm import _FastCall
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Arr:
+    """Stands in for a CuPy array: .data.ptr, .size, .dtype, weak-referenceable."""
+
+    def __init__(self, ptr, size=16, dtype=np.float32):
+        self.data, self.size, self.dtype = _Mem(ptr), size, np.dtype(dtype)
+
+
+def _fc(send, recv, op=hpccoll.SUM, root=None, algo="auto", det=False):
+    return _FastCall(object(), send, recv, op, root, algo, det)
+
+
+def test_same_call_matches():
+    x, y = _Arr(0x1000), _Arr(0x2000)
+    assert _fc(x, y).matches(x, y, hpccoll.SUM, None, "auto", False)
+
+
+def test_any_argument_change_is_a_miss():
+    x, y = _Arr(0x1000), _Arr(0x2000)
+    f = _fc(x, y)
+    assert not f.matches(y, x, hpccoll.SUM, None, "auto", False)          # swapped buffers
+    assert not f.matches(x, y, hpccoll.MAX, None, "auto", False)          # op
+    assert not f.matches(x, y, hpccoll.SUM, 0, "auto", False)             # root
+    assert not f.matches(x, y, hpccoll.SUM, None, "oneshot_ll", False)    # algorithm
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", True)           # policy
+    assert not f.matches(_Arr(0x1000), y, hpccoll.SUM, None, "auto", False)  # new object, same address
+    assert not f.matches(hpccoll.IN_PLACE, y, hpccoll.SUM, None, "auto", False)
+
+
+def test_changed_address_size_or_dtype_is_a_miss():
+    x, y = _Arr(0x1000), _Arr(0x2000)
+    f = _fc(x, y)
+    y.dtype = np.dtype(np.int32)
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    y.dtype = np.dtype(np.float32)
+    y.size = 8
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    y.size = 16
+    x.data = _Mem(0x3000)
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+
+
+def test_in_place_and_bcast_forms():
+    y = _Arr(0x2000)
+    f = _fc(hpccoll.IN_PLACE, y)
+    assert f.matches(hpccoll.IN_PLACE, y, hpccoll.SUM, None, "auto", False)
+    assert not f.matches(_Arr(0x2000), y, hpccoll.SUM, None, "auto", False)
+    b = _fc(None, y, op=None, root=1)
+    assert b.matches(None, y, None, 1, "auto", False)
+    assert not b.matches(None, y, None, 0, "auto", False)
+
+
+def test_freed_arrays_never_match_a_newcomer():
+    x, y = _Arr(0x1000), _Arr(0x2000)
+    f = _fc(x, y)
+    del x
+    gc.collect()
+    x2 = _Arr(0x1000)  # same address handed out again
+    assert not f.matches(x2, y, hpccoll.SUM, None, "auto", False)
