@@ -21,6 +21,9 @@ ALGORITHMS = {
     "twoshot_ll128": ({"Allreduce"}, False, True, True),
     "sentinel": ({"Reduce_scatter_block"}, True, True, False),
     "ll": ({"Reduce_scatter_block", "Bcast", "Allgather"}, True, False, False),
+    # NCCL's own allreduce: the tuning table's choice above the size where hpccoll's kernels
+    # stop winning (non-deterministic policy only; needs NCCL, opened at construction)
+    "nccl": ({"Allreduce"}, False, False, False),
 }
 FLOATS = {"float64", "float32", "float16", "bfloat16"}
 
@@ -64,9 +67,18 @@ def _rule(table: dict, key: str, nranks: int):
     return best[1] if best else None
 
 
+def wants_nccl(table: dict, nranks: int) -> bool:
+    """Whether the non-deterministic Allreduce rules for this rank count ever pick NCCL."""
+    rows = _rule(table, "allreduce", nranks) or []
+    return any(algo == "nccl" for _max, algo in rows)
+
+
 def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int, nranks: int,
-           deterministic: bool, peer_atomics: bool) -> str:
-    """`auto`: pick an algorithm for this call."""
+           deterministic: bool, peer_atomics: bool, nccl: bool = False) -> str:
+    """`auto`: pick an algorithm for this call.  A table row naming "nccl" is taken only when
+    NCCL is open (`nccl`), the policy is not deterministic and the dtype is not bfloat16
+    (CuPy's NCCL binding may lack it); otherwise the previous row's
+    hpccoll algorithm serves (two-shot sentinel if there is none)."""
     is_float = dtype in FLOATS
     if collective in ("Bcast", "Allgather"):
         return "ll"
@@ -75,9 +87,15 @@ def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int
     # Allreduce: table rows are [[max_bytes, algorithm], ...] in ascending max_bytes
     key = "allreduce_deterministic" if deterministic else "allreduce"
     rows = _rule(table, key, nranks) or _rule(_shipped("generic"), key, nranks)
+    prev = "twoshot_sentinel"
     for max_bytes, algo in rows:
+        if algo == "nccl" and (deterministic or not nccl or dtype == "bfloat16"):
+            algo = prev
         if max_bytes is None or nbytes <= max_bytes:
             break
+        prev = algo
+    if algo == "nccl":
+        return algo
     if algo == "twoshot_ll128" and not (is_float and op == "SUM" and peer_atomics):
         algo = "twoshot_sentinel"
     if not is_float:

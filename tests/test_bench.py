@@ -181,3 +181,39 @@ def test_single_rank_host_run(tmp_path, capsys):
     assert d["ranks"] == 1 and [r["bytes"] for r in d["rows"]] == [8, 1024]
     assert all(r["ok"] and r["algorithm"] == "mpi" and r["eager_us"] > 0 for r in d["rows"])
     assert "float32" in capsys.readouterr().out
+
+
+def test_nccl_rows_only_with_nccl_open_and_not_deterministic():
+    from hpccoll import select
+
+    table = {"allreduce": {"2": [[65536, "oneshot_sentinel"], [4 << 20, "twoshot_ll128"], [None, "nccl"]]},
+             "allreduce_deterministic": {"2": [[65536, "oneshot_sentinel"], [None, "twoshot_sentinel"]]}}
+    big, small = 64 << 20, 4096
+    assert select.wants_nccl(table, 2)
+    assert not select.wants_nccl({"allreduce": {"2": [[None, "twoshot_sentinel"]]}}, 2)
+    assert not select.wants_nccl({"allreduce_deterministic": {"2": [[None, "nccl"]]}}, 2)
+    assert select.choose(table, "Allreduce", "float32", "SUM", big, 2, False, True, nccl=True) == "nccl"
+    assert select.choose(table, "Allreduce", "float32", "SUM", small, 2, False, True, nccl=True) == "oneshot_sentinel"
+    # NCCL not opened: the previous row's hpccoll algorithm serves
+    assert select.choose(table, "Allreduce", "float32", "SUM", big, 2, False, True, nccl=False) == "twoshot_ll128"
+    assert select.choose(table, "Allreduce", "float32", "MAX", big, 2, False, True, nccl=False) == "twoshot_sentinel"
+    assert select.choose(table, "Allreduce", "int32", "SUM", big, 2, False, True, nccl=False) == "twoshot_ll"
+    # the deterministic policy never reaches NCCL, nor bfloat16 (CuPy's binding may lack it)
+    assert select.choose(table, "Allreduce", "float32", "SUM", big, 2, True, True, nccl=True) == "twoshot_sentinel"
+    assert select.choose(table, "Allreduce", "bfloat16", "SUM", big, 2, False, True, nccl=True) == "twoshot_ll128"
+    # a table whose first row is NCCL falls back to two-shot sentinel without NCCL
+    only = {"allreduce": {"2": [[None, "nccl"]]}}
+    assert select.choose(only, "Allreduce", "float32", "SUM", small, 2, False, True, nccl=False) == "twoshot_sentinel"
+    with pytest.raises(ValueError, match="not deterministic"):
+        select.validate("nccl", "Allreduce", "float32", "SUM", True, True)
+
+
+def test_tune_winners_take_nccl_only_when_asked():
+    from hpccoll.bench import tuning_rows, winners_of
+
+    rows = [{"algorithm": "twoshot_sentinel", "bytes": 1 << 20, "graph_us": 7.5, "ok": True},
+            {"algorithm": "nccl", "bytes": 1 << 20, "graph_us": 13.0, "ok": True},
+            {"algorithm": "twoshot_sentinel", "bytes": 64 << 20, "graph_us": 260.0, "ok": True},
+            {"algorithm": "nccl", "bytes": 64 << 20, "graph_us": 240.0, "ok": True}]
+    assert tuning_rows(winners_of(rows)) == [[None, "twoshot_sentinel"]]
+    assert tuning_rows(winners_of(rows, also=("nccl",))) == [[1 << 20, "twoshot_sentinel"], [None, "nccl"]]

@@ -4,6 +4,8 @@ Owns the workspace layout (region offsets and sizes), kernel modules and launch
 configuration; the algorithm comes from hpccoll.select."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .. import _env, select
@@ -21,6 +23,7 @@ S_LL = 256 * KiB         # payload per source of one LL launch
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
+log = logging.getLogger("hpccoll")
 OPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
 SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see proto_sentinel.cuh)
 _MODULES: dict[tuple[int, str], Module] = {}  # (device, dtype) -> loaded kernels
@@ -134,9 +137,23 @@ class CudaBackend:
         self._init_regions()
         self.ws.probe_peers(mpi_comm)
         self.table = select.load_table(self.gpu_name)
+        self._nccl = self._open_nccl_fallback(mpi_comm)
         self._launchers: dict[tuple, Launcher] = {}
         self._broken: str | None = None
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
+
+    def _open_nccl_fallback(self, mpi_comm):
+        """NCCL for the sizes where the tuning table prefers it (collective; None otherwise)."""
+        if not select.wants_nccl(self.table, self.size):
+            return None
+        from .nccl import NcclBackend, nccl_unavailable_reason
+
+        why = nccl_unavailable_reason()
+        if not self._agree(why is None):
+            log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
+                     "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
+            return None
+        return NcclBackend(mpi_comm, self.device_id)
 
     def _agree(self, ok: bool) -> bool:
         return all(self.comm.allgather(bool(ok)))
@@ -218,6 +235,9 @@ class CudaBackend:
                              f"communicator uses GPU {self.device_id}: allocate them there")
         op = call.op.name if call.op else None
         algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        if algo == "nccl":
+            self._nccl.run(call, deterministic, "auto", stream, iters)
+            return
         s = _stream_ptr(stream)
         getattr(self, "_" + call.name.lower())(call, algo, op, s, iters)
 
@@ -228,7 +248,10 @@ class CudaBackend:
             select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
         if algorithm == "auto" or collective not in select.ALGORITHMS[algorithm][0]:
             algorithm = select.choose(self.table, collective, dtype, op, nbytes, self.size,
-                                      deterministic, self.peer_atomics)
+                                      deterministic, self.peer_atomics, nccl=self._nccl is not None)
+        if algorithm == "nccl" and self._nccl is None:
+            raise ValueError(f"{collective}: algorithm='nccl' needs NCCL opened by this communicator "
+                             "(it is when the tuning table prefers NCCL): use 'auto' or backend='nccl'")
         select.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
         return algorithm
 
@@ -282,6 +305,8 @@ class CudaBackend:
         esize, n = flat.itemsize, flat.size
         op = call.op.name if call.op else None
         algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        if algo == "nccl":
+            return None
         if call.name == "Allreduce":
             cap, region, region2 = self.layout.allreduce[algo]
             if n * esize > cap:
@@ -395,6 +420,8 @@ class CudaBackend:
 
         try:
             cupy.cuda.runtime.deviceSynchronize()
+            if self._nccl is not None:
+                self._nccl.free()
         finally:
             self.comm.Barrier()  # no peer may still be writing into a workspace we unmap
             self.ws.free()
