@@ -72,6 +72,8 @@ PYEOF
               HPCCOLL_NODE_SIZE=$ns timeout 200 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_NODE_SIZE hpccoll bench allreduce \
                 --sizes "${HIER_SIZES:-8,4K,64K,1M,4M}" --algorithms auto --deterministic \
                 --json "$OUT/bench-hier-ns$ns-det.json" 2>&1 | tail -12; done; } | tee "$OUT/bench-hier.txt" ;;
+    lab) timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/latency_lab.py --json "$OUT/latency-lab.json" 2>&1 \
+           | grep -v Warning | tail -20 | tee "$OUT/latency-lab.txt" ;;
     eig8k) HPCCOLL_EIG_PROBLEM_CACHE=/tmp/eig-problems CUPY_ACCELERATORS= timeout ${EIG_LIMIT:-300} python3 -m hpccoll_eigensolver.cli \
              compare --out /tmp/eig/n8192 --n 8192 --comm sentinel,nccl --cusolvermp --single-gpu --ranks 2 --repeat 3 \
              --no-sync-collectives --no-reference --save-vectors no 2>&1 | tail -40 | tee "$OUT/eig8k.txt"

@@ -13,6 +13,7 @@ import weakref
 from mpi4py import MPI
 
 from . import _env
+from ._buffers import _cupy as _cupy_module
 from ._buffers import is_in_place as _is_in_place
 from ._validate import check_agreement, prepare
 from .backends.host import HostBackend
@@ -180,7 +181,8 @@ class Communicator:
         algo = self.algorithm if algorithm is None else algorithm
         det = self.deterministic if deterministic is None else bool(deterministic)
         fast = self._fast.get(name)
-        if fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det):
+        repeat = fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det)
+        if repeat and fast.plan is not None:
             # the eager fast path: the same buffers, arguments and policy as the last call
             if not self._lock.acquire(blocking=False):
                 raise _in_flight(name)
@@ -199,7 +201,7 @@ class Communicator:
                 self._hier.run(call, det, algo, stream)
             elif call.recv.is_device and self._device is not None:
                 self._device.run(call, det, algo, stream)
-                self._remember(name, call, sendbuf, recvbuf, op, root, algo, det)
+                self._remember(name, call, sendbuf, recvbuf, op, root, algo, det, repeat)
             else:
                 if algo not in ("auto", "mpi", "host"):
                     if self._device is None:
@@ -209,15 +211,17 @@ class Communicator:
         finally:
             self._lock.release()
 
-    def _remember(self, name, call, sendbuf, recvbuf, op, root, algo, det) -> None:
-        """Keep a prepared launch for the next call with these very CuPy arrays (or drop it)."""
-        plan = getattr(self._device, "plan", None)
-        fast = None
-        if plan is not None and _FastCall.eligible(sendbuf, recvbuf):
-            p = plan(call, det, algo)
-            if p is not None:
-                fast = _FastCall(p, sendbuf, recvbuf, op, root, algo, det)
-        self._fast[name] = fast
+    def _remember(self, name, call, sendbuf, recvbuf, op, root, algo, det, repeat: bool) -> None:
+        """Note this call as a candidate for the fast path; on its first repeat, prepare the
+        launch (a one-off call, e.g. on a fresh slice, pays only for the note)."""
+        if not repeat:
+            eligible = hasattr(self._device, "plan") and _FastCall.eligible(sendbuf, recvbuf)
+            self._fast[name] = _FastCall(None, sendbuf, recvbuf, op, root, algo, det) if eligible else None
+            return
+        fast = self._fast[name]
+        fast.plan = self._device.plan(call, det, algo)
+        if fast.plan is None:  # needs staging or chunking: always the full path
+            self._fast[name] = None
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
         """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
@@ -270,7 +274,8 @@ def _in_flight(name: str) -> HpccollError:
 
 
 class _FastCall:
-    """The last device call of one collective, prepared for an exact repeat.
+    """The last device call of one collective: a candidate (plan None) until it is repeated,
+    then a prepared launch (`plan`) for every further exact repeat.
 
     A repeat must pass the very same CuPy arrays (held by weak reference, so a freed array can
     never be mistaken for a new one at the same address) with unchanged address, size and
@@ -281,10 +286,9 @@ class _FastCall:
 
     @staticmethod
     def eligible(sendbuf, recvbuf) -> bool:
-        import cupy
-
-        return type(recvbuf) is cupy.ndarray and (sendbuf is None or _is_in_place(sendbuf)
-                                                  or type(sendbuf) is cupy.ndarray)
+        cp = _cupy_module()
+        return cp is not None and type(recvbuf) is cp.ndarray and (
+            sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is cp.ndarray)
 
     def __init__(self, plan, sendbuf, recvbuf, op, root, algo, det):
         self.plan = plan

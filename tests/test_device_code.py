@@ -51,6 +51,7 @@ def cubins(tmp_path_factory):
     try:
         out = {dt: compile_module("collectives.cu", dt, "sm_90") for dt in DTYPE_CODES}
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")
+        out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
     finally:
         if old is None:
             os.environ.pop("HPCCOLL_CACHE_DIR")

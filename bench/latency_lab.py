@@ -1,0 +1,110 @@
+"""Latency lab (GPU machine, 2 ranks): hpccoll's one-shot sentinel kernel timed in-kernel next
+to stripped variants of the same algorithm (cuda/lab_latency.cu), with the SoL model, all in
+one run - to find where hpccoll's in-kernel time (2.3-3.7 us) exceeds SoL (0.84 us).
+
+    mpiexec -n 2 python3 bench/latency_lab.py [--iters 1000] [--sizes 128,1K,4K,8K] [--json out.json]
+
+Variants: `min` (send, poll, re-arm, reduce in rank order; nothing else), `timer` (min + the
+bounded poll's timer and abort-flag checks every 256 spins).  Each result is checked bitwise
+against the rank-order sum.  Per-op µs = event time of one launch of `iters` ops / iters,
+median of 5, MAX over ranks, every launch preceded by a device barrier (bench._align)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+
+import numpy as np
+
+
+def main() -> int:
+    import cupy as cp
+
+    import hpccoll
+    from hpccoll import bench
+    from hpccoll._driver import Args, Module, launch_raw
+    from hpccoll._nvrtc import compile_module
+    from hpccoll._validate import prepare
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--sizes", default="128,1K,4K,8K")
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args()
+    K = opts.iters + (opts.iters & 1)  # even: successive launches keep the parity alternation
+    comm = hpccoll.Communicator(backend="cuda")
+    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
+    if comm.size != 2:
+        raise SystemExit("latency_lab: run with exactly 2 ranks")
+
+    def say(*m):
+        if rank == 0:
+            print(*m, flush=True)
+
+    sol = bench.measure_sol(comm, say)
+    say(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns)")
+    mod = Module(compile_module("lab_latency.cu", "float32", dev.arch))
+    variants = {"min": mod.fn("hc_lab_oneshot_min"), "timer": mod.fn("hc_lab_oneshot_timer")}
+    _cap, region, _region2 = dev.layout.allreduce["oneshot_sentinel"]
+    base = dev._launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
+    s = cp.cuda.Stream(non_blocking=True)
+    out = cp.zeros(4, cp.uint64)
+    bench._ALIGN = lambda h: dev.barrier(stream=h, sync=False)
+    rng = np.random.default_rng([rank, 5])
+    rows = []
+    for nbytes in bench.parse_sizes(opts.sizes):
+        n = max(4, nbytes // 4 // 4 * 4)
+        if n // 4 > 512:
+            say(f"skip {nbytes} B: the lab kernels use one block of <= 512 threads")
+            continue
+        h = rng.standard_normal(n).astype(np.float32)
+        xs = mpi.allgather(h)
+        ref = (xs[0] + xs[1]).astype(np.float32)
+        x, y = cp.asarray(h), cp.empty(n, cp.float32)
+        row = {"bytes": n * 4, "iters": K}
+        call = prepare("Allreduce", 2, x, y, op=hpccoll.SUM)
+        dev.run(call, True, "oneshot_sentinel", s, iters=2)
+        comm.synchronize(s)
+        row["hpccoll_us"] = bench._time_events(mpi, s, lambda: dev.run(call, True, "oneshot_sentinel", s,
+                                                                        iters=K), K, 1)
+        comm.synchronize(s)
+        row["hpccoll_ok"] = bool(mpi.allreduce(int(np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))),
+                                               op=_min()))
+        a = Args()
+        ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base), ctypes.sizeof(Args))
+        a.in_, a.out, a.count, a.iters = x.data.ptr, y.data.ptr, n, K
+        a.region, a.sub = region
+        block = (n // 4 + 31) // 32 * 32
+        for name, f in variants.items():
+            y.fill(0)
+            out.fill(0)
+            cp.cuda.runtime.deviceSynchronize()
+            mpi.Barrier()
+            t = bench._time_events(mpi, s, lambda f=f: launch_raw(f, 1, block, s.ptr, a, ctypes.c_void_p(out.data.ptr)),
+                                   K, 1)
+            s.synchronize()
+            good = int(out[1].get()) == 0 and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
+            row[f"{name}_us"] = t
+            row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
+        rows.append(row)
+        say(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    say(f"{'bytes':>7} {'hpccoll':>9} {'min':>9} {'timer':>9}   (us per op, in-kernel; SoL {sol.get('sol_us')})")
+    for r in rows:
+        say(f"{r['bytes']:>7} {r['hpccoll_us']:>9.3f} {r['min_us']:>9.3f} {r['timer_us']:>9.3f}   "
+            f"ok {r['hpccoll_ok']} {r['min_ok']} {r['timer_ok']}")
+    if rank == 0 and opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,
+                       "rows": rows, "median_of": bench.REPS, "command": "bench/latency_lab.py"}, fh, indent=1)
+    comm.Free()
+    return 0
+
+
+def _min():
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+// lab_latency.cu - stripped one-shot allreduces for bisecting the gap between hpccoll's
+// in-kernel latency (2.3-3.7 us per op on 2xH200) and the SoL model (0.84 us); driven by
+// bench/latency_lab.py.  Not used by the library.
+//
+// 2 ranks, fp32 SUM, one block, one thread per 16-byte pack, `iters` allreduces in a row on
+// hpccoll's one-shot region (a.region, sub-buffers of a.sub bytes per (parity, source)), parity
+// = iteration & 1 (even `iters` keep successive launches consistent), every received slot
+// re-armed to the sentinel right after it is read, so the region is left idle.  out[0] = ns of
+// the loop (thread 0), out[1] = 1 if a poll gave up (2^27 spins).
+#include "hc_common.cuh"
+#include "proto_sentinel.cuh"
+
+template <int TIMER>
+__device__ __forceinline__ void labOneShot(const Args& a, u64* out) {
+  const int peer = a.rank ^ 1;
+  const u64 p = threadIdx.x;
+  const u64 packs = a.count / 4;
+  const u64 t0 = globaltimer();
+  if (p < packs) {
+    const Pack x = ldPack((const float*)a.in + 4 * p);
+    for (int it = 0; it < a.iters; ++it) {
+      const u64 par = it & 1;
+      char* theirs = a.peers[peer] + a.region + (par * 2 + a.rank) * a.sub + 16 * p;
+      char* mine = a.peers[a.rank] + a.region + (par * 2 + peer) * a.sub + 16 * p;
+      Sentinel::write(theirs, x, 0);
+      Pack v;
+      u32 n = 0;
+      u64 tStart = 0;
+      for (;;) {
+        if (Sentinel::readOnce(mine, 0, v)) break;
+        if (++n >= (1u << 27)) { out[1] = 1; break; }
+        if (TIMER && (n & 255u) == 0) {  // hpccoll's bounded poll: timer + abort flag
+          const u64 now = globaltimer();
+          if (tStart == 0) tStart = now;
+          if (now - tStart > a.timeoutNs || ldVolatileInt((const int*)(a.peers[a.rank] + HC_OFF_ABORT))) {
+            out[1] = 1;
+            break;
+          }
+        }
+      }
+      Sentinel::clear(mine);
+      Pack y;
+      y = a.rank == 0 ? combinePack<HC_SUM>(x, v) : combinePack<HC_SUM>(v, x);
+      stPack((float*)a.out + 4 * p, y);
+    }
+  }
+  if (threadIdx.x == 0) out[0] = globaltimer() - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_min(const Args a, u64* out) {
+  labOneShot<0>(a, out);
+}
+extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_timer(const Args a, u64* out) {
+  labOneShot<1>(a, out);
+}
