@@ -28,6 +28,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log;
            mkdir -p /tmp/mps-pipe /tmp/mps-log; nvidia-cuda-mps-control -d && echo "MPS on"; }
 mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
+gpu_tests() {  # gpu_tests NRANKS: one job per test file, so a failure aborts only its own job
+  for f in tests/gpu/test_*.py; do
+    HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n "$1" python3 -m pytest -q -rs --with-mpi \
+      -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1
+  done
+}
 
 for stage in "${@:-all}"; do
   case $stage in
@@ -51,12 +57,8 @@ for r in roots:
 print("files with NUL bytes:", len(bad), bad[:10])
 PYEOF
           ;;
-    tests) for f in tests/gpu/test_*.py; do  # one job per file: a failure aborts only its own job
-             HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 2 python3 -m pytest -q -rs --with-mpi \
-               -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1; done | tee "$OUT/gpu-tests-2ranks.txt" ;;
-    tests4) mps_on; for f in tests/gpu/test_*.py; do
-             HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n 4 python3 -m pytest -q -rs --with-mpi \
-               -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1; done | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
+    tests) gpu_tests 2 | tee "$OUT/gpu-tests-2ranks.txt" ;;
+    tests4) mps_on; gpu_tests 4 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;

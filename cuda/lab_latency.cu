@@ -8,6 +8,7 @@
 // re-armed to the sentinel right after it is read, so the region is left idle.  out[0] = ns of
 // the loop (thread 0), out[1] = 1 if a poll gave up (2^27 spins).
 #include "hc_common.cuh"
+#include "ll_buffer.cuh"
 #include "proto_sentinel.cuh"
 
 template <int TIMER>
@@ -32,15 +33,14 @@ __device__ __forceinline__ void labOneShot(const Args& a, u64* out) {
         if (TIMER && (n & 255u) == 0) {  // hpccoll's bounded poll: timer + abort flag
           const u64 now = globaltimer();
           if (tStart == 0) tStart = now;
-          if (now - tStart > a.timeoutNs || ldVolatileInt((const int*)(a.peers[a.rank] + HC_OFF_ABORT))) {
+          if (now - tStart > a.timeoutNs || aborted(a)) {
             out[1] = 1;
             break;
           }
         }
       }
       Sentinel::clear(mine);
-      Pack y;
-      y = a.rank == 0 ? combinePack<HC_SUM>(x, v) : combinePack<HC_SUM>(v, x);
+      const Pack y = a.rank == 0 ? combinePack<HC_SUM>(x, v) : combinePack<HC_SUM>(v, x);
       stPack((float*)a.out + 4 * p, y);
     }
   }

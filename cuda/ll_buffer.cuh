@@ -36,7 +36,6 @@
 
 __device__ __forceinline__ u64* ctrlEpochs(const Args& a) { return (u64*)(a.peers[a.rank] + HC_OFF_EPOCHS); }
 __device__ __forceinline__ int* ctrlAbort(const Args& a) { return (int*)(a.peers[a.rank] + HC_OFF_ABORT); }
-__device__ __forceinline__ ErrRec* ctrlErr(const Args& a) { return (ErrRec*)(a.peers[a.rank] + HC_OFF_ERR); }
 
 __device__ __forceinline__ u64 epochBegin(const Args& a) {
   return *(volatile u64*)(ctrlEpochs(a) + blockIdx.x);

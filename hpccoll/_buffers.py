@@ -106,11 +106,7 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
             arr = cp.asarray(obj)
         else:
             arr = cp.from_dlpack(obj)
-        arr = _typed_bfloat16(arr, obj)
-        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-            raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
-        device = arr.device.id
-        flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr  # "A": a view in memory order
+        return _cupy_buf(_typed_bfloat16(arr, obj), argname, fn)
     else:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")

@@ -71,11 +71,6 @@ class BlockCyclic:
         blk = j // self.nb
         return (blk // self.nprocs) * self.nb + j % self.nb
 
-    def first_local_at_or_after(self, rank: int, j: int) -> int:
-        """Local position of rank's first column with global index >= j (local_n if none)."""
-        cols = self.local_cols(rank)
-        return int(np.searchsorted(cols, j))
-
 
 def distribute(global_array, desc: BlockCyclic, rank: int):
     """Rank's local block (m x local_n, Fortran order) of a replicated global matrix; same array type."""

@@ -83,9 +83,7 @@ class FastLaunch:
         self.grid, self.block = grid
 
     def launch(self, stream) -> None:
-        b = self.backend
-        if b._broken or b.ws.host_error():
-            b.check_error()
+        self.backend.check_error()
         self.launcher(self.grid, self.block, _stream_ptr(stream))
 
 
@@ -280,10 +278,17 @@ class CudaBackend:
         packs = (count * esize + PACK - 1) // PACK  # a thread per pack (two-shot: of the owner's share)
         return self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
 
+    def _allreduce_launcher(self, dtype: str, algo: str, op: str) -> tuple[Launcher, int]:
+        """The kernel of (algo, op) for dtype, and the payload bytes one launch can carry."""
+        cap, region, region2 = self.layout.allreduce[algo]
+        return self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2), cap
+
+    def _bcast_launcher(self, dtype: str) -> Launcher:
+        return self._launcher(dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll))
+
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
         esize = send.itemsize
-        cap, region, region2 = self.layout.allreduce[algo]
-        lau = self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2)
+        lau, cap = self._allreduce_launcher(dtype, algo, op)
         n = send.size
         step = cap // esize
         a = lau.args
@@ -308,15 +313,14 @@ class CudaBackend:
         if algo == "nccl":
             return None
         if call.name == "Allreduce":
-            cap, region, region2 = self.layout.allreduce[algo]
+            lau, cap = self._allreduce_launcher(call.recv.dtype, algo, op)
             if n * esize > cap:
                 return None
-            lau = self._launcher(call.recv.dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2)
             grid = self._allreduce_grid(algo, n, esize)
         elif call.name == "Bcast":
             if n * esize > S_LL:
                 return None
-            lau = self._launcher(call.recv.dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll))
+            lau = self._bcast_launcher(call.recv.dtype)
             grid = self._grid((n * esize + PACK - 1) // PACK)
         else:
             return None
@@ -339,8 +343,8 @@ class CudaBackend:
         self._bcast_flat(buf, call, s, iters)
 
     def _bcast_flat(self, buf, call, s, iters):
-        L, esize = self.layout, buf.itemsize
-        lau = self._launcher(call.recv.dtype, "hc_bcast_ll", (L.ll, L.sub_ll))
+        esize = buf.itemsize
+        lau = self._bcast_launcher(call.recv.dtype)
         a = lau.args
         a.root, a.iters = call.root, iters
         step = S_LL // esize
