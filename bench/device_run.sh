@@ -30,7 +30,7 @@ mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/
 mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 gpu_tests() {  # gpu_tests NRANKS: one job per test file, so a failure aborts only its own job
   for f in tests/gpu/test_*.py; do
-    HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n "$1" python3 -m pytest -q -rs --with-mpi \
+    CUPY_ACCELERATORS= HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n "$1" python3 -m pytest -q -rs --with-mpi \
       -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1
   done
 }
@@ -40,7 +40,11 @@ for stage in "${@:-all}"; do
     repair) python3 bench/fs_repair.py /tmp/stdfix 2>&1 | tee "$OUT/fs-repair.txt"
             [[ ${PIPESTATUS[0]} == 10 ]] && export PYTHONPATH=/tmp/stdfix${PYTHONPATH:+:$PYTHONPATH} && echo "PYTHONPATH=$PYTHONPATH"
             python3 -c "import numpy.testing, scipy.sparse; print('numpy.testing and scipy.sparse import')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
-            python3 -c "import torch; print('torch', torch.__version__, 'imports')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt" ;;
+            python3 -c "import torch; print('torch', torch.__version__, 'imports')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
+            # read the Python/CUDA sources the runs use once, before any GPU work (page cache)
+            site=$(python3 -c "import site; print(site.getsitepackages()[0])")
+            ( cd "$site" && find numpy scipy cupy cupyx cupy_backends -type f \( -name '*.py' -o -name '*.h' -o -name '*.cuh' -o -name '*.hpp' -o -name '*.inl' \) -print0 2>/dev/null \
+              | xargs -0 cat > /dev/null ) && echo "warmed $site" | tee -a "$OUT/fs-repair.txt" ;;
     info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt"
           # files that read back with NUL bytes broke imports on two machines (2026-11-30): list any
           python3 - <<'PYEOF' 2>&1 | tee -a "$OUT/info.txt"

@@ -6,8 +6,7 @@
 # run JSONs of every folder; no eigenvector .npy).
 #
 # Order = importance per second: smoke (n=512) -> 4096 and 8192 against cuSOLVERMp and the
-# single-GPU anchor (the targets) -> 2048 all paths, repeat 10 -> 8192 with stedc on the GPU
-# -> the remaining comms at 4096/8192 -> 4 ranks on 2 GPUs under MPS.
+# single-GPU anchor (the targets) -> 2048 all paths, repeat 10 -> 4 ranks on 2 GPUs under MPS.
 # Estimates (s, incl. ~10 s start-up per launch; the first 8192 launch also builds the problem,
 # cached in $HPCCOLL_EIG_PROBLEM_CACHE afterwards) are the numbers passed to `step`.
 set -uo pipefail
@@ -84,25 +83,24 @@ if ! smoke ""; then
     smoke "-unfused" || log "smoke failed again: continuing (failures are recorded per step)"
 fi
 
-# 2. n=2048, every path and both anchors, repeat 10, with the per-collective device sync
-#    (time breakdown); then 4 ranks on the 2 GPUs under MPS (>= 3 ranks: atomics can show).
+# 2. the targets: 4096 and 8192 (repeat 3) against cuSOLVERMp and one GPU, in the same run;
+#    timed without a device sync around each collective.
 FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors no)
-compare "n2048 all" 150 240 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
+compare "n4096 sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
+compare "n8192 sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
+# 3. n=2048, every path and both anchors, repeat 10, with the per-collective device sync
+#    (time breakdown); then 4 ranks on the 2 GPUs under MPS (>= 3 ranks: atomics can show).
+compare "n2048 all" 100 200 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
     --cusolvermp --single-gpu
 left=$((BUDGET - (SECONDS - T0)))
-if ((left > 80)); then
+if ((left > 60)); then
     mps_on
-    compare "n2048 4 ranks MPS" 80 150 n2048-p4-mps --n 2048 --ranks 4 --repeat 10 --comm sentinel,ll128 \
+    compare "n2048 4 ranks MPS" 60 150 n2048-p4-mps --n 2048 --ranks 4 --repeat 10 --comm sentinel,ll128 \
         --no-sync-collectives
     mps_off
 else
     log "SKIP n2048 4 ranks MPS (${left}s left)"
 fi
-# 3. the targets: 4096 and 8192 (repeat 3) against cuSOLVERMp and one GPU; timed without a
-#    device sync around each collective.
-compare "n4096 sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
-compare "n8192 sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
-compare "n8192 sentinel stedc=gpu" 40 120 n8192-stedc-gpu --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
 
 # Pack: reports, plots and run JSONs of every folder (no .npy), plus the log beside it.
 for d in "$WORK"/*/; do

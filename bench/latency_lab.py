@@ -5,7 +5,9 @@ one run - to find where hpccoll's in-kernel time (2.3-3.7 us) exceeds SoL (0.84 
     mpiexec -n 2 python3 bench/latency_lab.py [--iters 1000] [--sizes 128,1K,4K,8K] [--json out.json]
 
 Variants: `min` (send, poll, re-arm, reduce in rank order; nothing else), `timer` (min + the
-bounded poll's timer and abort-flag checks every 256 spins).  Each result is checked bitwise
+bounded poll's timer and abort-flag checks every 256 spins), `prims` (the same loop on the
+LLBuffer primitives), `prims_ld` (prims + the input re-read twice per op, as hpccoll does),
+`full` (hpccoll's allreduceOneShot launched like the others).  Each result is checked bitwise
 against the rank-order sum.  Per-op µs = event time of one launch of `iters` ops / iters,
 median of 5, MAX over ranks, every launch preceded by a device barrier (bench._align)."""
 from __future__ import annotations
@@ -44,7 +46,8 @@ def main() -> int:
     sol = bench.measure_sol(comm, say)
     say(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns)")
     mod = Module(compile_module("lab_latency.cu", "float32", dev.arch))
-    variants = {"min": mod.fn("hc_lab_oneshot_min"), "timer": mod.fn("hc_lab_oneshot_timer")}
+    names = ("min", "timer", "prims", "prims_ld", "full")
+    variants = {v: mod.fn(f"hc_lab_oneshot_{v}") for v in names}
     _cap, region, _region2 = dev.layout.allreduce["oneshot_sentinel"]
     base = dev._launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
     s = cp.cuda.Stream(non_blocking=True)
@@ -88,10 +91,11 @@ def main() -> int:
             row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
         rows.append(row)
         say(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    say(f"{'bytes':>7} {'hpccoll':>9} {'min':>9} {'timer':>9}   (us per op, in-kernel; SoL {sol.get('sol_us')})")
+    say(f"{'bytes':>7} {'hpccoll':>9} " + " ".join(f"{v:>9}" for v in names)
+        + f"   (us per op, in-kernel; SoL {sol.get('sol_us')})")
     for r in rows:
-        say(f"{r['bytes']:>7} {r['hpccoll_us']:>9.3f} {r['min_us']:>9.3f} {r['timer_us']:>9.3f}   "
-            f"ok {r['hpccoll_ok']} {r['min_ok']} {r['timer_ok']}")
+        say(f"{r['bytes']:>7} {r['hpccoll_us']:>9.3f} " + " ".join(f"{r[v + '_us']:>9.3f}" for v in names)
+            + "   ok " + " ".join(str(r[k + "_ok"]) for k in ("hpccoll",) + names))
     if rank == 0 and opts.json:
         with open(opts.json, "w") as fh:
             json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,

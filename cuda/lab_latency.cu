@@ -7,9 +7,7 @@
 // = iteration & 1 (even `iters` keep successive launches consistent), every received slot
 // re-armed to the sentinel right after it is read, so the region is left idle.  out[0] = ns of
 // the loop (thread 0), out[1] = 1 if a poll gave up (2^27 spins).
-#include "hc_common.cuh"
-#include "ll_buffer.cuh"
-#include "proto_sentinel.cuh"
+#include "collectives.cu"  // hpccoll's kernels and primitives, for the variants built on them
 
 template <int TIMER>
 __device__ __forceinline__ void labOneShot(const Args& a, u64* out) {
@@ -52,4 +50,40 @@ extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_min(const Args 
 }
 extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_timer(const Args a, u64* out) {
   labOneShot<1>(a, out);
+}
+
+// Bisection between `min` and hpccoll's kernel (session 3): the same loop on the LLBuffer
+// primitives (`prims`: input loaded once; `prims_ld`: loaded from a.in twice per iteration, as
+// allreduceOneShot does), and allreduceOneShot itself launched like the other lab kernels
+// (`full`: epochs, abort check and all; differs from hpccoll_us only in the launch path).
+template <bool LOAD>
+__device__ __forceinline__ void labPrims(const Args& a, u64* out) {
+  const u64 p = threadIdx.x, packs = a.count / 4;
+  const u64 t0 = globaltimer();
+  if (p < packs) {
+    const Pack x0 = ldPack((const float*)a.in + 4 * p);
+    for (int it = 0; it < a.iters; ++it) {
+      LLBuffer<Sentinel> buf(a, a.region, a.sub, (u64)it, HC_COLL_ALLREDUCE);
+      buf.bcast(p, LOAD ? loadPack(a.in, a.count, p) : x0);
+      Pack y;
+      if (!buf.template recvReduce<HC_SUM>(p, LOAD ? loadPack(a.in, a.count, p) : x0, y)) {
+        out[1] = 1;
+        break;
+      }
+      stPack((float*)a.out + 4 * p, y);
+    }
+  }
+  if (threadIdx.x == 0) out[0] = globaltimer() - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_prims(const Args a, u64* out) {
+  labPrims<false>(a, out);
+}
+extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_prims_ld(const Args a, u64* out) {
+  labPrims<true>(a, out);
+}
+extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_full(const Args a, u64* out) {
+  const u64 t0 = globaltimer();
+  allreduceOneShot<Sentinel, HC_SUM>(a);
+  if (threadIdx.x == 0) out[0] = globaltimer() - t0;
 }

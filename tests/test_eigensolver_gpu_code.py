@@ -65,3 +65,68 @@ def test_w_update_matches_latrd():
     out = np.empty(9)
     _xp.w_update(np, w, t, v, out)
     np.testing.assert_array_equal(out, w + (-0.5 * t * (w @ v)) * v)
+
+
+# -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
+def test_sytrd_step_kernels_compile():
+    from pathlib import Path
+
+    from hpccoll._nvrtc import _check
+
+    lib = _nvrtc_or_skip()
+    src = (Path(_xp.__file__).parent / "sytrd_step.cu").read_bytes()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"sytrd_step.cu", 0, None, None), "create")
+    opts = (ctypes.c_char_p * 2)(b"--gpu-architecture=sm_90", b"-std=c++17")
+    _check(lib, lib.nvrtcCompileProgram(prog, 2, opts), "compile", prog)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _standard_form(n, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n))
+    return (a + a.T) / 2
+
+
+@pytest.mark.parametrize("n,nb,nprocs", [(1, 4, 1), (2, 4, 1), (37, 8, 1), (37, 8, 3), (64, 16, 2), (50, 7, 4)])
+def test_sytrd_twin_matches_the_array_version(n, nb, nprocs):
+    """The kernels' formulation (absolute rows, zero masks, fixed-size buffers), run for all ranks
+    in one process, gives the tridiagonal and reflectors of solver._sytrd_ops on one rank."""
+    from hpccoll import Communicator
+    from hpccoll_eigensolver import BlockCyclic, distribute
+    from hpccoll_eigensolver.solver import _sytrd_ops
+    from hpccoll_eigensolver.sytrd_device import sytrd_twin
+
+    C = _standard_form(n, seed=n * 10 + nprocs)
+    desc = BlockCyclic(n, n, nb, nprocs)
+    d, e, V, tau = sytrd_twin([distribute(C, desc, r) for r in range(nprocs)], desc)
+    with Communicator(backend="host", deterministic=True) as comm:
+        if comm.size != 1:
+            pytest.skip("single-process reference")
+        one = BlockCyclic(n, n, nb, 1)
+        d1, e1, V1, tau1 = _sytrd_ops(np.asfortranarray(C.copy()), one, comm, np)
+    scale = np.abs(C).max()
+    np.testing.assert_allclose(d, d1, atol=1e-12 * scale * n)
+    np.testing.assert_allclose(e, e1, atol=1e-12 * scale * n)
+    np.testing.assert_allclose(tau, tau1, atol=1e-12 * n)
+    np.testing.assert_allclose(V, V1, atol=1e-10 * n)
+    T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
+    np.testing.assert_allclose(np.linalg.eigvalsh(T), np.linalg.eigvalsh(C), atol=1e-11 * scale * n)
+
+
+def test_sytrd_twin_with_a_zero_column():
+    """A column that is already reduced (zero tail: tau = 0) and an all-zero matrix."""
+    from hpccoll_eigensolver import BlockCyclic, distribute
+    from hpccoll_eigensolver.sytrd_device import sytrd_twin
+
+    n = 9
+    C = np.zeros((n, n))
+    C[np.arange(n), np.arange(n)] = np.arange(n) + 1.0
+    C[3, 4] = C[4, 3] = 2.0
+    desc = BlockCyclic(n, n, 4, 2)
+    d, e, V, tau = sytrd_twin([distribute(C, desc, r) for r in range(2)], desc)
+    T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
+    np.testing.assert_allclose(np.linalg.eigvalsh(T), np.linalg.eigvalsh(C), atol=1e-13)
+    assert np.isfinite(V).all() and np.isfinite(tau).all()
+    z = sytrd_twin([distribute(np.zeros((n, n)), desc, r) for r in range(2)], desc)
+    assert all(np.all(x == 0) for x in (z[0], z[1], z[3]))

@@ -165,6 +165,8 @@ def cmd_solve(args) -> int:
         info = machine_info(xp)
         commit = git_commit()
     del A, B
+    from .sytrd_device import mode_for
+    sytrd_mode = mode_for(comm) if xp.__name__ == "cupy" else "ops"
     for r in range(args.repeat):
         cc = CountingComm(comm, sync_each=not args.no_sync_collectives)
         bar = progress(len(PHASES), f"{args.comm} run {r}", rank == 0)
@@ -191,6 +193,7 @@ def cmd_solve(args) -> int:
             "schema": "hpccoll-eigensolver/run/1",
             "n": n, "nb": args.nb, "ranks": size, "comm": args.comm, "backend": comm.backend,
             "stedc": args.stedc,
+            "sytrd_mode": sytrd_mode,
             "device": "gpu" if xp.__name__ == "cupy" else "cpu",
             "problem": args.problem, "cond_b": args.cond_b, "seed": args.seed,
             "repeat_index": r, "repeat": args.repeat,
@@ -205,6 +208,9 @@ def cmd_solve(args) -> int:
             "collectives": {"count": count, "bytes": nbytes, "seconds": secs,
                             "share_of_solve": secs / solve_s if solve_s else None,
                             "timed_with_device_sync": cc.sync_each,
+                            # phases whose collectives ran inside CUDA graphs: their seconds are
+                            # n x (time per collective in a graph of that collective alone)
+                            "estimated_in_phases": sorted(cc.estimated),
                             "by_phase": {k: v for k, v in summary.items() if k != "total"},
                             "by_name": total, "sizes": cc.size_histogram()},
             "machine": info, "git_commit": commit,

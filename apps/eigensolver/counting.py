@@ -23,6 +23,21 @@ class CountingComm:
         self.sync_each = sync_each
         self.phase = "other"
         self.records: list[tuple[str, str, int, float]] = []  # (phase, name, bytes, seconds)
+        self.estimated: set[str] = set()  # phases whose collective seconds are estimates
+
+    @property
+    def uncounted(self):
+        """The communicator underneath (for collectives captured into CUDA graphs, which the
+        caller then reports through `record`)."""
+        return self.comm
+
+    def record(self, name: str, nbytes: int, count: int, seconds: float, *, estimated: bool = False) -> None:
+        """Account `count` collectives of `nbytes` issued outside this proxy (e.g. replayed in a
+        graph), taking `seconds` together; `estimated`: the time is not a direct measurement."""
+        for _ in range(count):
+            self.records.append((self.phase, name, int(nbytes), seconds / count if count else 0.0))
+        if estimated:
+            self.estimated.add(self.phase)
 
     # -- passthrough -----------------------------------------------------------
     def Get_rank(self) -> int:

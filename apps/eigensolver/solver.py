@@ -13,6 +13,8 @@ Steps and their collectives (P ranks, n columns, block nb):
           the partial products C v (rows j+1.. from an even row, so device buffers stay
           16-byte aligned and need no staging); V^T v and W^T v are local because V, W are
           replicated, so nothing else needs reducing. Trailing updates: local GEMMs.
+          On the GPU the column step is device kernels with the column index in device
+          memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
   stedc   tridiagonal divide and conquer (LAPACK dstevd; or cuSOLVER syevd of the dense
           tridiagonal with stedc="gpu") on rank 0, one Bcast of [w, Z]:
           every rank gets the same bits without relying on identical LAPACK runs.
@@ -127,6 +129,19 @@ def _sygst(A, L, desc: BlockCyclic, comm, xp):
 
 # -- sytrd ---------------------------------------------------------------------------
 def _sytrd(C, desc: BlockCyclic, comm, xp):
+    """Tridiagonalize the distributed symmetric C (overwritten): C = Q T Q^T.  On the GPU the
+    column step runs as device kernels replayed in CUDA graphs (sytrd_device); on the host,
+    or with HPCCOLL_EIG_SYTRD=ops, as array operations (_sytrd_ops)."""
+    if is_device(xp):
+        from . import sytrd_device
+
+        mode = sytrd_device.mode_for(comm)
+        if mode != "ops":
+            return sytrd_device.sytrd_device(C, desc, comm, mode)
+    return _sytrd_ops(C, desc, comm, xp)
+
+
+def _sytrd_ops(C, desc: BlockCyclic, comm, xp):
     """Tridiagonalize the distributed symmetric C (overwritten): C = Q T Q^T.
 
     Returns d, e (the tridiagonal, replicated), V (n x n, F order, column j = v_j with

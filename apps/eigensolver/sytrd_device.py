@@ -1,0 +1,288 @@
+"""Householder tridiagonalization on the GPU with the column step as device kernels
+(sytrd_step.cu), replayed as one CUDA graph per panel.
+
+Why: the CuPy-op version of the column step (solver._sytrd_ops) issues ~20 Python-dispatched
+operations per column and spends 550-800 us per column at n = 2048-4096, while its two
+collectives take ~10 us (bench/results/eigensolver/2026-11-30-h200x2-ANALYSIS.md).  Here the
+column index lives in device memory (st[0]) and every launch has the same shape for every
+column, so one captured graph of nb steps serves every full panel of the same owner:
+
+    [owner] sytrd_col, sytrd_hh  ->  Bcast(bb, root=owner)  ->  sytrd_gemv  ->
+    Allreduce(y, cv)  ->  sytrd_w1, sytrd_w2 (advances st)
+
+Both collectives have fixed sizes (n + 4 and n doubles), so they are captured once too.
+Communicators that cannot run under stream capture (the host backend) run the same kernels
+and collectives eagerly ("eager").  The math is sytrd_twin's, which the CPU tests check
+against solver._sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
+reproducible on a deterministic communicator.
+
+HPCCOLL_EIG_SYTRD: "graph" (default where the communicator allows), "eager", or "ops" (the
+CuPy-op column step)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .layout import BlockCyclic
+
+TPB = 256           # threads per block of the multi-block kernels (sytrd_step.cu's TPB)
+HH_THREADS = 1024   # sytrd_hh: one block
+_modules: dict = {}
+
+
+def mode_for(comm) -> str:
+    """'graph', 'eager' or 'ops' for this communicator (HPCCOLL_EIG_SYTRD overrides)."""
+    want = os.environ.get("HPCCOLL_EIG_SYTRD", "auto")
+    if want not in ("auto", "graph", "eager", "ops"):
+        raise ValueError(f"HPCCOLL_EIG_SYTRD={want!r}: use auto, graph, eager or ops")
+    backend = getattr(comm, "backend", None)
+    if want == "graph" and backend not in ("cuda", "nccl"):
+        return "eager"
+    if want == "auto":
+        return "graph" if backend in ("cuda", "nccl") else "eager"
+    return want
+
+
+def _module():
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    mod = _modules.get(dev)
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sytrd_step.cu")
+        with open(path) as fh:
+            src = fh.read()
+        mod = cupy.RawModule(code=src, options=("-std=c++17",))
+        _modules[dev] = mod
+    return mod
+
+
+class _Step:
+    """Buffers, kernels and launch shapes of one tridiagonalization (one rank)."""
+
+    def __init__(self, C, desc: BlockCyclic, rank: int):
+        import cupy as cp
+
+        n, nb = desc.n, desc.nb
+        if not C.flags.f_contiguous or C.dtype != cp.float64:
+            raise ValueError("sytrd_device: C must be a Fortran-ordered float64 CuPy array")
+        self.n, self.nb, self.rank, self.desc = n, nb, rank, desc
+        self.C = C
+        cols = desc.local_cols(rank)
+        self.cols_h = cols
+        self.cols = cp.asarray(cols, dtype=cp.int64)
+        self.nloc = int(cols.size)
+        self.P = cp.zeros((n, 2 * nb), dtype=cp.float64, order="F")
+        self.bb = cp.zeros(n + 4, dtype=cp.float64)
+        self.y = cp.zeros(n, dtype=cp.float64)
+        self.cv = cp.zeros(n, dtype=cp.float64)
+        self.s = cp.zeros(2 * nb, dtype=cp.float64)
+        self.colbuf = cp.zeros(n, dtype=cp.float64)
+        self.wtmp = cp.zeros(n, dtype=cp.float64)
+        self.g1 = (n + TPB - 1) // TPB
+        self.part1 = cp.zeros(self.g1, dtype=cp.float64)
+        self.part2 = cp.zeros(self.g1, dtype=cp.float64)
+        self.st = cp.zeros(4, dtype=cp.int64)
+        self.d = cp.zeros(n, dtype=cp.float64)
+        self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
+        self.tau = cp.zeros(n, dtype=cp.float64)
+        mod = _module()
+        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "hh", "gemv", "w1", "w2")}
+        self.n64, self.nb32, self.g132 = np.int64(n), np.int32(nb), np.int32(self.g1)
+        self.gemv_grid = (n + 31) // 32 + 2 * nb
+
+    def begin_panel(self, p0: int) -> None:
+        lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
+        self.P.fill(0)
+        self.k["init"]((1,), (1,), (self.st, np.int64(p0), np.int64(lj0)))
+
+    def column(self, owner: int, comm) -> None:
+        """One column step on the current stream; comm: anything with Bcast/Allreduce."""
+        k, n = self.k, self.n64
+        if self.rank == owner:
+            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1))
+            k["hh"]((1,), (HH_THREADS,), (n, self.st, self.colbuf, self.part1, self.g132, self.bb))
+        comm.Bcast(self.bb, root=owner)
+        k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+                                             self.st, self.bb, self.y, self.s, self.d, self.e, self.tau))
+        comm.Allreduce(self.y, self.cv)
+        k["w1"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp, self.part1))
+        k["w2"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.wtmp, self.part1, self.g132))
+
+    def end_panel(self, p0: int, p1: int, V) -> None:
+        """V's columns of the panel; the trailing update C -= V W^T + W V^T on owned columns > p1."""
+        import cupy as cp
+
+        nb, pw = self.nb, p1 - p0
+        V[:, p0:p1] = self.P[:, :pw]
+        lt = int(np.searchsorted(self.cols_h, p1))
+        if lt < self.nloc:
+            left = cp.asarray(np.r_[0:pw, nb:nb + pw])
+            right = cp.asarray(np.r_[nb:nb + pw, 0:pw])
+            Pl = self.P[p1:][:, left]
+            Pr = self.P[self.cols[lt:]][:, right]
+            self.C[p1:, lt:] -= Pl @ Pr.T
+
+
+def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
+    """d, e, V, tau of C = Q T Q^T (as solver._sytrd_ops returns them); C (CuPy, F order) is
+    overwritten.  mode "graph" or "eager" (see the module doc); comm may be a CountingComm,
+    whose `uncounted` communicator is captured (the collectives are then recorded in bulk,
+    timed from a graph of the two collectives alone).
+
+    Runs on a stream of its own (the legacy default stream cannot be captured), ordered after
+    the caller's stream and synchronized at the end (one host sync per call)."""
+    import cupy as cp
+
+    n, nb, rank = desc.n, desc.nb, comm.Get_rank()
+    st = _Step(C, desc, rank)
+    V = cp.zeros((n, n), dtype=cp.float64, order="F")
+    panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
+    inner = getattr(comm, "uncounted", comm)
+    outer = cp.cuda.get_current_stream()
+    stream = _stream()
+    stream.wait_event(outer.record())
+    with stream:
+        graphs = _capture(st, inner, desc, panels, stream) if mode == "graph" else None
+        for p0, p1 in panels:
+            st.begin_panel(p0)
+            if graphs is None:
+                for _ in range(p0, p1):
+                    st.column(desc.owner(p0), comm)
+            else:
+                graphs[(desc.owner(p0), p1 - p0)].launch(stream=stream)
+            st.end_panel(p0, p1, V)
+        if graphs is not None and hasattr(comm, "record"):
+            per = _collective_seconds(st, inner, stream)
+            comm.record("Bcast", st.bb.nbytes, n, per["Bcast"] * n, estimated=True)
+            comm.record("Allreduce", st.y.nbytes, n, per["Allreduce"] * n, estimated=True)
+    stream.synchronize()
+    return st.d, st.e[:max(n - 1, 0)], V, st.tau
+
+
+def _stream():
+    """This device's non-blocking stream for the tridiagonalization (kept: created once)."""
+    import cupy as cp
+
+    key = ("stream", cp.cuda.Device().id)
+    s = _modules.get(key)
+    if s is None:
+        s = _modules[key] = cp.cuda.Stream(non_blocking=True)
+    return s
+
+
+def _capture(st: _Step, comm, desc: BlockCyclic, panels, stream):
+    """{(owner, panel width): graph of that many column steps}, or None (every rank agrees)
+    when the communicator cannot be captured."""
+    from mpi4py import MPI
+
+    wanted = sorted({(desc.owner(p0), p1 - p0) for p0, p1 in panels})
+    graphs, why = {}, None
+    for owner, width in wanted:
+        try:
+            stream.begin_capture()
+            try:
+                for _ in range(width):
+                    st.column(owner, comm)
+            finally:
+                g = stream.end_capture()
+            graphs[(owner, width)] = g
+        except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly
+            why = f"{type(exc).__name__}: {exc}"
+            break
+    ok = comm.mpi_comm.allreduce(int(why is None), op=MPI.MIN)
+    if not ok:
+        if why:
+            print(f"sytrd (rank {comm.Get_rank()}): running the column steps eagerly ({why})", flush=True)
+        return None
+    return graphs
+
+
+def _collective_seconds(st: _Step, comm, stream, reps: int = 16) -> dict:
+    """Seconds per Bcast(bb) and per Allreduce(y, cv) inside a graph of `reps` of each alone:
+    the collectives' share of the captured column steps (which cannot be timed one by one)."""
+    import cupy as cp
+
+    out = {}
+    for name in ("Bcast", "Allreduce"):
+        stream.begin_capture()
+        try:
+            for _ in range(reps):
+                if name == "Bcast":
+                    comm.Bcast(st.bb, root=0)
+                else:
+                    comm.Allreduce(st.y, st.cv)
+        finally:
+            g = stream.end_capture()
+        g.launch(stream=stream)  # warm
+        comm.mpi_comm.Barrier()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        stream.synchronize()
+        e0.record(stream)
+        g.launch(stream=stream)
+        e1.record(stream)
+        e1.synchronize()
+        out[name] = cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / reps
+    return out
+
+
+# -- host twin -------------------------------------------------------------------------------
+def sytrd_twin(C_locals, desc: BlockCyclic):
+    """NumPy twin of the kernels' math for all ranks in one process (tests only): the column
+    step with absolute row indexing and zero masks exactly as sytrd_step.cu computes it, so the
+    CPU tests can check the formulation against solver._sytrd_ops.  Returns d, e, V, tau."""
+    n, nb, nprocs = desc.n, desc.nb, desc.nprocs
+    Cs = [np.array(c, dtype=np.float64, order="F") for c in C_locals]
+    cols = [desc.local_cols(r) for r in range(nprocs)]
+    d, e, tau = np.zeros(n), np.zeros(max(n - 1, 0)), np.zeros(n)
+    V = np.zeros((n, n), order="F")
+    for p0 in range(0, n, nb):
+        p1 = min(p0 + nb, n)
+        owner = desc.owner(p0)
+        P = np.zeros((n, 2 * nb), order="F")
+        for j in range(p0, p1):
+            k = j - p0
+            # sytrd_col + sytrd_hh (owner)
+            col = Cs[owner][j:, desc.local_index(j)] - (P[j:, :k] @ P[j, nb:nb + k] + P[j:, nb:nb + k] @ P[j, :k])
+            bb = np.zeros(n + 4)
+            tj = beta = scale = 0.0
+            if j + 1 < n:
+                xn2 = float(col[2:] @ col[2:])
+                alpha, xnorm = col[1], np.sqrt(xn2)
+                if xnorm != 0.0:
+                    beta = -np.copysign(np.hypot(alpha, xnorm), alpha)
+                    tj, scale = (beta - alpha) / beta, 1.0 / (alpha - beta)
+                else:
+                    beta = alpha
+                bb[4 + j + 1] = 1.0
+                bb[4 + j + 2:] = col[2:] * scale
+            bb[:3] = col[0], tj, beta
+            v = bb[4:]
+            # Bcast; sytrd_gemv (every rank, then the Allreduce sum)
+            cv = np.zeros(n)
+            for r in range(nprocs):
+                act = cols[r] > j
+                cv[j + 1:] += Cs[r][j + 1:, act] @ v[cols[r][act]]
+            P[:, k] = v
+            d[j] = bb[0]
+            if j + 1 < n:
+                tau[j], e[j] = bb[1], bb[2]
+            s = np.zeros(2 * nb)
+            s[:k] = P[j + 1:, :k].T @ v[j + 1:]
+            s[nb:nb + k] = P[j + 1:, nb:nb + k].T @ v[j + 1:]
+            # sytrd_w1, sytrd_w2
+            w = np.zeros(n)
+            w[j + 1:] = bb[1] * (cv[j + 1:] - (P[j + 1:, :k] @ s[nb:nb + k] + P[j + 1:, nb:nb + k] @ s[:k]))
+            alpha_w = -0.5 * bb[1] * float(w @ v)
+            P[:, nb + k] = 0.0
+            P[j + 1:, nb + k] = w[j + 1:] + alpha_w * v[j + 1:]
+        pw = p1 - p0
+        V[:, p0:p1] = P[:, :pw]
+        left, right = np.r_[0:pw, nb:nb + pw], np.r_[nb:nb + pw, 0:pw]
+        for r in range(nprocs):
+            lt = int(np.searchsorted(cols[r], p1))
+            if lt < cols[r].size:
+                Cs[r][p1:, lt:] -= P[p1:][:, left] @ P[cols[r][lt:]][:, right].T
+    return d, e, V, tau
+
