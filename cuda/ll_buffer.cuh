@@ -102,19 +102,38 @@ struct LLBuffer {
   u64 region, sub, epoch;
   u32 flag;
   int coll;
+  // Computed once per buffer, outside every loop and poll: my sub-buffers of this parity
+  // (src 0's slot 0) and the offset of my sub-buffer in every peer.  slotPtr(rank, src, slot)
+  // = mine + src * sub + slot * bytes; a peer's = peers[peer] + sendOff + slot * bytes.
+  // Why: the loop on the earlier primitives (peers[] indexed with a runtime rank inside every
+  // poll sweep, an 8-way predicated sweep even for 2 ranks) took 1.65-3.4 us per op in-kernel
+  // where a stripped loop took 0.83-0.88 (bench/results/2026-11-30-h200x2-*-latency-lab*).
+  char* mine;
+  u64 sendOff;
 
   __device__ LLBuffer(const Args& args, u64 regionOff, u64 subBytes, u64 ep, int collective)
-      : a(args), region(regionOff), sub(subBytes), epoch(ep), flag(llFlag(ep)), coll(collective) {}
+      : a(args), region(regionOff), sub(subBytes), epoch(ep), flag(llFlag(ep)), coll(collective) {
+    const u64 par = (ep & 1) * (u64)args.nranks;
+    mine = args.peers[args.rank] + regionOff + par * subBytes;
+    sendOff = regionOff + (par + (u64)args.rank) * subBytes;
+  }
 
   __device__ __forceinline__ char* slotPtr(int owner, int src, u64 slot) const {
     return a.peers[owner] + region + ((epoch & 1) * (u64)a.nranks + src) * sub + slot * Proto::kBytesPerPack;
   }
+  __device__ __forceinline__ char* mySlot(int src, u64 slot) const {
+    return mine + (u64)src * sub + slot * Proto::kBytesPerPack;
+  }
 
   __device__ __forceinline__ void send(int peer, u64 slot, Pack v) const {
-    Proto::write(slotPtr(peer, a.rank, slot), v, flag);
+    Proto::write(a.peers[peer] + sendOff + slot * Proto::kBytesPerPack, v, flag);
   }
 
   __device__ __forceinline__ void bcast(u64 slot, Pack v) const {
+    if (a.nranks == 2) {  // the common case: one peer, no loop
+      send(a.rank ^ 1, slot, v);
+      return;
+    }
 #pragma unroll
     for (int k = 1; k < HC_MAX_RANKS; ++k) {
       if (k >= a.nranks) break;
@@ -124,7 +143,7 @@ struct LLBuffer {
     }
   }
 
-  __device__ __forceinline__ void reset(int src, u64 slot) const { Proto::clear(slotPtr(a.rank, src, slot)); }
+  __device__ __forceinline__ void reset(int src, u64 slot) const { Proto::clear(mySlot(src, slot)); }
 
   __device__ __forceinline__ void resetRange(int src, u64 start, u64 count, u64 stride) const {
     for (u64 i = 0; i < count; ++i) reset(src, start + i * stride);
@@ -132,34 +151,43 @@ struct LLBuffer {
 
   // Poll my sub-buffer of `src` until valid; re-arm it.  False on timeout/abort.
   __device__ __forceinline__ bool recv(int src, u64 slot, Pack& v) const {
-    const char* p = slotPtr(a.rank, src, slot);
+    const char* p = mySlot(src, slot);
     const u32 f = flag;
     if (!boundedPoll(a, coll, [&] { return src; }, slot, [&] { return Proto::readOnce(p, f, v); })) return false;
-    reset(src, slot);
+    Proto::clear((char*)p);
     return true;
   }
 
   // Receive slot `slot` from every peer, reduce in rank order 0..nranks-1 with `own` at
-  // position rank.  Polls all peers in one sweep so their latencies overlap.
+  // position rank.  Two ranks: one direct poll.  More: all peers polled in one sweep so their
+  // latencies overlap.
   template <int OP>
   __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc) const {
+    const u32 f = flag;
+    if (a.nranks == 2) {
+      const int peer = a.rank ^ 1;
+      Pack v;
+      if (!recv(peer, slot, v)) return false;
+      acc = a.rank == 0 ? combinePack<OP>(own, v) : combinePack<OP>(v, own);
+      return true;
+    }
     Pack v[HC_MAX_RANKS];
     u32 pending = 0;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
       if (r < a.nranks && r != a.rank) pending |= 1u << r;
-    const u32 f = flag;
+    const char* base = mySlot(0, slot);
     auto sweep = [&] {
 #pragma unroll
       for (int r = 0; r < HC_MAX_RANKS; ++r)
         if (pending & (1u << r))
-          if (Proto::readOnce(slotPtr(a.rank, r, slot), f, v[r])) pending &= ~(1u << r);
+          if (Proto::readOnce(base + (u64)r * sub, f, v[r])) pending &= ~(1u << r);
       return pending == 0;
     };
     if (!boundedPoll(a, coll, [&] { return __ffs(pending) - 1; }, slot, sweep)) return false;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
-      if (r < a.nranks && r != a.rank) reset(r, slot);
+      if (r < a.nranks && r != a.rank) Proto::clear((char*)base + (u64)r * sub);
     acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
 #pragma unroll
     for (int r = 1; r < HC_MAX_RANKS; ++r)

@@ -3,7 +3,7 @@
 Only this module looks at array types; everything else sees a `Buf`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -106,11 +106,35 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
             arr = cp.asarray(obj)
         else:
             arr = cp.from_dlpack(obj)
-        return _cupy_buf(_typed_bfloat16(arr, obj), argname, fn)
+        buf = _cupy_buf(_typed_bfloat16(arr, obj), argname, fn)
+        dev = _foreign_device(obj, buf)
+        return buf if dev == buf.device else replace(buf, device=dev)
     else:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")
     return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=int(arr.size), device=device)
+
+
+def _foreign_device(obj, buf) -> int:
+    """The GPU that really holds a foreign array's memory.  CuPy's wrapper of a
+    __cuda_array_interface__ pointer reports the *current* device (seen on 2xH200: a torch
+    tensor on GPU 1 passed as GPU 0), so ask the array (DLPack) or the driver (the pointer)."""
+    if hasattr(obj, "__dlpack_device__"):
+        try:
+            kind, index = obj.__dlpack_device__()
+            if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
+                return int(index)
+        except Exception:  # noqa: BLE001 - fall through to the pointer
+            pass
+    ptr = buf.flat.data.ptr
+    if ptr:
+        import cupy
+
+        try:
+            return int(cupy.cuda.runtime.pointerGetAttributes(ptr).device)
+        except Exception:  # noqa: BLE001 - not a CUDA pointer the runtime knows
+            pass
+    return buf.device
 
 
 def _is_cupy_array(obj) -> bool:

@@ -31,10 +31,46 @@ def cuda_dir() -> Path:
     raise HpccollError(f"device sources not found beside {here}: reinstall hpccoll")
 
 
+def _loaded_nvrtc() -> str | None:
+    """Path of a libnvrtc already mapped into this process (e.g. CuPy's), else None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(" ")[-1]
+                if "/libnvrtc.so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _cupy_nvrtc() -> str | None:
+    """The libnvrtc CuPy uses (loaded by asking CuPy for its version), else None.
+
+    One process must use ONE NVRTC: NVRTC dlopens its builtins library by soname, so a second
+    libnvrtc of another build gets the first one's builtins.  On the GPU machine (2026-11-30)
+    hpccoll had loaded the pip wheel's NVRTC and builtins first; CuPy's NVRTC then failed on an
+    empty program ("default_program(1): error: unrecognized token") in every process that had
+    opened hpccoll's CUDA backend, while NCCL- and MPI-only processes compiled fine."""
+    loaded = _loaded_nvrtc()
+    if loaded:
+        return loaded
+    try:
+        from cupy_backends.cuda.libs import nvrtc as cupy_nvrtc
+
+        cupy_nvrtc.getVersion()
+    except Exception:  # noqa: BLE001 - no CuPy (CPU CI) or no NVRTC for it
+        return None
+    return _loaded_nvrtc()
+
+
 def _candidates():
     env = os.environ.get("HPCCOLL_NVRTC")
     if env:
         yield env
+    shared = _cupy_nvrtc()
+    if shared:
+        yield shared
     for base in sys.path:
         for pat in ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
                     "nvidia/cu12/lib/libnvrtc.so.12"):
@@ -53,10 +89,12 @@ def _nvrtc():
         errors = []
         for cand in _candidates():
             try:
-                # NVRTC dlopens its builtins library by name: load it first, from the same folder.
-                for builtins in glob.glob(os.path.join(os.path.dirname(cand), "libnvrtc-builtins.so*")):
-                    if ".alt." not in builtins:
-                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                # NVRTC dlopens its builtins library by name: load it first, from the same folder
+                # (not for an NVRTC already loaded by CuPy: it has found its own).
+                if cand != _loaded_nvrtc():
+                    for builtins in glob.glob(os.path.join(os.path.dirname(cand), "libnvrtc-builtins.so*")):
+                        if ".alt." not in builtins:
+                            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
                 _lib = ctypes.CDLL(cand)
                 break
             except OSError as exc:

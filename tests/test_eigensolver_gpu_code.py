@@ -130,3 +130,18 @@ def test_sytrd_twin_with_a_zero_column():
     assert np.isfinite(V).all() and np.isfinite(tau).all()
     z = sytrd_twin([distribute(np.zeros((n, n)), desc, r) for r in range(2)], desc)
     assert all(np.all(x == 0) for x in (z[0], z[1], z[3]))
+
+
+def test_local_comm_runs_a_solve():
+    """The one-rank stand-in used to compile the GPU kernels before the communicator opens
+    (warmup.py) carries a whole solve: checked here on the host path."""
+    from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.warmup import LocalComm
+
+    prob = make_problem("known", 29, cond_b=10.0, seed=1)
+    desc = BlockCyclic(29, 29, 8, 1)
+    comm = LocalComm()
+    w, X = sygvd(distribute(prob.A, desc, 0), distribute(prob.B, desc, 0), desc, comm)
+    assert metrics.eigenvalue_error(w, prob.eigenvalues) < 1e-12
+    assert metrics.residual(prob.A, prob.B, gather(X, desc, comm), w) < 10

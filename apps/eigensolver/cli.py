@@ -144,6 +144,10 @@ def cmd_solve(args) -> int:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     xp, dev = select_device(world)
+    if xp.__name__ == "cupy":
+        from .warmup import warm_up
+
+        warm_up(stedc=args.stedc)  # compile CuPy's kernels before the communicator opens
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:

@@ -27,6 +27,7 @@ import numpy as np
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block of the multi-block kernels (sytrd_step.cu's TPB)
+GEMV_TPB = 1024     # sytrd_gemv's block (sytrd_step.cu's GEMV_TPB)
 HH_THREADS = 1024   # sytrd_hh: one block
 _modules: dict = {}
 
@@ -104,7 +105,7 @@ class _Step:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1))
             k["hh"]((1,), (HH_THREADS,), (n, self.st, self.colbuf, self.part1, self.g132, self.bb))
         comm.Bcast(self.bb, root=owner)
-        k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+        k["gemv"]((self.gemv_grid,), (GEMV_TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
                                              self.st, self.bb, self.y, self.s, self.d, self.e, self.tau))
         comm.Allreduce(self.y, self.cv)
         k["w1"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp, self.part1))

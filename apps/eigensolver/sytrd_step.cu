@@ -16,7 +16,8 @@
 // (block tree of fixed size, then the blocks' partials in index order): the same inputs give
 // the same bits on every rank and in every run.
 typedef long long i64;
-#define TPB 256  // threads per block of every multi-block kernel (a power of two)
+#define TPB 256         // threads per block of the multi-block kernels (a power of two)
+#define GEMV_TPB 1024   // sytrd_gemv: 32 warps per 32-row tile (loads in flight: see there)
 
 __device__ __forceinline__ double blockSum(double x, double* sh) {
   sh[threadIdx.x] = x;
@@ -93,13 +94,15 @@ extern "C" __global__ void sytrd_hh(i64 n, const i64* st, const double* colbuf, 
 }
 
 // Every rank, after the Bcast.  Blocks [0, RT): y = C_local v over the local columns > j, 32
-// rows per block (a lane per row, the 8 warps split the columns, summed in warp order); they
+// rows per block (a lane per row, the 32 warps split the columns, summed in warp order); they
 // also store v as P's V column k and (block 0) d_j, tau_j, e_j.  Blocks [RT, RT + 2nb): one
 // s[q] = P[:, q] . v each over the panel's used columns (0 for the others).
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
+// The gemv reads the trailing local matrix once per column (the phase's memory traffic):
+// 32 warps x 4 unrolled 256-byte loads per block keep enough bytes in flight per SM.
+extern "C" __global__ void __launch_bounds__(GEMV_TPB) sytrd_gemv(
     const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
     const double* bb, double* y, double* s, double* d, double* e, double* tau) {
-  __shared__ double sh[TPB];
+  __shared__ double sh[GEMV_TPB];
   const i64 j = st[0], k = st[1];
   const double* v = bb + 4;
   const i64 RT = (n + 31) / 32;

@@ -398,3 +398,55 @@ def test_torch_dlpack_and_cuda_array_interface_inputs(cc):
         bad = torch.ones(8, device=torch.device("cuda", other))
         with pytest.raises(ValueError, match="GPU"):
             cc.Allreduce(bad, torch.empty_like(bad))
+
+
+def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factory, monkeypatch):
+    """A tuning table with an "nccl" row: the communicator opens NCCL at construction, `auto`
+    runs the non-deterministic Allreduce above the threshold through it (eager and inside a
+    captured graph), and keeps hpccoll's kernels below it and for deterministic calls."""
+    import json
+
+    import cupy as cp
+
+    from hpccoll.backends.nccl import nccl_unavailable_reason
+
+    if nccl_unavailable_reason():
+        pytest.skip(nccl_unavailable_reason())
+    world = _world()
+    path = world.bcast(str(tmp_path_factory.mktemp("tune") / "tuning.json") if world.rank == 0 else None)
+    if world.rank == 0:
+        rows = [[65536, "oneshot_sentinel"], [None, "nccl"]]
+        name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)  # load_table matches it
+        table = {"gpu": name, "allreduce": {str(world.size): rows},
+                 "allreduce_deterministic": {str(world.size): [[None, "twoshot_sentinel"]]}}
+        with open(path, "w") as fh:
+            json.dump(table, fh)
+    world.Barrier()
+    monkeypatch.setenv("HPCCOLL_TUNING", path)
+    c = hpccoll.Communicator(backend="cuda", deterministic=False)
+    try:
+        dev = c._device
+        assert dev._nccl is not None, "the table prefers NCCL: it must be open"
+        assert dev.resolve("Allreduce", "float32", "SUM", 1 << 20, False, "auto") == "nccl"
+        assert dev.resolve("Allreduce", "float32", "SUM", 1 << 12, False, "auto") == "oneshot_sentinel"
+        assert dev.resolve("Allreduce", "float32", "SUM", 1 << 20, True, "auto") == "twoshot_sentinel"
+        rng = np.random.default_rng([world.rank, 17])
+        for n in (1 << 18, (1 << 18) + 5):
+            h = rng.standard_normal(n).astype(np.float32)
+            ref = reduce_in_rank_order(OPS["SUM"], world.allgather(h))
+            x, y = cp.asarray(h), cp.empty(n, cp.float32)
+            c.Allreduce(x, y)
+            c.synchronize()
+            np.testing.assert_allclose(y.get(), ref, rtol=1e-5, atol=1e-5)
+            s = cp.cuda.Stream(non_blocking=True)
+            with s:
+                s.begin_capture()
+                c.Allreduce(x, y, stream=s)
+                g = s.end_capture()
+            y.fill(0)
+            g.launch(stream=s)
+            s.synchronize()
+            np.testing.assert_allclose(y.get(), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        c.Free()

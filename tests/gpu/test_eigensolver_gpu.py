@@ -15,6 +15,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """CuPy's kernels compiled before any communicator opens (as the CLI does)."""
+    from hpccoll_eigensolver.warmup import warm_up
+
+    warm_up()
+
+
 @pytest.fixture(scope="module")
 def gpu_comm():
     c = hpccoll.Communicator(backend="cuda", deterministic=True)
