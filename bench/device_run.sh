@@ -21,7 +21,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1 \
   || { echo "install failed"; tail -20 "$OUT/install.log"; exit 1; }
 MPIEXEC=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${HPCCOLL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 echo "commit $commit" | tee "$OUT/meta.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/meta.txt"
 
