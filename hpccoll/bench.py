@@ -986,6 +986,9 @@ def _now() -> str:
 
 
 def git_commit() -> str | None:
+    """HPCCOLL_COMMIT when set (the GPU machine's copy of the tree has a stale git HEAD), else git's HEAD."""
+    if os.environ.get("HPCCOLL_COMMIT"):
+        return os.environ["HPCCOLL_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -994,7 +997,7 @@ def git_commit() -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("HPCCOLL_COMMIT")
+    return None
 
 
 def machine_info(comm) -> dict:

@@ -54,6 +54,9 @@ def gpu_name(xp) -> str | None:
 
 
 def git_commit() -> str | None:
+    """HPCCOLL_COMMIT when set (the GPU machine's copy of the tree has a stale git HEAD), else git's HEAD."""
+    if os.environ.get("HPCCOLL_COMMIT"):
+        return os.environ["HPCCOLL_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
