@@ -3,7 +3,8 @@
 // One thread handles packs p = tid, tid + T, ... (T = threads in the grid).  The launch
 // configuration is a function of (collective, algorithm, size, nranks) only, so the same
 // thread handles pack p on every rank.  `iters` > 1 runs that many collectives back to back
-// inside one launch (the benchmark's in-kernel mode); the host path always passes 1.
+// inside one launch (the benchmark's in-kernel mode, from the HC_LOOP_FENCE module: see
+// loopFence); the host path always passes 1.
 #include "hc_common.cuh"
 #include "ll_buffer.cuh"
 #include "proto_ll.cuh"
@@ -13,6 +14,21 @@
 __device__ __forceinline__ u64 tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 nthreads() { return (u64)gridDim.x * blockDim.x; }
 __device__ __forceinline__ u64 packsOf(u64 count) { return (count + HC_EPP - 1) / HC_EPP; }
+
+// Between the collectives of an in-kernel loop (`iters` > 1: the benchmark's in-kernel mode
+// only).  A re-arm (a plain local store) must be visible before the next collective's sends,
+// which are the peer's credit to write that slot again.  Between launches the kernel boundary
+// orders them; inside one launch nothing does, and at 1 MiB (65536 threads re-arming at once)
+// a late re-arm erased the peer's next data: both ranks timed out on the same slot (2xH200,
+// 379c1df). So the in-kernel loops run from a second module compiled with HC_LOOP_FENCE=1,
+// where this is a gpu-scope fence (the re-arm is performed at our L2, where the peer's next
+// write lands, before the next send leaves).  In the library's module it is empty: its kernels
+// always run one collective per launch and stay barrier-free (tests/test_device_code.py).
+__device__ __forceinline__ void loopFence() {
+#if HC_LOOP_FENCE
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
+}
 
 // Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
 __device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
@@ -47,7 +63,7 @@ template <class Proto, int OP>
 __device__ void allreduceOneShot(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
     sendAll(buf, a, packs);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
@@ -65,7 +81,7 @@ __device__ void allreduceTwoShot(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   const u64 chunk = (packs + a.nranks - 1) / a.nranks;  // packs per owner
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> rs(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
     LLBuffer<Proto> ag(a, a.region2, a.sub2, e0 + it, HC_COLL_ALLREDUCE);
     for (u64 p = tid(); p < packs; p += nthreads()) {
@@ -106,7 +122,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
   const u64 gwarp = tid() >> 5, nwarps = nthreads() >> 5;
   const int myElems = counterLane ? HC_EPP - 1 : HC_EPP;
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 e = e0 + it;
     LLBuffer<Sentinel> ag(a, a.region2, a.sub2, e, HC_COLL_ALLREDUCE);
     auto lineAt = [&](int owner, u64 l) { return a.peers[owner] + a.region + (e & 1) * a.sub + l * 128 + sub * 16; };
@@ -180,7 +196,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
 __device__ void bcastLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 e = e0 + it;
     LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_BCAST);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
@@ -212,7 +228,7 @@ __device__ void bcastLL(const Args& a) {
 __device__ void allgatherLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<LL> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLGATHER);
     for (u64 p = tid(); p < packs; p += nthreads()) {
       Pack x = ldPack((const T*)a.in + p * HC_EPP);
@@ -237,7 +253,7 @@ template <class Proto, int OP>
 __device__ void reduceScatter(const Args& a) {
   const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
   bool ok = !aborted(a);
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_REDUCE_SCATTER);
     for (int k = 1; k < a.nranks; ++k) {
       const int dst = (a.rank + k) % a.nranks;
@@ -259,7 +275,7 @@ __device__ void barrier(const Args& a) {
   const u64 e0 = epochBegin(a);
   bool ok = !aborted(a);
   const int r = threadIdx.x;
-  for (int it = 0; ok && it < a.iters; ++it) {
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 mark = e0 + it + 1;
     if (r < a.nranks && r != a.rank) {
       u64* theirs = (u64*)(a.peers[r] + HC_OFF_BARRIER) + a.rank;

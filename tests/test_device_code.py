@@ -52,6 +52,7 @@ def cubins(tmp_path_factory):
         out = {dt: compile_module("collectives.cu", dt, "sm_90") for dt in DTYPE_CODES}
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")
         out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
+        out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_LOOP_FENCE=1",))
     finally:
         if old is None:
             os.environ.pop("HPCCOLL_CACHE_DIR")
@@ -90,3 +91,13 @@ def test_the_checker_sees_fences(cubins, tmp_path):
     """The SoL kernel times __threadfence(): the same parser must find its MEMBAR."""
     funcs = _sass_by_function(cubins["sol"], tmp_path)
     assert any(BARRIERS.search(line) for line in funcs["hc_sol_fence"].splitlines())
+
+
+def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
+    """The benchmark's in-kernel loops (iters > 1) run from the HC_LOOP_FENCE module: there every
+    collective kernel has its fence between iterations (collectives.cu, loopFence); the
+    library's module (checked above) has none."""
+    funcs = _sass_by_function(cubins["loop"], tmp_path)
+    assert set(funcs) == expected_kernels("float32")
+    for name, body in funcs.items():
+        assert any(BARRIERS.search(line) for line in body.splitlines()), f"{name}: no fence in the loop module"

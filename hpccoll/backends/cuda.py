@@ -5,6 +5,7 @@ configuration; the algorithm comes from hpccoll.select."""
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -147,8 +148,16 @@ class CudaBackend:
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
     def _open_nccl_fallback(self, mpi_comm):
-        """NCCL for the sizes where the tuning table prefers it (collective; None otherwise)."""
+        """NCCL for the sizes where the tuning table prefers it (collective; None otherwise).
+
+        Opt-in (HPCCOLL_NCCL_FALLBACK=1, the same on every rank): its GPU test hung at 2 ranks
+        on 2xH200 (379c1df; no shipped table prefers NCCL), so by default hpccoll's own kernels
+        serve every size."""
         if not select.wants_nccl(self.table, self.size):
+            return None
+        if os.environ.get("HPCCOLL_NCCL_FALLBACK", "0") != "1":
+            log.info("hpccoll: the tuning table prefers NCCL for large Allreduce; the NCCL fallback "
+                     "is opt-in (HPCCOLL_NCCL_FALLBACK=1): hpccoll's kernels serve those sizes")
             return None
         from .nccl import NcclBackend, nccl_unavailable_reason
 
@@ -173,18 +182,21 @@ class CudaBackend:
         cupy.cuda.runtime.deviceSynchronize()
 
     # -- kernels ----------------------------------------------------------------
-    def _module(self, dtype: str) -> Module:
+    def _module(self, dtype: str, loop: bool = False) -> Module:
+        """The kernels for dtype; loop=True: the module for in-kernel loops (iters > 1, the
+        benchmark's in-kernel mode), with a fence between iterations (collectives.cu, loopFence)."""
         # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
         # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
         # is written atomically.  Loaded modules are shared by the process's communicators.
-        key = (self.device_id, dtype)
+        key = (self.device_id, dtype, loop)
         mod = _MODULES.get(key)
         if mod is None:
-            mod = _MODULES[key] = Module(compile_module("collectives.cu", dtype, self.arch))
+            extra = ("-DHC_LOOP_FENCE=1",) if loop else ()
+            mod = _MODULES[key] = Module(compile_module("collectives.cu", dtype, self.arch, extra))
         return mod
 
-    def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0)) -> Launcher:
-        key = (dtype, kernel)
+    def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0), loop: bool = False) -> Launcher:
+        key = (dtype, kernel, loop)
         lau = self._launchers.get(key)
         if lau is None:
             a = Args()
@@ -195,7 +207,7 @@ class CudaBackend:
             a.timeoutNs = self.timeout_ns
             a.hostErr = self.ws.host_err_dev
             a.rank, a.nranks, a.root, a.iters = self.rank, self.size, 0, 1
-            lau = self._launchers[key] = Launcher(self._module(dtype).fn(kernel), a, pdl=self.pdl)
+            lau = self._launchers[key] = Launcher(self._module(dtype, loop).fn(kernel), a, pdl=self.pdl)
         return lau
 
     def _grid(self, work_items: int, threads_per_item: int = 1) -> tuple[int, int]:
@@ -287,17 +299,17 @@ class CudaBackend:
         packs = (count * esize + PACK - 1) // PACK  # a thread per pack (two-shot: of the owner's share)
         return self._grid(packs if algo.startswith("oneshot") else (packs + self.size - 1) // self.size)
 
-    def _allreduce_launcher(self, dtype: str, algo: str, op: str) -> tuple[Launcher, int]:
+    def _allreduce_launcher(self, dtype: str, algo: str, op: str, loop: bool = False) -> tuple[Launcher, int]:
         """The kernel of (algo, op) for dtype, and the payload bytes one launch can carry."""
         cap, region, region2 = self.layout.allreduce[algo]
-        return self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2), cap
+        return self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2, loop), cap
 
-    def _bcast_launcher(self, dtype: str) -> Launcher:
-        return self._launcher(dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll))
+    def _bcast_launcher(self, dtype: str, loop: bool = False) -> Launcher:
+        return self._launcher(dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll), loop=loop)
 
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
         esize = send.itemsize
-        lau, cap = self._allreduce_launcher(dtype, algo, op)
+        lau, cap = self._allreduce_launcher(dtype, algo, op, iters > 1)
         n = send.size
         step = cap // esize
         a = lau.args
@@ -353,7 +365,7 @@ class CudaBackend:
 
     def _bcast_flat(self, buf, call, s, iters):
         esize = buf.itemsize
-        lau = self._bcast_launcher(call.recv.dtype)
+        lau = self._bcast_launcher(call.recv.dtype, iters > 1)
         a = lau.args
         a.root, a.iters = call.root, iters
         step = S_LL // esize
@@ -380,7 +392,7 @@ class CudaBackend:
             count = call.recv.count // n if call.in_place else call.recv.count
             src = call.recv.flat if call.in_place else call.send.flat
         out = call.recv.flat
-        lau = self._launcher(call.recv.dtype, kernel, region)
+        lau = self._launcher(call.recv.dtype, kernel, region, loop=iters > 1)
         a = lau.args
         a.iters = iters
         direct = count % epp == 0 and count * esize <= cap_bytes and self._aligned(src) and self._aligned(out)
@@ -422,7 +434,7 @@ class CudaBackend:
 
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
-        lau = self._launcher("float32", "hc_barrier", (0, 0))
+        lau = self._launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
         lau.args.iters = iters
         lau(1, 32, _stream_ptr(stream))
         if sync:
