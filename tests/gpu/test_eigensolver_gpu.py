@@ -5,6 +5,7 @@ path, the same eigenvalues as the host path to rounding, and LL128 at least accu
     mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_eigensolver_gpu.py"""
 from __future__ import annotations
 
+import _gpu_checks  # noqa: F401 - lazily-imported modules first (see there)
 import pytest
 import scipy.linalg as sl
 from mpi4py import MPI
