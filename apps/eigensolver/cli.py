@@ -322,10 +322,11 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sync-collectives", action="store_true",
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
-    p.add_argument("--stedc", choices=("auto", "host", "gpu"), default="auto",
+    p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
                    help="where rank 0 solves the tridiagonal eigenproblem: host LAPACK dstevd, or gpu "
                         "(cuSOLVER syevd of the dense tridiagonal; device arrays only); auto (default) = "
-                        "gpu on GPUs (12x faster at n=8192 on H200, bench/results/eigensolver), else host")
+                        "gpu on GPUs (12x faster at n=8192 on H200, bench/results/eigensolver), else host; "
+                        "dc: hpccoll_eigensolver's divide and conquer on the arrays' device (not yet timed on GPUs)")
 
 
 def build_parser() -> argparse.ArgumentParser:

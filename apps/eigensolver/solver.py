@@ -228,17 +228,27 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"
     """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T: solved on rank 0, one Bcast.
 
     where="host": LAPACK dstevd (divide and conquer) through scipy; "gpu" (device arrays only):
-    cupy.linalg.eigh (cuSOLVER syevd) of the dense tridiagonal on rank 0's GPU.  Either way the
-    other ranks get rank 0's bits through the Bcast."""
+    cupy.linalg.eigh (cuSOLVER syevd) of the dense tridiagonal on rank 0's GPU; "dc": this
+    package's divide and conquer (tridiag_dc.py) on the arrays' device (GEMMs and elementwise
+    work instead of a dense solve).  Either way the other ranks get rank 0's bits through the
+    Bcast."""
     n, rank = desc.n, comm.Get_rank()
     nz = n * n if eigvecs else 0
-    if where not in ("auto", "host", "gpu"):
-        raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host' or 'gpu'")
+    if where not in ("auto", "host", "gpu", "dc"):
+        raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host', 'gpu' or 'dc'")
     if where == "auto":
         where = "gpu" if is_device(xp) else "host"
     on_gpu = where == "gpu" and is_device(xp) and n > 1
     if rank != 0:
         buf = xp.empty(n + nz, dtype=xp.float64)
+    elif where == "dc" and n > 1:
+        from .tridiag_dc import eigh_tridiagonal_dc
+
+        buf = xp.empty(n + nz, dtype=xp.float64)
+        w, Z = eigh_tridiagonal_dc(d, e, xp)
+        if eigvecs:
+            buf[n:].reshape((n, n), order="F")[...] = Z
+        buf[:n] = w
     elif on_gpu:
         buf = xp.empty(n + nz, dtype=xp.float64)
         T = xp.diag(d)

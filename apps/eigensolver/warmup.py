@@ -37,7 +37,8 @@ class LocalComm:
 
 
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
-    """Solve a small known problem on this rank's GPU (n = 3 nb + 5) and evaluate its accuracy."""
+    """Solve a small known problem on this rank's GPU (n = 3 nb + 5; 2 leaves + 5 for stedc="dc")
+    and evaluate its accuracy."""
     import cupy as cp
 
     from . import metrics
@@ -45,7 +46,10 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     from .problems import make_problem
     from .solver import sygvd
 
-    prob = make_problem("known", 3 * nb + 5, cond_b=10.0, seed=1)
+    from .tridiag_dc import LEAF
+
+    n = 2 * LEAF + 5 if stedc == "dc" else 3 * nb + 5  # dc: past one leaf, so the merge compiles too
+    prob = make_problem("known", n, cond_b=10.0, seed=1)
     comm = LocalComm()
     desc = BlockCyclic(prob.n, prob.n, nb, 1)
     A, B = cp.asarray(prob.A), cp.asarray(prob.B)
