@@ -50,8 +50,8 @@ def test_accuracy_against_lapack(leaf):
         assert np.all(np.diff(w) >= 0), msg
         assert np.abs(w - ref).max() <= 10 * n * EPS * nt, msg
         assert np.linalg.norm(Z.T @ Z - np.eye(n)) <= 10 * n * EPS, msg
-        # LAPACK's dstevd reaches ~0.5 n eps on these; this code 3-25 n eps (roots converged by
-        # a fixed number of steps): a bug shows as 1e3 or more
+        # LAPACK's dstevd reaches ~0.5 n eps on these; this code 0.1-13 n eps (the Laplacian is
+        # the worst): a bug shows as 1e3 or more
         assert np.linalg.norm(T @ Z - Z * w) <= 50 * n * EPS * nt, msg
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 LEAF = 64            # leaves solved densely (a batched eigh on the GPU)
-SECULAR_STEPS = 64   # model steps per root (bisection when a step leaves the bracket); see _secular
+SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
 EPS = float(np.finfo(np.float64).eps)
 
@@ -215,13 +215,15 @@ def _secular(d, z, rho, xp):
     lam_j = d[origin_j] + tau_j, origin the nearer pole, so d_i - lam_j = (d_i - d_origin) - tau
     is formed without cancellation.
 
-    Each step fits f near the current t by a + C1/(d_j - lam) + C2/(d_{j+1} - lam): the poles
-    left of the root (i <= j) and right of it (i >= j+1) each modelled by one pole at the
-    interval's end, matching value and slope at t (the "middle way" of LAPACK dlaed4), and takes
-    the model's root in the interval.  Exact when the interval's own poles dominate - a root
-    within 1e-14 of a pole whose weight is tiny is found in a few steps.  Safeguarded by a
-    bracket updated from the sign of f; a fixed number of steps for every root (the same work
-    in every run)."""
+    Each iteration proposes two steps from the current t and keeps, per root, the one with the
+    smaller |f| (both inside the root's bracket; else a geometric bisection on the origin's side):
+      - "middle way" (LAPACK dlaed4): the poles left of the root (i <= j) and right of it
+        (i >= j+1) each modelled by one pole at the interval's end, matching value and slope;
+        fast when the root is far from both interval poles;
+      - "origin exact": the origin's pole with its true weight, the rest linear in tau; fast
+        when the root sits within ~1e-14 of a pole whose weight is tiny (Wilkinson matrices),
+        where the middle way only halves the distance per step.
+    Stops when f is zero to within its rounding error at every root (same inputs, same steps)."""
     k = d.size
     dx, z2 = xp.asarray(d), xp.asarray(z * z)
     width = np.empty(k)
@@ -239,38 +241,63 @@ def _secular(d, z, rho, xp):
     t = (lo + hi) / 2.0
     pL = xp.where(right, -Delta, 0.0)                    # the interval's poles, relative to the origin
     pR = xp.where(right, 0.0, Delta)
+    c_o = rho * z2[origin]                               # the origin's pole weight
+    parts = _parts(dx, z2, origin, t, xp)
     for _ in range(SECULAR_STEPS):
-        psi, dpsi, phi, dphi = _parts(dx, z2, origin, t, xp)
+        psi, dpsi, phi, dphi = parts
         f = 1.0 + rho * (psi + phi)
+        # converged: f(t) is zero to within its rounding error (psi <= 0 <= phi, each a sum of
+        # terms of one sign, so |psi| + |phi| bounds the terms)
+        done = xp.abs(f) <= 8.0 * k * EPS * (1.0 + rho * (xp.abs(psi) + xp.abs(phi)))
+        if bool(done.all()):
+            break
         lo = xp.where(f < 0.0, t, lo)                    # f increases with lam
         hi = xp.where(f >= 0.0, t, hi)
-        S1 = (pL - t) ** 2 * dpsi
-        S2 = (pR - t) ** 2 * dphi
-        a = 1.0 + rho * (psi - S1 / (pL - t) + phi - S2 / (pR - t))
-        C1, C2 = rho * S1, rho * S2
-        # the model's root: a s^2 - (a D + c0 + c1) s + c0 D = 0 for s in (0, D), s measured from
-        # the origin towards the other pole (mirrored for a right origin: a -> -a, C1 <-> C2)
-        am = xp.where(right, -a, a)
-        c0 = xp.where(right, C2, C1)
-        c1 = xp.where(right, C1, C2)
-        bq = am * Delta + c0 + c1
-        disc = xp.sqrt(xp.abs(bq * bq - 4.0 * am * c0 * Delta))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sig = xp.where(bq <= 0.0, (bq - disc) / (2.0 * am), 2.0 * c0 * Delta / (bq + disc))
-            step = xp.where(last, C1 / a, xp.where(right, -sig, sig))   # last: no pole on the right
-        inside = (step >= lo) & (step <= hi) & xp.isfinite(step)
-        # converged: f(t) is zero to within its rounding error (psi <= 0 <= phi, each a sum of
-        # terms of one sign, so |psi| + |phi| bounds the terms).  Keep t then: from a converged
-        # root the model's step is noise and may fall outside a one-sided bracket, where a
-        # bisection would throw the root away.
-        done = xp.abs(f) <= 8.0 * k * EPS * (1.0 + rho * (xp.abs(psi) + xp.abs(phi)))
-        # the fallback bisects geometrically on the origin's side of the interval: a root can sit
-        # 1e-14 from a pole whose weight is tiny, 40 arithmetic halvings away from a midpoint
-        floor = EPS * EPS * Delta
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            s_mid = _middle_way(psi, dpsi, phi, dphi, t, pL, pR, Delta, rho, right, last, xp)
+            s_org = _origin_exact(psi, dpsi, phi, dphi, t, c_o, rho, right, xp)
+        floor = EPS * EPS * Delta                        # geometric bisection on the origin's side
         split = xp.sqrt(xp.maximum(xp.abs(lo), floor) * xp.maximum(xp.abs(hi), floor))
         split = xp.where(right, -split, split)
-        t = xp.where(done, t, xp.where(inside, step, split))
+        cands = [xp.where((s >= lo) & (s <= hi) & xp.isfinite(s), s, split) for s in (s_mid, s_org)]
+        evals = [_parts(dx, z2, origin, c, xp) for c in cands]
+        fs = [xp.abs(1.0 + rho * (e[0] + e[2])) for e in evals]
+        pick = fs[1] < fs[0]
+        t_new = xp.where(pick, cands[1], cands[0])
+        t = xp.where(done, t, t_new)
+        parts = [xp.where(done, p0, xp.where(pick, p2, p1)) for p0, p1, p2 in zip(parts, evals[0], evals[1])]
     return origin, t
+
+
+def _middle_way(psi, dpsi, phi, dphi, t, pL, pR, Delta, rho, right, last, xp):
+    """The root in (0, Delta) of a + C1/(pL - tau) + C2/(pR - tau), the model matching psi and
+    phi (value and slope at t) by one pole at each end of the interval."""
+    S1 = (pL - t) ** 2 * dpsi
+    S2 = (pR - t) ** 2 * dphi
+    a = 1.0 + rho * (psi - S1 / (pL - t) + phi - S2 / (pR - t))
+    C1, C2 = rho * S1, rho * S2
+    # a s^2 - (a D + c0 + c1) s + c0 D = 0 for s in (0, D), s measured from the origin towards
+    # the other pole (mirrored for a right origin: a -> -a, C1 <-> C2)
+    am = xp.where(right, -a, a)
+    c0 = xp.where(right, C2, C1)
+    c1 = xp.where(right, C1, C2)
+    bq = am * Delta + c0 + c1
+    disc = xp.sqrt(xp.abs(bq * bq - 4.0 * am * c0 * Delta))
+    sig = xp.where(bq <= 0.0, (bq - disc) / (2.0 * am), 2.0 * c0 * Delta / (bq + disc))
+    return xp.where(last, C1 / a, xp.where(right, -sig, sig))   # last: no pole on the right
+
+
+def _origin_exact(psi, dpsi, phi, dphi, t, c_o, rho, right, xp):
+    """The root on the origin's side of A + B (tau - t) - c_o / tau: the origin's pole exact
+    (f = A - c_o/tau near it), the other poles linear in tau."""
+    A = 1.0 + rho * (psi + phi) + c_o / t               # drop the origin's term -c_o/t from f
+    B = rho * (dpsi + dphi) - c_o / (t * t)              # and its slope
+    # B tau^2 + (A - B t) tau - c_o = 0: roots of opposite signs; take the origin's side
+    p = A - B * t
+    sq = xp.sqrt(p * p + 4.0 * B * c_o)
+    up = xp.where(p <= 0.0, (sq - p) / (2.0 * B), 2.0 * c_o / (p + sq))       # the root > 0
+    down = xp.where(p >= 0.0, -(p + sq) / (2.0 * B), -2.0 * c_o / (sq - p))   # the root < 0
+    return xp.where(right, down, up)
 
 
 def _parts(d, z2, origin, tau, xp):
