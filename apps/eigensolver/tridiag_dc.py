@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-LEAF = 64            # leaves solved densely (a batched eigh on the GPU)
+LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
+LEAF_DEVICE = 256    # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses
+                     # syevjBatched, which takes matrices of at most 32 rows); untimed: a guess
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
 EPS = float(np.finfo(np.float64).eps)
 
 
-def eigh_tridiagonal_dc(d, e, xp=np, leaf: int = LEAF):
+def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
     """(w ascending, Z) with T = Z diag(w) Z^T for the symmetric tridiagonal T = (d, e); float64.
 
     d: (n,), e: (n-1,) arrays of module xp (numpy or cupy); results of the same module."""
@@ -44,6 +46,8 @@ def eigh_tridiagonal_dc(d, e, xp=np, leaf: int = LEAF):
         scale = max(scale, float(xp.max(xp.abs(e))))
     if scale == 0.0:
         return xp.zeros(n), xp.eye(n)
+    if leaf is None:
+        leaf = LEAF if xp is np else LEAF_DEVICE
     w, Z = _solve(d / scale, e / scale, xp, max(int(leaf), 2))
     return w * scale, Z
 
@@ -100,7 +104,8 @@ def _dense_batch(d, e, bounds, xp):
     sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
     full = [i for i, s in enumerate(sizes) if s == sizes[0]]
     m = sizes[0]
-    if len(full) > 1 and full == list(range(len(full))):
+    batched = xp is np or m <= 32   # CuPy batches eigh through syevjBatched (<= 32 rows)
+    if batched and len(full) > 1 and full == list(range(len(full))):
         nb = len(full)
         T = xp.zeros((nb, m, m))
         idx = xp.arange(m)

@@ -37,8 +37,8 @@ class LocalComm:
 
 
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
-    """Solve a small known problem on this rank's GPU (n = 3 nb + 5; 2 leaves + 5 for stedc="dc")
-    and evaluate its accuracy."""
+    """Solve a small known problem on this rank's GPU (n = 3 nb + 5; one leaf + 37 for
+    stedc="dc") and evaluate its accuracy."""
     import cupy as cp
 
     from . import metrics
@@ -46,9 +46,9 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     from .problems import make_problem
     from .solver import sygvd
 
-    from .tridiag_dc import LEAF
+    from .tridiag_dc import LEAF_DEVICE
 
-    n = 2 * LEAF + 5 if stedc == "dc" else 3 * nb + 5  # dc: past one leaf, so the merge compiles too
+    n = LEAF_DEVICE + 37 if stedc == "dc" else 3 * nb + 5  # dc: past one leaf, so the merge compiles too
     prob = make_problem("known", n, cond_b=10.0, seed=1)
     comm = LocalComm()
     desc = BlockCyclic(prob.n, prob.n, nb, 1)

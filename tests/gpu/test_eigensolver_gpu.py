@@ -121,13 +121,13 @@ def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
 
 
 def test_gpu_stedc_dc_matches_scipy(gpu_comm):
-    """The divide-and-conquer tridiagonal solver on the GPU (stedc="dc"; n > 2 leaves, so it
-    merges), against SciPy's generalized eigenvalues."""
+    """The divide-and-conquer tridiagonal solver on the GPU (stedc="dc"; n > one leaf of
+    tridiag_dc.LEAF_DEVICE rows, so it merges), against SciPy's generalized eigenvalues."""
     from hpccoll_eigensolver import gather, metrics
     from hpccoll_eigensolver.problems import make_problem
 
     for kind in ("known", "clustered", "wilkinson"):
-        prob = make_problem(kind, 233, cond_b=1e3, seed=13)
+        prob = make_problem(kind, 333, cond_b=1e3, seed=13)
         w, X, desc = _solve(gpu_comm, prob, 32, stedc="dc")
         Xg = gather(X, desc, gpu_comm).get()
         ref = sl.eigh(prob.A, prob.B, eigvals_only=True)
