@@ -95,3 +95,28 @@ def test_solver_with_stedc_dc_on_the_host():
     assert metrics.eigenvalue_error(w, w_ref) < 1e-12
     assert metrics.residual(prob.A, prob.B, X, w) < 10
     assert metrics.b_orthogonality(prob.B, X) < 100
+
+
+def test_deflation_rotations_in_one_gemm_equal_the_sequence():
+    """_rotate applies chains of Givens rotations as one block-diagonal GEMM: the same columns
+    as dlaed2's one-at-a-time DROTs (column a <- c a + s b, b <- c b - s a)."""
+    from hpccoll_eigensolver.tridiag_dc import _rotate
+
+    rng = np.random.default_rng(_seed())
+    Q = rng.standard_normal((40, 30))
+    rots, k = [], 0
+    while k < 28:  # chains of random length, with gaps between them
+        length = int(rng.integers(1, 5))
+        for i in range(length):
+            if k + 1 >= 30:
+                break
+            th = rng.uniform(0, 2 * np.pi)
+            rots.append((k, k + 1, np.cos(th), np.sin(th)))
+            k += 1
+        k += int(rng.integers(1, 3))
+    want = Q.copy()
+    for a, b, c, s in rots:
+        qa, qb = want[:, a].copy(), want[:, b].copy()
+        want[:, a] = c * qa + s * qb
+        want[:, b] = c * qb - s * qa
+    np.testing.assert_allclose(_rotate(Q, rots, np), want, atol=1e-14)

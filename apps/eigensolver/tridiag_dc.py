@@ -205,12 +205,36 @@ def _host(a):
 
 def _rotate(Q, rots, xp):
     """Apply the deflation rotations to the columns of Q, in order, as dlaed2's DROT:
-    column a <- c a + s b, column b <- c b - s a (so that z_a becomes 0 and z_b becomes tau)."""
-    Q = Q.copy()
+    column a <- c a + s b, column b <- c b - s a (so that z_a becomes 0 and z_b becomes tau).
+
+    The rotations come in chains (each one's b is the next one's a).  A chain of L columns is
+    one L x L orthogonal matrix, built on the host; all chains together are one block-diagonal
+    matrix applied with one GEMM - a clustered spectrum deflates thousands of pairs per merge,
+    which one-rotation-at-a-time column updates would pay for in launches."""
+    chains, coeffs = [], []
     for a, b, c, sn in rots:
-        qa, qb = Q[:, a].copy(), Q[:, b].copy()
-        Q[:, a] = c * qa + sn * qb
-        Q[:, b] = c * qb - sn * qa
+        if chains and chains[-1][-1] == a:
+            chains[-1].append(b)
+            coeffs[-1].append((c, sn))
+        else:
+            chains.append([a, b])
+            coeffs.append([(c, sn)])
+    cols = [i for ch in chains for i in ch]
+    M = len(cols)
+    G = np.zeros((M, M))
+    at = 0
+    for ch, cs in zip(chains, coeffs):
+        L = len(ch)
+        g = np.eye(L)
+        for i, (c, sn) in enumerate(cs):   # the same column operations, on the identity
+            gi, gj = g[:, i].copy(), g[:, i + 1].copy()
+            g[:, i] = c * gi + sn * gj
+            g[:, i + 1] = c * gj - sn * gi
+        G[at:at + L, at:at + L] = g
+        at += L
+    idx = xp.asarray(np.array(cols))
+    Q = Q.copy()
+    Q[:, idx] = Q[:, idx] @ xp.asarray(G)
     return Q
 
 
