@@ -99,12 +99,12 @@ __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, 
 template <class Proto>
 struct LLBuffer {
   const Args& a;
-  u64 region, sub, epoch;
+  u64 sub;
   u32 flag;
   int coll;
   // Computed once per buffer, outside every loop and poll: my sub-buffers of this parity
-  // (src 0's slot 0) and the offset of my sub-buffer in every peer.  slotPtr(rank, src, slot)
-  // = mine + src * sub + slot * bytes; a peer's = peers[peer] + sendOff + slot * bytes.
+  // (src 0's slot 0) and the offset of my sub-buffer in every peer.  My slot of src =
+  // mine + src * sub + slot * bytes; peer's slot of mine = peers[peer] + sendOff + slot * bytes.
   // Why: the loop on the earlier primitives (peers[] indexed with a runtime rank inside every
   // poll sweep, an 8-way predicated sweep even for 2 ranks) took 1.65-3.4 us per op in-kernel
   // where a stripped loop took 0.83-0.88 (bench/results/2026-11-30-h200x2-*-latency-lab*).
@@ -112,15 +112,12 @@ struct LLBuffer {
   u64 sendOff;
 
   __device__ LLBuffer(const Args& args, u64 regionOff, u64 subBytes, u64 ep, int collective)
-      : a(args), region(regionOff), sub(subBytes), epoch(ep), flag(llFlag(ep)), coll(collective) {
+      : a(args), sub(subBytes), flag(llFlag(ep)), coll(collective) {
     const u64 par = (ep & 1) * (u64)args.nranks;
     mine = args.peers[args.rank] + regionOff + par * subBytes;
     sendOff = regionOff + (par + (u64)args.rank) * subBytes;
   }
 
-  __device__ __forceinline__ char* slotPtr(int owner, int src, u64 slot) const {
-    return a.peers[owner] + region + ((epoch & 1) * (u64)a.nranks + src) * sub + slot * Proto::kBytesPerPack;
-  }
   __device__ __forceinline__ char* mySlot(int src, u64 slot) const {
     return mine + (u64)src * sub + slot * Proto::kBytesPerPack;
   }
