@@ -76,6 +76,16 @@ def trsm(xp, L, b, *, trans: bool = False):
     return solve_triangular(L, b, lower=True, trans=1 if trans else 0, check_finite=False)
 
 
+def tridiagonal_matrix(xp, d, e):
+    """The dense symmetric tridiagonal matrix with diagonal d and off-diagonal e."""
+    T = xp.diag(d)
+    if d.shape[0] > 1:
+        i = xp.arange(d.shape[0] - 1)
+        T[i + 1, i] = e
+        T[i, i + 1] = e
+    return T
+
+
 def tridiagonal_eigh(d: np.ndarray, e: np.ndarray):
     """Eigenvalues (ascending) and eigenvectors of the symmetric tridiagonal (d, e): LAPACK dstevd
     (divide and conquer, the 'stedc' step), on the host, float64."""

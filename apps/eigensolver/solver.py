@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, householder, is_device, potrf, sync, to_host, trsm, tridiagonal_eigh, w_update
+from ._xp import (get_xp, householder, is_device, potrf, sync, to_host, tridiagonal_eigh, tridiagonal_matrix,
+                  trsm, w_update)
 from .counting import PhaseTimer
 from .layout import BlockCyclic, gather
 
@@ -241,26 +242,19 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"
     on_gpu = where == "gpu" and is_device(xp) and n > 1
     if rank != 0:
         buf = xp.empty(n + nz, dtype=xp.float64)
-    elif where == "dc" and n > 1:
-        from .tridiag_dc import eigh_tridiagonal_dc
+    elif (where == "dc" or on_gpu) and n > 1:
+        if where == "dc":
+            from .tridiag_dc import eigh_tridiagonal_dc
 
-        buf = xp.empty(n + nz, dtype=xp.float64)
-        w, Z = eigh_tridiagonal_dc(d, e, xp)
-        if eigvecs:
-            buf[n:].reshape((n, n), order="F")[...] = Z
-        buf[:n] = w
-    elif on_gpu:
-        buf = xp.empty(n + nz, dtype=xp.float64)
-        T = xp.diag(d)
-        idx = xp.arange(n - 1)
-        T[idx + 1, idx] = e                          # eigh reads the lower triangle
-        T[idx, idx + 1] = e
-        if eigvecs:
-            w, Z = xp.linalg.eigh(T)
-            buf[n:].reshape((n, n), order="F")[...] = Z
+            w, Z = eigh_tridiagonal_dc(d, e, xp)
+        elif eigvecs:
+            w, Z = xp.linalg.eigh(tridiagonal_matrix(xp, d, e))
         else:
-            w = xp.linalg.eigvalsh(T)
+            w = xp.linalg.eigvalsh(tridiagonal_matrix(xp, d, e))
+        buf = xp.empty(n + nz, dtype=xp.float64)
         buf[:n] = w
+        if eigvecs:
+            buf[n:].reshape((n, n), order="F")[...] = Z
     else:
         host = np.empty(n + nz, dtype=np.float64)
         if eigvecs:

@@ -24,12 +24,14 @@ import os
 
 import numpy as np
 
+from ._xp import householder
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block of the multi-block kernels (sytrd_step.cu's TPB)
 GEMV_TPB = 1024     # sytrd_gemv's block (sytrd_step.cu's GEMV_TPB)
 HH_THREADS = 1024   # sytrd_hh: one block
-_modules: dict = {}
+_modules: dict = {}   # device -> RawModule of sytrd_step.cu
+_streams: dict = {}   # device -> the tridiagonalization's stream
 
 
 def mode_for(comm) -> str:
@@ -82,8 +84,7 @@ class _Step:
         self.colbuf = cp.zeros(n, dtype=cp.float64)
         self.wtmp = cp.zeros(n, dtype=cp.float64)
         self.g1 = (n + TPB - 1) // TPB
-        self.part1 = cp.zeros(self.g1, dtype=cp.float64)
-        self.part2 = cp.zeros(self.g1, dtype=cp.float64)
+        self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-block partial sums (col, w1)
         self.st = cp.zeros(4, dtype=cp.int64)
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
@@ -166,10 +167,10 @@ def _stream():
     """This device's non-blocking stream for the tridiagonalization (kept: created once)."""
     import cupy as cp
 
-    key = ("stream", cp.cuda.Device().id)
-    s = _modules.get(key)
+    dev = cp.cuda.Device().id
+    s = _streams.get(dev)
     if s is None:
-        s = _modules[key] = cp.cuda.Stream(non_blocking=True)
+        s = _streams[dev] = cp.cuda.Stream(non_blocking=True)
     return s
 
 
@@ -246,19 +247,15 @@ def sytrd_twin(C_locals, desc: BlockCyclic):
             k = j - p0
             # sytrd_col + sytrd_hh (owner)
             col = Cs[owner][j:, desc.local_index(j)] - (P[j:, :k] @ P[j, nb:nb + k] + P[j:, nb:nb + k] @ P[j, :k])
-            bb = np.zeros(n + 4)
-            tj = beta = scale = 0.0
-            if j + 1 < n:
-                xn2 = float(col[2:] @ col[2:])
-                alpha, xnorm = col[1], np.sqrt(xn2)
-                if xnorm != 0.0:
-                    beta = -np.copysign(np.hypot(alpha, xnorm), alpha)
-                    tj, scale = (beta - alpha) / beta, 1.0 / (alpha - beta)
-                else:
-                    beta = alpha
-                bb[4 + j + 1] = 1.0
-                bb[4 + j + 2:] = col[2:] * scale
-            bb[:3] = col[0], tj, beta
+            bb = np.zeros(n + 4)                      # [d_j, tau_j, e_j, 0, v at absolute rows]
+            m = n - j - 1
+            if m > 0:
+                buf = np.zeros(m + 3)                 # householder's packing: [v (m), d_j, tau, beta]
+                householder(np, col, buf, np.zeros(1))
+                bb[:3] = buf[m:]
+                bb[4 + j + 1:] = buf[:m]
+            else:
+                bb[0] = col[0]
             v = bb[4:]
             # Bcast; sytrd_gemv (every rank, then the Allreduce sum)
             cv = np.zeros(n)

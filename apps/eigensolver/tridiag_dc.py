@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._xp import tridiagonal_matrix
+
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 LEAF_DEVICE = 256    # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses
                      # syevjBatched, which takes matrices of at most 32 rows); untimed: a guess
@@ -41,7 +43,7 @@ def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
     if n == 0:
         return d.copy(), xp.zeros((0, 0))
     # scale to |T| ~ 1 (as dstedc): the tolerances below are then absolute
-    scale = float(xp.max(xp.abs(d))) if n else 0.0
+    scale = float(xp.max(xp.abs(d)))
     if n > 1:
         scale = max(scale, float(xp.max(xp.abs(e))))
     if scale == 0.0:
@@ -69,8 +71,7 @@ def _solve(d, e, xp, leaf):
         rho_x = xp.asarray(np.array(rhos))
         d[cut - 1] -= rho_x
         d[cut] -= rho_x
-    pieces = [_dense_batch(d, e, bounds, xp)]
-    pieces = pieces[0]  # list of (w, Q) per leaf, in order
+    pieces = _dense_batch(d, e, bounds, xp)  # (w, Q) per leaf, in order
     # merge pairwise, bottom-up, keeping the tear of each boundary
     blocks = [(bounds[i], bounds[i + 1], pieces[i][0], pieces[i][1]) for i in range(len(pieces))]
     tears = {bounds[i + 1]: (rhos[i], signs[i]) for i in range(len(bounds) - 2)}
@@ -88,13 +89,7 @@ def _solve(d, e, xp, leaf):
 
 
 def _dense(d, e, xp):
-    n = int(d.shape[0])
-    T = xp.diag(d)
-    if n > 1:
-        i = xp.arange(n - 1)
-        T[i + 1, i] = e
-        T[i, i + 1] = e
-    return xp.linalg.eigh(T)
+    return xp.linalg.eigh(tridiagonal_matrix(xp, d, e))
 
 
 def _dense_batch(d, e, bounds, xp):
@@ -102,19 +97,17 @@ def _dense_batch(d, e, bounds, xp):
     batched call."""
     out = []
     sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
-    full = [i for i, s in enumerate(sizes) if s == sizes[0]]
-    m = sizes[0]
+    m = sizes[0]                                  # every leaf but maybe the last has m rows
+    nb = len(sizes) if sizes[-1] == m else len(sizes) - 1
     batched = xp is np or m <= 32   # CuPy batches eigh through syevjBatched (<= 32 rows)
-    if batched and len(full) > 1 and full == list(range(len(full))):
-        nb = len(full)
+    if batched and nb > 1:
         T = xp.zeros((nb, m, m))
         idx = xp.arange(m)
         T[:, idx, idx] = d[:nb * m].reshape(nb, m)
         ep = xp.concatenate([e, xp.zeros(1)])            # e has n - 1 entries: pad the last leaf's
-        ee = ep[:nb * m].reshape(nb, m)[:, :m - 1] if m > 1 else None
-        if m > 1:
-            T[:, idx[1:], idx[:-1]] = ee
-            T[:, idx[:-1], idx[1:]] = ee
+        ee = ep[:nb * m].reshape(nb, m)[:, :m - 1]       # m >= 2 (leaf sizes are)
+        T[:, idx[1:], idx[:-1]] = ee
+        T[:, idx[:-1], idx[1:]] = ee
         w, Q = xp.linalg.eigh(T)
         out = [(w[i], Q[i]) for i in range(nb)]
         rest = range(nb, len(sizes))
@@ -146,8 +139,7 @@ def _merge(w1, Q1, w2, Q2, rho, s, xp):
     rho = 2.0 * rho
     perm = np.argsort(Dh, kind="stable")
     Dh, zh = Dh[perm], zh[perm]
-    eps = np.finfo(np.float64).eps
-    tol = 8.0 * eps * max(np.max(np.abs(Dh)), np.max(np.abs(zh)))
+    tol = 8.0 * EPS * max(np.max(np.abs(Dh)), np.max(np.abs(zh)))
     keep, gone = [], []           # positions (in sorted order) kept for the secular equation / deflated
     rots = []                     # Givens rotations (col_a, col_b, c, s) in sorted positions
     prev = -1
