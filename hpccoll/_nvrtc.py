@@ -64,11 +64,10 @@ def _cupy_nvrtc() -> str | None:
     return _loaded_nvrtc()
 
 
-def _candidates():
+def _candidates(shared: str | None):
     env = os.environ.get("HPCCOLL_NVRTC")
     if env:
         yield env
-    shared = _cupy_nvrtc()
     if shared:
         yield shared
     for base in sys.path:
@@ -87,11 +86,12 @@ def _nvrtc():
     global _lib
     if _lib is None:
         errors = []
-        for cand in _candidates():
+        shared = _cupy_nvrtc()
+        for cand in _candidates(shared):
             try:
                 # NVRTC dlopens its builtins library by name: load it first, from the same folder
                 # (not for an NVRTC already loaded by CuPy: it has found its own).
-                if cand != _loaded_nvrtc():
+                if cand != shared:
                     for builtins in glob.glob(os.path.join(os.path.dirname(cand), "libnvrtc-builtins.so*")):
                         if ".alt." not in builtins:
                             ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
