@@ -61,12 +61,6 @@ class Layout:
         self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
 
 
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
 def _stream_ptr(stream) -> int:
     import cupy
 
@@ -162,7 +156,7 @@ class CudaBackend:
         from .nccl import NcclBackend, nccl_unavailable_reason
 
         why = nccl_unavailable_reason()
-        if why is None and self.comm.allreduce(self.ranks_per_gpu, op=_mpi_max()) > 1:
+        if why is None and max(self.comm.allgather(self.ranks_per_gpu)) > 1:
             # NCCL refuses two ranks on one GPU (ncclInvalidUsage, seen with 4 ranks on 2 H200s)
             why = "several ranks share a GPU, which NCCL does not support"
         if not self._agree(why is None):
