@@ -133,15 +133,15 @@ def test_sytrd_twin_with_a_zero_column():
 
 
 def test_local_comm_runs_a_solve():
-    """The one-rank stand-in used to compile the GPU kernels before the communicator opens
-    (warmup.py) carries a whole solve: checked here on the host path."""
+    """The one-rank communicator used to compile the GPU kernels before the real communicator
+    opens (warmup.py) carries a whole solve: checked here on the host path."""
     from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.warmup import LocalComm
+    from hpccoll_eigensolver.warmup import local_comm
 
     prob = make_problem("known", 29, cond_b=10.0, seed=1)
     desc = BlockCyclic(29, 29, 8, 1)
-    comm = LocalComm()
-    w, X = sygvd(distribute(prob.A, desc, 0), distribute(prob.B, desc, 0), desc, comm)
-    assert metrics.eigenvalue_error(w, prob.eigenvalues) < 1e-12
-    assert metrics.residual(prob.A, prob.B, gather(X, desc, comm), w) < 10
+    with local_comm() as comm:
+        w, X = sygvd(distribute(prob.A, desc, 0), distribute(prob.B, desc, 0), desc, comm)
+        assert metrics.eigenvalue_error(w, prob.eigenvalues) < 1e-12
+        assert metrics.residual(prob.A, prob.B, gather(X, desc, comm), w) < 10
