@@ -43,7 +43,8 @@ for stage in "${@:-all}"; do
             python3 -c "import torch; print('torch', torch.__version__, 'imports')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
             # read the Python/CUDA sources the runs use once, before any GPU work (page cache)
             site=$(python3 -c "import site; print(site.getsitepackages()[0])")
-            ( cd "$site" && find numpy scipy cupy cupyx cupy_backends -type f \( -name '*.py' -o -name '*.h' -o -name '*.cuh' -o -name '*.hpp' -o -name '*.inl' \) -print0 2>/dev/null \
+            # (torch too: its symm_mem baselines failed in GPU processes with NUL-byte source reads)
+            ( cd "$site" && find numpy scipy cupy cupyx cupy_backends torch -type f \( -name '*.py' -o -name '*.h' -o -name '*.cuh' -o -name '*.hpp' -o -name '*.inl' \) -print0 2>/dev/null \
               | xargs -0 cat > /dev/null ) && echo "warmed $site" | tee -a "$OUT/fs-repair.txt" ;;
     info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt"
           # files that read back with NUL bytes broke imports on two machines (2026-11-30): list any

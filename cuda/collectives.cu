@@ -293,18 +293,6 @@ __device__ void barrier(const Args& a) {
 // 512 threads per block at most (the host's grid rule), so up to 128 registers per thread:
 // the fixed-rank-order receive keeps up to HC_MAX_RANKS packs in registers.
 #define HC_MAX_THREADS 512
-// Programmatic dependent launch (Hopper+): the host may launch a collective with the
-// programmatic-stream-serialization attribute, so it is scheduled while the previous kernel
-// of the stream still runs.  `griddepcontrol.wait` first thing keeps the stream's order for
-// every memory access (it returns once the previous grid has completed and its writes are
-// visible; without the attribute it returns at once), and `launch_dependents` lets the next
-// launch start early in turn.
-__device__ __forceinline__ void streamOrderBegin() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 #define HC_KERNEL(name, body) \
   extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a) { streamOrderBegin(); body; }
 

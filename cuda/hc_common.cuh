@@ -18,6 +18,7 @@ typedef unsigned short u16;
 // [2048, 2056)   int abortFlag                set by the first poll that times out
 // [2112, 2176)   ErrRec                       what that poll waited for
 // [4096, 4096+64) u64 barrier[HC_MAX_RANKS]   barrier arrivals, written by peers
+// [4608], [5120] u64                          sol.cu scratch: ping-pong word, floor store
 // [16384, 32768) u64 ack[blocks][ranks]       Bcast: "block b of rank r has read epoch e-1"
 #define HC_OFF_EPOCHS 0
 #define HC_OFF_ABORT 2048
@@ -189,3 +190,16 @@ __device__ __forceinline__ int ldVolatileInt(const int* p) { return *(const vola
 
 // LL flag of an epoch: 1..2^32-1, never 0 (receive buffers start zeroed).
 __device__ __forceinline__ u32 llFlag(u64 epoch) { return (u32)(epoch % 0xFFFFFFFFull) + 1u; }
+
+// Programmatic dependent launch (Hopper+): the host may launch a collective with the
+// programmatic-stream-serialization attribute, so it is scheduled while the previous kernel
+// of the stream still runs.  `griddepcontrol.wait` first thing keeps the stream's order for
+// every memory access (it returns once the previous grid has completed and its writes are
+// visible; without the attribute it returns at once), and `launch_dependents` lets the next
+// launch start early in turn.
+__device__ __forceinline__ void streamOrderBegin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -31,3 +31,16 @@ extern "C" __global__ void hc_sol_pingpong(const Args a, u64* out) {
   }
   out[0] = globaltimer() - t0;
 }
+
+// The kernel boundary, for the graph column's floor: replayed back to back in a CUDA graph,
+// these cost per launch what no collective launched once per op can go below.
+// hc_sol_empty: the collectives' entry (streamOrderBegin) and nothing else.
+extern "C" __global__ void hc_sol_empty(const Args a) { streamOrderBegin(); }
+
+// hc_sol_store: the same plus one volatile store into the next rank's scratch word, so the
+// grid cannot complete before an NVLink store is acknowledged (a collective's last sends).
+extern "C" __global__ void hc_sol_store(const Args a) {
+  streamOrderBegin();
+  if (threadIdx.x == 0)
+    *(volatile u64*)(a.peers[(a.rank + 1) % a.nranks] + HC_OFF_BARRIER + 1024) = (u64)a.iters;
+}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import json
 import os
 import re
@@ -134,7 +135,29 @@ def _max(mpi_comm, t):
 
 
 def _err(exc: BaseException) -> str:
-    return f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
+    text = f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
+    if isinstance(exc, SyntaxError) and "null bytes" in text:
+        text += f" ({_nul_files()})"
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def _nul_files(pkg: str = "torch") -> str:
+    """Which of pkg's .py files read back with NUL bytes in this process now (importlib drops
+    its own frames, so the failing import does not name its file)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(pkg)
+    bad, n = [], 0
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for d, _, files in os.walk(root):
+            for f in files:
+                if f.endswith(".py"):
+                    n += 1
+                    with open(os.path.join(d, f), "rb") as fh:
+                        if b"\0" in fh.read():
+                            bad.append(os.path.relpath(os.path.join(d, f), root))
+    return f"{len(bad)} of {n} {pkg} .py files read back with NUL bytes now: {bad[:5]}"
 
 
 class Skip(Exception):
@@ -331,7 +354,7 @@ def measure_sol(comm, log) -> dict:
     writes into the peers' two-shot region, which is re-armed (sentinel) afterwards."""
     import cupy
 
-    from ._driver import Args, Module, launch_raw
+    from ._driver import Args, Launcher, Module, launch_raw
     from ._nvrtc import compile_module
 
     dev, mpi = comm._device, comm.mpi_comm
@@ -341,13 +364,13 @@ def measure_sol(comm, log) -> dict:
 
     def build():
         m = Module(compile_module("sol.cu", "float32", dev.arch))
-        return m, m.fn("hc_sol_fence"), m.fn("hc_sol_pingpong")
+        return m, m.fn("hc_sol_fence"), m.fn("hc_sol_pingpong"), m.fn("hc_sol_empty"), m.fn("hc_sol_store")
 
     # node rank 0 compiles (or finds the cache) first; the others then load from the cache
     for first in (True, False):
         if (dev.node.Get_rank() == 0) == first:
             try:
-                mod, f_fence, f_pp = build()
+                mod, f_fence, f_pp, f_empty, f_store = build()
             except Exception as exc:  # noqa: BLE001
                 why = _err(exc)
         if first:
@@ -413,6 +436,18 @@ def measure_sol(comm, log) -> dict:
         res["sol_us"] = res["sol_ns"] / 1e3
     else:
         log("SoL: the ping-pong timed out on every try (no round trip measured)")
+
+    # The kernel boundary, the graph column's floor: GRAPH_OPS launches in a CUDA graph of an
+    # empty kernel and of one that also stores to a peer (sol.cu), 256 threads like a small
+    # collective, with and without programmatic dependent launch.
+    for name, fn in (("empty", f_empty), ("store", f_store)):
+        for pdl in (True, False):
+            lau = Launcher(fn, a, pdl=pdl)
+            key = f"floor_{name}{'_pdl' if pdl else ''}_us"
+            try:
+                res[key] = time_graph(mpi, lambda st: lau(1, 256, st.ptr), 2000)
+            except Skip as exc:
+                log(f"SoL: {key} skipped: {exc}")
 
     # Bandwidth: every rank copies its own two-shot region into the next rank's at once
     # (both hold the idle sentinel pattern; every region is re-armed afterwards anyway).
@@ -917,6 +952,11 @@ def format_table(result: dict) -> str:
         lines.append(f"# SoL {result['sol_us']:.3f} us = 2*{sol.get('fence_ns', 0):.0f} ns fence + "
                      f"({sol.get('pingpong_roundtrip_ns', 0):.0f} ns ping-pong - 2*fence)/2; "
                      f"peer copy {sol.get('bw_GBps', 0):.1f} GB/s")
+    floors = [(k[6:-3].replace("_", "+"), v) for k, v in sol.items() if k.startswith("floor_") and v]
+    if floors:
+        lines.append("# graph floor (us per launch of a kernel that does nothing: empty, or one "
+                     "peer store; +pdl: programmatic launch): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in floors))
     lines.append("# times: us per op (eager: blocking Python call; graph: per op in a CUDA graph; "
                  "in-kern: per op inside one launch; blocking: graph op + device barrier - barrier)")
     lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
