@@ -84,13 +84,12 @@ if ! smoke ""; then
 fi
 
 # 2. the targets: 4096 and 8192 (repeat 3) against cuSOLVERMp and one GPU, in the same run;
-#    timed without a device sync around each collective.
+#    timed without a device sync around each collective; stedc = the divide and conquer (dc).
 FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors no)
-compare "n4096 sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
-compare "n8192 sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
-# 2b. the divide-and-conquer tridiagonal solver (stedc=dc) against the dense syevd of T above
-compare "n4096 sentinel stedc=dc" 30 90 n4096-dc --n 4096 --comm sentinel --stedc dc "${FAST[@]}"
-compare "n8192 sentinel stedc=dc" 60 150 n8192-dc --n 8192 --comm sentinel --stedc dc "${FAST[@]}"
+compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --stedc dc --cusolvermp --single-gpu "${FAST[@]}"
+compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --stedc dc --cusolvermp --single-gpu "${FAST[@]}"
+# 2b. the dense syevd of T on rank 0 (stedc=gpu), the previous default, beside dc
+compare "n8192 sentinel stedc=gpu" 60 150 n8192-dense --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
 # 3. n=2048, every path and both anchors, repeat 10, with the per-collective device sync
 #    (time breakdown); then 4 ranks on the 2 GPUs under MPS (>= 3 ranks: atomics can show).
 compare "n2048 all" 100 200 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
