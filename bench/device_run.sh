@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -29,7 +29,7 @@ mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/
            mkdir -p /tmp/mps-pipe /tmp/mps-log; nvidia-cuda-mps-control -d && echo "MPS on"; }
 mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 gpu_tests() {  # gpu_tests NRANKS: one job per test file, so a failure aborts only its own job
-  for f in tests/gpu/test_*.py; do
+  for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
     CUPY_ACCELERATORS= HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n "$1" python3 -m pytest -q -rs --with-mpi \
       -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1
   done
@@ -64,6 +64,7 @@ PYEOF
           ;;
     tests) gpu_tests 2 | tee "$OUT/gpu-tests-2ranks.txt" ;;
     tests4) mps_on; gpu_tests 4 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
+    tests3) mps_on; gpu_tests 3 | tee "$OUT/gpu-tests-3ranks.txt"; mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;

@@ -57,6 +57,36 @@ __device__ __forceinline__ void sendAll(const LLBuffer<Proto>& buf, const Args& 
   for (; p < packs; p += T) buf.bcast(p, loadPack(a.in, a.count, p));
 }
 
+// The packs of a two-shot allreduce that other ranks own: all of [0, packs) but our own
+// [lo, hi), numbered q = 0 .. count-1, so every thread of the send and the all-gather loops
+// gets useful work (a loop over all packs that skips our own would idle 1/nranks of them).
+struct OthersPacks {
+  u64 lo, hi, count;
+  __device__ OthersPacks(u64 packs, u64 lo_, u64 hi_) : lo(lo_), hi(hi_), count(packs - (hi_ - lo_)) {}
+  __device__ __forceinline__ u64 operator()(u64 q) const { return q < lo ? q : q + (hi - lo); }
+};
+
+// Reduce-scatter's sends: each pack other ranks own to its owner, up to four loads in flight
+// per thread before their stores (two-shot at 4 MiB gives a thread two packs to send).
+template <class Proto>
+__device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const Args& a, u64 chunk,
+                                                const OthersPacks& others) {
+  const u64 T = nthreads();
+  auto send = [&](u64 p, Pack x) {
+    const int owner = (int)(p / chunk);
+    rs.send(owner, p - owner * chunk, x);
+  };
+  for (u64 q = tid(); q < others.count; q += 4 * T) {  // predicated: 2 or 3 per thread overlap too
+    Pack x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (q + k * T < others.count) x[k] = loadPack(a.in, a.count, others(q + k * T));
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (q + k * T < others.count) send(others(q + k * T), x[k]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
 template <class Proto, int OP>
@@ -84,11 +114,9 @@ __device__ void allreduceTwoShot(const Args& a) {
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> rs(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
     LLBuffer<Proto> ag(a, a.region2, a.sub2, e0 + it, HC_COLL_ALLREDUCE);
-    for (u64 p = tid(); p < packs; p += nthreads()) {
-      const int owner = (int)(p / chunk);
-      if (owner != a.rank) rs.send(owner, p - owner * chunk, loadPack(a.in, a.count, p));
-    }
-    const u64 lo = a.rank * chunk, hi = min(packs, lo + chunk);
+    const u64 lo = min(packs, a.rank * chunk), hi = min(packs, lo + chunk);  // empty for late owners of few packs
+    const OthersPacks others(packs, lo, hi);
+    scatterToOwners(rs, a, chunk, others);
     for (u64 p = lo + tid(); ok && p < hi; p += nthreads()) {
       Pack y;
       ok = rs.template recvReduce<OP>(p - lo, loadPack(a.in, a.count, p), y);
@@ -97,9 +125,9 @@ __device__ void allreduceTwoShot(const Args& a) {
         storePack(a.out, a.count, p, y);
       }
     }
-    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+    for (u64 q = tid(); ok && q < others.count; q += nthreads()) {
+      const u64 p = others(q);
       const int owner = (int)(p / chunk);
-      if (owner == a.rank) continue;
       Pack y;
       ok = ag.recv(owner, p - owner * chunk, y);
       if (ok) storePack(a.out, a.count, p, y);

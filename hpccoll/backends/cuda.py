@@ -19,7 +19,7 @@ from ..errors import CollectiveTimeout
 __all__ = ["CudaBackend", "CudaUnavailable"]
 
 KiB, MiB = 1024, 1024 * 1024
-S_ONESHOT = 1 * MiB      # payload per source of one one-shot sentinel launch
+S_ONESHOT = 4 * MiB      # payload per source of one one-shot sentinel launch (2 parities x n of them)
 S_LL = 256 * KiB         # payload per source of one LL launch
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 PACK = 16
