@@ -19,6 +19,10 @@ formed without cancellation), and the eigenvectors from z recomputed from the ro
 (Gu-Eisenstat, as dlaed3), which keeps them numerically orthogonal."""
 from __future__ import annotations
 
+import math
+import os
+import time
+
 import numpy as np
 
 from ._xp import tridiagonal_matrix
@@ -26,9 +30,52 @@ from ._xp import tridiagonal_matrix
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 LEAF_DEVICE = 256    # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses
                      # syevjBatched, which takes matrices of at most 32 rows); untimed: a guess
+# Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
+# "host" (LAPACK's MRRR tridiagonal solver per leaf, O(m^2), then one upload); see
+# bench/dc_profile.py, which times both.
+LEAVES = os.environ.get("HPCCOLL_DC_LEAVES", "device")
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
 EPS = float(np.finfo(np.float64).eps)
+
+# Seconds per step, summed over a solve, when a dict is put here (bench/dc_profile.py); each
+# step then ends with a device synchronize, so leave it None outside profiling.
+PROFILE: dict | None = None
+
+
+_modules: dict = {}   # CUDA device -> RawModule of dc_kernels.cu
+
+
+def _kernel(name: str):
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    mod = _modules.get(dev)
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dc_kernels.cu")
+        with open(path) as fh:
+            mod = _modules[dev] = cupy.RawModule(code=fh.read(), options=("-std=c++17",))
+    return mod.get_function(name)
+
+
+TPB = 256  # dc_kernels.cu's block
+
+
+class _step:
+    """`with _step("name", xp):` adds the block's wall time to PROFILE[name] (when profiling)."""
+
+    def __init__(self, name, xp):
+        self.name, self.xp = name, xp
+
+    def __enter__(self):
+        if PROFILE is not None:
+            self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if PROFILE is not None:
+            if self.xp is not np:
+                self.xp.cuda.get_current_stream().synchronize()
+            PROFILE[self.name] = PROFILE.get(self.name, 0.0) + time.perf_counter() - self.t0
 
 
 def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
@@ -71,7 +118,11 @@ def _solve(d, e, xp, leaf):
         rho_x = xp.asarray(np.array(rhos))
         d[cut - 1] -= rho_x
         d[cut] -= rho_x
-    pieces = _dense_batch(d, e, bounds, xp)  # (w, Q) per leaf, in order
+    with _step("leaves", xp):
+        if xp is not np and LEAVES == "host":
+            pieces = _leaves_on_host(d, e, bounds, xp)
+        else:
+            pieces = _dense_batch(d, e, bounds, xp)  # (w, Q) per leaf, in order
     # merge pairwise, bottom-up, keeping the tear of each boundary
     blocks = [(bounds[i], bounds[i + 1], pieces[i][0], pieces[i][1]) for i in range(len(pieces))]
     tears = {bounds[i + 1]: (rhos[i], signs[i]) for i in range(len(bounds) - 2)}
@@ -119,45 +170,116 @@ def _dense_batch(d, e, bounds, xp):
     return out
 
 
+def _leaves_on_host(d, e, bounds, xp):
+    """(w, Q) per leaf [bounds[i], bounds[i+1]) of the torn T, by LAPACK on the host (MRRR,
+    scipy.linalg.eigh_tridiagonal), uploaded in one copy."""
+    import scipy.linalg as sl
+
+    dh, eh = _host(d), _host(e)
+    parts = [sl.eigh_tridiagonal(dh[a:b], eh[a:b - 1]) if b - a > 1 else (dh[a:b], np.ones((1, 1)))
+             for a, b in zip(bounds[:-1], bounds[1:])]
+    flat = xp.asarray(np.concatenate([np.concatenate([w, Q.ravel()]) for w, Q in parts]))
+    out, at = [], 0
+    for w, Q in parts:
+        m = w.size
+        out.append((flat[at:at + m], flat[at + m:at + m + m * m].reshape(m, m)))
+        at += m + m * m
+    return out
+
+
 def _merge(w1, Q1, w2, Q2, rho, s, xp):
     """Eigen-decomposition of blockdiag(Q1 diag(w1) Q1^T, Q2 diag(w2) Q2^T) + rho v v^T."""
     n1, n2 = int(w1.shape[0]), int(w2.shape[0])
     n = n1 + n2
-    Q = xp.zeros((n, n))
-    Q[:n1, :n1] = Q1
-    Q[n1:, n1:] = Q2
-    D = xp.concatenate([w1, w2])
-    z = xp.concatenate([Q1[n1 - 1, :], s * Q2[0, :]])
+    with _step("assemble", xp):
+        Q = xp.zeros((n, n))
+        Q[:n1, :n1] = Q1
+        Q[n1:, n1:] = Q2
+        D = xp.concatenate([w1, w2])
+        z = xp.concatenate([Q1[n1 - 1, :], s * Q2[0, :]])
     if rho == 0.0:
         order = xp.argsort(D, kind="stable") if xp is np else xp.argsort(D)
         return D[order], Q[:, order]
-    # the rank-one problem, on the host: n numbers (deflation is a sequential scan)
-    Dh = _host(D)
-    zh = _host(z)
-    # z has norm sqrt(2) (two unit rows): scale to a unit vector, rho to match (dlaed2)
-    zh = zh / np.sqrt(2.0)
-    rho = 2.0 * rho
-    perm = np.argsort(Dh, kind="stable")
-    Dh, zh = Dh[perm], zh[perm]
-    tol = 8.0 * EPS * max(np.max(np.abs(Dh)), np.max(np.abs(zh)))
-    keep, gone = [], []           # positions (in sorted order) kept for the secular equation / deflated
-    rots = []                     # Givens rotations (col_a, col_b, c, s) in sorted positions
+    with _step("deflate", xp):
+        # the rank-one problem, on the host: n numbers (deflation is a sequential scan)
+        Dh = _host(D)
+        zh = _host(z)
+        # z has norm sqrt(2) (two unit rows): scale to a unit vector, rho to match (dlaed2)
+        zh = zh / np.sqrt(2.0)
+        rho = 2.0 * rho
+        perm = np.argsort(Dh, kind="stable")
+        Dh, zh = Dh[perm], zh[perm]
+        tol = 8.0 * EPS * max(np.max(np.abs(Dh)), np.max(np.abs(zh)))
+        keep, gone, rots = _deflate(Dh, zh, rho, tol)
+        # rows each column of Qs has entries in: Q1's (top) or Q2's (bottom); a rotation mixes
+        top = perm < n1
+        bot = ~top
+        for a, b, _, _ in rots:
+            top[a] = top[b] = top[a] | top[b]
+            bot[a] = bot[b] = bot[a] | bot[b]
+    with _step("rotate", xp):
+        Qs = Q[:, xp.asarray(perm)]
+        if rots:
+            Qs = _rotate(Qs, rots, xp)
+    k = len(keep)
+    lam_parts, vec_parts = [], []
+    if k:
+        dk, zk = Dh[keep], zh[keep]
+        order_k = np.argsort(dk, kind="stable")   # rotations can reorder the kept poles slightly
+        keep = np.array(keep)[order_k]
+        dk, zk = dk[order_k], zk[order_k]
+        with _step("secular", xp):
+            origin, tau = _secular(dk, zk, rho, xp)
+            lam = _host(xp.asarray(dk)[origin] + tau)
+        with _step("vectors", xp):
+            U = _vectors(dk, zk, rho, origin, tau, xp)
+        with _step("gemm", xp):
+            # Q1's rows meet only the columns with entries there (likewise Q2's): two GEMMs of
+            # about half the flops of one n x k x k product
+            Zk = xp.empty((n, k))
+            for rows, has in ((slice(0, n1), top[keep]), (slice(n1, n), bot[keep])):
+                cols = np.nonzero(has)[0]
+                if cols.size:
+                    Zk[rows] = Qs[rows, xp.asarray(keep[cols])] @ U[xp.asarray(cols)]
+                else:
+                    Zk[rows] = 0.0
+        lam_parts.append(lam)
+        vec_parts.append(Zk)
+    with _step("finish", xp):
+        if gone:
+            gone_arr = np.array(gone)
+            lam_parts.append(Dh[gone_arr])
+            vec_parts.append(Qs[:, xp.asarray(gone_arr)])
+        lam = np.concatenate(lam_parts)
+        order = np.argsort(lam, kind="stable")
+        Z = xp.concatenate(vec_parts, axis=1)[:, xp.asarray(order)]
+    return xp.asarray(lam[order]), Z
+
+
+def _deflate(Dh, zh, rho, tol):
+    """dlaed2's scan over the sorted poles (Dh, zh updated in place): a tiny z component
+    deflates its pole; two poles closer than tol (in the rotated sense) are joined by a Givens
+    rotation that moves the first one's weight into the second.  Returns (keep, gone, rots):
+    positions kept for the secular equation, positions deflated, rotations (a, b, c, s).
+    On Python floats: the scan is sequential, and NumPy scalar arithmetic costs ~10x more."""
+    D, z = Dh.tolist(), zh.tolist()
+    keep, gone, rots = [], [], []
     prev = -1
-    for j in range(n):
-        if rho * abs(zh[j]) <= tol:
+    for j in range(len(D)):
+        if rho * abs(z[j]) <= tol:
             gone.append(j)
             continue
         if prev >= 0:
-            sa, cb = zh[prev], zh[j]
-            tau = np.hypot(cb, sa)
+            sa, cb = z[prev], z[j]
+            tau = math.hypot(cb, sa)
             c, sn = cb / tau, -sa / tau
-            t = Dh[j] - Dh[prev]
+            t = D[j] - D[prev]
             if abs(t * c * sn) <= tol:   # nearly equal poles: rotate prev's weight into j
-                zh[j], zh[prev] = tau, 0.0
+                z[j], z[prev] = tau, 0.0
                 rots.append((prev, j, c, sn))
-                dp = Dh[prev] * c * c + Dh[j] * sn * sn
-                Dh[j] = Dh[prev] * sn * sn + Dh[j] * c * c
-                Dh[prev] = dp
+                dp = D[prev] * c * c + D[j] * sn * sn
+                D[j] = D[prev] * sn * sn + D[j] * c * c
+                D[prev] = dp
                 gone.append(prev)
                 prev = j
                 continue
@@ -165,30 +287,8 @@ def _merge(w1, Q1, w2, Q2, rho, s, xp):
         prev = j
     if prev >= 0:
         keep.append(prev)
-    Qs = Q[:, xp.asarray(perm)]
-    if rots:
-        Qs = _rotate(Qs, rots, xp)
-    k = len(keep)
-    lam_parts, vec_parts = [], []
-    if k:
-        dk, zk = Dh[keep], zh[keep]
-        order_k = np.argsort(dk, kind="stable")   # rotations can reorder the kept poles slightly
-        keep = [keep[i] for i in order_k]
-        dk, zk = dk[order_k], zk[order_k]
-        origin, tau = _secular(dk, zk, rho, xp)
-        lam = _host(xp.asarray(dk)[origin] + tau)
-        U = _vectors(dk, zk, rho, origin, tau, xp)
-        Zk = Qs[:, xp.asarray(np.array(keep))] @ U
-        lam_parts.append(lam)
-        vec_parts.append(Zk)
-    if gone:
-        gone_arr = np.array(gone)
-        lam_parts.append(Dh[gone_arr])
-        vec_parts.append(Qs[:, xp.asarray(gone_arr)])
-    lam = np.concatenate(lam_parts)
-    order = np.argsort(lam, kind="stable")
-    Z = xp.concatenate(vec_parts, axis=1)[:, xp.asarray(order)]
-    return xp.asarray(lam[order]), Z
+    Dh[:], zh[:] = D, z
+    return keep, gone, rots
 
 
 def _host(a):
@@ -326,6 +426,11 @@ def _parts(d, z2, origin, tau, xp):
     z_i^2 / (d_i - lam) over the poles i <= j, phi over i >= j+1; differences d_i - lam formed
     as (d_i - d_origin) - tau.  In chunks of roots x poles."""
     k = d.size
+    if xp is not np:  # one fused pass (dc_kernels.cu), no k x k temporaries
+        out = xp.empty((4, origin.size))
+        _kernel("dc_parts")((origin.size,), (TPB,), (d, z2, origin.astype(xp.int64, copy=False), tau, np.int64(k),
+                                                    np.int64(origin.size), out))
+        return list(out)
     out = [xp.empty(origin.size) for _ in range(4)]
     rows = max(1, CHUNK // max(k, 1))
     cols = xp.arange(k)
@@ -352,11 +457,16 @@ def _vectors(d, z, rho, origin, tau, xp):
     # zhat_i^2 = prod_j (lam_j - d_i) / (rho prod_{j != i} (d_j - d_i)): a product of ratios
     # (lam_j - d_i)/(d_j - d_i) near 1, times (lam_i - d_i)
     lam_minus_d = (dx[origin][None, :] - dx[:, None]) + tau[None, :]      # [i, j] = lam_j - d_i
-    dd = dx[None, :] - dx[:, None]                                          # [i, j] = d_j - d_i
-    eye = xp.eye(k, dtype=bool)
-    ratio = xp.where(eye, 1.0, lam_minus_d / xp.where(eye, 1.0, dd))
-    zhat2 = xp.prod(ratio, axis=1) * xp.diagonal(lam_minus_d) / rho
-    zhat = xp.copysign(xp.sqrt(xp.abs(zhat2)), xp.asarray(z))
+    if xp is not np:  # the product in one fused pass (dc_kernels.cu)
+        zhat = xp.empty(k)
+        _kernel("dc_zhat")((k,), (TPB,), (dx, origin.astype(xp.int64, copy=False), tau, xp.asarray(z, dtype=xp.float64),
+                                          np.float64(rho), np.int64(k), zhat))
+    else:
+        dd = dx[None, :] - dx[:, None]                                      # [i, j] = d_j - d_i
+        eye = xp.eye(k, dtype=bool)
+        ratio = xp.where(eye, 1.0, lam_minus_d / xp.where(eye, 1.0, dd))
+        zhat2 = xp.prod(ratio, axis=1) * xp.diagonal(lam_minus_d) / rho
+        zhat = xp.copysign(xp.sqrt(xp.abs(zhat2)), xp.asarray(z))
     U = -zhat[:, None] / lam_minus_d                  # zhat_i / (d_i - lam_j)
     U /= xp.sqrt((U * U).sum(axis=0))[None, :]
     return U

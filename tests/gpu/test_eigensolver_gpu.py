@@ -134,3 +134,50 @@ def test_gpu_stedc_dc_matches_scipy(gpu_comm):
         assert metrics.eigenvalue_error(w.get(), ref) < 1e-10, kind
         assert metrics.residual(prob.A, prob.B, Xg, w.get()) < 10, kind
         assert metrics.b_orthogonality(prob.B, Xg) < 100, kind
+
+
+def _host_dc_tests():
+    """tests/test_tridiag_dc.py (the host tests' hard matrices and tolerances)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "test_tridiag_dc.py"
+    spec = importlib.util.spec_from_file_location("_host_dc_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("leaf", [16, 64])
+def test_gpu_tridiag_dc_hard_matrices(leaf):
+    """The divide and conquer on CuPy arrays (fused secular/vector kernels, GPU GEMMs) on the
+    host tests' matrices, small leaves so every matrix merges several levels: the same bounds
+    against LAPACK, leaves on the device and on the host, bitwise equal on a second solve."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import tridiag_dc
+
+    host = _host_dc_tests()
+    seed = host._seed()
+    eps = np.finfo(np.float64).eps
+    for name, (d, e) in host._matrices(np.random.default_rng(seed)).items():
+        n = d.size
+        T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
+        nt = max(np.abs(d).max(), np.abs(e).max())
+        ref = sl.eigh_tridiagonal(d, e, eigvals_only=True)
+        for leaves in ("device", "host"):
+            tridiag_dc.LEAVES = leaves
+            try:
+                w, Z = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
+                w2, Z2 = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
+            finally:
+                tridiag_dc.LEAVES = "device"
+            msg = f"{name} n={n} leaf={leaf} leaves={leaves} seed={seed}"
+            assert isinstance(w, cp.ndarray) and isinstance(Z, cp.ndarray), msg
+            assert w.get().tobytes() == w2.get().tobytes() and Z.get().tobytes() == Z2.get().tobytes(), msg
+            w, Z = w.get(), Z.get()
+            assert np.all(np.diff(w) >= 0), msg
+            assert np.abs(w - ref).max() <= 10 * n * eps * nt, msg
+            assert np.linalg.norm(Z.T @ Z - np.eye(n)) <= 10 * n * eps, msg
+            assert np.linalg.norm(T @ Z - Z * w) <= 50 * n * eps * nt, msg

@@ -1,0 +1,94 @@
+"""Where the GPU divide-and-conquer tridiagonal solver (hpccoll_eigensolver.tridiag_dc) spends
+its time, beside cuSOLVER's dense syevd of the same T (what stedc="gpu" runs); one GPU, float64.
+
+    python3 bench/dc_profile.py [--n 4096,8192] [--json out.json]
+
+Per (n, matrix): wall seconds of the whole solve (median of 3, after one warm-up solve), then
+one more solve with tridiag_dc.PROFILE on (a device synchronize after every step, so its sum is
+a little above the plain solve) split into leaves / assemble / deflate / rotate / secular /
+vectors / gemm / finish; accuracy as residual ||T Z - Z diag(w)||_F / (n eps |T|) and
+orthogonality ||Z^T Z - I||_F / (n eps).  Matrices: "random" (normal d and e: almost nothing
+deflates, the secular equation and GEMMs at full size) and "clustered" (three tight eigenvalue
+clusters: most poles deflate)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+
+def _matrices(n: int, rng):
+    third = n // 3
+    return {"random": (rng.standard_normal(n), rng.standard_normal(n - 1)),
+            "clustered": (np.concatenate([np.full(third, 1.0), np.full(third, 2.0), np.full(n - 2 * third, 3.0)])
+                          + 1e-14 * rng.standard_normal(n), np.full(n - 1, 1e-9))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="4096,8192")
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args()
+    import cupy as cp
+
+    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver._xp import tridiagonal_matrix
+
+    eps = np.finfo(np.float64).eps
+
+    def timed(fn):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        cp.cuda.Device().synchronize()
+        return time.perf_counter() - t0, out
+
+    rows = []
+    rng = np.random.default_rng(5)
+    d0, e0 = rng.standard_normal(600), rng.standard_normal(599)
+    tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d0), cp.asarray(e0), cp)  # compile
+    for n in (int(x) for x in opts.n.split(",")):
+        for name, (d, e) in _matrices(n, rng).items():
+            dx, ex = cp.asarray(d), cp.asarray(e)
+            solve = lambda: tridiag_dc.eigh_tridiagonal_dc(dx, ex, cp)  # noqa: E731
+            solve()
+            times = [timed(solve)[0] for _ in range(3)]
+            tridiag_dc.PROFILE = {}
+            t_prof, (w, Z) = timed(solve)
+            prof, tridiag_dc.PROFILE = tridiag_dc.PROFILE, None
+            T = tridiagonal_matrix(cp, dx, ex)
+            dense = lambda: cp.linalg.eigh(T)  # noqa: E731
+            dense()
+            t_dense = statistics.median(timed(dense)[0] for _ in range(3))
+            nt = float(max(np.abs(d).max(), np.abs(e).max()))
+            res = float(cp.linalg.norm(T @ Z - Z * w[None, :])) / (n * eps * nt)
+            orth = float(cp.linalg.norm(Z.T @ Z - cp.eye(n))) / (n * eps)
+            w_ref = cp.asnumpy(dense()[0])
+            leaves = {}  # the leaves alone, both ways (tridiag_dc.LEAVES)
+            bounds = list(range(0, n, tridiag_dc.LEAF_DEVICE)) + [n]
+            leaves["device"] = timed(lambda: tridiag_dc._dense_batch(dx, ex, bounds, cp))[0]
+            leaves["host"] = timed(lambda: tridiag_dc._leaves_on_host(dx, ex, bounds, cp))[0]
+            row = {"n": n, "matrix": name, "dc_s": statistics.median(times), "dense_syevd_s": t_dense,
+                   "profiled_s": t_prof, "steps_s": prof, "leaves_s": leaves, "leaves": tridiag_dc.LEAVES, "residual": res, "orthogonality": orth,
+                   "eig_diff_vs_syevd": float(np.abs(cp.asnumpy(w) - w_ref).max() / nt)}
+            rows.append(row)
+            print(f"n={n} {name:9s} dc {row['dc_s']:.4f} s  syevd(T) {t_dense:.4f} s  res {res:.2f}  "
+                  f"orth {orth:.2f}  |w-w_syevd|/|T| {row['eig_diff_vs_syevd']:.1e}", flush=True)
+            print("   " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(prof.items(), key=lambda kv: -kv[1]))
+                  + f"   | leaves alone: device {leaves['device']:.4f} host {leaves['host']:.4f}", flush=True)
+            T = Z = None  # free before the next size
+            cp.get_default_memory_pool().free_all_blocks()
+    if opts.json:
+        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+        with open(opts.json, "w") as fh:
+            json.dump({"gpu": name.decode() if isinstance(name, bytes) else str(name),
+                       "commit": os.environ.get("HPCCOLL_COMMIT"), "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
