@@ -70,11 +70,11 @@ class Workspace:
         tokens = node_comm.allgather(token)
         for r, base in enumerate(self.peers):
             val = np.array([token], dtype=np.uint64)
-            rt.memcpy(base + OFF_PROBE + 8 * self.rank, val.ctypes.data, 8, 0)  # host -> peer device
+            rt.memcpy(base + OFF_PROBE + 8 * self.rank, val.ctypes.data, 8, 4)  # host -> peer device (cudaMemcpyDefault)
         rt.deviceSynchronize()
         node_comm.Barrier()
         got = np.zeros(self.size, dtype=np.uint64)
-        rt.memcpy(got.ctypes.data, self.ptr + OFF_PROBE, 8 * self.size, 0)
+        rt.memcpy(got.ctypes.data, self.ptr + OFF_PROBE, 8 * self.size, 4)
         bad = [r for r in range(self.size) if int(got[r]) != tokens[r]]
         bad_all = node_comm.allgather(bad)
         if any(bad_all):
@@ -87,7 +87,7 @@ class Workspace:
     def error_record(self) -> dict:
         """The ErrRec of cuda/hc_common.cuh: int code, collective, peer, pad; u64 slot, waitedNs."""
         raw = np.zeros(32, dtype=np.uint8)
-        self.rt.memcpy(raw.ctypes.data, self.ptr + OFF_ERR, 32, 0)
+        self.rt.memcpy(raw.ctypes.data, self.ptr + OFF_ERR, 32, 4)  # cudaMemcpyDefault
         ints, u64s = raw[:16].view(np.int32), raw[16:].view(np.uint64)
         return {"code": int(ints[0]), "collective": int(ints[1]), "peer": int(ints[2]),
                 "slot": int(u64s[0]), "waited_ns": int(u64s[1])}

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -137,7 +138,11 @@ def _max(mpi_comm, t):
 def _err(exc: BaseException) -> str:
     text = f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
     if isinstance(exc, SyntaxError) and "null bytes" in text:
-        text += f" ({_nul_files()})"
+        import traceback
+
+        where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                          for f in traceback.extract_tb(exc.__traceback__)[-3:])
+        text += f" (raised in {where}; {_nul_files()})"
     return text
 
 
@@ -523,6 +528,7 @@ class TorchSymm:
         want = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         self.dtype = want.get(dtype, torch.bfloat16)
         self.dtype_name = str(self.dtype).replace("torch.", "")
+        self._tick = torch.zeros(1, device=self.device)
 
     def tensor(self, count: int, rank: int):
         t = self.symm.empty(count, device=self.device, dtype=self.dtype)
@@ -568,6 +574,8 @@ class TorchSymm:
         for _ in range(REPS):
             torch.cuda.synchronize()
             mpi_comm.Barrier()
+            if _ALIGN is None:  # before hpccoll opens (torch_baselines_first): NCCL aligns the streams
+                self.dist.all_reduce(self._tick)
             _align(torch.cuda.current_stream().cuda_stream)
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
@@ -760,6 +768,49 @@ def bench_torch(ts: TorchSymm, which: str, comm, case, opts, log) -> dict:
     return row
 
 
+def torch_baselines_first(opts, sizes, world, log) -> tuple[dict, str | None]:
+    """torch symmetric memory's one/two-shot rows for every size, in these processes but before
+    hpccoll opens anything on the GPU: run after hpccoll's CUDA backend, torch failed on every
+    rank with "SyntaxError: source code string cannot contain null bytes" (2xH200, 2026-11-30,
+    while no torch source file read back bad in that process; bench/NOTES.md).  Returns
+    ({bytes: rows}, None) or ({}, why skipped)."""
+    from mpi4py import MPI
+
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    ts = None
+    try:
+        def shim():
+            import torch
+
+            if not torch.cuda.is_available():
+                raise Skip("torch sees no CUDA device")
+            dev = node.Get_rank() % torch.cuda.device_count()
+            import cupy  # the timing helpers synchronize through CuPy: the same GPU as torch
+
+            cupy.cuda.Device(dev).use()
+            return types.SimpleNamespace(rank=world.Get_rank(), size=world.Get_size(), mpi_comm=world, device=dev)
+
+        comm = _guarded(world, shim)
+        ts = _guarded(world, lambda: TorchSymm(comm, opts.dtype))
+        rows: dict = {}
+        for nbytes in sizes:
+            case = types.SimpleNamespace(nbytes=nbytes, count=None)
+            rows[nbytes] = [bench_torch(ts, which, comm, case, opts, log)
+                            for which in ("torch_one_shot", "torch_two_shot")]
+            if world.Get_rank() == 0:
+                for r in rows[nbytes]:
+                    print(f"# {r['bytes']} B {r['algorithm']}: eager {r.get('eager_us')} graph "
+                          f"{r.get('graph_us')} ok {r.get('ok')}", flush=True)
+        return rows, None
+    except Skip as exc:
+        log(f"torch symm_mem baselines skipped: {exc}")
+        return {}, str(exc)
+    finally:
+        if ts is not None:
+            ts.close()
+        node.Free()
+
+
 def run_sweep(opts, log=None) -> dict:
     """The whole benchmark (collective over MPI.COMM_WORLD); returns the result dict on every rank."""
     import hpccoll
@@ -768,13 +819,10 @@ def run_sweep(opts, log=None) -> dict:
     world = MPI.COMM_WORLD
     log = log or (lambda *m: say(world.Get_rank(), *m))
     sizes = parse_sizes(opts.sizes) if isinstance(opts.sizes, str) else list(opts.sizes)
-    if getattr(opts, "baselines", False) and opts.collective == "allreduce":
-        try:  # import torch before any GPU work of this process (see TorchSymm)
-            import importlib
-
-            importlib.import_module("torch.distributed._symmetric_memory")
-        except Exception:  # noqa: BLE001 - recorded later as a skipped baseline
-            pass
+    torch_first: dict = {}   # bytes -> torch rows, measured before hpccoll opens the GPU
+    torch_skip = None
+    if getattr(opts, "baselines", False) and opts.collective == "allreduce" and opts.baselines != "nccl":
+        torch_first, torch_skip = torch_baselines_first(opts, sizes, world, log)
     comm = hpccoll.Communicator(backend="auto", check=False)
     gpu = comm.device is not None     # device buffers (flat CUDA backend, or hierarchical on GPUs)
     flat = comm.backend == "cuda"     # one node: SoL, in-kernel, blocking and baselines apply
@@ -802,8 +850,7 @@ def run_sweep(opts, log=None) -> dict:
                            peer_atomics, gpu) if flat or not gpu else ["auto"]
 
     # baselines
-    nccl_comm = host_comm = ts = None
-    torch_ops: list[str] = []
+    nccl_comm = host_comm = None
     if getattr(opts, "baselines", False):
         if gpu and not flat:
             skipped["baselines"] = "hierarchical communicator: run the baselines on a single-node layout"
@@ -820,12 +867,8 @@ def run_sweep(opts, log=None) -> dict:
             if opts.baselines == "nccl":  # hpccoll tune: NCCL only (the fallback candidate)
                 pass
             elif opts.collective == "allreduce":
-                try:
-                    ts = _guarded(comm.mpi_comm, lambda: TorchSymm(comm, opts.dtype))
-                    torch_ops = ["torch_one_shot", "torch_two_shot"]
-                except Skip as exc:
-                    skipped["torch"] = str(exc)
-                    log(f"torch symm_mem baselines skipped: {exc}")
+                if torch_skip:
+                    skipped["torch"] = torch_skip
             else:
                 skipped["torch"] = "torch symm_mem baselines are allreduce only"
             if opts.baselines != "nccl":
@@ -835,7 +878,7 @@ def run_sweep(opts, log=None) -> dict:
     if gpu:
         import cupy as xp  # noqa: F811
     bar = None
-    total = len(sizes) * (len(algos) + (nccl_comm is not None) + len(torch_ops) + (host_comm is not None))
+    total = len(sizes) * (len(algos) + (nccl_comm is not None) + (host_comm is not None))
     if rank == 0 and sys.stderr.isatty():
         try:
             from tqdm import tqdm
@@ -876,9 +919,7 @@ def run_sweep(opts, log=None) -> dict:
             if nccl_comm is not None:
                 rows.append(bench_nccl(nccl_comm, comm, case, opts, log))
                 bar and bar.update(1)
-            for which in torch_ops:
-                rows.append(bench_torch(ts, which, comm, case, opts, log))
-                bar and bar.update(1)
+            rows.extend(torch_first.get(nbytes, []))
             if host_comm is not None:
                 r = bench_hpccoll(host_comm, case, "mpi", opts, False, log)
                 rows.append(r)
@@ -888,8 +929,6 @@ def run_sweep(opts, log=None) -> dict:
         _ALIGN = None
         if bar is not None:
             bar.close()
-        if ts is not None:
-            ts.close()
         for c in (nccl_comm, host_comm):
             if c is not None:
                 c.Free()
