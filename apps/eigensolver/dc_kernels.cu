@@ -21,6 +21,7 @@ __device__ void blockReduce(double (&v)[NV], double (*sh)[TPB]) {
   }
 #pragma unroll
   for (int c = 0; c < NV; ++c) v[c] = sh[c][0];
+  __syncthreads();  // every thread has read the result before sh is written again
 }
 
 // psi, psi', phi, phi' of root j at lam = d[origin_j] + tau_j: psi sums z_i^2/(d_i - lam) over
@@ -56,5 +57,95 @@ extern "C" __global__ void dc_zhat(const double* d, const long long* origin, con
   if (threadIdx.x == 0) {
     const double z2 = p[0] * ((d[origin[i]] - di) + tau[i]) / rho;
     zhat[i] = copysign(sqrt(fabs(z2)), z[i]);
+  }
+}
+
+// ---- the secular equation, one block per root: tridiag_dc._secular's iteration, per root ----
+// f(lam) = 1 + rho sum z_i^2 / (d_i - lam), d strictly increasing, rho > 0: root j lies in
+// (d_j, d_j+1) (the last in (d_k-1, d_k-1 + wlast], wlast = rho |z|^2), kept as lam = d[origin]
+// + tau with origin the nearer pole.  Every thread runs the same scalar steps on the same block
+// sums, so the loop and its exit are block-uniform.  Same formulas as _secular, _middle_way,
+// _origin_exact (see there for the derivations).
+
+struct Parts { double psi, dpsi, phi, dphi; };
+
+// psi, psi', phi, phi' of root j at d[o] + tau, for two taus in one pass over the poles.
+__device__ void parts2(const double* d, const double* z2, long long k, long long j, long long o,
+                       double ta, double tb, Parts& pa, Parts& pb, double (*sh)[TPB]) {
+  double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  const double dO = d[o];
+  for (long long i = threadIdx.x; i < k; i += TPB) {
+    const double base = d[i] - dO;
+    const double da = base - ta, db = base - tb;
+    const double qa = z2[i] / da, qb = z2[i] / db;
+    const int h = i <= j ? 0 : 2;  // psi (poles i <= j) or phi
+    s[h] += qa; s[h + 1] += qa / da;
+    s[4 + h] += qb; s[4 + h + 1] += qb / db;
+  }
+  blockReduce<8, false>(s, sh);
+  pa = {s[0], s[1], s[2], s[3]};
+  pb = {s[4], s[5], s[6], s[7]};
+}
+
+__device__ double middleWay(const Parts& q, double t, double pL, double pR, double Delta, double rho,
+                            bool right, bool last) {
+  const double S1 = (pL - t) * (pL - t) * q.dpsi, S2 = (pR - t) * (pR - t) * q.dphi;
+  const double a = 1.0 + rho * (q.psi - S1 / (pL - t) + q.phi - S2 / (pR - t));
+  const double C1 = rho * S1, C2 = rho * S2;
+  if (last) return C1 / a;  // no pole on the right
+  const double am = right ? -a : a, c0 = right ? C2 : C1, c1 = right ? C1 : C2;
+  const double bq = am * Delta + c0 + c1;
+  const double disc = sqrt(fabs(bq * bq - 4.0 * am * c0 * Delta));
+  const double sig = bq <= 0.0 ? (bq - disc) / (2.0 * am) : 2.0 * c0 * Delta / (bq + disc);
+  return right ? -sig : sig;
+}
+
+__device__ double originExact(const Parts& q, double t, double c_o, double rho, bool right) {
+  const double A = 1.0 + rho * (q.psi + q.phi) + c_o / t;
+  const double B = rho * (q.dpsi + q.dphi) - c_o / (t * t);
+  const double p = A - B * t;
+  const double sq = sqrt(p * p + 4.0 * B * c_o);
+  if (right) return p >= 0.0 ? -(p + sq) / (2.0 * B) : -2.0 * c_o / (sq - p);
+  return p <= 0.0 ? (sq - p) / (2.0 * B) : 2.0 * c_o / (p + sq);
+}
+
+extern "C" __global__ void dc_secular(const double* d, const double* z2, long long k, double rho, double wlast,
+                                      double eps, int steps, long long* originOut, double* tauOut) {
+  __shared__ double sh[8][TPB];
+  const long long j = blockIdx.x;
+  const bool last = j == k - 1;
+  const double Delta = last ? wlast : d[j + 1] - d[j];
+  const double mid = Delta / 2.0;
+  Parts q, unused;
+  parts2(d, z2, k, j, j, mid, mid, q, unused, sh);
+  const bool right = (1.0 + rho * (q.psi + q.phi) <= 0.0) && !last;  // f(mid) <= 0: right half
+  const long long o = right ? j + 1 : j;
+  double lo = right ? -mid : 0.0, hi = right ? 0.0 : (last ? Delta : mid);
+  double t = (lo + hi) / 2.0;
+  const double pL = right ? -Delta : 0.0, pR = right ? 0.0 : Delta;
+  const double c_o = rho * z2[o];
+  parts2(d, z2, k, j, o, t, t, q, unused, sh);
+  for (int it = 0; it < steps; ++it) {
+    const double f = 1.0 + rho * (q.psi + q.phi);
+    if (fabs(f) <= 8.0 * (double)k * eps * (1.0 + rho * (fabs(q.psi) + fabs(q.phi)))) break;
+    if (f < 0.0) lo = t;  // f increases with lam (a NaN f moves neither end, as in _secular)
+    if (f >= 0.0) hi = t;
+    const double sMid = middleWay(q, t, pL, pR, Delta, rho, right, last);
+    const double sOrg = originExact(q, t, c_o, rho, right);
+    const double floorW = eps * eps * Delta;  // geometric bisection on the origin's side
+    double split = sqrt(fmax(fabs(lo), floorW) * fmax(fabs(hi), floorW));
+    split = right ? -split : split;
+    const double c0 = (sMid >= lo && sMid <= hi && isfinite(sMid)) ? sMid : split;
+    const double c1 = (sOrg >= lo && sOrg <= hi && isfinite(sOrg)) ? sOrg : split;
+    Parts e0, e1;
+    parts2(d, z2, k, j, o, c0, c1, e0, e1, sh);
+    const double f0 = fabs(1.0 + rho * (e0.psi + e0.phi)), f1 = fabs(1.0 + rho * (e1.psi + e1.phi));
+    const bool pick = f1 < f0;
+    t = pick ? c1 : c0;
+    q = pick ? e1 : e0;
+  }
+  if (threadIdx.x == 0) {
+    originOut[j] = o;
+    tauOut[j] = t;
   }
 }

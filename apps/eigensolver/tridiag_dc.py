@@ -347,6 +347,12 @@ def _secular(d, z, rho, xp):
     Stops when f is zero to within its rounding error at every root (same inputs, same steps)."""
     k = d.size
     dx, z2 = xp.asarray(d), xp.asarray(z * z)
+    if xp is not np:  # the same iteration, one block per root, no host round trip (dc_kernels.cu)
+        origin, tau = xp.empty(k, dtype=xp.int64), xp.empty(k)
+        _kernel("dc_secular")((k,), (TPB,), (dx, z2, np.int64(k), np.float64(rho),
+                                             np.float64(rho * float((z * z).sum())), np.float64(EPS),
+                                             np.int32(SECULAR_STEPS), origin, tau))
+        return origin, tau
     width = np.empty(k)
     width[:-1] = d[1:] - d[:-1]
     width[-1] = rho * float((z * z).sum())
