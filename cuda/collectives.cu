@@ -119,7 +119,7 @@ __device__ void allreduceOneShot(const Args& a) {
       if (ok) storePack(a.out, a.count, p, y);
     }
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 
 // Allreduce, two-shot: reduce-scatter to chunk owners (region), then all-gather (region2).
@@ -150,7 +150,7 @@ __device__ void allreduceTwoShot(const Args& a) {
       if (ok) storePack(a.out, a.count, p, y);
     }
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 
 #if HC_IS_FLOAT
@@ -229,7 +229,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
     }
     ok = __all_sync(0xffffffffu, ok);  // keep `ok` warp-uniform: the next poll shuffles
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 #endif
 
@@ -266,30 +266,41 @@ __device__ void bcastLL(const Args& a) {
     }
     __syncthreads();
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 
-// Allgather (LL): `count` elements per rank, a multiple of HC_EPP (the host pads otherwise).
+// Allgather (LL): `count` elements per rank, a multiple of HC_EPP (the host pads otherwise),
+// in chunks of one sub-buffer, each chunk its own epoch, all in this one launch (a 256 MiB
+// Allgather was 1024 Python-driven launches, 60 ms on 2xH200).  No fence between chunks: LL
+// slots are never re-armed (flags are epochs), and the double buffering holds inside the
+// launch as between launches - thread t writes chunk c+2 into a peer's slot p only after
+// receiving the peer's chunk c+1 slot p, which the peer's thread t sent after its poll of our
+// chunk c slot p had returned (a control dependency: no store runs ahead of it).
 __device__ void allgatherLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
+  const u64 per = a.sub / LL::kBytesPerPack;  // packs of one chunk
+  const u64 chunks = packs > per ? (packs + per - 1) / per : 1;
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
-    LLBuffer<LL> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLGATHER);
-    for (u64 p = tid(); p < packs; p += nthreads()) {
-      Pack x = ldPack((const T*)a.in + p * HC_EPP);
-      buf.bcast(p, x);
-      stPack((T*)a.out + (a.rank * a.count) + p * HC_EPP, x);
-    }
-    for (int k = 1; ok && k < a.nranks; ++k) {
-      const int src = (a.rank + k) % a.nranks;
-      for (u64 p = tid(); ok && p < packs; p += nthreads()) {
-        Pack y;
-        ok = buf.recv(src, p, y);
-        if (ok) stPack((T*)a.out + src * a.count + p * HC_EPP, y);
+    for (u64 c = 0; ok && c < chunks; ++c) {
+      LLBuffer<LL> buf(a, a.region, a.sub, e0 + it * chunks + c, HC_COLL_ALLGATHER);
+      const u64 p0 = c * per, np = min(per, packs - p0);
+      for (u64 p = tid(); p < np; p += nthreads()) {
+        Pack x = ldPack((const T*)a.in + (p0 + p) * HC_EPP);
+        buf.bcast(p, x);
+        stPack((T*)a.out + (a.rank * a.count) + (p0 + p) * HC_EPP, x);
+      }
+      for (int k = 1; ok && k < a.nranks; ++k) {
+        const int src = (a.rank + k) % a.nranks;
+        for (u64 p = tid(); ok && p < np; p += nthreads()) {
+          Pack y;
+          ok = buf.recv(src, p, y);
+          if (ok) stPack((T*)a.out + src * a.count + (p0 + p) * HC_EPP, y);
+        }
       }
     }
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, (u64)a.iters * chunks);
 }
 
 // Reduce_scatter_block: block j of the input goes to rank j, which reduces in rank order.
@@ -311,7 +322,7 @@ __device__ void reduceScatter(const Args& a) {
       if (ok) stPack((T*)a.out + p * HC_EPP, y);
     }
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 
 // Barrier: thread r < nranks signals rank r and waits for rank r's signal.  Arrival words
@@ -330,7 +341,7 @@ __device__ void barrier(const Args& a) {
     }
     __syncthreads();
   }
-  epochEnd(a, e0);
+  epochEnd(a, e0, a.iters);
 }
 
 // ---------------------------------------------------------------------------------------

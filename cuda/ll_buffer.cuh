@@ -20,7 +20,7 @@
 //
 // Epochs and the double buffering ("the data is the credit"):
 // - Each block reads its counter epochs[blockIdx.x] (our own control region, device memory)
-//   at start and writes epoch+iters at the end; block 0 also writes that value into the
+//   at start and writes epoch+used at the end (used = iters, or iters x chunks for Allgather); block 0 also writes that value into the
 //   counters of blocks beyond gridDim.x, so all HC_MAX_BLOCKS counters always hold the number
 //   of collectives issued on this communicator - whatever grid each launch used, and under
 //   CUDA-graph replay too (no epoch is ever a host argument).
@@ -41,10 +41,11 @@ __device__ __forceinline__ u64 epochBegin(const Args& a) {
   return *(volatile u64*)(ctrlEpochs(a) + blockIdx.x);
 }
 
-__device__ __forceinline__ void epochEnd(const Args& a, u64 epoch) {
+// `used`: the epochs this launch consumed (iters collectives; Allgather: iters x its chunks).
+__device__ __forceinline__ void epochEnd(const Args& a, u64 epoch, u64 used) {
   __syncthreads();  // every thread of the block has read its epoch
   u64* ep = ctrlEpochs(a);
-  const u64 next = epoch + (u64)a.iters;
+  const u64 next = epoch + used;
   if (threadIdx.x == 0) ep[blockIdx.x] = next;
   if (blockIdx.x == 0)
     for (int j = gridDim.x + threadIdx.x; j < HC_MAX_BLOCKS; j += blockDim.x) ep[j] = next;

@@ -389,10 +389,13 @@ class CudaBackend:
         lau = self._launcher(call.recv.dtype, kernel, region, loop=iters > 1)
         a = lau.args
         a.iters = iters
-        direct = count % epp == 0 and count * esize <= cap_bytes and self._aligned(src) and self._aligned(out)
+        # Allgather loops over its chunks inside one launch (allgatherLL); Reduce_scatter takes
+        # one launch per cap_bytes
+        fits = gather or count * esize <= cap_bytes
+        direct = count % epp == 0 and fits and self._aligned(src) and self._aligned(out)
         if direct:
             a.in_, a.out, a.count = src.data.ptr, out.data.ptr, count
-            lau(*self._grid(count // epp), s)
+            lau(*self._grid(min(count, cap_bytes // esize) // epp), s)
             return
         step = max(epp, cap_bytes // esize // epp * epp)
         with cupy.cuda.ExternalStream(s):

@@ -159,7 +159,7 @@ def test_bcast_allgather_reduce_scatter(cc, dtype):
 
     rng = np.random.default_rng([cc.rank, 11])
     size = cc.size
-    for n in (1, 7, 8, 1023, 4096, 65537, (1 << 17) + 5):
+    for n in (1, 7, 8, 1023, 4096, 65537, (1 << 17) + 5, 3 << 16):  # 3 << 16: Allgather in 2-6 chunks
         x = _random(rng, dtype, n, "SUM")
         xs = _world().allgather(x)
         for root in range(size):
