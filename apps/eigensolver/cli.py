@@ -147,7 +147,10 @@ def cmd_solve(args) -> int:
     if xp.__name__ == "cupy":
         from .warmup import warm_up
 
-        warm_up(stedc=args.stedc)  # compile CuPy's kernels before the communicator opens
+        from .solver import DC_MIN_N
+
+        # compile CuPy's kernels before the communicator opens (the dc ones where auto picks dc)
+        warm_up(stedc="dc" if args.stedc == "auto" and args.n >= DC_MIN_N else args.stedc)
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:
@@ -323,10 +326,11 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
-                   help="where rank 0 solves the tridiagonal eigenproblem: host LAPACK dstevd, or gpu "
-                        "(cuSOLVER syevd of the dense tridiagonal; device arrays only); auto (default) = "
-                        "gpu on GPUs (12x faster at n=8192 on H200, bench/results/eigensolver), else host; "
-                        "dc: hpccoll_eigensolver's divide and conquer on the arrays' device (not yet timed on GPUs)")
+                   help="where rank 0 solves the tridiagonal eigenproblem: host LAPACK dstevd; gpu "
+                        "(cuSOLVER syevd of the dense tridiagonal; device arrays only); dc: "
+                        "hpccoll_eigensolver's divide and conquer on the arrays' device (tridiag_dc.py); "
+                        "auto (default) = on GPUs dc from n=4096 (3.5x faster than gpu at n=8192 on H200, "
+                        "bench/results/eigensolver), gpu below; host without GPUs")
 
 
 def build_parser() -> argparse.ArgumentParser:
