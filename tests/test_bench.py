@@ -217,3 +217,40 @@ def test_tune_winners_take_nccl_only_when_asked():
             {"algorithm": "nccl", "bytes": 64 << 20, "graph_us": 240.0, "ok": True}]
     assert tuning_rows(winners_of(rows)) == [[None, "twoshot_sentinel"]]
     assert tuning_rows(winners_of(rows, also=("nccl",))) == [[1 << 20, "twoshot_sentinel"], [None, "nccl"]]
+
+
+def test_format_table_prints_the_graph_floor():
+    r = fake_result()
+    r["sol"].update(floor_empty_pdl_us=0.73, floor_empty_us=0.74, floor_store_pdl_us=1.14, floor_store_us=1.15)
+    line = next(x for x in bench.format_table(r).splitlines() if x.startswith("# graph floor"))
+    assert "empty+pdl 0.73" in line and "empty 0.74" in line and "store+pdl 1.14" in line and "store 1.15" in line
+
+
+def test_nul_byte_syntax_error_is_explained(tmp_path, monkeypatch):
+    """A NUL-byte SyntaxError names where it was raised and rescans the package's sources."""
+    pkg = tmp_path / "nulpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bad.py").write_bytes(b"x = 1\0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bench._nul_files.cache_clear()
+    try:
+        compile(b"x = 1\0", "<mem>", "exec")
+    except SyntaxError as exc:
+        text = bench._err(exc)
+    assert "null bytes" in text and "raised in" in text
+    assert "1 of 2 nulpkg .py files read back with NUL bytes now: ['bad.py']" == bench._nul_files("nulpkg")
+    bench._nul_files.cache_clear()
+
+
+def test_torch_baselines_first_skips_cleanly_without_torch_or_gpu(monkeypatch):
+    """Without torch (or a GPU torch can see) the torch rows are skipped with the reason."""
+    import importlib.util
+
+    from mpi4py import MPI
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    opts = argparse.Namespace(dtype="float32", iters=3)
+    rows, why = bench.torch_baselines_first(opts, [8], MPI.COMM_SELF, lambda *m: None)
+    assert rows == {} and "torch" in why
