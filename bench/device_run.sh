@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -87,6 +87,8 @@ PYEOF
              --no-sync-collectives --no-reference --save-vectors no 2>&1 | tail -40 | tee "$OUT/eig8k.txt"
            tar czf "$OUT/eig8k.tar.gz" --exclude='*.npy' -C /tmp/eig n8192 ;;
     eig) timeout ${EIG_LIMIT:-480} bash bench/eig_device.sh 2>&1 | tail -60 ;;
+    sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" \
+             --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;
     gemm) PYTHONPATH=${PYTHONPATH:-} CUPY_ACCELERATORS= timeout 150 python3 bench/gemm_nvmath_vs_cupy.py \
             --json "$OUT/gemm-nvmath-vs-cupy.json" 2>&1 | tee "$OUT/gemm-nvmath-vs-cupy.txt" ;;

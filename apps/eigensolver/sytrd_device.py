@@ -99,18 +99,29 @@ class _Step:
         self.P.fill(0)
         self.k["init"]((1,), (1,), (self.st, np.int64(p0), np.int64(lj0)))
 
-    def column(self, owner: int, comm) -> None:
-        """One column step on the current stream; comm: anything with Bcast/Allreduce."""
+    def column(self, owner: int, comm, skip=()) -> None:
+        """One column step on the current stream; comm: anything with Bcast/Allreduce.
+        `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
+        stages - col, hh, bcast, gemv, allreduce, w1, w2 - so that timing variants with and
+        without a stage gives its cost inside the captured graph."""
         k, n = self.k, self.n64
         if self.rank == owner:
-            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1))
-            k["hh"]((1,), (HH_THREADS,), (n, self.st, self.colbuf, self.part1, self.g132, self.bb))
-        comm.Bcast(self.bb, root=owner)
-        k["gemv"]((self.gemv_grid,), (GEMV_TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
-                                             self.st, self.bb, self.y, self.s, self.d, self.e, self.tau))
-        comm.Allreduce(self.y, self.cv)
-        k["w1"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp, self.part1))
-        k["w2"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.wtmp, self.part1, self.g132))
+            if "col" not in skip:
+                k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1))
+            if "hh" not in skip:
+                k["hh"]((1,), (HH_THREADS,), (n, self.st, self.colbuf, self.part1, self.g132, self.bb))
+        if "bcast" not in skip:
+            comm.Bcast(self.bb, root=owner)
+        if "gemv" not in skip:
+            k["gemv"]((self.gemv_grid,), (GEMV_TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+                                                 self.st, self.bb, self.y, self.s, self.d, self.e, self.tau))
+        if "allreduce" not in skip:
+            comm.Allreduce(self.y, self.cv)
+        if "w1" not in skip:
+            k["w1"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp,
+                                         self.part1))
+        if "w2" not in skip:
+            k["w2"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.wtmp, self.part1, self.g132))
 
     def end_panel(self, p0: int, p1: int, V) -> None:
         """V's columns of the panel; the trailing update C -= V W^T + W V^T on owned columns > p1."""

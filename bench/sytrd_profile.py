@@ -1,0 +1,104 @@
+"""Where the tridiagonalization's column step spends its time on GPUs, stage by stage
+(apps/eigensolver/sytrd_device.py; issue #5: 79 us per column at n = 8192 on 2xH200, about
+twice what its memory traffic and launches explain).
+
+    mpiexec -n 2 python3 bench/sytrd_profile.py [--n 8192] [--nb 64] [--comm sentinel] [--json out.json]
+
+For panels starting at 0, n/4, n/2 and 3n/4: the panel's nb column steps are captured in one
+CUDA graph, as the solver does, once whole and once with each stage left out (col+hh on the
+owner, bcast, gemv, allreduce, w1+w2, both collectives); each graph is replayed 5 times from
+the panel's start (median of the event times). A stage's cost = whole - without it, per column.
+C holds random numbers (the timing does not depend on the values; the variants' results are
+wrong on purpose and discarded).  Also printed: the bytes the gemv reads per column and the
+bandwidth that implies."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import numpy as np
+
+VARIANTS = {"whole": (), "-col,hh": ("col", "hh"), "-bcast": ("bcast",), "-gemv": ("gemv",),
+            "-allreduce": ("allreduce",), "-w1,w2": ("w1", "w2"), "-collectives": ("bcast", "allreduce")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--nb", type=int, default=64)
+    ap.add_argument("--comm", default="sentinel")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args()
+    import cupy as cp
+    from mpi4py import MPI
+
+    from hpccoll_eigensolver.layout import BlockCyclic
+    from hpccoll_eigensolver.runinfo import make_communicator, select_device
+    from hpccoll_eigensolver.sytrd_device import _Step, _stream
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    xp, dev = select_device(world)
+    if xp is np:
+        raise SystemExit("sytrd_profile: needs a GPU per rank")
+    comm = make_communicator(opts.comm, world, dev)
+    n, nb = opts.n, opts.nb
+    desc = BlockCyclic(n, n, nb, size)
+    cols = desc.local_cols(rank)
+    # random local columns: the timing does not depend on the values (nor on symmetry)
+    C = cp.asfortranarray(cp.random.default_rng(7 + rank).standard_normal((n, cols.size)))
+    st = _Step(C, desc, rank)
+    stream = _stream()
+    rows = []
+    with stream:
+        for p0 in sorted({0, n // 4 // nb * nb, n // 2 // nb * nb, 3 * n // 4 // nb * nb}):
+            owner = desc.owner(p0)
+            width = min(nb, n - p0)
+            per_variant = {}
+            for name, skip in VARIANTS.items():
+                st.begin_panel(p0)
+                stream.begin_capture()
+                try:
+                    for _ in range(width):
+                        st.column(owner, comm, skip=skip)
+                finally:
+                    g = stream.end_capture()
+                times = []
+                for _ in range(opts.reps + 1):
+                    st.begin_panel(p0)
+                    stream.synchronize()
+                    world.Barrier()
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record(stream)
+                    g.launch(stream=stream)
+                    e1.record(stream)
+                    e1.synchronize()
+                    times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / width)  # us per column
+                us = world.allreduce(statistics.median(times[1:]), op=MPI.MAX)
+                per_variant[name] = us
+            lt = int(np.searchsorted(cols, p0))
+            gemv_bytes = 8 * (n - p0) * (cols.size - lt)  # trailing rows x trailing local columns
+            row = {"p0": p0, "us_per_column": per_variant,
+                   "stage_us": {k[1:]: per_variant["whole"] - v for k, v in per_variant.items() if k != "whole"},
+                   "gemv_bytes": gemv_bytes}
+            g_us = row["stage_us"]["gemv"]
+            row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us > 0 else None
+            rows.append(row)
+            if rank == 0:
+                print(f"p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "
+                      + "  ".join(f"{k} {v:6.2f}" for k, v in row["stage_us"].items())
+                      + f"  | gemv reads {gemv_bytes / 1e6:.1f} MB"
+                      + (f" = {row['gemv_GBps']:.0f} GB/s" if row["gemv_GBps"] else ""), flush=True)
+    comm.Free()
+    if rank == 0 and opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump({"n": n, "nb": nb, "ranks": size, "comm": opts.comm,
+                       "commit": os.environ.get("HPCCOLL_COMMIT"), "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
