@@ -235,3 +235,27 @@ def test_compare_end_to_end(tmp_path):
     assert mpi["ranks_agree_on_eigenvalues_all_runs"]
     if not any(c["comm"] == "sentinel" for c in rep["configurations"]):
         assert any(f["comm"] == "sentinel" for f in rep["failures"])
+
+
+@pytest.mark.parametrize("n,nb", [(37, 8), (64, 16), (5, 64)])
+def test_ormtr_applies_the_reflectors_including_identity_ones(n, nb):
+    """_ormtr (compact WY through the UT transform, one triangular solve per panel) equals the
+    explicit product H_0 ... H_{n-2} applied to Z, with some tau = 0 (identity reflectors whose
+    v is not zero) in the mix; fresh random data each run."""
+    from hpccoll_eigensolver.layout import BlockCyclic
+    from hpccoll_eigensolver.solver import _ormtr
+
+    rng = np.random.default_rng()
+    V = np.zeros((n, n))
+    for j in range(n - 1):
+        V[j + 1, j] = 1.0
+        V[j + 2:, j] = rng.standard_normal(n - j - 2)
+    tau = 2.0 / (V * V).sum(axis=0).clip(min=1e-300)
+    tau[n - 1:] = 0.0
+    tau[rng.choice(n - 1, size=max(1, n // 6), replace=False)] = 0.0  # identity reflectors
+    Z = rng.standard_normal((n, 7))
+    Q = np.eye(n)
+    for j in range(n - 1):
+        Q = Q @ (np.eye(n) - tau[j] * np.outer(V[:, j], V[:, j]))
+    got = _ormtr(V, tau, Z, BlockCyclic(n, n, nb, 1), np)
+    np.testing.assert_allclose(got, Q @ Z, atol=1e-12 * n)

@@ -67,13 +67,13 @@ def potrf(xp, a):
         return np.full_like(a, np.nan)
 
 
-def trsm(xp, L, b, *, trans: bool = False):
-    """Solve L x = b (trans=False) or L^T x = b (trans=True) for lower-triangular L."""
+def trsm(xp, L, b, *, trans: bool = False, lower: bool = True):
+    """Solve L x = b (trans=False) or L^T x = b (trans=True) for triangular L (lower by default)."""
     if is_device(xp):
         from cupyx.scipy.linalg import solve_triangular  # cuBLAS trsm underneath
     else:
         from scipy.linalg import solve_triangular
-    return solve_triangular(L, b, lower=True, trans=1 if trans else 0, check_finite=False)
+    return solve_triangular(L, b, lower=lower, trans=1 if trans else 0, check_finite=False)
 
 
 def tridiagonal_matrix(xp, d, e):
