@@ -1,8 +1,8 @@
 // dc_kernels.cu - the O(k^2) passes of tridiag_dc.py's rank-one merge on the GPU, fused: one
-// block per root (dc_parts) or per pole (dc_zhat) reads the k poles once and reduces in a fixed
-// order (a strided per-thread loop, then a fixed shared-memory tree), so every run gives the
-// same bits.  The CuPy expressions they replace materialized ~12 k x k temporaries per pass
-// (k = 8192: 0.5 GB each).  Same formulas as tridiag_dc._parts / _vectors (see there).
+// block per root (dc_secular) or per pole (dc_zhat) reads the k poles once per pass and reduces
+// in a fixed order (a strided per-thread loop, then a fixed shared-memory tree), so every run
+// gives the same bits.  The CuPy expressions they replace materialized ~12 k x k temporaries
+// per pass (k = 8192: 0.5 GB each).  Same formulas as tridiag_dc._secular / _vectors.
 #define TPB 256
 
 // Tree-reduce NV values per thread across the block (sum or product); thread 0 gets them.
@@ -22,25 +22,6 @@ __device__ void blockReduce(double (&v)[NV], double (*sh)[TPB]) {
 #pragma unroll
   for (int c = 0; c < NV; ++c) v[c] = sh[c][0];
   __syncthreads();  // every thread has read the result before sh is written again
-}
-
-// psi, psi', phi, phi' of root j at lam = d[origin_j] + tau_j: psi sums z_i^2/(d_i - lam) over
-// the poles i <= j, phi over i > j; d_i - lam formed as (d_i - d_origin) - tau.
-// out: 4 rows of m (psi, dpsi, phi, dphi).  Grid: m blocks of TPB threads.
-extern "C" __global__ void dc_parts(const double* d, const double* z2, const long long* origin,
-                                    const double* tau, long long k, long long m, double* out) {
-  __shared__ double sh[4][TPB];
-  const long long j = blockIdx.x;
-  const double dO = d[origin[j]], t = tau[j];
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  for (long long i = threadIdx.x; i < k; i += TPB) {
-    const double delta = (d[i] - dO) - t;
-    const double q = z2[i] / delta, q2 = q / delta;
-    if (i <= j) { s[0] += q; s[1] += q2; } else { s[2] += q; s[3] += q2; }
-  }
-  blockReduce<4, false>(s, sh);
-  if (threadIdx.x == 0)
-    for (int c = 0; c < 4; ++c) out[c * m + j] = s[c];
 }
 
 // Gu-Eisenstat: zhat_i^2 = (lam_i - d_i) / rho * prod_{j != i} (lam_j - d_i) / (d_j - d_i),

@@ -296,7 +296,7 @@ def _ormtr(V, tau, Z, desc: BlockCyclic, xp):
         live = t != 0
         Vb = V[p0 + 1:, p0:p1] * live[None, :]
         M = xp.triu(Vb.T @ Vb, 1)
-        M[xp.diag_indices(p1 - p0)] = xp.where(live, 1.0 / xp.where(live, t, 1.0), 1.0)
+        M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
         Zb = Z[p0 + 1:]
         Zb -= Vb @ trsm(xp, M, Vb.T @ Zb, lower=False)
     return Z

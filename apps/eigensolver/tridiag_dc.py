@@ -432,11 +432,6 @@ def _parts(d, z2, origin, tau, xp):
     z_i^2 / (d_i - lam) over the poles i <= j, phi over i >= j+1; differences d_i - lam formed
     as (d_i - d_origin) - tau.  In chunks of roots x poles."""
     k = d.size
-    if xp is not np:  # one fused pass (dc_kernels.cu), no k x k temporaries
-        out = xp.empty((4, origin.size))
-        _kernel("dc_parts")((origin.size,), (TPB,), (d, z2, origin.astype(xp.int64, copy=False), tau, np.int64(k),
-                                                    np.int64(origin.size), out))
-        return list(out)
     out = [xp.empty(origin.size) for _ in range(4)]
     rows = max(1, CHUNK // max(k, 1))
     cols = xp.arange(k)
