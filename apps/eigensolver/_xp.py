@@ -4,7 +4,11 @@ Every GPU-specific call (cuBLAS trsm, cuSOLVER potrf, device sync) sits behind a
 function here so the solver reads the same on both and the GPU path can be tested alone."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+_raw_modules: dict = {}   # (file, CUDA device) -> CuPy RawModule
 
 
 def _cupy():
@@ -14,6 +18,19 @@ def _cupy():
         return cupy
     except Exception:  # ImportError or a broken CUDA install: host only
         return None
+
+
+def raw_module(filename: str):
+    """The CuPy RawModule of this package's CUDA source `filename` (sytrd_step.cu,
+    dc_kernels.cu) on the current device, compiled once per device."""
+    import cupy
+
+    key = (filename, cupy.cuda.Device().id)
+    mod = _raw_modules.get(key)
+    if mod is None:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)) as fh:
+            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=("-std=c++17",))
+    return mod
 
 
 def get_xp(*arrays):

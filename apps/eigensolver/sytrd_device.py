@@ -24,13 +24,12 @@ import os
 
 import numpy as np
 
-from ._xp import householder
+from ._xp import householder, raw_module
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block of the multi-block kernels (sytrd_step.cu's TPB)
 GEMV_TPB = 1024     # sytrd_gemv's block (sytrd_step.cu's GEMV_TPB)
 HH_THREADS = 1024   # sytrd_hh: one block
-_modules: dict = {}   # device -> RawModule of sytrd_step.cu
 _streams: dict = {}   # device -> the tridiagonalization's stream
 
 
@@ -45,20 +44,6 @@ def mode_for(comm) -> str:
     if want == "auto":
         return "graph" if backend in ("cuda", "nccl") else "eager"
     return want
-
-
-def _module():
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    mod = _modules.get(dev)
-    if mod is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sytrd_step.cu")
-        with open(path) as fh:
-            src = fh.read()
-        mod = cupy.RawModule(code=src, options=("-std=c++17",))
-        _modules[dev] = mod
-    return mod
 
 
 class _Step:
@@ -89,7 +74,7 @@ class _Step:
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
-        mod = _module()
+        mod = raw_module("sytrd_step.cu")
         self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "hh", "gemv", "w1", "w2")}
         self.n64, self.nb32, self.g132 = np.int64(n), np.int32(nb), np.int32(self.g1)
         self.gemv_grid = (n + 31) // 32 + 2 * nb

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ._xp import tridiagonal_matrix
+from ._xp import raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 LEAF_DEVICE = 256    # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses
@@ -41,21 +41,6 @@ EPS = float(np.finfo(np.float64).eps)
 # Seconds per step, summed over a solve, when a dict is put here (bench/dc_profile.py); each
 # step then ends with a device synchronize, so leave it None outside profiling.
 PROFILE: dict | None = None
-
-
-_modules: dict = {}   # CUDA device -> RawModule of dc_kernels.cu
-
-
-def _kernel(name: str):
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    mod = _modules.get(dev)
-    if mod is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dc_kernels.cu")
-        with open(path) as fh:
-            mod = _modules[dev] = cupy.RawModule(code=fh.read(), options=("-std=c++17",))
-    return mod.get_function(name)
 
 
 TPB = 256  # dc_kernels.cu's block
@@ -349,9 +334,9 @@ def _secular(d, z, rho, xp):
     dx, z2 = xp.asarray(d), xp.asarray(z * z)
     if xp is not np:  # the same iteration, one block per root, no host round trip (dc_kernels.cu)
         origin, tau = xp.empty(k, dtype=xp.int64), xp.empty(k)
-        _kernel("dc_secular")((k,), (TPB,), (dx, z2, np.int64(k), np.float64(rho),
-                                             np.float64(rho * float((z * z).sum())), np.float64(EPS),
-                                             np.int32(SECULAR_STEPS), origin, tau))
+        secular = raw_module("dc_kernels.cu").get_function("dc_secular")
+        secular((k,), (TPB,), (dx, z2, np.int64(k), np.float64(rho), np.float64(rho * float((z * z).sum())),
+                               np.float64(EPS), np.int32(SECULAR_STEPS), origin, tau))
         return origin, tau
     width = np.empty(k)
     width[:-1] = d[1:] - d[:-1]
@@ -460,8 +445,9 @@ def _vectors(d, z, rho, origin, tau, xp):
     lam_minus_d = (dx[origin][None, :] - dx[:, None]) + tau[None, :]      # [i, j] = lam_j - d_i
     if xp is not np:  # the product in one fused pass (dc_kernels.cu)
         zhat = xp.empty(k)
-        _kernel("dc_zhat")((k,), (TPB,), (dx, origin.astype(xp.int64, copy=False), tau, xp.asarray(z, dtype=xp.float64),
-                                          np.float64(rho), np.int64(k), zhat))
+        zhat_kernel = raw_module("dc_kernels.cu").get_function("dc_zhat")
+        zhat_kernel((k,), (TPB,), (dx, origin.astype(xp.int64, copy=False), tau, xp.asarray(z, dtype=xp.float64),
+                                   np.float64(rho), np.int64(k), zhat))
     else:
         dd = dx[None, :] - dx[:, None]                                      # [i, j] = d_j - d_i
         eye = xp.eye(k, dtype=bool)
