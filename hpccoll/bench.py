@@ -768,6 +768,11 @@ def bench_torch(ts: TorchSymm, which: str, comm, case, opts, log) -> dict:
     return row
 
 
+def _progress_line(r: dict) -> None:
+    print(f"# {r['bytes']} B {r['algorithm']}: eager {r.get('eager_us')} graph {r.get('graph_us')} "
+          f"in-kernel {r.get('in_kernel_us')} ok {r.get('ok')}", flush=True)
+
+
 def torch_baselines_first(opts, sizes, world, log) -> tuple[dict, str | None]:
     """torch symmetric memory's one/two-shot rows for every size, in these processes but before
     hpccoll opens anything on the GPU: run after hpccoll's CUDA backend, torch failed on every
@@ -799,8 +804,7 @@ def torch_baselines_first(opts, sizes, world, log) -> tuple[dict, str | None]:
                             for which in ("torch_one_shot", "torch_two_shot")]
             if world.Get_rank() == 0:
                 for r in rows[nbytes]:
-                    print(f"# {r['bytes']} B {r['algorithm']}: eager {r.get('eager_us')} graph "
-                          f"{r.get('graph_us')} ok {r.get('ok')}", flush=True)
+                    _progress_line(r)
         return rows, None
     except Skip as exc:
         log(f"torch symm_mem baselines skipped: {exc}")
@@ -912,9 +916,7 @@ def run_sweep(opts, log=None) -> dict:
                     bar.set_postfix_str(f"{fmt_bytes(nbytes)} {algo}")
                 rows.append(bench_hpccoll(comm, case, algo, opts, gpu, log))
                 if rank == 0 and bar is None:  # progress without a tty: one line per row
-                    r = rows[-1]
-                    print(f"# {r['bytes']} B {algo}: eager {r.get('eager_us')} graph {r.get('graph_us')} "
-                          f"in-kernel {r.get('in_kernel_us')} ok {r.get('ok')}", flush=True)
+                    _progress_line(rows[-1])
                 bar and bar.update(1)
             if nccl_comm is not None:
                 rows.append(bench_nccl(nccl_comm, comm, case, opts, log))
