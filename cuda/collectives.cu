@@ -235,14 +235,29 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
 
 // ---------------------------------------------------------------------------------------
 // Bcast (LL: exact bits): root pushes, everyone else receives.
-// Bcast is the one collective without a bidirectional exchange, so the data cannot be the
-// credit: each receiving block acknowledges (ack = epoch+1, monotonic) and the root's block
-// waits for those acks before it finishes, so a root never overwrites a slot being read.
+// Bcast is the one collective in which a rank can finish without hearing from every peer: a
+// receiver only needs the root's data.  The double buffering's credit ("a peer can run at most
+// one collective ahead", ll_buffer.cuh) needs every rank that finishes collective e to know
+// that every peer has finished e-1.  Without that, at >= 3 ranks a receiver S of Bcast e
+// could start Allreduce e+1 and overwrite its slot in a slow peer D that was still reading
+// Allreduce e-1 in the same parity (4 ranks on 2xH200 under MPS hung in the eigensolver's
+// Bcast/Allreduce sequence, 2026-11-30, commit 1e31d5d).  So every block of every rank
+// announces its arrival at e (= it has finished e-1) to the same block of every peer at
+// start (arrive word = e+1, monotonic, never re-armed), and waits for every peer's arrival
+// before it finishes.  The arrivals travel while the data does: a receiver's wait is the
+// longer of two one-way trips, the root's is one (it used to wait for acks: a round trip).
 __device__ void bcastLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   bool ok = !aborted(a);
+  const int r = threadIdx.x;
+  const bool signals = r < a.nranks && r != a.rank;  // thread r talks to rank r
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 e = e0 + it;
+    __syncthreads();  // the block has finished e-1 (in-kernel loops) before it says so
+    if (signals) {
+      u64* theirs = (u64*)(a.peers[r] + HC_OFF_ARRIVE) + blockIdx.x * HC_MAX_RANKS + a.rank;
+      asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(theirs), "l"(e + 1) : "memory");
+    }
     LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_BCAST);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
       if (a.rank == a.root) {
@@ -253,18 +268,11 @@ __device__ void bcastLL(const Args& a) {
         if (ok) storePack(a.out, a.count, p, y);
       }
     }
-    __syncthreads();
-    const int r = threadIdx.x;
-    if (a.rank != a.root) {
-      if (r == 0) {
-        u64* ack = (u64*)(a.peers[a.root] + HC_OFF_ACK) + blockIdx.x * HC_MAX_RANKS + a.rank;
-        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(ack), "l"(e + 1) : "memory");
-      }
-    } else if (r < a.nranks && r != a.rank) {
-      const volatile u64* ack = (const volatile u64*)(a.peers[a.rank] + HC_OFF_ACK) + blockIdx.x * HC_MAX_RANKS + r;
-      ok = boundedPoll(a, HC_COLL_BCAST, [&] { return r; }, 0, [&] { return *ack >= e + 1; });
+    if (ok && signals) {
+      const volatile u64* mine = (const volatile u64*)(a.peers[a.rank] + HC_OFF_ARRIVE) + blockIdx.x * HC_MAX_RANKS + r;
+      ok = boundedPoll(a, HC_COLL_BCAST, [&] { return r; }, 0, [&] { return *mine >= e + 1; });
     }
-    __syncthreads();
+    ok = __syncthreads_and(ok);
   }
   epochEnd(a, e0, a.iters);
 }

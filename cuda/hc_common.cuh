@@ -19,12 +19,12 @@ typedef unsigned short u16;
 // [2112, 2176)   ErrRec                       what that poll waited for
 // [4096, 4096+64) u64 barrier[HC_MAX_RANKS]   barrier arrivals, written by peers
 // [4608], [5120] u64                          sol.cu scratch: ping-pong word, floor store
-// [16384, 32768) u64 ack[blocks][ranks]       Bcast: "block b of rank r has read epoch e-1"
+// [16384, 32768) u64 arrive[blocks][ranks]    Bcast: "block b of rank r has finished epoch e-1"
 #define HC_OFF_EPOCHS 0
 #define HC_OFF_ABORT 2048
 #define HC_OFF_ERR 2112
 #define HC_OFF_BARRIER 4096
-#define HC_OFF_ACK 16384     // u64 ack[HC_MAX_BLOCKS][HC_MAX_RANKS]: Bcast receivers -> root
+#define HC_OFF_ARRIVE 16384  // u64 arrive[HC_MAX_BLOCKS][HC_MAX_RANKS]: value e+1, written by the peers
 #define HC_CTRL_BYTES 65536
 
 struct ErrRec {

@@ -28,6 +28,9 @@
 //   us: its collective e+1 needs our data of e+1, which we send only after finishing e.  So a
 //   peer writing epoch e+2 into the parity we read at e proves we are done with e; our re-arm
 //   stores of e completed at kernel end, before our e+1 sends (stream order).  No barrier.
+//   This needs every collective to make a rank that finishes e hear (directly or through a
+//   rank that waited for us) from every peer at e: true of Allreduce, Allgather, Reduce-
+//   scatter and Barrier; Bcast gets it from arrival words (bcastLL in collectives.cu).
 // - Every poll is bounded: after timeoutNs it records (collective, peer, slot) in the error
 //   record, raises the abort flag (every other poll then gives up within 256 spins), and
 //   writes the mapped host word so the host can raise CollectiveTimeout.

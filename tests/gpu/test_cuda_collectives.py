@@ -239,6 +239,42 @@ def test_back_to_back_varying_sizes(cc):
     assert int(mism.get()[0]) == 0
 
 
+def test_bcast_between_allreduces_rotating_roots(cc):
+    """Allreduce, Bcast (root rotating), Allreduce, ... with a skewed rank: the sequence of the
+    eigensolver's column step, which hung at 4 ranks on 2 GPUs (a Bcast receiver could overwrite
+    the slot of a peer still reading the Allreduce before; collectives.cu bcastLL).  Every
+    result is checked on the GPU: the sums bitwise, the broadcast values exactly."""
+    import time
+
+    import cupy as cp
+
+    n, nb, calls = 1027, 131, 20_000
+    rng = np.random.default_rng([cc.rank, 17])
+    bad = cp.zeros(3, dtype=cp.int64)
+    out = cp.empty(n, dtype=cp.float32)
+    bb = cp.empty(nb, dtype=cp.float32)
+    for i in range(calls):
+        if i % 101 == 0:  # fresh data
+            x = _data(cp, i, cc.rank, n)
+            ref = _expected_sum(cp, i, cc.size, n)
+            ref2 = ref  # the second Allreduce sums `size` equal copies of ref, in rank order
+            for _ in range(cc.size - 1):
+                ref2 = ref2 + ref
+        if rng.random() < 0.02:  # this rank falls behind for a moment
+            time.sleep(rng.random() * 2e-4)
+        cc.Allreduce(x, out, deterministic=True)
+        bad[0] += (out.view(cp.uint32) != ref.view(cp.uint32)).sum()
+        root = i % cc.size
+        bb.fill(float(i % 4096 + root) if cc.rank == root else -1.0)
+        cc.Bcast(bb, root=root)
+        bad[1] += (bb != float(i % 4096 + root)).sum()
+        cc.Allreduce(out, out, deterministic=True)  # in place: the sum of every rank's equal sums
+        bad[2] += (out.view(cp.uint32) != ref2.view(cp.uint32)).sum()
+    cc.synchronize()
+    got = bad.get()
+    assert got.tolist() == [0, 0, 0], f"wrong elements (Allreduce, Bcast, second Allreduce): {got.tolist()}"
+
+
 def test_graph_replay(cc):
     """A captured Allreduce replayed 10,000 times with fresh data in each replay."""
     import cupy as cp
