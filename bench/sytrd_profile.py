@@ -5,8 +5,8 @@ twice what its memory traffic and launches explain).
     mpiexec -n 2 python3 bench/sytrd_profile.py [--n 8192] [--nb 64] [--comm sentinel] [--json out.json]
 
 For panels starting at 0, n/4, n/2 and 3n/4: the panel's nb column steps are captured in one
-CUDA graph, as the solver does, once whole and once with each stage left out (col+hh on the
-owner, bcast, gemv, allreduce, w1+w2, both collectives); each graph is replayed 5 times from
+CUDA graph, as the solver does, once whole and once with each stage left out (col on the
+owner, bcast, gemv, allreduce, w, both collectives); each graph is replayed 5 times from
 the panel's start (median of the event times). A stage's cost = whole - without it, per column.
 C holds random numbers (the timing does not depend on the values; the variants' results are
 wrong on purpose and discarded).  Also printed: the bytes the gemv reads per column and the
@@ -20,8 +20,8 @@ import statistics
 
 import numpy as np
 
-VARIANTS = {"whole": (), "-col,hh": ("col", "hh"), "-bcast": ("bcast",), "-gemv": ("gemv",),
-            "-allreduce": ("allreduce",), "-w1,w2": ("w1", "w2"), "-collectives": ("bcast", "allreduce")}
+VARIANTS = {"whole": (), "-col": ("col",), "-bcast": ("bcast",), "-gemv": ("gemv",),
+            "-allreduce": ("allreduce",), "-w": ("w",), "-collectives": ("bcast", "allreduce")}
 
 
 def main() -> int:

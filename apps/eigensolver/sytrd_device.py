@@ -7,8 +7,8 @@ collectives take ~10 us (bench/results/eigensolver/2026-11-30-h200x2-ANALYSIS.md
 column index lives in device memory (st[0]) and every launch has the same shape for every
 column, so one captured graph of nb steps serves every full panel of the same owner:
 
-    [owner] sytrd_col, sytrd_hh  ->  Bcast(bb, root=owner)  ->  sytrd_gemv  ->
-    Allreduce(y, cv)  ->  sytrd_w1, sytrd_w2 (advances st)
+    [owner] sytrd_col  ->  Bcast(bb, root=owner)  ->  sytrd_gemv  ->  Allreduce(y, cv)  ->
+    sytrd_w (advances st)
 
 Both collectives have fixed sizes (n + 4 and n doubles), so they are captured once too.
 Communicators that cannot run under stream capture (the host backend) run the same kernels
@@ -27,9 +27,8 @@ import numpy as np
 from ._xp import householder, raw_module
 from .layout import BlockCyclic
 
-TPB = 256           # threads per block of the multi-block kernels (sytrd_step.cu's TPB)
-GEMV_TPB = 1024     # sytrd_gemv's block (sytrd_step.cu's GEMV_TPB)
-HH_THREADS = 1024   # sytrd_hh: one block
+TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
+GEMV_SPLITS = 8     # sytrd_gemv: at most this many column chunks per row tile
 _streams: dict = {}   # device -> the tridiagonalization's stream
 
 
@@ -68,16 +67,18 @@ class _Step:
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
         self.colbuf = cp.zeros(n, dtype=cp.float64)
         self.wtmp = cp.zeros(n, dtype=cp.float64)
-        self.g1 = (n + TPB - 1) // TPB
-        self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-block partial sums (col, w1)
-        self.st = cp.zeros(4, dtype=cp.int64)
+        self.g1 = (n + 31) // 32                             # row tiles of 32
+        self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
+        self.ypart = cp.zeros(GEMV_SPLITS * n, dtype=cp.float64)  # gemv's per-chunk rows
+        self.tick = cp.zeros(self.g1, dtype=cp.int64)        # gemv's per-tile tickets
+        self.st = cp.zeros(5, dtype=cp.int64)
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
         mod = raw_module("sytrd_step.cu")
-        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "hh", "gemv", "w1", "w2")}
-        self.n64, self.nb32, self.g132 = np.int64(n), np.int32(nb), np.int32(self.g1)
-        self.gemv_grid = (n + 31) // 32 + 2 * nb
+        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "w")}
+        self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(GEMV_SPLITS)
+        self.gemv_grid = self.g1 * GEMV_SPLITS + 2 * nb
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -87,26 +88,22 @@ class _Step:
     def column(self, owner: int, comm, skip=()) -> None:
         """One column step on the current stream; comm: anything with Bcast/Allreduce.
         `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
-        stages - col, hh, bcast, gemv, allreduce, w1, w2 - so that timing variants with and
-        without a stage gives its cost inside the captured graph."""
+        stages - col, bcast, gemv, allreduce, w - so that timing variants with and without a
+        stage gives its cost inside the captured graph."""
         k, n = self.k, self.n64
-        if self.rank == owner:
-            if "col" not in skip:
-                k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1))
-            if "hh" not in skip:
-                k["hh"]((1,), (HH_THREADS,), (n, self.st, self.colbuf, self.part1, self.g132, self.bb))
+        if self.rank == owner and "col" not in skip:
+            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1, self.bb))
         if "bcast" not in skip:
             comm.Bcast(self.bb, root=owner)
         if "gemv" not in skip:
-            k["gemv"]((self.gemv_grid,), (GEMV_TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
-                                                 self.st, self.bb, self.y, self.s, self.d, self.e, self.tau))
+            k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+                                                self.st, self.bb, self.y, self.ypart, self.tick, self.smax32,
+                                                self.s, self.d, self.e, self.tau))
         if "allreduce" not in skip:
             comm.Allreduce(self.y, self.cv)
-        if "w1" not in skip:
-            k["w1"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp,
-                                         self.part1))
-        if "w2" not in skip:
-            k["w2"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.wtmp, self.part1, self.g132))
+        if "w" not in skip:
+            k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp,
+                                        self.part1))
 
     def end_panel(self, p0: int, p1: int, V) -> None:
         """V's columns of the panel; the trailing update C -= V W^T + W V^T on owned columns > p1."""
@@ -241,7 +238,7 @@ def sytrd_twin(C_locals, desc: BlockCyclic):
         P = np.zeros((n, 2 * nb), order="F")
         for j in range(p0, p1):
             k = j - p0
-            # sytrd_col + sytrd_hh (owner)
+            # sytrd_col (owner)
             col = Cs[owner][j:, desc.local_index(j)] - (P[j:, :k] @ P[j, nb:nb + k] + P[j:, nb:nb + k] @ P[j, :k])
             bb = np.zeros(n + 4)                      # [d_j, tau_j, e_j, 0, v at absolute rows]
             m = n - j - 1
@@ -265,7 +262,7 @@ def sytrd_twin(C_locals, desc: BlockCyclic):
             s = np.zeros(2 * nb)
             s[:k] = P[j + 1:, :k].T @ v[j + 1:]
             s[nb:nb + k] = P[j + 1:, nb:nb + k].T @ v[j + 1:]
-            # sytrd_w1, sytrd_w2
+            # sytrd_w
             w = np.zeros(n)
             w[j + 1:] = bb[1] * (cv[j + 1:] - (P[j + 1:, :k] @ s[nb:nb + k] + P[j + 1:, nb:nb + k] @ s[:k]))
             alpha_w = -0.5 * bb[1] * float(w @ v)

@@ -3,21 +3,29 @@
 // so that the same launches (and the same captured CUDA graph) serve every column of a panel.
 // Driven by sytrd_device.py; the math is the host twin's there (sytrd_twin), step for step.
 //
-// Data (all float64 except st, cols):
+// Data (all float64 except st, cols, tick):
 //   C     local columns, n x nloc, column-major (ld n); global column of local c is cols[c]
 //   P     [V_p | W_p] of the panel, n x 2nb column-major: V column q at P + q n, W at P + (nb+q) n
 //   bb    broadcast buffer, n + 4: [d_j, tau_j, e_j, 0, v (n, absolute rows: 0 at rows <= j,
 //         1 at j+1)]; fixed size, so one captured Bcast serves every column
 //   y, cv C v partial products (n, zero at rows <= j) and their Allreduce sum
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
-//         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_w2
-// Each step: [owner] sytrd_col, sytrd_hh | Bcast(bb) | sytrd_gemv | Allreduce(y, cv) |
-// sytrd_w1, sytrd_w2 (whose last block advances st).  Every reduction runs in a fixed order
-// (block tree of fixed size, then the blocks' partials in index order): the same inputs give
-// the same bits on every rank and in every run.
+//         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
+//         st[4] = block ticket of sytrd_w
+//   tick  per-row-tile tickets of sytrd_gemv's column splits (zero at rest)
+// Each step: [owner] sytrd_col | Bcast(bb) | sytrd_gemv | Allreduce(y, cv) | sytrd_w.
+// sytrd_col and sytrd_w end in their grid's last block (a ticket), which does the step's
+// serial part (the Householder vector; W's correction and the advance of st): one graph node
+// each instead of two (the profile at 1e31d5d measured 14 and 25 us per column for the two
+// pairs at n = 8192, mostly launch gaps and 32-block grids whose threads looped over the
+// panel's 2k columns one load at a time).
+// Every reduction runs in a fixed order (warps of a row tile in index order, blocks' partials
+// by a fixed strided tree): the same inputs give the same bits on every rank and in every run,
+// whichever block finishes last.
 typedef long long i64;
-#define TPB 256         // threads per block of the multi-block kernels (a power of two)
-#define GEMV_TPB 1024   // sytrd_gemv: 32 warps per 32-row tile (loads in flight: see there)
+#define TPB 256            // threads per block: a tile of 32 rows x NW warps
+#define NW (TPB / 32)      // warps per block
+#define GEMV_TARGET 1024   // sytrd_gemv aims at this many busy blocks (132 SMs x 8 resident)
 
 __device__ __forceinline__ double blockSum(double x, double* sh) {
   sh[threadIdx.x] = x;
@@ -31,164 +39,228 @@ __device__ __forceinline__ double blockSum(double x, double* sh) {
   return r;
 }
 
-// sum over the panel's first k columns q of V[r, q] b[q] + W[r, q] a[q] (a, b read with a
-// stride): with a = V[j, :], b = W[j, :] it is the delayed update (V W^T + W V^T)[r, j].
-__device__ __forceinline__ double panelCorr(const double* P, i64 n, int nb, i64 k, i64 r,
-                                            const double* a, const double* b, i64 stride) {
+// Butterfly sum over the warp: every lane gets the same bits (a + b == b + a).
+__device__ __forceinline__ double warpSum(double x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Sum of part[0..nparts) in a fixed order (strided per thread, then the block tree), read
+// through L2 (other blocks wrote it in this launch).
+__device__ __forceinline__ double sumParts(const double* part, int nparts, double* sh) {
+  double s = 0.0;
+  for (int b = threadIdx.x; b < nparts; b += blockDim.x) s += __ldcg(part + b);
+  return blockSum(s, sh);
+}
+
+// This warp's share of the delayed update of row r, (V W^T + W V^T)[r, j] with a = V[j, :],
+// b = W[j, :] (read with a stride): the panel's columns q = warp, warp + NW, ... < k.  The
+// warps' shares are added in warp order by tileSum.
+__device__ __forceinline__ double panelCorrPart(const double* P, i64 n, int nb, i64 k, i64 r,
+                                                const double* a, const double* b, i64 stride) {
   double c = 0.0;
-  for (i64 q = 0; q < k; ++q) c += P[r + q * n] * b[q * stride] + P[r + (nb + q) * n] * a[q * stride];
+#pragma unroll 4
+  for (i64 q = threadIdx.x >> 5; q < k; q += NW) c += P[r + q * n] * b[q * stride] + P[r + (nb + q) * n] * a[q * stride];
   return c;
 }
 
-// Panel start: st = {j0, 0, lj0, 0}.
+// Warp 0, lane l gets the sum over warps (in order) of x at lane l.
+__device__ __forceinline__ double tileSum(double x, double* sh) {
+  sh[threadIdx.x] = x;
+  __syncthreads();
+  double s = 0.0;
+  if (threadIdx.x < 32)
+    for (int w = 0; w < NW; ++w) s += sh[w * 32 + threadIdx.x];
+  __syncthreads();
+  return s;
+}
+
+// Take a ticket on `*ticket` after this block's global writes; true in the grid's last block,
+// which then sees every block's writes (read them with __ldcg) and resets the ticket.
+__device__ __forceinline__ bool lastBlock(i64* ticket, unsigned int blocks) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long t = atomicAdd((unsigned long long*)ticket, 1ull);
+    last = t == blocks - 1;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// Panel start: st = {j0, 0, lj0, 0, 0}.
 extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
   st[0] = j0;
   st[1] = 0;
   st[2] = lj0;
   st[3] = 0;
+  st[4] = 0;
 }
 
-// Owner: colbuf[r] = C[r, j] - (V W^T + W V^T)[r, j] for r >= j; part[b] = block b's sum of
-// colbuf[r]^2 over r >= j + 2 (the Householder tail's squared norm).
+// Owner, grid of (n + 31) / 32 row tiles: colbuf[r] = C[r, j] - (V W^T + W V^T)[r, j] for
+// r >= j, and each tile's sum of colbuf[r]^2 over r >= j + 2 (the Householder tail's squared
+// norm); the last block then does LAPACK dlarfg on colbuf[j+1:] and packs bb (layout above).
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
-                                                            const i64* st, double* colbuf, double* part) {
+                                                            i64* st, double* colbuf, double* part, double* bb) {
   __shared__ double sh[TPB];
-  const i64 j = st[0], k = st[1], lj = st[2];
-  const i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  double x = 0.0;
-  if (r >= j && r < n) {
-    x = C[r + lj * n] - panelCorr(P, n, nb, k, r, P + j, P + j + nb * n, n);
-    colbuf[r] = x;
-  }
-  const double s = blockSum(r >= j + 2 && r < n ? x * x : 0.0, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-// Owner, one block: LAPACK dlarfg on colbuf[j+1:], packed into bb (layout above).
-extern "C" __global__ void sytrd_hh(i64 n, const i64* st, const double* colbuf, const double* part,
-                                    int nparts, double* bb) {
   __shared__ double scaleSh;
-  const i64 j = st[0];
+  const i64 j = st[0], k = st[1], lj = st[2];
+  const int lane = threadIdx.x & 31;
+  const i64 r = (i64)blockIdx.x * 32 + lane;
+  const bool row = r >= j && r < n;
+  const double corr = tileSum(row ? panelCorrPart(P, n, nb, k, r, P + j, P + j + nb * n, n) : 0.0, sh);
+  if (threadIdx.x < 32) {
+    double x = 0.0;
+    if (row) {
+      x = C[r + lj * n] - corr;
+      colbuf[r] = x;
+    }
+    const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
+    if (lane == 0) part[blockIdx.x] = sq;
+  }
+  if (!lastBlock(st + 3, gridDim.x)) return;
+  const double xn2 = sumParts(part, gridDim.x, sh);
   if (threadIdx.x == 0) {
     double tau = 0.0, beta = 0.0, scale = 0.0;
     if (j + 1 < n) {
-      double xn2 = 0.0;
-      for (int b = 0; b < nparts; ++b) xn2 += part[b];
-      const double alpha = colbuf[j + 1];
+      const double alpha = __ldcg(colbuf + j + 1);
       const double xnorm = sqrt(xn2);
       const bool flat = xnorm == 0.0;
       beta = flat ? alpha : -copysign(hypot(alpha, xnorm), alpha);
       tau = flat ? 0.0 : (beta - alpha) / beta;
       scale = flat ? 0.0 : 1.0 / (alpha - beta);
     }
-    bb[0] = colbuf[j];
+    bb[0] = __ldcg(colbuf + j);
     bb[1] = tau;
     bb[2] = beta;
     bb[3] = 0.0;
     scaleSh = scale;
+    st[3] = 0;
   }
   __syncthreads();
   const double scale = scaleSh;
-  for (i64 r = threadIdx.x; r < n; r += blockDim.x)
-    bb[4 + r] = r <= j ? 0.0 : (r == j + 1 ? 1.0 : colbuf[r] * scale);
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+    bb[4 + i] = i <= j ? 0.0 : (i == j + 1 ? 1.0 : __ldcg(colbuf + i) * scale);
 }
 
-// Every rank, after the Bcast.  Blocks [0, RT): y = C_local v over the local columns > j, 32
-// rows per block (a lane per row, the 32 warps split the columns, summed in warp order); they
-// also store v as P's V column k and (block 0) d_j, tau_j, e_j.  Blocks [RT, RT + 2nb): one
-// s[q] = P[:, q] . v each over the panel's used columns (0 for the others).
-// The gemv reads the trailing local matrix once per column (the phase's memory traffic):
-// 32 warps x 4 unrolled 256-byte loads per block keep enough bytes in flight per SM.
-extern "C" __global__ void __launch_bounds__(GEMV_TPB) sytrd_gemv(
+// Every rank, after the Bcast.  y = C_local v over the local columns > j, at rows >= j (0 at
+// row j; rows below were zeroed by earlier columns).  Blocks [0, nblk - 2nb) take row tiles
+// of 32 rows from row tile j / 32 on, each tile's local columns split into S chunks so that
+// about GEMV_TARGET blocks are busy whatever j is (a shrinking trailing matrix kept only a
+// few SMs busy: 1.5 TB/s at j = n/2 with one block per tile); a warp reads 256 contiguous
+// bytes of a column per load.  With S > 1 each chunk writes its partial rows to ypart and the
+// tile's last chunk (a ticket per tile) adds them in chunk order.  The rest of those blocks
+// exit at once.  Split-0 blocks also store v as P's V column k; block 0 stores d_j, tau_j,
+// e_j.  Blocks [nblk - 2nb, nblk): one s[q] = P[:, q] . v each over the panel's used columns.
+extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
-    const double* bb, double* y, double* s, double* d, double* e, double* tau) {
-  __shared__ double sh[GEMV_TPB];
+    const double* bb, double* y, double* ypart, i64* tick, int smax, double* s, double* d, double* e,
+    double* tau) {
+  __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1];
   const double* v = bb + 4;
   const i64 RT = (n + 31) / 32;
-  if (blockIdx.x < RT) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const i64 r = (i64)blockIdx.x * 32 + lane;
+  const i64 gemvBlocks = (i64)gridDim.x - 2 * nb;
+  if (blockIdx.x < gemvBlocks) {
+    const i64 t0 = j / 32, tiles = RT - t0;
     i64 lo = 0, hi = nloc;  // first local column with global index > j
     while (lo < hi) {
       const i64 mid = (lo + hi) >> 1;
       if (cols[mid] <= j) lo = mid + 1; else hi = mid;
     }
+    const i64 m = nloc - lo;
+    i64 S = GEMV_TARGET / tiles;
+    S = min(S, (m + 4 * NW - 1) / (4 * NW));  // at least one unrolled pass of 4 columns per warp
+    S = max((i64)1, min(S, (i64)smax));
+    const i64 b = blockIdx.x;
+    if (b >= tiles * S) return;
+    const i64 tile = t0 + b / S, split = b % S;
+    const i64 chunk = (m + S - 1) / S;
+    const i64 c0 = lo + split * chunk, c1 = min(nloc, c0 + chunk);
+    const int lane = threadIdx.x & 31;
+    const i64 r = tile * 32 + lane;
     double acc = 0.0;
     if (r > j && r < n) {
 #pragma unroll 4
-      for (i64 c = lo + warp; c < nloc; c += nwarps) acc += C[r + c * n] * v[cols[c]];
+      for (i64 c = c0 + (threadIdx.x >> 5); c < c1; c += NW) acc += C[r + c * n] * v[cols[c]];
     }
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    if (warp == 0 && r < n) {
-      double sum = 0.0;
-      for (int w = 0; w < nwarps; ++w) sum += sh[w * 32 + lane];
-      y[r] = sum;  // 0 at rows <= j
-    } else if (warp == 1 && r < n) {
-      P[r + k * n] = v[r];
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
+    if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v[r];
+    if (b == 0 && threadIdx.x == 0) {
       d[j] = bb[0];
       if (j + 1 < n) {
         tau[j] = bb[1];
         e[j] = bb[2];
       }
     }
+    if (S == 1) {
+      if (threadIdx.x < 32 && r < n) y[r] = sum;
+      return;
+    }
+    if (threadIdx.x < 32 && r < n) ypart[split * n + r] = sum;
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const unsigned long long t = atomicAdd((unsigned long long*)(tick + tile), 1ull);
+      last = t == (unsigned long long)(S - 1);
+      if (last) tick[tile] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32 && r < n) {
+      double t = 0.0;
+      for (i64 q = 0; q < S; ++q) t += __ldcg(ypart + q * n + r);
+      y[r] = t;
+    }
     return;
   }
-  const i64 q = blockIdx.x - RT;  // V column q < nb, W column q - nb
+  const i64 q = blockIdx.x - gemvBlocks;  // V column q < nb, W column q - nb
   const bool used = q < nb ? q < k : q - nb < k;
   double acc = 0.0;
   if (used)
-    for (i64 r = j + 1 + threadIdx.x; r < n; r += blockDim.x) acc += P[r + q * n] * v[r];
+    for (i64 i = j + 1 + threadIdx.x; i < n; i += blockDim.x) acc += P[i + q * n] * v[i];
   acc = blockSum(acc, sh);
   if (threadIdx.x == 0) s[q] = acc;
 }
 
-// Every rank, after the Allreduce: w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above);
-// part[b] = block b's sum of w . v.
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_w1(i64 n, const double* P, int nb, const i64* st,
-                                                           const double* bb, const double* cv, const double* s,
-                                                           double* wtmp, double* part) {
+// Every rank, after the Allreduce, grid of (n + 31) / 32 row tiles: w = tau (C v - (V W^T +
+// W V^T) v) at rows > j (0 above) and each tile's sum of w . v; the last block then writes
+// W column k = w - (tau/2)(w . v) v (LAPACK latrd's correction) and advances st to the next
+// column (every block has read st before it took its ticket).
+extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, i64* st, const double* bb,
+                                                          const double* cv, const double* s, double* wtmp,
+                                                          double* part) {
   __shared__ double sh[TPB];
+  __shared__ double alphaSh;
   const i64 j = st[0], k = st[1];
   const double t = bb[1];
   const double* v = bb + 4;
-  const i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  double w = 0.0;
-  if (r > j && r < n) w = t * (cv[r] - panelCorr(P, n, nb, k, r, s, s + nb, 1));
-  if (r < n) wtmp[r] = w;
-  const double dot = blockSum(r < n ? w * v[r] : 0.0, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = dot;
-}
-
-// Every rank: W column k = w - (tau/2)(w . v) v (LAPACK latrd's correction); the block that
-// finishes last advances st to the next column (every block has read st before it takes a ticket).
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_w2(i64 n, double* P, int nb, i64* st, const double* bb,
-                                                           const double* wtmp, const double* part, int nparts) {
-  __shared__ double alphaSh;
-  __shared__ i64 jk[2];
-  if (threadIdx.x == 0) {
-    double dot = 0.0;
-    for (int b = 0; b < nparts; ++b) dot += part[b];
-    alphaSh = -0.5 * bb[1] * dot;
-    jk[0] = st[0];
-    jk[1] = st[1];
+  const int lane = threadIdx.x & 31;
+  const i64 r = (i64)blockIdx.x * 32 + lane;
+  const bool row = r > j && r < n;
+  const double corr = tileSum(row ? panelCorrPart(P, n, nb, k, r, s, s + nb, 1) : 0.0, sh);
+  if (threadIdx.x < 32) {
+    const double w = row ? t * (cv[r] - corr) : 0.0;
+    if (r < n) wtmp[r] = w;
+    const double dot = warpSum(r < n ? w * v[r] : 0.0);
+    if (lane == 0) part[blockIdx.x] = dot;
   }
+  if (!lastBlock(st + 4, gridDim.x)) return;
+  const double dot = sumParts(part, gridDim.x, sh);
+  if (threadIdx.x == 0) alphaSh = -0.5 * t * dot;
   __syncthreads();
-  const i64 j = jk[0], k = jk[1];
-  const i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < n) P[r + (nb + k) * n] = r > j ? wtmp[r] + alphaSh * bb[4 + r] : 0.0;
-  __syncthreads();
+  const double alpha = alphaSh;
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+    P[i + (nb + k) * n] = i > j ? __ldcg(wtmp + i) + alpha * v[i] : 0.0;
   if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned long long ticket = atomicAdd((unsigned long long*)(st + 3), 1ull);
-    if (ticket == gridDim.x - 1) {  // the last block: everyone has read st
-      st[0] = j + 1;
-      st[1] = k + 1;
-      st[2] += 1;
-      st[3] = 0;
-    }
+    st[0] = j + 1;
+    st[1] = k + 1;
+    st[2] += 1;
+    st[4] = 0;
   }
 }
