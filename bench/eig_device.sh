@@ -28,6 +28,8 @@ mkdir -p "$WORK"
 T0=$SECONDS
 
 log() { echo "[eig $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
+# EIG_STEPS: the steps to run (default all): smoke n4096 n8192 n8192-dense n2048 p4
+want() { [[ " ${EIG_STEPS:-smoke n4096 n8192 n8192-dense n2048 p4} " == *" $1 "* ]]; }
 
 # step NAME ESTIMATE_S TIMEOUT_S CMD...: run CMD unless it would not fit the budget.
 step() {
@@ -77,25 +79,27 @@ log "eigensolver on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/n
 #    with them off (HPCCOLL_EIG_FUSED=0) and keep that for the rest.
 smoke() { step "smoke$1" 60 120 "${MPIEXEC[@]}" -n 2 "${EIG[@]}" solve --n 512 --comm sentinel --repeat 2 \
           --no-sync-collectives --out "$WORK/smoke$1" && check_smoke "$WORK/smoke$1"; }
-if ! smoke ""; then
+if want smoke && ! smoke ""; then
     log "smoke failed: retrying with HPCCOLL_EIG_FUSED=0"
     export HPCCOLL_EIG_FUSED=0
     smoke "-unfused" || log "smoke failed again: continuing (failures are recorded per step)"
 fi
 
 # 2. the targets: 4096 and 8192 (repeat 3) against cuSOLVERMp and one GPU, in the same run;
-#    timed without a device sync around each collective; stedc = the divide and conquer (dc).
+#    timed without a device sync around each collective; stedc auto (= dc on GPUs from 4096).
 FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors no)
-compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --stedc dc --cusolvermp --single-gpu "${FAST[@]}"
-compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --stedc dc --cusolvermp --single-gpu "${FAST[@]}"
+want n4096 && compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
+want n8192 && compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl --cusolvermp --single-gpu "${FAST[@]}"
 # 2b. the dense syevd of T on rank 0 (stedc=gpu), the previous default, beside dc
-compare "n8192 sentinel stedc=gpu" 60 150 n8192-dense --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
+want n8192-dense && compare "n8192 sentinel stedc=gpu" 60 150 n8192-dense --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
 # 3. n=2048, every path and both anchors, repeat 10, with the per-collective device sync
 #    (time breakdown); then 4 ranks on the 2 GPUs under MPS (>= 3 ranks: atomics can show).
-compare "n2048 all" 100 200 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
+want n2048 && compare "n2048 all" 100 200 n2048 --n 2048 --ranks 2 --repeat 10 --comm sentinel,ll128,nccl,mpi \
     --cusolvermp --single-gpu
 left=$((BUDGET - (SECONDS - T0)))
-if ((left > 60)); then
+if ! want p4; then
+    log "n2048 4 ranks MPS not asked for (EIG_STEPS)"
+elif ((left > 60)); then
     mps_on
     compare "n2048 4 ranks MPS" 60 150 n2048-p4-mps --n 2048 --ranks 4 --repeat 10 --comm sentinel,ll128 \
         --no-sync-collectives

@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--nb", type=int, default=64)
     ap.add_argument("--comm", default="sentinel")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--gemv", default="lower,full",
+                    help="the C v product(s) to profile: lower (sytrd_symv), full (sytrd_gemv)")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     import cupy as cp
@@ -50,54 +52,69 @@ def main() -> int:
     cols = desc.local_cols(rank)
     # random local columns: the timing does not depend on the values (nor on symmetry)
     C = cp.asfortranarray(cp.random.default_rng(7 + rank).standard_normal((n, cols.size)))
-    st = _Step(C, desc, rank)
     stream = _stream()
     rows = []
-    with stream:
-        for p0 in sorted({0, n // 4 // nb * nb, n // 2 // nb * nb, 3 * n // 4 // nb * nb}):
-            owner = desc.owner(p0)
-            width = min(nb, n - p0)
-            per_variant = {}
-            for name, skip in VARIANTS.items():
-                st.begin_panel(p0)
-                stream.begin_capture()
-                try:
-                    for _ in range(width):
-                        st.column(owner, comm, skip=skip)
-                finally:
-                    g = stream.end_capture()
-                times = []
-                for _ in range(opts.reps + 1):
-                    st.begin_panel(p0)
-                    stream.synchronize()
-                    world.Barrier()
-                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                    e0.record(stream)
-                    g.launch(stream=stream)
-                    e1.record(stream)
-                    e1.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / width)  # us per column
-                us = world.allreduce(statistics.median(times[1:]), op=MPI.MAX)
-                per_variant[name] = us
-            lt = int(np.searchsorted(cols, p0))
-            gemv_bytes = 8 * (n - p0) * (cols.size - lt)  # trailing rows x trailing local columns
-            row = {"p0": p0, "us_per_column": per_variant,
-                   "stage_us": {k[1:]: per_variant["whole"] - v for k, v in per_variant.items() if k != "whole"},
-                   "gemv_bytes": gemv_bytes}
-            g_us = row["stage_us"]["gemv"]
-            row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us > 0 else None
-            rows.append(row)
-            if rank == 0:
-                print(f"p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "
-                      + "  ".join(f"{k} {v:6.2f}" for k, v in row["stage_us"].items())
-                      + f"  | gemv reads {gemv_bytes / 1e6:.1f} MB"
-                      + (f" = {row['gemv_GBps']:.0f} GB/s" if row["gemv_GBps"] else ""), flush=True)
+    for product in opts.gemv.split(","):
+        os.environ["HPCCOLL_EIG_GEMV"] = product
+        st = _Step(C, desc, rank)
+        with stream:
+            rows += _profile(st, product, desc, comm, stream, world, opts, cols)
     comm.Free()
     if rank == 0 and opts.json:
         with open(opts.json, "w") as fh:
             json.dump({"n": n, "nb": nb, "ranks": size, "comm": opts.comm,
                        "commit": os.environ.get("HPCCOLL_COMMIT"), "rows": rows}, fh, indent=1)
     return 0
+
+
+def _profile(st, product, desc, comm, stream, world, opts, cols):
+    import cupy as cp
+    from mpi4py import MPI
+
+    n, nb, rank = desc.n, desc.nb, world.Get_rank()
+    rows = []
+    for p0 in sorted({0, n // 4 // nb * nb, n // 2 // nb * nb, 3 * n // 4 // nb * nb}):
+        owner = desc.owner(p0)
+        width = min(nb, n - p0)
+        per_variant = {}
+        for name, skip in VARIANTS.items():
+            st.begin_panel(p0)
+            stream.begin_capture()
+            try:
+                for _ in range(width):
+                    st.column(owner, comm, skip=skip)
+            finally:
+                g = stream.end_capture()
+            times = []
+            for _ in range(opts.reps + 1):
+                st.begin_panel(p0)
+                stream.synchronize()
+                world.Barrier()
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(stream)
+                g.launch(stream=stream)
+                e1.record(stream)
+                e1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / width)  # us per column
+            us = world.allreduce(statistics.median(times[1:]), op=MPI.MAX)
+            per_variant[name] = us
+        lt = int(np.searchsorted(cols, p0))
+        if product == "lower":  # each trailing local column from its diagonal down
+            gemv_bytes = int(8 * (n - cols[lt:]).sum())
+        else:                   # trailing rows x trailing local columns
+            gemv_bytes = 8 * (n - p0) * (cols.size - lt)
+        row = {"product": product, "p0": p0, "us_per_column": per_variant,
+               "stage_us": {k[1:]: per_variant["whole"] - v for k, v in per_variant.items() if k != "whole"},
+               "gemv_bytes": gemv_bytes}
+        g_us = row["stage_us"]["gemv"]
+        row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us > 0 else None
+        rows.append(row)
+        if rank == 0:
+            print(f"{product:5s} p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "
+                  + "  ".join(f"{k} {v:6.2f}" for k, v in row["stage_us"].items())
+                  + f"  | gemv reads {gemv_bytes / 1e6:.1f} MB"
+                  + (f" = {row['gemv_GBps']:.0f} GB/s" if row["gemv_GBps"] else ""), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

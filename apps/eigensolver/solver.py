@@ -277,21 +277,28 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"
 
 
 # -- ormtr -----------------------------------------------------------------------------
-def _ormtr(V, tau, Z, desc: BlockCyclic, xp):
+ORMTR_BLOCK = 256  # reflectors per compact-WY block: nb = 64 made 128 skinny GEMM pairs at 8192
+
+
+def _ormtr(V, tau, Z, desc: BlockCyclic, xp, block: int = ORMTR_BLOCK):
     """Q Z for Q = H_0 H_1 ... H_{n-2} on the owned columns Z (local, no communication).
 
-    Per panel of nb reflectors (unit lower trapezoidal Vb, scalars tau): H_p0 ... H_p1-1 =
+    V is replicated, so the blocks need not follow the layout's nb: `block` reflectors at a
+    time (wider blocks, fatter GEMMs; the triangular solve stays block x block).
+    Per block of reflectors (unit lower trapezoidal Vb, scalars tau): H_p0 ... H_p1-1 =
     I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT transform: the inverse of
     LAPACK larft's recurrence, step for step), so Z -= Vb (M^-1 (Vb^T Z)) with one triangular
     solve by M = T^-1 - all on the arrays' device, no host round trip per panel (the larft
     recurrence on the host cost a device sync and ~64 small host products per panel).  A
     reflector with tau = 0 is the identity: its column of Vb is zeroed and its diagonal of M
     set to 1, which leaves it out."""
-    n, nb = desc.n, desc.nb
+    n = desc.n
+    if block < 1:
+        raise ValueError(f"_ormtr: block={block}: use a positive number of reflectors")
     Z = Z.copy(order="F")
-    starts = list(range(0, max(n - 1, 0), nb))
+    starts = list(range(0, max(n - 1, 0), block))
     for p0 in reversed(starts):
-        p1 = min(p0 + nb, n - 1)
+        p1 = min(p0 + block, n - 1)
         t = tau[p0:p1]
         live = t != 0
         Vb = V[p0 + 1:, p0:p1] * live[None, :]

@@ -29,6 +29,17 @@ from .layout import BlockCyclic
 
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
 GEMV_SPLITS = 8     # sytrd_gemv: at most this many column chunks per row tile
+SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
+SYMV_SPLITS = 32    # sytrd_symv: at most this many column chunks per row tile
+
+
+def product_for() -> str:
+    """'lower' (sytrd_symv, the default: half the bytes) or 'full' (sytrd_gemv):
+    HPCCOLL_EIG_GEMV."""
+    want = os.environ.get("HPCCOLL_EIG_GEMV", "lower")
+    if want not in ("lower", "full"):
+        raise ValueError(f"HPCCOLL_EIG_GEMV={want!r}: use lower or full")
+    return want
 _streams: dict = {}   # device -> the tridiagonalization's stream
 
 
@@ -62,23 +73,28 @@ class _Step:
         self.nloc = int(cols.size)
         self.P = cp.zeros((n, 2 * nb), dtype=cp.float64, order="F")
         self.bb = cp.zeros(n + 4, dtype=cp.float64)
-        self.y = cp.zeros(n, dtype=cp.float64)
-        self.cv = cp.zeros(n, dtype=cp.float64)
+        self.y = cp.zeros(2 * n, dtype=cp.float64)   # rows | columns (sytrd_step.cu)
+        self.cv = cp.zeros(2 * n, dtype=cp.float64)
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
         self.colbuf = cp.zeros(n, dtype=cp.float64)
         self.wtmp = cp.zeros(n, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
-        self.ypart = cp.zeros(GEMV_SPLITS * n, dtype=cp.float64)  # gemv's per-chunk rows
-        self.tick = cp.zeros(self.g1, dtype=cp.int64)        # gemv's per-tile tickets
+        self.product = product_for()
+        self.nt = (n + SY_R - 1) // SY_R
+        splits = SYMV_SPLITS if self.product == "lower" else GEMV_SPLITS
+        self.ypart = cp.zeros(splits * n, dtype=cp.float64)          # per-chunk row sums
+        self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
+        self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
+        self.ctick = cp.zeros(SYMV_SPLITS, dtype=cp.int64)           # symv: per-chunk tickets
         self.st = cp.zeros(5, dtype=cp.int64)
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
         mod = raw_module("sytrd_step.cu")
-        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "w")}
-        self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(GEMV_SPLITS)
-        self.gemv_grid = self.g1 * GEMV_SPLITS + 2 * nb
+        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "symv", "w")}
+        self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(splits)
+        self.gemv_grid = (self.nt if self.product == "lower" else self.g1) * splits + 2 * nb
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -95,7 +111,11 @@ class _Step:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1, self.bb))
         if "bcast" not in skip:
             comm.Bcast(self.bb, root=owner)
-        if "gemv" not in skip:
+        if "gemv" not in skip and self.product == "lower":
+            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+                                                self.st, self.bb, self.y, self.ypart, self.cpart, self.tick,
+                                                self.ctick, self.smax32, self.s, self.d, self.e, self.tau))
+        elif "gemv" not in skip:
             k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
                                                 self.st, self.bb, self.y, self.ypart, self.tick, self.smax32,
                                                 self.s, self.d, self.e, self.tau))

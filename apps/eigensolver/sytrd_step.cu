@@ -8,12 +8,15 @@
 //   P     [V_p | W_p] of the panel, n x 2nb column-major: V column q at P + q n, W at P + (nb+q) n
 //   bb    broadcast buffer, n + 4: [d_j, tau_j, e_j, 0, v (n, absolute rows: 0 at rows <= j,
 //         1 at j+1)]; fixed size, so one captured Bcast serves every column
-//   y, cv C v partial products (n, zero at rows <= j) and their Allreduce sum
+//   y, cv C v partial products and their Allreduce sum, 2n each: rows in [0, n), column
+//         contributions of sytrd_symv (lower triangle) in [n, 2n) (zero with sytrd_gemv)
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
 //         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
 //         st[4] = block ticket of sytrd_w
-//   tick  per-row-tile tickets of sytrd_gemv's column splits (zero at rest)
-// Each step: [owner] sytrd_col | Bcast(bb) | sytrd_gemv | Allreduce(y, cv) | sytrd_w.
+//   tick  per-row-tile tickets of sytrd_gemv's / sytrd_symv's column chunks, ctick per-chunk
+//         tickets of sytrd_symv's row tiles (zero at rest)
+// Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv (or sytrd_gemv) | Allreduce(y, cv) |
+// sytrd_w.
 // sytrd_col and sytrd_w end in their grid's last block (a ticket), which does the step's
 // serial part (the Householder vector; W's correction and the advance of st): one graph node
 // each instead of two (the profile at 1e31d5d measured 14 and 25 us per column for the two
@@ -142,8 +145,21 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
   }
   __syncthreads();
   const double scale = scaleSh;
-  for (i64 i = threadIdx.x; i < n; i += blockDim.x)
-    bb[4 + i] = i <= j ? 0.0 : (i == j + 1 ? 1.0 : __ldcg(colbuf + i) * scale);
+  // 8 loads in flight per thread before their stores (a load after a store to a possibly
+  // aliasing pointer would wait for it: one L2 round trip per element, ~5 us at n = 8192)
+  for (i64 i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {
+    double x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = i0 + u * blockDim.x;
+      x[u] = i < n ? __ldcg(colbuf + i) : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = i0 + u * blockDim.x;
+      if (i < n) bb[4 + i] = i <= j ? 0.0 : (i == j + 1 ? 1.0 : x[u] * scale);
+    }
+  }
 }
 
 // Every rank, after the Bcast.  y = C_local v over the local columns > j, at rows >= j (0 at
@@ -228,7 +244,144 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
   if (threadIdx.x == 0) s[q] = acc;
 }
 
-// Every rank, after the Allreduce, grid of (n + 31) / 32 row tiles: w = tau (C v - (V W^T +
+// Every rank, after the Bcast: the same product as sytrd_gemv from the LOWER triangle of the
+// local columns only (C is symmetric; the trailing updates keep rows >= the column current),
+// which halves the bytes read - the phase's memory traffic.  Element (i, g) with i > g of
+// local column c (global g = cols[c] > j) adds C[i, g] v[g] to row i and C[i, g] v[i] to
+// column g; the diagonal adds C[g, g] v[g] once.  Rows go to y[:n], columns to y[n:] (by
+// global index), and the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
+// Blocks [0, nblk - 2nb): tiles of SY_R rows (8 per lane: a warp reads 2 KiB of a column per
+// step) from row tile j / SY_R on, times S chunks of the trailing local columns (S chosen so
+// about SY_TARGET blocks work).  A warp takes every NW-th column of its chunk up to the tile's
+// last row (the triangle) and writes the column's sum over the tile's rows to cpart; the
+// block writes its row sums to ypart (or y when S = 1).  The last chunk of a tile (ticket
+// tick[tile]) adds its rows' S partials in chunk order; the last tile of a chunk (ticket
+// ctick[chunk]) adds its columns' partials in tile order.  Blocks [nblk - 2nb, nblk): s[q]
+// as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
+#define SY_R 256
+#define SY_U (SY_R / 32)
+#define SY_TARGET 512
+
+// Sum of `count` values base[0], base[stride], ... in index order, 8 loads in flight.
+__device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
+  double t = 0.0;
+  for (i64 q0 = 0; q0 < count; q0 += 8) {
+    double x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (q0 + u < count) t += x[u];
+  }
+  return t;
+}
+
+extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
+    const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
+    const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, int smax,
+    double* s, double* d, double* e, double* tau) {
+  __shared__ double sh[TPB];
+  __shared__ double rowsSh[NW][SY_R];
+  __shared__ bool lastRow, lastCol;
+  const i64 j = st[0], k = st[1];
+  const double* v = bb + 4;
+  const i64 NT = (n + SY_R - 1) / SY_R;
+  const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
+  if (blockIdx.x < symvBlocks) {
+    const i64 t0 = j / SY_R, tiles = NT - t0;
+    i64 lo = 0, hi = nloc;  // first local column with global index > j
+    while (lo < hi) {
+      const i64 mid = (lo + hi) >> 1;
+      if (cols[mid] <= j) lo = mid + 1; else hi = mid;
+    }
+    const i64 m = nloc - lo;
+    i64 S = SY_TARGET / tiles;
+    S = min(S, (m + 2 * NW - 1) / (2 * NW));  // at least two columns per warp
+    S = max((i64)1, min(S, (i64)smax));
+    const i64 b = blockIdx.x;
+    if (b >= tiles * S) return;
+    const i64 a = t0 + b / S, sp = b % S;
+    const i64 chunk = (m + S - 1) / S;
+    const i64 c0 = lo + sp * chunk, c1 = min(nloc, c0 + chunk);
+    const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double racc[SY_U], vr[SY_U];
+#pragma unroll
+    for (int u = 0; u < SY_U; ++u) {
+      const i64 i = rbase + lane + 32 * u;
+      racc[u] = 0.0;
+      vr[u] = i < n ? v[i] : 0.0;
+    }
+#pragma unroll 2
+    for (i64 c = c0 + warp; c < c1; c += NW) {
+      const i64 g = cols[c];
+      if (g > tileEnd) break;  // columns ascend: this warp's next ones lie above the tile
+      const double vg = v[g];
+      const double* col = C + c * n;
+      double x[SY_U];
+#pragma unroll
+      for (int u = 0; u < SY_U; ++u) {
+        const i64 i = rbase + lane + 32 * u;
+        x[u] = i >= g && i < n ? col[i] : 0.0;
+      }
+      double cs = 0.0;
+#pragma unroll
+      for (int u = 0; u < SY_U; ++u) {
+        const i64 i = rbase + lane + 32 * u;
+        racc[u] += x[u] * vg;
+        if (i > g) cs += x[u] * vr[u];
+      }
+      cs = warpSum(cs);
+      if (lane == 0) cpart[a * nloc + c] = cs;
+    }
+#pragma unroll
+    for (int u = 0; u < SY_U; ++u) rowsSh[warp][lane + 32 * u] = racc[u];
+    __syncthreads();
+    const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
+    double rsum = 0.0;
+    for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
+    if (sp == 0 && i < n) P[i + k * n] = v[i];
+    if (b == 0 && threadIdx.x == 0) {
+      d[j] = bb[0];
+      if (j + 1 < n) {
+        tau[j] = bb[1];
+        e[j] = bb[2];
+      }
+    }
+    if (i < n) {
+      if (S == 1) y[i] = rsum; else ypart[sp * n + i] = rsum;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      lastRow = S > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == (unsigned long long)(S - 1);
+      if (lastRow) tick[a] = 0;
+      lastCol = atomicAdd((unsigned long long*)(ctick + sp), 1ull) == (unsigned long long)(tiles - 1);
+      if (lastCol) ctick[sp] = 0;
+    }
+    __syncthreads();
+    if (!lastRow && !lastCol) return;
+    __threadfence();
+    if (lastRow && i < n) y[i] = orderedSum(ypart + i, S, n);
+    if (lastCol)
+      for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const i64 g = cols[c];
+        const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
+        y[n + g] = orderedSum(cpart + a0 * nloc + c, NT - a0, nloc);
+      }
+    return;
+  }
+  const i64 q = blockIdx.x - symvBlocks;  // V column q < nb, W column q - nb
+  const bool used = q < nb ? q < k : q - nb < k;
+  double acc = 0.0;
+  if (used)
+    for (i64 i = j + 1 + threadIdx.x; i < n; i += blockDim.x) acc += P[i + q * n] * v[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0) s[q] = acc;
+}
+
+// Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
+// (n + 31) / 32 row tiles: w = tau (C v - (V W^T +
 // W V^T) v) at rows > j (0 above) and each tile's sum of w . v; the last block then writes
 // W column k = w - (tau/2)(w . v) v (LAPACK latrd's correction) and advances st to the next
 // column (every block has read st before it took its ticket).
@@ -245,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   const bool row = r > j && r < n;
   const double corr = tileSum(row ? panelCorrPart(P, n, nb, k, r, s, s + nb, 1) : 0.0, sh);
   if (threadIdx.x < 32) {
-    const double w = row ? t * (cv[r] - corr) : 0.0;
+    const double w = row ? t * ((cv[r] + cv[n + r]) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
     if (r < n) wtmp[r] = w;
     const double dot = warpSum(r < n ? w * v[r] : 0.0);
     if (lane == 0) part[blockIdx.x] = dot;
@@ -255,8 +408,20 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   if (threadIdx.x == 0) alphaSh = -0.5 * t * dot;
   __syncthreads();
   const double alpha = alphaSh;
-  for (i64 i = threadIdx.x; i < n; i += blockDim.x)
-    P[i + (nb + k) * n] = i > j ? __ldcg(wtmp + i) + alpha * v[i] : 0.0;
+  for (i64 i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {  // loads first (see sytrd_col)
+    double x[8], vi[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = i0 + u * blockDim.x;
+      x[u] = i < n ? __ldcg(wtmp + i) : 0.0;
+      vi[u] = i < n ? v[i] : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = i0 + u * blockDim.x;
+      if (i < n) P[i + (nb + k) * n] = i > j ? x[u] + alpha * vi[u] : 0.0;
+    }
+  }
   if (threadIdx.x == 0) {
     st[0] = j + 1;
     st[1] = k + 1;

@@ -88,10 +88,14 @@ def test_gpu_ll128_path_is_accurate():
         c.Free()
 
 
-@pytest.mark.parametrize("n,nb", [(203, 32), (128, 64), (77, 16)])
-def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
+@pytest.mark.parametrize("product", ["lower", "full"])
+@pytest.mark.parametrize("n,nb", [(203, 32), (128, 64), (77, 16), (1100, 64)])
+def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb, product, monkeypatch):
     """The device column step replayed in CUDA graphs gives the same bits as the same kernels
-    launched eagerly, and the CuPy-op version's tridiagonal and reflectors to rounding."""
+    launched eagerly, and the CuPy-op version's tridiagonal and reflectors to rounding; with
+    C v from the lower triangle (sytrd_symv: tiles of 256 rows, so 1100 has 5 tiles and
+    column chunks) and from the full local columns (sytrd_gemv)."""
+    monkeypatch.setenv("HPCCOLL_EIG_GEMV", product)
     import cupy as cp
     import numpy as np
 
