@@ -333,10 +333,8 @@ class CudaBackend:
                 return None
             grid = self._allreduce_grid(algo, n, esize)
         elif call.name == "Bcast":
-            if n * esize > S_LL:
-                return None
             lau = self._bcast_launcher(call.recv.dtype)
-            grid = self._grid((n * esize + PACK - 1) // PACK)
+            grid = self._grid((min(n * esize, S_LL) + PACK - 1) // PACK)
         else:
             return None
         a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
@@ -358,16 +356,14 @@ class CudaBackend:
         self._bcast_flat(buf, call, s, iters)
 
     def _bcast_flat(self, buf, call, s, iters):
+        """One launch whatever the size: the kernel walks the chunks of S_LL bytes itself."""
         esize = buf.itemsize
         lau = self._bcast_launcher(call.recv.dtype, iters > 1)
         a = lau.args
         a.root, a.iters = call.root, iters
-        step = S_LL // esize
-        for c0 in range(0, max(buf.size, 1), step):
-            c = min(step, buf.size - c0)
-            a.in_ = a.out = buf.data.ptr + c0 * esize
-            a.count = c
-            lau(*self._grid((c * esize + PACK - 1) // PACK), s)
+        a.in_ = a.out = buf.data.ptr
+        a.count = buf.size
+        lau(*self._grid((min(buf.size * esize, S_LL) + PACK - 1) // PACK), s)
 
     def _blockwise(self, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int,
                    gather: bool) -> None:
