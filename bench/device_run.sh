@@ -87,7 +87,7 @@ PYEOF
              --no-sync-collectives --no-reference --save-vectors no 2>&1 | tail -40 | tee "$OUT/eig8k.txt"
            tar czf "$OUT/eig8k.tar.gz" --exclude='*.npy' -C /tmp/eig n8192 ;;
     eig) timeout ${EIG_LIMIT:-480} bash bench/eig_device.sh 2>&1 | tail -60 ;;
-    sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" \
+    sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" --gemv "${SYTRD_GEMV:-lower,full}" \
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;
     gemm) PYTHONPATH=${PYTHONPATH:-} CUPY_ACCELERATORS= timeout 150 python3 bench/gemm_nvmath_vs_cupy.py \

@@ -30,8 +30,7 @@ from .layout import BlockCyclic
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
 GEMV_SPLITS = 8     # sytrd_gemv: at most this many column chunks per row tile
 SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
-SY_CH = 128         # sytrd_symv's columns per work unit (SY_CH)
-SY_MAXT = 128       # sytrd_symv's most tiles (SY_MAXT): n <= 32768
+SYMV_SPLITS = 32    # sytrd_symv: at most this many column chunks per row tile
 
 
 def product_for() -> str:
@@ -81,17 +80,13 @@ class _Step:
         self.wtmp = cp.zeros(n, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
+        self.product = product_for()
         self.nt = (n + SY_R - 1) // SY_R
-        self.product = product_for() if self.nt <= SY_MAXT else "full"
-        chunks = max(1, -(-self.nloc // SY_CH))                       # symv: units per tile at most
-        splits = chunks if self.product == "lower" else GEMV_SPLITS
+        splits = SYMV_SPLITS if self.product == "lower" else GEMV_SPLITS
         self.ypart = cp.zeros(splits * n, dtype=cp.float64)          # per-chunk row sums
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
-        self.ctick = cp.zeros(chunks, dtype=cp.int64)                # symv: per-chunk tickets
-        # symv: local columns whose global index is <= each tile's last row
-        ends = np.minimum(n, (np.arange(self.nt) + 1) * SY_R) - 1
-        self.tile_cols = cp.asarray(np.searchsorted(cols, ends, side="right").astype(np.int64))
+        self.ctick = cp.zeros(SYMV_SPLITS, dtype=cp.int64)           # symv: per-chunk tickets
         self.st = cp.zeros(5, dtype=cp.int64)
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
@@ -117,9 +112,9 @@ class _Step:
         if "bcast" not in skip:
             comm.Bcast(self.bb, root=owner)
         if "gemv" not in skip and self.product == "lower":
-            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.tile_cols,
-                                                self.P, self.nb32, self.st, self.bb, self.y, self.ypart, self.cpart,
-                                                self.tick, self.ctick, self.s, self.d, self.e, self.tau))
+            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
+                                                self.st, self.bb, self.y, self.ypart, self.cpart, self.tick,
+                                                self.ctick, self.smax32, self.s, self.d, self.e, self.tau))
         elif "gemv" not in skip:
             k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
                                                 self.st, self.bb, self.y, self.ypart, self.tick, self.smax32,

@@ -57,6 +57,23 @@ __device__ __forceinline__ double sumParts(const double* part, int nparts, doubl
   return blockSum(s, sh);
 }
 
+// sum over i in [i0, n) of x[i] y[i], this thread's share (i = i0 + threadIdx.x + m blockDim)
+// with 8 independent partial sums, added in a fixed order: the loads of 8 iterations are in
+// flight together (one running sum made each load wait for the previous add: ~32 L2 round
+// trips at n = 8192, about 10 us of the product kernels' fixed cost)
+__device__ __forceinline__ double columnDot(const double* x, const double* y, i64 i0, i64 n) {
+  double p[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  const i64 step = blockDim.x;
+  for (i64 b = i0 + threadIdx.x; b < n; b += 8 * step) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = b + u * step;
+      if (i < n) p[u] += x[i] * y[i];
+    }
+  }
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
 // This warp's share of the delayed update of row r, (V W^T + W V^T)[r, j] with a = V[j, :],
 // b = W[j, :] (read with a stride): the panel's columns q = warp, warp + NW, ... < k.  The
 // warps' shares are added in warp order by tileSum.
@@ -239,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
   const bool used = q < nb ? q < k : q - nb < k;
   double acc = 0.0;
   if (used)
-    for (i64 i = j + 1 + threadIdx.x; i < n; i += blockDim.x) acc += P[i + q * n] * v[i];
+    acc = columnDot(P + q * n, v, j + 1, n);
   acc = blockSum(acc, sh);
   if (threadIdx.x == 0) s[q] = acc;
 }
@@ -250,23 +267,17 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 // local column c (global g = cols[c] > j) adds C[i, g] v[g] to row i and C[i, g] v[i] to
 // column g; the diagonal adds C[g, g] v[g] once.  Rows go to y[:n], columns to y[n:] (by
 // global index), and the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
-//
-// Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
-// a chunk of SY_CH trailing local columns, only where the chunk reaches the tile's diagonal:
-// tile a takes the columns [lo, tileCols[a]) (tileCols[a] = local columns with global index
-// <= the tile's last row, from the host; a tile that none reaches gets one empty unit, which
-// zeroes its rows), so the triangle is cut into units of equal width and no block idles over
-// the upper part (d498861 gave every tile the same number of chunks: half
-// the blocks had nothing to do and the product ran at 1.8 TB/s).  Block b takes unit b in
-// (tile, chunk) order.  A warp takes every NW-th column of the unit and writes the column's
-// sum over the tile's rows to cpart; the block writes its row sums to ypart.  The last unit of
-// a tile (ticket tick[tile]) adds its rows' partials in chunk order; the last tile of a chunk
-// (ticket ctick[chunk]) adds its columns' partials in tile order.  Blocks [nblk - 2nb, nblk):
-// s[q] as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
+// Blocks [0, nblk - 2nb): tiles of SY_R rows (8 per lane: a warp reads 2 KiB of a column per
+// step) from row tile j / SY_R on, times S chunks of the trailing local columns (S chosen so
+// about SY_TARGET blocks work).  A warp takes every NW-th column of its chunk up to the tile's
+// last row (the triangle) and writes the column's sum over the tile's rows to cpart; the
+// block writes its row sums to ypart (or y when S = 1).  The last chunk of a tile (ticket
+// tick[tile]) adds its rows' S partials in chunk order; the last tile of a chunk (ticket
+// ctick[chunk]) adds its columns' partials in tile order.  Blocks [nblk - 2nb, nblk): s[q]
+// as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
 #define SY_R 256
 #define SY_U (SY_R / 32)
-#define SY_CH 128
-#define SY_MAXT 128   // tiles (n <= 32768)
+#define SY_TARGET 512
 
 // Sum of `count` values base[0], base[stride], ... in index order, 8 loads in flight.
 __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
@@ -283,48 +294,33 @@ __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 
 }
 
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
-    const double* C, i64 n, const i64* cols, i64 nloc, const i64* tileCols, double* P, int nb,
-    const i64* st, const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick,
+    const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
+    const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, int smax,
     double* s, double* d, double* e, double* tau) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
-  __shared__ i64 tc[SY_MAXT];
-  __shared__ i64 unitSh[3];  // tile, chunk, units of the tile
   __shared__ bool lastRow, lastCol;
   const i64 j = st[0], k = st[1];
   const double* v = bb + 4;
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
   if (blockIdx.x < symvBlocks) {
-    for (i64 t = threadIdx.x; t < NT; t += blockDim.x) tc[t] = tileCols[t];
+    const i64 t0 = j / SY_R, tiles = NT - t0;
     i64 lo = 0, hi = nloc;  // first local column with global index > j
     while (lo < hi) {
       const i64 mid = (lo + hi) >> 1;
       if (cols[mid] <= j) lo = mid + 1; else hi = mid;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unitSh[0] = -1;
-      i64 acc = 0;
-      for (i64 t = j / SY_R; t < NT; ++t) {
-        // a tile no trailing local column reaches still gets one (empty) unit: its rows of y
-        // must be rewritten as zeros (they held the previous column's sums)
-        const i64 u = tc[t] > lo ? (tc[t] - lo + SY_CH - 1) / SY_CH : 1;
-        if ((i64)blockIdx.x < acc + u) {
-          unitSh[0] = t;
-          unitSh[1] = blockIdx.x - acc;
-          unitSh[2] = u;
-          break;
-        }
-        acc += u;
-      }
-    }
-    __syncthreads();
-    const i64 a = unitSh[0], q = unitSh[1], units = unitSh[2];
-    if (a < 0) return;
-    const i64 c0 = lo + q * SY_CH, c1 = min(tc[a], c0 + SY_CH);
-    const bool hasCols = c0 < c1;  // false only for an empty tile's unit
-    const i64 rbase = a * SY_R;
+    const i64 m = nloc - lo;
+    i64 S = SY_TARGET / tiles;
+    S = min(S, (m + 2 * NW - 1) / (2 * NW));  // at least two columns per warp
+    S = max((i64)1, min(S, (i64)smax));
+    const i64 b = blockIdx.x;
+    if (b >= tiles * S) return;
+    const i64 a = t0 + b / S, sp = b % S;
+    const i64 chunk = (m + S - 1) / S;
+    const i64 c0 = lo + sp * chunk, c1 = min(nloc, c0 + chunk);
+    const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     double racc[SY_U], vr[SY_U];
 #pragma unroll
@@ -336,6 +332,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
 #pragma unroll 2
     for (i64 c = c0 + warp; c < c1; c += NW) {
       const i64 g = cols[c];
+      if (g > tileEnd) break;  // columns ascend: this warp's next ones lie above the tile
       const double vg = v[g];
       const double* col = C + c * n;
       double x[SY_U];
@@ -360,8 +357,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
     const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
     double rsum = 0.0;
     for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
-    if (q == 0 && i < n) P[i + k * n] = v[i];
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (sp == 0 && i < n) P[i + k * n] = v[i];
+    if (b == 0 && threadIdx.x == 0) {
       d[j] = bb[0];
       if (j + 1 < n) {
         tau[j] = bb[1];
@@ -369,40 +366,35 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
       }
     }
     if (i < n) {
-      if (units == 1) y[i] = rsum; else ypart[q * n + i] = rsum;
+      if (S == 1) y[i] = rsum; else ypart[sp * n + i] = rsum;
     }
-    // tiles that have chunk q: from the first whose columns reach past lo + q SY_CH
-    i64 aq = 0;
-    while (aq < NT && tc[aq] <= c0) ++aq;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      lastRow = units > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == (unsigned long long)(units - 1);
+      lastRow = S > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == (unsigned long long)(S - 1);
       if (lastRow) tick[a] = 0;
-      lastCol = hasCols && atomicAdd((unsigned long long*)(ctick + q), 1ull) == (unsigned long long)(NT - aq - 1);
-      if (lastCol) ctick[q] = 0;
+      lastCol = atomicAdd((unsigned long long*)(ctick + sp), 1ull) == (unsigned long long)(tiles - 1);
+      if (lastCol) ctick[sp] = 0;
     }
     __syncthreads();
     if (!lastRow && !lastCol) return;
     __threadfence();
-    if (lastRow && i < n) y[i] = orderedSum(ypart + i, units, n);
-    if (lastCol) {
-      const i64 cend = min(nloc, c0 + SY_CH);
-      for (i64 c = c0 + threadIdx.x; c < cend; c += blockDim.x) {
+    if (lastRow && i < n) y[i] = orderedSum(ypart + i, S, n);
+    if (lastCol)
+      for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         const i64 g = cols[c];
         const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
         y[n + g] = orderedSum(cpart + a0 * nloc + c, NT - a0, nloc);
       }
-    }
     return;
   }
-  const i64 qq = blockIdx.x - symvBlocks;  // V column qq < nb, W column qq - nb
-  const bool used = qq < nb ? qq < k : qq - nb < k;
+  const i64 q = blockIdx.x - symvBlocks;  // V column q < nb, W column q - nb
+  const bool used = q < nb ? q < k : q - nb < k;
   double acc = 0.0;
   if (used)
-    for (i64 r = j + 1 + threadIdx.x; r < n; r += blockDim.x) acc += P[r + qq * n] * v[r];
+    acc = columnDot(P + q * n, v, j + 1, n);
   acc = blockSum(acc, sh);
-  if (threadIdx.x == 0) s[qq] = acc;
+  if (threadIdx.x == 0) s[q] = acc;
 }
 
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
