@@ -191,13 +191,19 @@ def test_report_from_synthetic_runs(tmp_path):
 def test_report_from_recorded_gpu_runs(tmp_path):
     """The report rebuilt from the committed GPU run JSON (2xH200, 4 ranks on 2 GPUs under MPS,
     n=2048, 10 runs each): the facts the issue asks for come out of the recorded data."""
-    import shutil
+    import tarfile
 
-    src = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "eigensolver",
-                       "2026-11-30-h200x2-1288430", "n2048-p4-mps")
-    for f in os.listdir(src):
-        if f.startswith("known_") and f.endswith(".json"):
-            shutil.copy(os.path.join(src, f), tmp_path / f)
+    # the job's run JSONs are packed in runs.tar.xz (bench/results/eigensolver/README.md)
+    job = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "eigensolver",
+                       "2026-11-30-h200x2-1288430")
+    n = 0
+    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
+        for m in tar.getmembers():
+            name = os.path.basename(m.name)
+            if m.isfile() and "n2048-p4-mps/" in m.name and name.startswith("known_") and name.endswith(".json"):
+                (tmp_path / name).write_bytes(tar.extractfile(m).read())
+                n += 1
+    assert n == 20, f"expected 20 recorded runs in runs.tar.xz, found {n}"
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
     by = {c["comm"]: c for c in rep["configurations"]}
