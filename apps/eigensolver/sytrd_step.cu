@@ -105,10 +105,60 @@ __device__ __forceinline__ bool lastBlock(i64* ticket, unsigned int blocks) {
   if (threadIdx.x == 0) {
     const unsigned long long t = atomicAdd((unsigned long long*)ticket, 1ull);
     last = t == blocks - 1;
+    if (last) *ticket = 0;  // nobody else takes this ticket in this launch
   }
   __syncthreads();
   if (last) __threadfence();
   return last;
+}
+
+// Sum of `count` values base[0], base[stride], ... in index order, 8 loads in flight.
+__device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
+  double t = 0.0;
+  for (i64 q0 = 0; q0 < count; q0 += 8) {
+    double x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (q0 + u < count) t += x[u];
+  }
+  return t;
+}
+
+// The first local column whose global index is > j (cols ascend).
+__device__ __forceinline__ i64 firstAfter(const i64* cols, i64 nloc, i64 j) {
+  i64 lo = 0, hi = nloc;
+  while (lo < hi) {
+    const i64 mid = (lo + hi) >> 1;
+    if (cols[mid] <= j) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// Column chunks per row tile of the product kernels: about `target` busy blocks over `tiles`
+// tiles, at least `minCols` of the m trailing local columns per chunk, 1..smax.
+__device__ __forceinline__ i64 chunksFor(i64 target, i64 tiles, i64 m, i64 minCols, int smax) {
+  const i64 S = min(target / tiles, (m + minCols - 1) / minCols);
+  return max((i64)1, min(S, (i64)smax));
+}
+
+// The step's scalars from bb: d_j, and tau_j, e_j below the last column (one thread).
+__device__ __forceinline__ void storeScalars(const double* bb, i64 j, i64 n, double* d, double* e, double* tau) {
+  d[j] = bb[0];
+  if (j + 1 < n) {
+    tau[j] = bb[1];
+    e[j] = bb[2];
+  }
+}
+
+// The product kernels' last 2nb blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, W
+// column q - nb), 0 for the panel's columns not yet used.
+__device__ __forceinline__ void panelDot(const double* P, i64 n, int nb, i64 j, i64 k, const double* v,
+                                         double* s, i64 q, double* sh) {
+  const bool used = q < nb ? q < k : q - nb < k;
+  const double acc = blockSum(used ? columnDot(P + q * n, v, j + 1, n) : 0.0, sh);
+  if (threadIdx.x == 0) s[q] = acc;
 }
 
 // Panel start: st = {j0, 0, lj0, 0, 0}.
@@ -158,7 +208,6 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     bb[2] = beta;
     bb[3] = 0.0;
     scaleSh = scale;
-    st[3] = 0;
   }
   __syncthreads();
   const double scale = scaleSh;
@@ -199,15 +248,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
   const i64 gemvBlocks = (i64)gridDim.x - 2 * nb;
   if (blockIdx.x < gemvBlocks) {
     const i64 t0 = j / 32, tiles = RT - t0;
-    i64 lo = 0, hi = nloc;  // first local column with global index > j
-    while (lo < hi) {
-      const i64 mid = (lo + hi) >> 1;
-      if (cols[mid] <= j) lo = mid + 1; else hi = mid;
-    }
-    const i64 m = nloc - lo;
-    i64 S = GEMV_TARGET / tiles;
-    S = min(S, (m + 4 * NW - 1) / (4 * NW));  // at least one unrolled pass of 4 columns per warp
-    S = max((i64)1, min(S, (i64)smax));
+    const i64 lo = firstAfter(cols, nloc, j), m = nloc - lo;
+    const i64 S = chunksFor(GEMV_TARGET, tiles, m, 4 * NW, smax);  // one unrolled pass of 4 columns per warp
     const i64 b = blockIdx.x;
     if (b >= tiles * S) return;
     const i64 tile = t0 + b / S, split = b % S;
@@ -222,43 +264,16 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     }
     const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
     if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v[r];
-    if (b == 0 && threadIdx.x == 0) {
-      d[j] = bb[0];
-      if (j + 1 < n) {
-        tau[j] = bb[1];
-        e[j] = bb[2];
-      }
-    }
+    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
     if (S == 1) {
       if (threadIdx.x < 32 && r < n) y[r] = sum;
       return;
     }
     if (threadIdx.x < 32 && r < n) ypart[split * n + r] = sum;
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const unsigned long long t = atomicAdd((unsigned long long*)(tick + tile), 1ull);
-      last = t == (unsigned long long)(S - 1);
-      if (last) tick[tile] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32 && r < n) {
-      double t = 0.0;
-      for (i64 q = 0; q < S; ++q) t += __ldcg(ypart + q * n + r);
-      y[r] = t;
-    }
+    if (lastBlock(tick + tile, S) && threadIdx.x < 32 && r < n) y[r] = orderedSum(ypart + r, S, n);
     return;
   }
-  const i64 q = blockIdx.x - gemvBlocks;  // V column q < nb, W column q - nb
-  const bool used = q < nb ? q < k : q - nb < k;
-  double acc = 0.0;
-  if (used)
-    acc = columnDot(P + q * n, v, j + 1, n);
-  acc = blockSum(acc, sh);
-  if (threadIdx.x == 0) s[q] = acc;
+  panelDot(P, n, nb, j, k, v, s, blockIdx.x - gemvBlocks, sh);
 }
 
 // Every rank, after the Bcast: the same product as sytrd_gemv from the LOWER triangle of the
@@ -279,42 +294,20 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #define SY_U (SY_R / 32)
 #define SY_TARGET 512
 
-// Sum of `count` values base[0], base[stride], ... in index order, 8 loads in flight.
-__device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
-  double t = 0.0;
-  for (i64 q0 = 0; q0 < count; q0 += 8) {
-    double x[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-      if (q0 + u < count) t += x[u];
-  }
-  return t;
-}
-
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
     const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, int smax,
     double* s, double* d, double* e, double* tau) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
-  __shared__ bool lastRow, lastCol;
   const i64 j = st[0], k = st[1];
   const double* v = bb + 4;
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
   if (blockIdx.x < symvBlocks) {
     const i64 t0 = j / SY_R, tiles = NT - t0;
-    i64 lo = 0, hi = nloc;  // first local column with global index > j
-    while (lo < hi) {
-      const i64 mid = (lo + hi) >> 1;
-      if (cols[mid] <= j) lo = mid + 1; else hi = mid;
-    }
-    const i64 m = nloc - lo;
-    i64 S = SY_TARGET / tiles;
-    S = min(S, (m + 2 * NW - 1) / (2 * NW));  // at least two columns per warp
-    S = max((i64)1, min(S, (i64)smax));
+    const i64 lo = firstAfter(cols, nloc, j), m = nloc - lo;
+    const i64 S = chunksFor(SY_TARGET, tiles, m, 2 * NW, smax);  // at least two columns per warp
     const i64 b = blockIdx.x;
     if (b >= tiles * S) return;
     const i64 a = t0 + b / S, sp = b % S;
@@ -358,27 +351,12 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
     double rsum = 0.0;
     for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
     if (sp == 0 && i < n) P[i + k * n] = v[i];
-    if (b == 0 && threadIdx.x == 0) {
-      d[j] = bb[0];
-      if (j + 1 < n) {
-        tau[j] = bb[1];
-        e[j] = bb[2];
-      }
-    }
+    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
     if (i < n) {
       if (S == 1) y[i] = rsum; else ypart[sp * n + i] = rsum;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      lastRow = S > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == (unsigned long long)(S - 1);
-      if (lastRow) tick[a] = 0;
-      lastCol = atomicAdd((unsigned long long*)(ctick + sp), 1ull) == (unsigned long long)(tiles - 1);
-      if (lastCol) ctick[sp] = 0;
-    }
-    __syncthreads();
-    if (!lastRow && !lastCol) return;
-    __threadfence();
+    const bool lastRow = S > 1 && lastBlock(tick + a, S);  // S is the same in every block
+    const bool lastCol = lastBlock(ctick + sp, tiles);
     if (lastRow && i < n) y[i] = orderedSum(ypart + i, S, n);
     if (lastCol)
       for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
@@ -388,13 +366,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
       }
     return;
   }
-  const i64 q = blockIdx.x - symvBlocks;  // V column q < nb, W column q - nb
-  const bool used = q < nb ? q < k : q - nb < k;
-  double acc = 0.0;
-  if (used)
-    acc = columnDot(P + q * n, v, j + 1, n);
-  acc = blockSum(acc, sh);
-  if (threadIdx.x == 0) s[q] = acc;
+  panelDot(P, n, nb, j, k, v, s, blockIdx.x - symvBlocks, sh);
 }
 
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
@@ -443,6 +415,5 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
     st[0] = j + 1;
     st[1] = k + 1;
     st[2] += 1;
-    st[4] = 0;
   }
 }
