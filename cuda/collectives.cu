@@ -234,6 +234,20 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
 #endif
 
 // ---------------------------------------------------------------------------------------
+// Arrival words (Bcast, Barrier): in every rank's control region at `off`, a row of
+// HC_MAX_RANKS words per block; word [b][r] holds epoch+1 of the last collective at which block
+// b of rank r arrived (= had finished the one before).  Monotonic, so never re-armed.
+__device__ __forceinline__ void arrive(const Args& a, u64 off, int peer, u64 mark) {
+  u64* theirs = (u64*)(a.peers[peer] + off) + blockIdx.x * HC_MAX_RANKS + a.rank;
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(theirs), "l"(mark) : "memory");
+}
+
+// Wait until `peer`'s block has arrived at `mark`; false on timeout or abort.
+__device__ __forceinline__ bool awaitArrival(const Args& a, u64 off, int peer, u64 mark, int coll, u64 slot) {
+  const volatile u64* mine = (const volatile u64*)(a.peers[a.rank] + off) + blockIdx.x * HC_MAX_RANKS + peer;
+  return boundedPoll(a, coll, [&] { return peer; }, slot, [&] { return *mine >= mark; });
+}
+
 // Bcast (LL: exact bits): root pushes, everyone else receives.
 // Bcast is the one collective in which a rank can finish without hearing from every peer: a
 // receiver only needs the root's data.  The double buffering's credit ("a peer can run at most
@@ -259,10 +273,7 @@ __device__ void bcastLL(const Args& a) {
     for (u64 c = 0; ok && c < chunks; ++c) {
       const u64 e = e0 + it * chunks + c;
       __syncthreads();  // the block has finished e-1 before it says so
-      if (signals) {
-        u64* theirs = (u64*)(a.peers[r] + HC_OFF_ARRIVE) + blockIdx.x * HC_MAX_RANKS + a.rank;
-        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(theirs), "l"(e + 1) : "memory");
-      }
+      if (signals) arrive(a, HC_OFF_ARRIVE, r, e + 1);
       LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_BCAST);
       const u64 p0 = c * per, np = min(per, packs - p0);
       for (u64 p = tid(); ok && p < np; p += nthreads()) {
@@ -274,10 +285,7 @@ __device__ void bcastLL(const Args& a) {
           if (ok) storePack(a.out, a.count, p0 + p, y);
         }
       }
-      if (ok && signals) {
-        const volatile u64* mine = (const volatile u64*)(a.peers[a.rank] + HC_OFF_ARRIVE) + blockIdx.x * HC_MAX_RANKS + r;
-        ok = boundedPoll(a, HC_COLL_BCAST, [&] { return r; }, p0, [&] { return *mine >= e + 1; });
-      }
+      if (ok && signals) ok = awaitArrival(a, HC_OFF_ARRIVE, r, e + 1, HC_COLL_BCAST, p0);
       ok = __syncthreads_and(ok);
     }
   }
@@ -348,11 +356,9 @@ __device__ void barrier(const Args& a) {
   const int r = threadIdx.x;
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 mark = e0 + it + 1;
-    if (r < a.nranks && r != a.rank) {
-      u64* theirs = (u64*)(a.peers[r] + HC_OFF_BARRIER) + a.rank;
-      asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(theirs), "l"(mark) : "memory");
-      const volatile u64* mine = (const volatile u64*)(a.peers[a.rank] + HC_OFF_BARRIER) + r;
-      ok = boundedPoll(a, HC_COLL_BARRIER, [&] { return r; }, 0, [&] { return *mine >= mark; });
+    if (r < a.nranks && r != a.rank) {  // one block: its row of arrival words is row 0
+      arrive(a, HC_OFF_BARRIER, r, mark);
+      ok = awaitArrival(a, HC_OFF_BARRIER, r, mark, HC_COLL_BARRIER, 0);
     }
     __syncthreads();
   }
