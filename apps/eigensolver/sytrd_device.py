@@ -40,6 +40,8 @@ def product_for() -> str:
     if want not in ("lower", "full"):
         raise ValueError(f"HPCCOLL_EIG_GEMV={want!r}: use lower or full")
     return want
+
+
 _streams: dict = {}   # device -> the tridiagonalization's stream
 
 

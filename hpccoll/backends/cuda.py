@@ -334,7 +334,7 @@ class CudaBackend:
             grid = self._allreduce_grid(algo, n, esize)
         elif call.name == "Bcast":
             lau = self._bcast_launcher(call.recv.dtype)
-            grid = self._grid((min(n * esize, S_LL) + PACK - 1) // PACK)
+            grid = self._bcast_grid(n * esize)
         else:
             return None
         a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
@@ -363,7 +363,11 @@ class CudaBackend:
         a.root, a.iters = call.root, iters
         a.in_ = a.out = buf.data.ptr
         a.count = buf.size
-        lau(*self._grid((min(buf.size * esize, S_LL) + PACK - 1) // PACK), s)
+        lau(*self._bcast_grid(buf.size * esize), s)
+
+    def _bcast_grid(self, nbytes: int) -> tuple[int, int]:
+        """Bcast's grid: a thread per pack of one chunk (the kernel walks the chunks)."""
+        return self._grid((min(nbytes, S_LL) + PACK - 1) // PACK)
 
     def _blockwise(self, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int,
                    gather: bool) -> None:
