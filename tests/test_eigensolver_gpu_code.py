@@ -145,3 +145,70 @@ def test_local_comm_runs_a_solve():
         w, X = sygvd(distribute(prob.A, desc, 0), distribute(prob.B, desc, 0), desc, comm)
         assert metrics.eigenvalue_error(w, prob.eigenvalues) < 1e-12
         assert metrics.residual(prob.A, prob.B, gather(X, desc, comm), w) < 10
+
+
+@pytest.mark.parametrize("nb,nprocs", [(1, 1), (4, 1), (7, 3), (16, 2), (64, 2), (5, 4)])
+def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
+    """sytrd_step.cu computes local-to-global columns and the first local column after j with
+    arithmetic (Layout); its twins give desc.local_cols and a search of it, for every j."""
+    from hpccoll_eigensolver import BlockCyclic
+    from hpccoll_eigensolver.sytrd_device import layout_first_after, layout_glob
+
+    n = 3 * nb * nprocs + nb // 2 + 1
+    desc = BlockCyclic(n, n, nb, nprocs)
+    for rank in range(nprocs):
+        cols = desc.local_cols(rank)
+        assert [layout_glob(c, nb, nprocs, rank) for c in range(cols.size)] == cols.tolist()
+        for j in range(n):
+            assert layout_first_after(j, nb, nprocs, rank) == int(np.searchsorted(cols, j, side="right")), (rank, j)
+
+
+def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64):
+    """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
+    (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
+    from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
+
+    nloc = int(_local_n(n, nb, nprocs, rank))
+    NT = -(-n // SY_R)
+    t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
+    m = nloc - lo
+    nch = max(1, -(-m // SY_C))
+    units = {}
+    for b in range((NT - t0) * nch):
+        a, ch = t0 + b % (NT - t0), b // (NT - t0)
+        rbase, tile_end = a * SY_R, min(n, a * SY_R + SY_R) - 1
+        c0, c1 = lo + ch * SY_C, min(nloc, lo + ch * SY_C + SY_C)
+        row_units = -(-(fa(tile_end, nb, nprocs, rank) - lo) // SY_C)
+        if ch >= row_units:
+            continue
+        col_units = NT - max(t0, glob(c0, nb, nprocs, rank) // SY_R)
+        cells = {(r, glob(c, nb, nprocs, rank)) for c in range(c0, c1) for r in range(rbase, tile_end + 1)
+                 if r >= glob(c, nb, nprocs, rank)}
+        units[(a, ch)] = (cells, row_units, col_units)
+    return units
+
+
+def _local_n(n, nb, nprocs, rank):
+    from hpccoll_eigensolver.layout import numroc
+
+    return numroc(n, nb, rank, nprocs)
+
+
+@pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
+def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs):
+    """sytrd_symv's units (enumerated as its code does) cover every lower-triangle element (i >= g)
+    of the trailing local columns g > j exactly once, and the tickets each unit takes count the
+    busy units of its tile and of its chunk (a wrong count would hang a finalizer or skip it)."""
+    from hpccoll_eigensolver.sytrd_device import layout_glob
+
+    for rank in range(nprocs):
+        nloc = _local_n(n, nb, nprocs, rank)
+        for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
+            units = _symv_units(n, nb, nprocs, rank, j)
+            seen = [cell for cells, _, _ in units.values() for cell in cells]
+            want = {(i, g) for g in (layout_glob(c, nb, nprocs, rank) for c in range(nloc)) if g > j
+                    for i in range(g, n)}
+            assert len(seen) == len(set(seen)) and set(seen) == want, (rank, j)
+            for (a, ch), (_, row_units, col_units) in units.items():
+                assert row_units == sum(1 for (a2, _c) in units if a2 == a), (rank, j, a)
+                assert col_units == sum(1 for (_a, c2) in units if c2 == ch), (rank, j, ch)

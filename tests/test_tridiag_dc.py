@@ -1,7 +1,9 @@
 """The divide-and-conquer tridiagonal eigensolver (hpccoll_eigensolver.tridiag_dc) on the host:
 eigenvalues against LAPACK, orthogonality and residual in units of n*eps*|T|, on the matrices
 that break D&C codes (clusters, Wilkinson, graded, glued, zero couplings), with small leaves so
-that every test merges several levels; bitwise reproducible; the solver's stedc="dc" path."""
+that every test merges several levels; bitwise reproducible; the tree cut at its top merge
+(split_tree, solve_half, merge_halves: what the distributed stedc="dc" runs) bit for bit the
+whole tree; the solver's stedc="dc" path."""
 from __future__ import annotations
 
 import numpy as np
@@ -120,3 +122,52 @@ def test_deflation_rotations_in_one_gemm_equal_the_sequence():
         want[:, a] = c * qa + s * qb
         want[:, b] = c * qb - s * qa
     np.testing.assert_allclose(_rotate(Q, rots, np), want, atol=1e-14)
+
+
+# -- the tree cut at its top merge (what the distributed stedc="dc" runs on two ranks) --------
+def _whole_tree(d, e, leaf):
+    """The pre-split algorithm: every leaf of T at once, merged by one pairwise bottom-up loop
+    over the whole tree, eigenvalues scaled back: the bits the split must reproduce."""
+    from hpccoll_eigensolver import tridiag_dc
+
+    tree = tridiag_dc.split_tree(d, e, np, leaf)
+    pieces = tridiag_dc._leaves(tree.d, tree.e, list(tree.bounds), np)
+    w, Q = tridiag_dc._merge_pairwise(tree.bounds, pieces, tree.tears, np)
+    return w * tree.scale, Q
+
+
+# n, leaf: 2 to 17 leaves (odd leaf counts leave a block out at some level), a short last leaf
+# or none, a right half of one leaf (517 = 16 * 32 + 5) or of one full leaf and a short one
+@pytest.mark.parametrize("n,leaf", [(9, 4), (12, 4), (20, 4), (33, 4), (68, 4), (300, 32), (448, 32),
+                                    (517, 32), (131, 16), (250, 16), (129, 64)])
+def test_split_halves_and_top_merge_are_the_whole_tree_bitwise(n, leaf):
+    from hpccoll_eigensolver.tridiag_dc import merge_halves, solve_half, split_tree
+
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
+    e[rng.integers(0, n - 1, 3)] = 0.0   # some torn couplings are zero: rho = 0 merges
+    tree = split_tree(d, e, np, leaf)
+    leaves = len(tree.bounds) - 1
+    assert tree.top < leaves <= 2 * tree.top and tree.top & (tree.top - 1) == 0
+    (a0, a1), (b0, b1) = tree.half_rows(0), tree.half_rows(1)
+    assert (a0, a1, b1) == (0, b0, n) and a1 == tree.top * leaf
+    halves = [solve_half(tree, half, np) for half in (0, 1)]
+    assert halves[0][1].shape == (a1, a1) and halves[1][1].shape == (n - b0, n - b0)
+    w, Z = merge_halves(tree, *halves, np)
+    w_dc, Z_dc = eigh_tridiagonal_dc(d, e, leaf=leaf)
+    w_ref, Z_ref = _whole_tree(d, e, leaf)
+    msg = f"n={n} leaf={leaf} seed={seed}"
+    assert w.tobytes() == w_dc.tobytes() == w_ref.tobytes(), msg
+    assert Z.tobytes() == Z_dc.tobytes() == Z_ref.tobytes(), msg
+
+
+def test_split_tree_is_none_without_a_top_merge():
+    from hpccoll_eigensolver.tridiag_dc import split_tree
+
+    assert split_tree(np.ones(64), np.ones(63), np, 64) is None        # one leaf
+    assert split_tree(np.zeros(300), np.zeros(299), np, 32) is None    # T = 0
+    assert split_tree(np.zeros(0), np.zeros(0), np, 32) is None        # empty
+    assert split_tree(np.ones(65), np.ones(64), np, 64).top == 1
+    with pytest.raises(ValueError, match="e has 5 entries, d has 5"):
+        split_tree(np.ones(5), np.ones(5))

@@ -326,9 +326,10 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
-                   help="where rank 0 solves the tridiagonal eigenproblem: host LAPACK dstevd; gpu "
-                        "(cuSOLVER syevd of the dense tridiagonal; device arrays only); dc: "
-                        "hpccoll_eigensolver's divide and conquer on the arrays' device (tridiag_dc.py); "
+                   help="how the tridiagonal eigenproblem is solved: host: LAPACK dstevd on rank 0; gpu: "
+                        "cuSOLVER syevd of the dense tridiagonal on rank 0 (device arrays only); dc: "
+                        "hpccoll_eigensolver's divide and conquer on the arrays' device (tridiag_dc.py), "
+                        "its two halves on ranks 0 and 1, the top merge on every rank; "
                         "auto (default) = on GPUs dc from n=4096 (3.5x faster than gpu at n=8192 on H200, "
                         "bench/results/eigensolver), gpu below; host without GPUs")
 

@@ -3,9 +3,11 @@
 Layout: 1-D column block-cyclic (layout.BlockCyclic); a local block holds full columns.
 Steps and their collectives (P ranks, n columns, block nb):
 
-  potrf   blocked right-looking Cholesky B = L L^T: the owner factors each panel,
-          one Bcast of the panel per block column (n/nb Bcasts); every rank keeps the
-          panels, so L ends up replicated; trailing updates are local GEMMs.
+  potrf   Cholesky B = L L^T, L replicated: one Allgather of B, then every rank factors
+          all of it with one library potrf (same bits in, same deterministic routine: the
+          same L; a digest of L checks it).  HPCCOLL_EIG_POTRF=panels: blocked right-looking,
+          the owner factors each panel, one Bcast per block column (n/nb Bcasts), trailing
+          updates as local GEMMs.
   sygst   C = L^-1 A L^-T = L^-1 (L^-1 A)^T (A symmetric): a local trsm on owned
           columns, one Allgather (the transpose), a second local trsm.
   sytrd   Householder tridiagonalization, LAPACK latrd style with panels V, W replicated:
@@ -15,16 +17,26 @@ Steps and their collectives (P ranks, n columns, block nb):
           replicated, so nothing else needs reducing. Trailing updates: local GEMMs.
           On the GPU the column step is device kernels with the column index in device
           memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
-  stedc   tridiagonal divide and conquer (LAPACK dstevd; or cuSOLVER syevd of the dense
-          tridiagonal with stedc="gpu") on rank 0, one Bcast of [w, Z]:
-          every rank gets the same bits without relying on identical LAPACK runs.
+  stedc   tridiagonal eigensolver.  stedc="host" (LAPACK dstevd) or "gpu" (cuSOLVER syevd
+          of the dense tridiagonal): on rank 0, one Bcast of [w, Z], so every rank gets the
+          same bits without relying on identical LAPACK runs.  stedc="dc" (tridiag_dc.py)
+          on >= 2 ranks: rank 0 solves the divide-and-conquer tree's left half, rank 1 its
+          right half, two Bcasts of [w, Q] of a half, and every rank runs the top merge
+          (deterministic; a digest of w and Z checks that the ranks agree, else rank 0's
+          [w, Z] is Bcast).
   ormtr   back-transformation Q Z with compact-WY blocks (larft), local GEMMs.
   trsm    X = L^-T (Q Z), local trsm with the replicated L.
 
 Scalars stay in arrays (no per-column host sync); on GPU the only host syncs are the
-phase boundaries, the positive-definiteness check after potrf and (if the counting proxy
-is asked to) one around each collective."""
+phase boundaries, the positive-definiteness check after potrf, the digests that check that
+redundantly computed results agree across ranks (each a host allgather of 32 bytes through
+the MPI communicator underneath) and (if the counting proxy is asked to) one around each
+collective."""
 from __future__ import annotations
+
+import hashlib
+import os
+import warnings
 
 import numpy as np
 
@@ -47,8 +59,9 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
 
     Returns (w, X_local); X_local is None when eigvecs=False. A_local and B_local are not
     modified. `comm` is an hpccoll Communicator (or anything with its buffer methods).
-    stedc: where rank 0 solves the tridiagonal problem, "host" (LAPACK) or "gpu" (cuSOLVER);
-    "auto": gpu for device arrays, else host."""
+    stedc: the tridiagonal solver, "host" (LAPACK on rank 0), "gpu" (cuSOLVER on rank 0) or "dc"
+    (tridiag_dc, its halves on ranks 0 and 1); "auto": for device arrays dc from DC_MIN_N rows
+    (with eigenvectors) and gpu below, else host.  potrf: see potrf_variant."""
     xp = get_xp(A_local, B_local)
     rank, size = comm.Get_rank(), comm.Get_size()
     if desc.m != desc.n:
@@ -85,8 +98,55 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
 
 
 # -- potrf ---------------------------------------------------------------------------
+POTRF_ENV = "HPCCOLL_EIG_POTRF"
+POTRF_VARIANTS = ("replicated", "panels")
+
+
+def potrf_variant() -> str:
+    """How potrf factors B: "replicated" (the default: one Allgather of B, then every rank
+    factors all of it) or "panels" (the blocked algorithm, one Bcast per panel): $HPCCOLL_EIG_POTRF."""
+    want = os.environ.get(POTRF_ENV, POTRF_VARIANTS[0])
+    if want not in POTRF_VARIANTS:
+        raise ValueError(f"{POTRF_ENV}={want!r}: use {' or '.join(POTRF_VARIANTS)}")
+    return want
+
+
 def _potrf(B, desc: BlockCyclic, comm, xp):
-    """Replicated lower Cholesky factor L (n x n, F order) of the distributed B (overwritten)."""
+    """Replicated lower Cholesky factor L (n x n, F order) of the distributed B (which the panel
+    variant overwrites)."""
+    if potrf_variant() == "panels":
+        L = _potrf_panels(B, desc, comm, xp)
+    else:
+        L = _potrf_replicated(B, desc, comm, xp)
+    # One host sync; L is replicated so all ranks agree.  A failed potrf leaves a diagonal
+    # entry <= 0 (cuSOLVER/LAPACK store the offending pivot) or NaN (numpy path): both fail here.
+    dg = L.diagonal()
+    if not bool(((dg > 0) & xp.isfinite(dg)).all()):
+        raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
+    return L
+
+
+def _potrf_replicated(B, desc: BlockCyclic, comm, xp):
+    """L from all of B on every rank: one Allgather, then one library potrf per rank.
+
+    Why: L ends up replicated anyway, and one cuSOLVER potrf of the whole matrix (a few ms at
+    n = 8192 on an H200) beats n/nb panel steps, each a host sync, a trsm, a Bcast and a GEMM
+    (65-80 ms on 2 x H200).  Every rank factors the same bits with the same deterministic
+    routine, so the factors agree; a digest of L's diagonal and last row (which depends on
+    every pivot) checks that they do."""
+    L = xp.asfortranarray(potrf(xp, gather(B, desc, comm)))
+    digests = _digests(comm, xp, L.diagonal(), L[-1:])
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            "sygvd: the ranks' Cholesky factors of the same B differ (SHA-256 of diag(L) and "
+            f"L's last row per rank: {', '.join(d[:12] for d in digests)}): their LAPACK/cuSOLVER "
+            f"builds or devices compute differently; use {POTRF_ENV}=panels (each panel factored once)")
+    return L
+
+
+def _potrf_panels(B, desc: BlockCyclic, comm, xp):
+    """L by blocked right-looking Cholesky: the owner factors each panel and Bcasts it, every rank
+    keeps the panels and updates its own trailing columns."""
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     cols = desc.local_cols(rank)
     cols_x = xp.asarray(cols)
@@ -110,12 +170,25 @@ def _potrf(B, desc: BlockCyclic, comm, xp):
         if lt < cols.size:
             L21 = Lp[wdt:]
             B[k1:, lt:] -= L21 @ L21[cols_x[lt:] - k1].T
-    # One host sync; L is replicated so all ranks agree.  A failed potrf leaves a diagonal
-    # entry <= 0 (cuSOLVER/LAPACK store the offending pivot) or NaN (numpy path): both fail here.
-    dg = L.diagonal()
-    if not bool(((dg > 0) & xp.isfinite(dg)).all()):
-        raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
     return L
+
+
+def _digests(comm, xp, *arrays) -> list[str]:
+    """Every rank's SHA-256 of the bits of `arrays` (one small copy to the host), rank by rank.
+
+    Through the MPI communicator under comm when it has one (a host allgather of 32 bytes, not
+    one of the solver's counted collectives), else one Allgather of the digest through comm."""
+    if comm.Get_size() == 1:
+        return []
+    host = to_host(xp.concatenate([a.ravel() for a in arrays]))
+    digest = hashlib.sha256(np.ascontiguousarray(host).tobytes()).digest()
+    mpi_comm = getattr(comm, "mpi_comm", None)
+    if mpi_comm is not None:
+        return [d.hex() for d in mpi_comm.allgather(digest)]
+    # 32 bytes as 4 doubles: an Allgather moves the bits and computes nothing
+    recv = xp.empty((comm.Get_size(), 4), dtype=xp.float64)
+    comm.Allgather(xp.asarray(np.frombuffer(digest, dtype=np.float64)), recv)
+    return [to_host(row).tobytes().hex() for row in recv]
 
 
 # -- sygst ---------------------------------------------------------------------------
@@ -227,53 +300,116 @@ def _sytrd_ops(C, desc: BlockCyclic, comm, xp):
 # -- stedc -----------------------------------------------------------------------------
 DC_MIN_N = 4096   # stedc="auto" on GPUs: tridiag_dc from this n on (measured there), syevd below
 def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"):
-    """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T: solved on rank 0, one Bcast.
+    """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T.
 
     where="host": LAPACK dstevd (divide and conquer) through scipy; "gpu" (device arrays only):
     cupy.linalg.eigh (cuSOLVER syevd) of the dense tridiagonal on rank 0's GPU; "dc": this
     package's divide and conquer (tridiag_dc.py) on the arrays' device (GEMMs and elementwise
-    work instead of a dense solve).  Either way the other ranks get rank 0's bits through the
-    Bcast."""
-    n, rank = desc.n, comm.Get_rank()
-    nz = n * n if eigvecs else 0
+    work instead of a dense solve).  "host" and "gpu" solve on rank 0 and Bcast [w, Z]; so does
+    "dc" without eigenvectors, on one rank, or when T is one leaf.  Otherwise "dc" splits the
+    tree's top merge over the ranks (_stedc_split)."""
     if where not in ("auto", "host", "gpu", "dc"):
         raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host', 'gpu' or 'dc'")
+    n, rank = desc.n, comm.Get_rank()
     if where == "auto":  # dc on GPUs from DC_MIN_N rows: 2xH200 (f47ea81), stedc at n=4096
         # 0.073 s vs the dense syevd's 0.112, at 8192 0.157 vs 0.552
         where = ("dc" if n >= DC_MIN_N and eigvecs else "gpu") if is_device(xp) else "host"
-    on_gpu = where == "gpu" and is_device(xp) and n > 1
-    if rank != 0:
-        buf = xp.empty(n + nz, dtype=xp.float64)
-    elif (where == "dc" or on_gpu) and n > 1:
-        if where == "dc":
-            from .tridiag_dc import eigh_tridiagonal_dc
+    if where == "dc" and eigvecs and comm.Get_size() >= 2:
+        from .tridiag_dc import split_tree
 
-            w, Z = eigh_tridiagonal_dc(d, e, xp)
-        elif eigvecs:
-            w, Z = xp.linalg.eigh(tridiagonal_matrix(xp, d, e))
-        else:
-            w = xp.linalg.eigvalsh(tridiagonal_matrix(xp, d, e))
-        buf = xp.empty(n + nz, dtype=xp.float64)
-        buf[:n] = w
-        if eigvecs:
-            buf[n:].reshape((n, n), order="F")[...] = Z
+        tree = split_tree(d, e, xp)   # d, e are replicated: every rank decides the same
+        if tree is not None:
+            return _stedc_split(tree, desc, comm, xp)
+    if rank == 0:
+        buf = xp.asarray(_pack_eigenpairs(*_solve_tridiagonal(d, e, xp, eigvecs, where)))
     else:
-        host = np.empty(n + nz, dtype=np.float64)
-        if eigvecs:
-            w, Z = tridiagonal_eigh(to_host(d), to_host(e))
-            host[n:] = Z.ravel(order="F")
-        else:
-            from scipy.linalg import eigh_tridiagonal
-
-            w = eigh_tridiagonal(to_host(d), to_host(e), eigvals_only=True) if n > 1 else to_host(d)
-        host[:n] = w
-        buf = xp.asarray(host)
+        buf = xp.empty(n + (n * n if eigvecs else 0), dtype=xp.float64)
     comm.Bcast(buf, root=0)
-    w = buf[:n].copy()
+    return _owned_eigenpairs(buf, desc, rank, xp, eigvecs)
+
+
+def _solve_tridiagonal(d, e, xp, eigvecs: bool, where: str):
+    """(w, Z or None) of T = (d, e) on this rank alone: where = "dc", "gpu" or "host"."""
+    n = d.shape[0]
+    if where == "dc" and n > 1:
+        from .tridiag_dc import eigh_tridiagonal_dc
+
+        w, Z = eigh_tridiagonal_dc(d, e, xp)
+        return w, (Z if eigvecs else None)
+    if where == "gpu" and is_device(xp) and n > 1:
+        if eigvecs:
+            return xp.linalg.eigh(tridiagonal_matrix(xp, d, e))
+        return xp.linalg.eigvalsh(tridiagonal_matrix(xp, d, e)), None
+    if eigvecs:
+        return tridiagonal_eigh(to_host(d), to_host(e))
+    from scipy.linalg import eigh_tridiagonal
+
+    return (eigh_tridiagonal(to_host(d), to_host(e), eigvals_only=True) if n > 1 else to_host(d)), None
+
+
+def _stedc_split(tree, desc: BlockCyclic, comm, xp):
+    """stedc="dc" on >= 2 ranks: rank 0 solves the tree's left half, rank 1 its right half (at
+    the same time), each Bcasts its (w, Q), then every rank runs the top merge on the same bits
+    and keeps its columns.  Against one rank solving all and Bcasting [w, Z]: the halves'
+    solves overlap, and the two Bcasts carry about n^2 / 2 doubles instead of n^2.
+
+    The merge is deterministic (tridiag_dc: fixed-order reductions, no atomics), so the ranks
+    should agree; a digest of w and of Z's first and last rows checks it.  If they do not,
+    every rank takes rank 0's full [w, Z] by one more Bcast (the old path) and warns: the
+    result is never silently different across ranks."""
+    from .tridiag_dc import merge_halves, solve_half
+
+    rank = comm.Get_rank()
+    rows = [b - a for a, b in (tree.half_rows(half) for half in (0, 1))]
+    # rank h solves half h before either Bcast, so ranks 0 and 1 solve at the same time
+    bufs = [_pack_eigenpairs(*solve_half(tree, half, xp)) if half == rank
+            else xp.empty(m * (m + 1), dtype=xp.float64) for half, m in enumerate(rows)]
+    halves = []
+    for half, buf in enumerate(bufs):
+        comm.Bcast(buf, root=half)
+        halves.append(_unpack_eigenpairs(buf, rows[half]))
+    del bufs
+    w, Z = merge_halves(tree, *halves, xp)
+    del halves
+    digests = _digests(comm, xp, w, Z[0], Z[-1])
+    if len(set(digests)) > 1:
+        warnings.warn(f"sygvd: stedc's top merge gave different bits on the ranks (SHA-256 per rank: "
+                      f"{', '.join(d[:12] for d in digests)}); using rank 0's [w, Z], one more Bcast",
+                      RuntimeWarning, stacklevel=2)
+        buf = _pack_eigenpairs(w, Z)
+        del w, Z
+        comm.Bcast(buf, root=0)
+        return _owned_eigenpairs(buf, desc, rank, xp, True)
+    return w, _owned_columns(Z, desc, rank, xp)
+
+
+def _pack_eigenpairs(w, Z=None):
+    """[w, Z in F order] in one buffer of w's array module: what a Bcast of eigenpairs carries."""
+    xp = get_xp(w)
+    n = w.shape[0]
+    buf = xp.empty(n + (n * n if Z is not None else 0), dtype=xp.float64)
+    buf[:n] = w
+    if Z is not None:
+        buf[n:].reshape((n, n), order="F")[...] = Z
+    return buf
+
+
+def _unpack_eigenpairs(buf, n: int):
+    """(w, Z) views of a _pack_eigenpairs buffer with n eigenpairs."""
+    return buf[:n], buf[n:].reshape((n, n), order="F")
+
+
+def _owned_eigenpairs(buf, desc: BlockCyclic, rank: int, xp, eigvecs: bool):
+    """w (a copy) and rank's columns of Z (F order; None without eigvecs) from a packed buffer."""
     if not eigvecs:
-        return w, None
-    Z = buf[n:].reshape((n, n), order="F")
-    return w, xp.asfortranarray(Z[:, xp.asarray(desc.local_cols(rank))])
+        return buf[:desc.n].copy(), None
+    w, Z = _unpack_eigenpairs(buf, desc.n)
+    return w.copy(), _owned_columns(Z, desc, rank, xp)
+
+
+def _owned_columns(Z, desc: BlockCyclic, rank: int, xp):
+    """rank's columns of the replicated Z, F order."""
+    return xp.asfortranarray(Z[:, xp.asarray(desc.local_cols(rank))])
 
 
 # -- ormtr -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .layout import BlockCyclic
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
 GEMV_SPLITS = 8     # sytrd_gemv: at most this many column chunks per row tile
 SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
-SYMV_SPLITS = 32    # sytrd_symv: at most this many column chunks per row tile
+SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 
 
 def product_for() -> str:
@@ -73,29 +73,32 @@ class _Step:
         self.cols_h = cols
         self.cols = cp.asarray(cols, dtype=cp.int64)
         self.nloc = int(cols.size)
-        self.P = cp.zeros((n, 2 * nb), dtype=cp.float64, order="F")
+        self.P = cp.zeros((n, 2 * nb), dtype=cp.float64, order="F")   # [V | raw W] (sytrd_step.cu)
+        self.al = cp.zeros(nb, dtype=cp.float64)                       # W's correction per column
         self.bb = cp.zeros(n + 4, dtype=cp.float64)
         self.y = cp.zeros(2 * n, dtype=cp.float64)   # rows | columns (sytrd_step.cu)
         self.cv = cp.zeros(2 * n, dtype=cp.float64)
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
-        self.colbuf = cp.zeros(n, dtype=cp.float64)
-        self.wtmp = cp.zeros(n, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
         self.product = product_for()
         self.nt = (n + SY_R - 1) // SY_R
-        splits = SYMV_SPLITS if self.product == "lower" else GEMV_SPLITS
+        self.nch = max(1, -(-self.nloc // SY_C))            # symv: column chunks at most
+        splits = self.nch if self.product == "lower" else GEMV_SPLITS
         self.ypart = cp.zeros(splits * n, dtype=cp.float64)          # per-chunk row sums
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
-        self.ctick = cp.zeros(SYMV_SPLITS, dtype=cp.int64)           # symv: per-chunk tickets
+        self.ctick = cp.zeros(self.nch, dtype=cp.int64)              # symv: per-chunk tickets
         self.st = cp.zeros(5, dtype=cp.int64)
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
         mod = raw_module("sytrd_step.cu")
-        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "symv", "w")}
+        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "symv", "w", "wfix")}
         self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(splits)
+        # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is
+        # layout_glob / layout_first_after below, tested against desc.local_cols)
+        self.nloc64, self.np32, self.rank32 = np.int64(self.nloc), np.int32(desc.nprocs), np.int32(rank)
         self.gemv_grid = (self.nt if self.product == "lower" else self.g1) * splits + 2 * nb
 
     def begin_panel(self, p0: int) -> None:
@@ -110,21 +113,22 @@ class _Step:
         stage gives its cost inside the captured graph."""
         k, n = self.k, self.n64
         if self.rank == owner and "col" not in skip:
-            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.st, self.colbuf, self.part1, self.bb))
+            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb))
         if "bcast" not in skip:
             comm.Bcast(self.bb, root=owner)
+        layout = (self.nloc64, self.np32, self.rank32)
         if "gemv" not in skip and self.product == "lower":
-            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
-                                                self.st, self.bb, self.y, self.ypart, self.cpart, self.tick,
-                                                self.ctick, self.smax32, self.s, self.d, self.e, self.tau))
+            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
+                                                self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
+                                                self.d, self.e, self.tau))
         elif "gemv" not in skip:
-            k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, self.cols, np.int64(self.nloc), self.P, self.nb32,
-                                                self.st, self.bb, self.y, self.ypart, self.tick, self.smax32,
-                                                self.s, self.d, self.e, self.tau))
+            k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
+                                                self.y, self.ypart, self.tick, self.smax32, self.s, self.d,
+                                                self.e, self.tau))
         if "allreduce" not in skip:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
-            k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.st, self.bb, self.cv, self.s, self.wtmp,
+            k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
                                         self.part1))
 
     def end_panel(self, p0: int, p1: int, V) -> None:
@@ -132,6 +136,8 @@ class _Step:
         import cupy as cp
 
         nb, pw = self.nb, p1 - p0
+        self.k["wfix"]((min(1024, -(-self.n * pw // TPB)),), (TPB,), (self.n64, self.P, self.nb32, self.al,
+                                                                    np.int64(pw)))
         V[:, p0:p1] = self.P[:, :pw]
         lt = int(np.searchsorted(self.cols_h, p1))
         if lt < self.nloc:
@@ -244,7 +250,22 @@ def _collective_seconds(st: _Step, comm, stream, reps: int = 16) -> dict:
     return out
 
 
-# -- host twin -------------------------------------------------------------------------------
+# -- host twins -------------------------------------------------------------------------------
+def layout_glob(c: int, nb: int, nprocs: int, rank: int) -> int:
+    """Global index of rank's local column c: sytrd_step.cu's Layout::glob."""
+    return ((c // nb) * nprocs + rank) * nb + c % nb
+
+
+def layout_first_after(j: int, nb: int, nprocs: int, rank: int) -> int:
+    """Number of rank's local columns with global index <= j: sytrd_step.cu's Layout::firstAfter."""
+    J = j + 1
+    B = J // nb
+    count = ((B + nprocs - 1 - rank) // nprocs) * nb
+    if B % nprocs == rank:
+        count += J % nb
+    return count
+
+
 def sytrd_twin(C_locals, desc: BlockCyclic):
     """NumPy twin of the kernels' math for all ranks in one process (tests only): the column
     step with absolute row indexing and zero masks exactly as sytrd_step.cu computes it, so the

@@ -1,34 +1,69 @@
 // sytrd_step.cu - one column of the distributed Householder tridiagonalization (LAPACK latrd
 // style, 1-D column block-cyclic) as device kernels that read the column from device state,
 // so that the same launches (and the same captured CUDA graph) serve every column of a panel.
-// Driven by sytrd_device.py; the math is the host twin's there (sytrd_twin), step for step.
+// Driven by sytrd_device.py; the math is the host twin's there (sytrd_twin), step for step,
+// except that two scalings are applied where the values are read (below).
 //
-// Data (all float64 except st, cols, tick):
-//   C     local columns, n x nloc, column-major (ld n); global column of local c is cols[c]
-//   P     [V_p | W_p] of the panel, n x 2nb column-major: V column q at P + q n, W at P + (nb+q) n
-//   bb    broadcast buffer, n + 4: [d_j, tau_j, e_j, 0, v (n, absolute rows: 0 at rows <= j,
-//         1 at j+1)]; fixed size, so one captured Bcast serves every column
+// Data (all float64 except st, tick, ctick):
+//   C     local columns, n x nloc, column-major (ld n); local column c is global column
+//         glob(c) = ((c / nb) P + rank) nb + c % nb (1-D block cyclic, P ranks, block nb)
+//   P     [V_p | W_p] of the panel, n x 2nb column-major: V column q at P + q n, W column q
+//         at P + (nb+q) n, stored RAW: the true W column is Wraw + al[q] V (see wAt)
+//   al    W's correction per panel column, al[q] = -tau/2 (w . v) of LAPACK latrd
+//   bb    broadcast buffer, n + 4: [d_j, tau_j, e_j, scale, x (n, absolute rows)] where x is
+//         the owner's updated column j at rows >= j; the Householder vector is
+//         v = HVec(bb, j).at(i): 0 at rows <= j, 1 at row j+1, x[i] scale below.  Fixed size, so
+//         one captured Bcast serves every column
 //   y, cv C v partial products and their Allreduce sum, 2n each: rows in [0, n), column
 //         contributions of sytrd_symv (lower triangle) in [n, 2n) (zero with sytrd_gemv)
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
 //         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
 //         st[4] = block ticket of sytrd_w
-//   tick  per-row-tile tickets of sytrd_gemv's / sytrd_symv's column chunks, ctick per-chunk
-//         tickets of sytrd_symv's row tiles (zero at rest)
+//   tick  per-row-tile tickets of the product kernels, ctick per-column-chunk tickets of
+//         sytrd_symv (zero at rest)
 // Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv (or sytrd_gemv) | Allreduce(y, cv) |
 // sytrd_w.
 // sytrd_col and sytrd_w end in their grid's last block (a ticket), which does the step's
-// serial part (the Householder vector; W's correction and the advance of st): one graph node
-// each instead of two (the profile at 1e31d5d measured 14 and 25 us per column for the two
-// pairs at n = 8192, mostly launch gaps and 32-block grids whose threads looped over the
-// panel's 2k columns one load at a time).
+// serial part: dlarfg's scalars, and W's correction scalar plus the advance of st.  Neither
+// last block passes over the n rows any more: the scale of v and W's correction are applied
+// by the readers (HVec, wAt), with the same floating-point operations the last block used to
+// store (a single block's pass over 8192 rows cost a few us per kernel, every column).
 // Every reduction runs in a fixed order (warps of a row tile in index order, blocks' partials
-// by a fixed strided tree): the same inputs give the same bits on every rank and in every run,
+// in index order): the same inputs give the same bits on every rank and in every run,
 // whichever block finishes last.
 typedef long long i64;
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
 #define GEMV_TARGET 1024   // sytrd_gemv aims at this many busy blocks (132 SMs x 8 resident)
+
+// The layout: global index of local column c, and how many local columns have global index
+// <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
+// search over a column table was ~12 dependent L2 round trips at the start of every product.
+struct Layout {
+  int nb, nprocs, rank;
+  __device__ __forceinline__ i64 glob(i64 c) const { return ((c / nb) * nprocs + rank) * nb + c % nb; }
+  __device__ __forceinline__ i64 firstAfter(i64 j) const {
+    const i64 J = j + 1, B = J / nb;
+    i64 cnt = ((B + nprocs - 1 - rank) / nprocs) * nb;
+    if (B % nprocs == rank) cnt += J % nb;
+    return cnt;
+  }
+};
+
+// The Householder vector of column j in bb (layout above): at(i) = 0 at rows <= j, 1 at row
+// j + 1, x[i] scale below (the product the owner's last block used to store).
+struct HVec {
+  const double* x;
+  double scale;
+  i64 j;
+  __device__ __forceinline__ HVec(const double* bb, i64 j_) : x(bb + 4), scale(bb[3]), j(j_) {}
+  __device__ __forceinline__ double at(i64 i) const { return i <= j ? 0.0 : (i == j + 1 ? 1.0 : x[i] * scale); }
+};
+
+// True W element (r, q) of the panel: Wraw + al[q] V, one fma (the stored form's rounding).
+__device__ __forceinline__ double wAt(const double* P, i64 n, int nb, const double* al, i64 r, i64 q) {
+  return fma(al[q], P[r + q * n], P[r + (nb + q) * n]);
+}
 
 __device__ __forceinline__ double blockSum(double x, double* sh) {
   sh[threadIdx.x] = x;
@@ -57,32 +92,21 @@ __device__ __forceinline__ double sumParts(const double* part, int nparts, doubl
   return blockSum(s, sh);
 }
 
-// sum over i in [i0, n) of x[i] y[i], this thread's share (i = i0 + threadIdx.x + m blockDim)
-// with 8 independent partial sums, added in a fixed order: the loads of 8 iterations are in
-// flight together (one running sum made each load wait for the previous add: ~32 L2 round
-// trips at n = 8192, about 10 us of the product kernels' fixed cost)
-__device__ __forceinline__ double columnDot(const double* x, const double* y, i64 i0, i64 n) {
+// sum over i in [j + 1, n) of x[i] v[i], this thread's share (i = v.j + 1 +
+// threadIdx.x + m blockDim) with 8 independent partial sums, added in a fixed order: the
+// loads of 8 iterations are in flight together (one running sum made each load wait for the
+// previous add: ~32 L2 round trips at n = 8192).
+__device__ __forceinline__ double dotV(const double* x, const HVec& v, i64 n) {
   double p[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
   const i64 step = blockDim.x;
-  for (i64 b = i0 + threadIdx.x; b < n; b += 8 * step) {
+  for (i64 b = v.j + 1 + threadIdx.x; b < n; b += 8 * step) {
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const i64 i = b + u * step;
-      if (i < n) p[u] += x[i] * y[i];
+      if (i < n) p[u] += x[i] * v.at(i);
     }
   }
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-}
-
-// This warp's share of the delayed update of row r, (V W^T + W V^T)[r, j] with a = V[j, :],
-// b = W[j, :] (read with a stride): the panel's columns q = warp, warp + NW, ... < k.  The
-// warps' shares are added in warp order by tileSum.
-__device__ __forceinline__ double panelCorrPart(const double* P, i64 n, int nb, i64 k, i64 r,
-                                                const double* a, const double* b, i64 stride) {
-  double c = 0.0;
-#pragma unroll 4
-  for (i64 q = threadIdx.x >> 5; q < k; q += NW) c += P[r + q * n] * b[q * stride] + P[r + (nb + q) * n] * a[q * stride];
-  return c;
 }
 
 // Warp 0, lane l gets the sum over warps (in order) of x at lane l.
@@ -112,32 +136,22 @@ __device__ __forceinline__ bool lastBlock(i64* ticket, unsigned int blocks) {
   return last;
 }
 
-// Sum of `count` values base[0], base[stride], ... in index order, 8 loads in flight.
+// Sum of `count` values base[0], base[stride], ... in index order, 16 loads in flight.
 __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
   double t = 0.0;
-  for (i64 q0 = 0; q0 < count; q0 += 8) {
-    double x[8];
+  for (i64 q0 = 0; q0 < count; q0 += 16) {
+    double x[16];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
+    for (int u = 0; u < 16; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
+    for (int u = 0; u < 16; ++u)
       if (q0 + u < count) t += x[u];
   }
   return t;
 }
 
-// The first local column whose global index is > j (cols ascend).
-__device__ __forceinline__ i64 firstAfter(const i64* cols, i64 nloc, i64 j) {
-  i64 lo = 0, hi = nloc;
-  while (lo < hi) {
-    const i64 mid = (lo + hi) >> 1;
-    if (cols[mid] <= j) lo = mid + 1; else hi = mid;
-  }
-  return lo;
-}
-
-// Column chunks per row tile of the product kernels: about `target` busy blocks over `tiles`
-// tiles, at least `minCols` of the m trailing local columns per chunk, 1..smax.
+// Column chunks per row tile of sytrd_gemv: about `target` busy blocks over `tiles` tiles, at
+// least `minCols` of the m trailing local columns per chunk, 1..smax.
 __device__ __forceinline__ i64 chunksFor(i64 target, i64 tiles, i64 m, i64 minCols, int smax) {
   const i64 S = min(target / tiles, (m + minCols - 1) / minCols);
   return max((i64)1, min(S, (i64)smax));
@@ -152,12 +166,12 @@ __device__ __forceinline__ void storeScalars(const double* bb, i64 j, i64 n, dou
   }
 }
 
-// The product kernels' last 2nb blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, W
-// column q - nb), 0 for the panel's columns not yet used.
-__device__ __forceinline__ void panelDot(const double* P, i64 n, int nb, i64 j, i64 k, const double* v,
-                                         double* s, i64 q, double* sh) {
+// The product kernels' last 2nb blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, RAW W
+// column q - nb: sytrd_w adds al[q] times the V dot), 0 for the panel's columns not yet used.
+__device__ __forceinline__ void panelDot(const double* P, i64 n, int nb, i64 k, const HVec& v, double* s, i64 q,
+                                         double* sh) {
   const bool used = q < nb ? q < k : q - nb < k;
-  const double acc = blockSum(used ? columnDot(P + q * n, v, j + 1, n) : 0.0, sh);
+  const double acc = blockSum(used ? dotV(P + q * n, v, n) : 0.0, sh);
   if (threadIdx.x == 0) s[q] = acc;
 }
 
@@ -170,23 +184,30 @@ extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
   st[4] = 0;
 }
 
-// Owner, grid of (n + 31) / 32 row tiles: colbuf[r] = C[r, j] - (V W^T + W V^T)[r, j] for
-// r >= j, and each tile's sum of colbuf[r]^2 over r >= j + 2 (the Householder tail's squared
-// norm); the last block then does LAPACK dlarfg on colbuf[j+1:] and packs bb (layout above).
+// Owner, grid of (n + 31) / 32 row tiles: x[r] = C[r, j] - (V W^T + W V^T)[r, j] for r >= j
+// into bb (the panel's first k columns; a warp takes every NW-th, added in warp order), and
+// each tile's sum of x[r]^2 over r >= j + 2 (the Householder tail's squared norm); the last
+// block then does LAPACK dlarfg's scalars and stores them in bb[0..4).
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
-                                                            i64* st, double* colbuf, double* part, double* bb) {
+                                                            const double* al, i64* st, double* part,
+                                                            double* bb) {
   __shared__ double sh[TPB];
-  __shared__ double scaleSh;
   const i64 j = st[0], k = st[1], lj = st[2];
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r >= j && r < n;
-  const double corr = tileSum(row ? panelCorrPart(P, n, nb, k, r, P + j, P + j + nb * n, n) : 0.0, sh);
+  double c = 0.0;
+  if (row) {
+#pragma unroll 4
+    for (i64 q = threadIdx.x >> 5; q < k; q += NW)
+      c += P[r + q * n] * wAt(P, n, nb, al, j, q) + wAt(P, n, nb, al, r, q) * P[j + q * n];
+  }
+  const double corr = tileSum(c, sh);
   if (threadIdx.x < 32) {
     double x = 0.0;
     if (row) {
       x = C[r + lj * n] - corr;
-      colbuf[r] = x;
+      bb[4 + r] = x;
     }
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
@@ -196,59 +217,41 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
   if (threadIdx.x == 0) {
     double tau = 0.0, beta = 0.0, scale = 0.0;
     if (j + 1 < n) {
-      const double alpha = __ldcg(colbuf + j + 1);
+      const double alpha = __ldcg(bb + 4 + j + 1);
       const double xnorm = sqrt(xn2);
       const bool flat = xnorm == 0.0;
       beta = flat ? alpha : -copysign(hypot(alpha, xnorm), alpha);
       tau = flat ? 0.0 : (beta - alpha) / beta;
       scale = flat ? 0.0 : 1.0 / (alpha - beta);
     }
-    bb[0] = __ldcg(colbuf + j);
+    bb[0] = __ldcg(bb + 4 + j);
     bb[1] = tau;
     bb[2] = beta;
-    bb[3] = 0.0;
-    scaleSh = scale;
-  }
-  __syncthreads();
-  const double scale = scaleSh;
-  // 8 loads in flight per thread before their stores (a load after a store to a possibly
-  // aliasing pointer would wait for it: one L2 round trip per element, ~5 us at n = 8192)
-  for (i64 i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {
-    double x[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const i64 i = i0 + u * blockDim.x;
-      x[u] = i < n ? __ldcg(colbuf + i) : 0.0;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const i64 i = i0 + u * blockDim.x;
-      if (i < n) bb[4 + i] = i <= j ? 0.0 : (i == j + 1 ? 1.0 : x[u] * scale);
-    }
+    bb[3] = scale;
   }
 }
 
 // Every rank, after the Bcast.  y = C_local v over the local columns > j, at rows >= j (0 at
 // row j; rows below were zeroed by earlier columns).  Blocks [0, nblk - 2nb) take row tiles
 // of 32 rows from row tile j / 32 on, each tile's local columns split into S chunks so that
-// about GEMV_TARGET blocks are busy whatever j is (a shrinking trailing matrix kept only a
-// few SMs busy: 1.5 TB/s at j = n/2 with one block per tile); a warp reads 256 contiguous
-// bytes of a column per load.  With S > 1 each chunk writes its partial rows to ypart and the
-// tile's last chunk (a ticket per tile) adds them in chunk order.  The rest of those blocks
-// exit at once.  Split-0 blocks also store v as P's V column k; block 0 stores d_j, tau_j,
-// e_j.  Blocks [nblk - 2nb, nblk): one s[q] = P[:, q] . v each over the panel's used columns.
+// about GEMV_TARGET blocks are busy whatever j is; a warp reads 256 contiguous bytes of a
+// column per load.  With S > 1 each chunk writes its partial rows to ypart and the tile's last
+// chunk (a ticket per tile) adds them in chunk order.  The rest of those blocks exit at once.
+// Split-0 blocks also store v as P's V column k; block 0 stores d_j, tau_j, e_j.  Blocks
+// [nblk - 2nb, nblk): one s[q] = P[:, q] . v each over the panel's used columns.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
-    const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
+    const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, i64* tick, int smax, double* s, double* d, double* e,
     double* tau) {
   __shared__ double sh[TPB];
+  const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const double* v = bb + 4;
+  const HVec v(bb, j);
   const i64 RT = (n + 31) / 32;
   const i64 gemvBlocks = (i64)gridDim.x - 2 * nb;
   if (blockIdx.x < gemvBlocks) {
     const i64 t0 = j / 32, tiles = RT - t0;
-    const i64 lo = firstAfter(cols, nloc, j), m = nloc - lo;
+    const i64 lo = L.firstAfter(j), m = nloc - lo;
     const i64 S = chunksFor(GEMV_TARGET, tiles, m, 4 * NW, smax);  // one unrolled pass of 4 columns per warp
     const i64 b = blockIdx.x;
     if (b >= tiles * S) return;
@@ -260,10 +263,10 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     double acc = 0.0;
     if (r > j && r < n) {
 #pragma unroll 4
-      for (i64 c = c0 + (threadIdx.x >> 5); c < c1; c += NW) acc += C[r + c * n] * v[cols[c]];
+      for (i64 c = c0 + (threadIdx.x >> 5); c < c1; c += NW) acc += C[r + c * n] * v.at(L.glob(c));
     }
     const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
-    if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v[r];
+    if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v.at(r);
     if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
     if (S == 1) {
       if (threadIdx.x < 32 && r < n) y[r] = sum;
@@ -273,147 +276,185 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     if (lastBlock(tick + tile, S) && threadIdx.x < 32 && r < n) y[r] = orderedSum(ypart + r, S, n);
     return;
   }
-  panelDot(P, n, nb, j, k, v, s, blockIdx.x - gemvBlocks, sh);
+  panelDot(P, n, nb, k, v, s, blockIdx.x - gemvBlocks, sh);
 }
 
 // Every rank, after the Bcast: the same product as sytrd_gemv from the LOWER triangle of the
 // local columns only (C is symmetric; the trailing updates keep rows >= the column current),
 // which halves the bytes read - the phase's memory traffic.  Element (i, g) with i > g of
-// local column c (global g = cols[c] > j) adds C[i, g] v[g] to row i and C[i, g] v[i] to
-// column g; the diagonal adds C[g, g] v[g] once.  Rows go to y[:n], columns to y[n:] (by
-// global index), and the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
-// Blocks [0, nblk - 2nb): tiles of SY_R rows (8 per lane: a warp reads 2 KiB of a column per
-// step) from row tile j / SY_R on, times S chunks of the trailing local columns (S chosen so
-// about SY_TARGET blocks work).  A warp takes every NW-th column of its chunk up to the tile's
-// last row (the triangle) and writes the column's sum over the tile's rows to cpart; the
-// block writes its row sums to ypart (or y when S = 1).  The last chunk of a tile (ticket
-// tick[tile]) adds its rows' S partials in chunk order; the last tile of a chunk (ticket
-// ctick[chunk]) adds its columns' partials in tile order.  Blocks [nblk - 2nb, nblk): s[q]
-// as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
+// local column c (global g > j) adds C[i, g] v[g] to row i and C[i, g] v[i] to column g; the
+// diagonal adds C[g, g] v[g] once.  Rows go to y[:n], columns to y[n:] (by global index), and
+// the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
+//
+// Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
+// a chunk of SY_C trailing local columns, enumerated tile-fastest over the trailing tiles and
+// chunks (blocks past them exit at once; so do units wholly above the diagonal).  Every busy
+// unit reads at most SY_R x SY_C x 8 = 128 KiB, so about a thousand units share the SMs
+// evenly at the start of a run (the previous split, S chunks of the whole trailing width per
+// tile, gave a few hundred units of up to 512 KiB and reached 1.6-1.9 TB/s).  A warp takes
+// the chunk's columns warp, warp + NW, ... SY_G at a time (24 loads per lane in flight), up to
+// the tile's last row (the triangle), and writes each column's sum over the tile's rows to
+// cpart; the unit writes its row sums to ypart.  The last unit of a tile (ticket tick[tile],
+// over the tile's busy chunks) adds its rows' partials in chunk order; the last unit of a chunk
+// (ticket ctick[chunk], over the chunk's busy tiles) adds each column's partials in tile
+// order.  Unit (tile, chunk 0) also stores the tile's rows of v as P's V column k, and zeroes
+// its rows of y where no chunk reaches the tile.  Blocks [nblk - 2nb, nblk): s[q] as in
+// sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
 #define SY_R 256
 #define SY_U (SY_R / 32)
-#define SY_TARGET 512
+#define SY_C 64            // local columns per chunk
+#define SY_G 3             // columns per warp in flight (4 spilled registers at 2 blocks per SM)
+static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_symv(
-    const double* C, i64 n, const i64* cols, i64 nloc, double* P, int nb, const i64* st,
-    const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, int smax,
-    double* s, double* d, double* e, double* tau) {
+extern "C" __global__ void __launch_bounds__(TPB, 2) sytrd_symv(
+    const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
+    const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
+    double* d, double* e, double* tau) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
+  __shared__ double vrSh[SY_R];
+  __shared__ bool lastSh[2];
+  const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const double* v = bb + 4;
+  const HVec v(bb, j);
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
-  if (blockIdx.x < symvBlocks) {
-    const i64 t0 = j / SY_R, tiles = NT - t0;
-    const i64 lo = firstAfter(cols, nloc, j), m = nloc - lo;
-    const i64 S = chunksFor(SY_TARGET, tiles, m, 2 * NW, smax);  // at least two columns per warp
-    const i64 b = blockIdx.x;
-    if (b >= tiles * S) return;
-    const i64 a = t0 + b / S, sp = b % S;
-    const i64 chunk = (m + S - 1) / S;
-    const i64 c0 = lo + sp * chunk, c1 = min(nloc, c0 + chunk);
-    const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double racc[SY_U], vr[SY_U];
-#pragma unroll
-    for (int u = 0; u < SY_U; ++u) {
-      const i64 i = rbase + lane + 32 * u;
-      racc[u] = 0.0;
-      vr[u] = i < n ? v[i] : 0.0;
+  if (blockIdx.x >= symvBlocks) {
+    panelDot(P, n, nb, k, v, s, blockIdx.x - symvBlocks, sh);
+    return;
+  }
+  const i64 t0 = j / SY_R, tiles = NT - t0;
+  const i64 lo = L.firstAfter(j), m = nloc - lo;
+  const i64 nch = max((i64)1, (m + SY_C - 1) / SY_C);
+  const i64 b = blockIdx.x;
+  if (b >= tiles * nch) return;
+  const i64 a = t0 + b % tiles, ch = b / tiles;
+  const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
+  const i64 c0 = lo + ch * SY_C, c1 = min(nloc, c0 + SY_C);
+  const i64 rowUnits = (L.firstAfter(tileEnd) - lo + SY_C - 1) / SY_C;  // chunks reaching this tile
+  const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
+  if (ch == 0) {
+    if (i < n) P[i + k * n] = v.at(i);
+    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
+    if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
+      if (i < n) y[i] = 0.0;
+      return;
     }
-#pragma unroll 2
-    for (i64 c = c0 + warp; c < c1; c += NW) {
-      const i64 g = cols[c];
-      if (g > tileEnd) break;  // columns ascend: this warp's next ones lie above the tile
-      const double vg = v[g];
-      const double* col = C + c * n;
-      double x[SY_U];
+  }
+  if (ch >= rowUnits) return;  // the unit lies above the diagonal
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double racc[SY_U];
+#pragma unroll
+  for (int u = 0; u < SY_U; ++u) racc[u] = 0.0;
+  vrSh[threadIdx.x] = i < n ? v.at(i) : 0.0;  // the tile's rows of v (shared: registers are short)
+  __syncthreads();
+  // Row offsets within the tile in 32 bits (lane + 32 u), one address per column: 64-bit row
+  // indices per element needed 170 registers, one block per SM.
+  const int rows = (int)min((i64)SY_R, n - rbase);
+  for (i64 cg = c0 + warp; cg < c1; cg += SY_G * NW) {
+    int gd[SY_G];  // column's diagonal offset in the tile (-1: the whole tile lies below it)
+    bool on[SY_G];
+    double vg[SY_G], x[SY_G][SY_U];
+#pragma unroll
+    for (int q = 0; q < SY_G; ++q) {
+      const i64 c = cg + q * NW, g = L.glob(c);
+      on[q] = c < c1 && g <= tileEnd;  // columns ascend: the rest lie above the tile
+      gd[q] = on[q] ? (int)max(g - rbase, (i64)-1) : SY_R;
+      vg[q] = on[q] ? v.at(g) : 0.0;
+      const double* col = C + c * n + rbase + lane;
 #pragma unroll
       for (int u = 0; u < SY_U; ++u) {
-        const i64 i = rbase + lane + 32 * u;
-        x[u] = i >= g && i < n ? col[i] : 0.0;
+        const int o = lane + 32 * u;
+        x[q][u] = o >= gd[q] && o < rows ? col[32 * u] : 0.0;
       }
+    }
+#pragma unroll
+    for (int q = 0; q < SY_G; ++q) {
       double cs = 0.0;
 #pragma unroll
       for (int u = 0; u < SY_U; ++u) {
-        const i64 i = rbase + lane + 32 * u;
-        racc[u] += x[u] * vg;
-        if (i > g) cs += x[u] * vr[u];
+        racc[u] += x[q][u] * vg[q];
+        if (lane + 32 * u > gd[q]) cs += x[q][u] * vrSh[lane + 32 * u];
       }
       cs = warpSum(cs);
-      if (lane == 0) cpart[a * nloc + c] = cs;
+      if (on[q] && lane == 0) cpart[a * nloc + cg + q * NW] = cs;
     }
-#pragma unroll
-    for (int u = 0; u < SY_U; ++u) rowsSh[warp][lane + 32 * u] = racc[u];
-    __syncthreads();
-    const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
-    double rsum = 0.0;
-    for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
-    if (sp == 0 && i < n) P[i + k * n] = v[i];
-    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
-    if (i < n) {
-      if (S == 1) y[i] = rsum; else ypart[sp * n + i] = rsum;
-    }
-    const bool lastRow = S > 1 && lastBlock(tick + a, S);  // S is the same in every block
-    const bool lastCol = lastBlock(ctick + sp, tiles);
-    if (lastRow && i < n) y[i] = orderedSum(ypart + i, S, n);
-    if (lastCol)
-      for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-        const i64 g = cols[c];
-        const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
-        y[n + g] = orderedSum(cpart + a0 * nloc + c, NT - a0, nloc);
-      }
-    return;
+    if (!on[SY_G - 1]) break;
   }
-  panelDot(P, n, nb, j, k, v, s, blockIdx.x - symvBlocks, sh);
+#pragma unroll
+  for (int u = 0; u < SY_U; ++u) rowsSh[warp][lane + 32 * u] = racc[u];
+  __syncthreads();
+  double rsum = 0.0;
+  for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
+  if (i < n) {
+    if (rowUnits == 1) y[i] = rsum; else ypart[ch * n + i] = rsum;
+  }
+  // The chunk's busy tiles are those from the one holding its first column's diagonal on.
+  const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {  // both tickets after one fence
+    lastSh[0] = rowUnits > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == rowUnits - 1;
+    lastSh[1] = colUnits > 1 && atomicAdd((unsigned long long*)(ctick + ch), 1ull) == colUnits - 1;
+    if (lastSh[0]) tick[a] = 0;
+    if (lastSh[1]) ctick[ch] = 0;
+  }
+  __syncthreads();
+  const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
+  if (lastRow || lastCol) __threadfence();
+  if (lastRow && i < n) y[i] = orderedSum(ypart + i, rowUnits, n);
+  if (lastCol)
+    for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+      const i64 g = L.glob(c);
+      const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
+      y[n + g] = orderedSum(cpart + a0 * nloc + c, NT - a0, nloc);
+    }
 }
 
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
-// (n + 31) / 32 row tiles: w = tau (C v - (V W^T +
-// W V^T) v) at rows > j (0 above) and each tile's sum of w . v; the last block then writes
-// W column k = w - (tau/2)(w . v) v (LAPACK latrd's correction) and advances st to the next
-// column (every block has read st before it took its ticket).
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, i64* st, const double* bb,
-                                                          const double* cv, const double* s, double* wtmp,
+// (n + 31) / 32 row tiles: w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as
+// W's raw column k, and each tile's sum of w . v; the last block then stores W's correction
+// al[k] = -(tau/2)(w . v) (LAPACK latrd's w - (tau/2)(w . v) v, applied by wAt) and advances st
+// to the next column (every block has read st before it took its ticket).  (W^T v)[q] =
+// s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
+extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
+                                                          const double* bb, const double* cv, const double* s,
                                                           double* part) {
   __shared__ double sh[TPB];
-  __shared__ double alphaSh;
   const i64 j = st[0], k = st[1];
   const double t = bb[1];
-  const double* v = bb + 4;
+  const HVec v(bb, j);
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
-  const double corr = tileSum(row ? panelCorrPart(P, n, nb, k, r, s, s + nb, 1) : 0.0, sh);
+  double c = 0.0;
+  if (row) {
+#pragma unroll 4
+    for (i64 q = threadIdx.x >> 5; q < k; q += NW)
+      c += P[r + q * n] * fma(al[q], s[q], s[nb + q]) + wAt(P, n, nb, al, r, q) * s[q];
+  }
+  const double corr = tileSum(c, sh);
   if (threadIdx.x < 32) {
     const double w = row ? t * ((cv[r] + cv[n + r]) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
-    if (r < n) wtmp[r] = w;
-    const double dot = warpSum(r < n ? w * v[r] : 0.0);
+    if (r < n) P[r + (nb + k) * n] = w;
+    const double dot = warpSum(r < n ? w * v.at(r) : 0.0);
     if (lane == 0) part[blockIdx.x] = dot;
   }
   if (!lastBlock(st + 4, gridDim.x)) return;
   const double dot = sumParts(part, gridDim.x, sh);
-  if (threadIdx.x == 0) alphaSh = -0.5 * t * dot;
-  __syncthreads();
-  const double alpha = alphaSh;
-  for (i64 i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {  // loads first (see sytrd_col)
-    double x[8], vi[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const i64 i = i0 + u * blockDim.x;
-      x[u] = i < n ? __ldcg(wtmp + i) : 0.0;
-      vi[u] = i < n ? v[i] : 0.0;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const i64 i = i0 + u * blockDim.x;
-      if (i < n) P[i + (nb + k) * n] = i > j ? x[u] + alpha * vi[u] : 0.0;
-    }
-  }
   if (threadIdx.x == 0) {
+    al[k] = -0.5 * t * dot;
     st[0] = j + 1;
     st[1] = k + 1;
     st[2] += 1;
+  }
+}
+
+// After a panel's columns: W's columns q < width made true in place, W = Wraw + al[q] V (the
+// fma of wAt), for the trailing update's GEMM.  Grid over the n x width elements.
+extern "C" __global__ void sytrd_wfix(i64 n, double* P, int nb, const double* al, i64 width) {
+  for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < n * width; t += (i64)gridDim.x * blockDim.x) {
+    const i64 r = t % n, q = t / n;
+    P[r + (nb + q) * n] = wAt(P, n, nb, al, r, q);
   }
 }

@@ -16,12 +16,17 @@ The rank-one problem: deflation as LAPACK dlaed2 (tiny z components; nearly equa
 entries, joined by Givens rotations), the secular equation f(lam) = 1 + rho sum z_i^2/(d_i - lam)
 solved per root by bisection in coordinates relative to the nearer pole (so d_i - lam is
 formed without cancellation), and the eigenvectors from z recomputed from the roots
-(Gu-Eisenstat, as dlaed3), which keeps them numerically orthogonal."""
+(Gu-Eisenstat, as dlaed3), which keeps them numerically orthogonal.
+
+The tree can be cut at its top merge (split_tree -> DCTree; solve_half for each half;
+merge_halves): the distributed solver (solver._stedc) solves the halves on two ranks and the
+top merge on every rank, with the bits of eigh_tridiagonal_dc, which runs the same steps."""
 from __future__ import annotations
 
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,51 +71,73 @@ class _step:
 def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
     """(w ascending, Z) with T = Z diag(w) Z^T for the symmetric tridiagonal T = (d, e); float64.
 
-    d: (n,), e: (n-1,) arrays of module xp (numpy or cupy); results of the same module."""
-    d = xp.asarray(d, dtype=xp.float64)
-    e = xp.asarray(e, dtype=xp.float64)
+    d: (n,), e: (n-1,) arrays of module xp (numpy or cupy); results of the same module.
+    The tree's two halves and its top merge are split_tree / solve_half / merge_halves, which
+    the distributed solver runs on two ranks; this is the same three steps on one."""
+    d, e, scale = _checked_and_scale(d, e, xp)
     n = int(d.shape[0])
-    if e.shape[0] != max(n - 1, 0):
-        raise ValueError(f"eigh_tridiagonal_dc: e has {e.shape[0]} entries, d has {n}: need n - 1")
-    if n == 0:
-        return d.copy(), xp.zeros((0, 0))
-    # scale to |T| ~ 1 (as dstedc): the tolerances below are then absolute
-    scale = float(xp.max(xp.abs(d)))
-    if n > 1:
-        scale = max(scale, float(xp.max(xp.abs(e))))
-    if scale == 0.0:
+    if scale == 0.0:  # empty or zero T
         return xp.zeros(n), xp.eye(n)
-    if leaf is None:
-        leaf = LEAF if xp is np else LEAF_DEVICE
-    w, Z = _solve(d / scale, e / scale, xp, max(int(leaf), 2))
-    return w * scale, Z
+    leaf = _leaf_size(leaf, xp)
+    if n <= leaf:  # one leaf: no tree
+        w, Z = _dense(d / scale, e / scale, xp)
+        return w * scale, Z
+    tree = _tree(d, e, scale, leaf, xp)
+    return merge_halves(tree, solve_half(tree, 0, xp), solve_half(tree, 1, xp), xp)
 
 
-def _solve(d, e, xp, leaf):
-    n = int(d.shape[0])
-    if n <= leaf:
-        return _dense(d, e, xp)
-    # leaves first, batched: split at multiples of the leaf size
-    bounds = list(range(0, n, leaf)) + [n]
-    d = d.copy()
-    rhos, signs = [], []
-    for b in bounds[1:-1]:  # tear T at each boundary: T = blockdiag + rho v v^T
-        beta = float(e[b - 1])
-        rhos.append(abs(beta))
-        signs.append(1.0 if beta >= 0 else -1.0)
-    if len(bounds) > 2:
-        cut = xp.asarray(np.array(bounds[1:-1]))
-        rho_x = xp.asarray(np.array(rhos))
-        d[cut - 1] -= rho_x
-        d[cut] -= rho_x
+@dataclass(frozen=True)
+class DCTree:
+    """The divide-and-conquer tree of T = (d, e), as eigh_tridiagonal_dc walks it.
+
+    T is scaled to |T| ~ 1 (as dstedc: the tolerances of the merges are then absolute) and
+    torn at every leaf boundary b, T = blockdiag + rho v v^T with rho = |e[b-1]| subtracted
+    from the two diagonal entries it couples.  The leaves [bounds[i], bounds[i+1]) are solved
+    dense and merged pairwise, bottom-up, left to right; so the last merge joins the first
+    `top` leaves (the largest power of two below the leaf count: a perfect subtree) with the
+    rest, and either half, merged on its own by the same pairwise loop, is the very block that
+    loop would have built inside the whole tree (the left half's blocks come in even numbers
+    at every level, so the right half's pairs are the same pairs)."""
+
+    d: object                # scaled, torn diagonal (xp array)
+    e: object                # scaled off-diagonal (xp array)
+    bounds: tuple            # leaf boundaries, 0 = b_0 < ... < b_L = n
+    tears: dict              # boundary -> (rho, sign of e[b-1]) of the coupling torn there
+    top: int                 # leaves in the left half
+    scale: float             # |T|: eigenvalues come back multiplied by it
+
+    def half_rows(self, half: int) -> tuple[int, int]:
+        """Rows [a, b) of half 0 (left) or 1 (right)."""
+        split = self.bounds[self.top]
+        return (0, split) if half == 0 else (split, self.bounds[-1])
+
+
+def split_tree(d, e, xp=np, leaf: int | None = None) -> DCTree | None:
+    """The tree of T = (d, e) when it has a top merge to split, else None (n <= leaf, or T = 0:
+    solve with eigh_tridiagonal_dc).  Then merge_halves(tree, solve_half(tree, 0, xp),
+    solve_half(tree, 1, xp), xp) is eigh_tridiagonal_dc(d, e, xp, leaf), bit for bit."""
+    d, e, scale = _checked_and_scale(d, e, xp)
+    leaf = _leaf_size(leaf, xp)
+    if scale == 0.0 or int(d.shape[0]) <= leaf:
+        return None
+    return _tree(d, e, scale, leaf, xp)
+
+
+def solve_half(tree: DCTree, half: int, xp=np):
+    """(w, Q) of the scaled, torn block of half 0 (left) or 1 (right): its leaves, merged
+    pairwise bottom-up (eigenvalues ascending, still scaled)."""
+    a, b = tree.half_rows(half)
+    bounds = tree.bounds[:tree.top + 1] if half == 0 else tree.bounds[tree.top:]
     with _step("leaves", xp):
-        if xp is not np and LEAVES == "host":
-            pieces = _leaves_on_host(d, e, bounds, xp)
-        else:
-            pieces = _dense_batch(d, e, bounds, xp)  # (w, Q) per leaf, in order
-    # merge pairwise, bottom-up, keeping the tear of each boundary
-    blocks = [(bounds[i], bounds[i + 1], pieces[i][0], pieces[i][1]) for i in range(len(pieces))]
-    tears = {bounds[i + 1]: (rhos[i], signs[i]) for i in range(len(bounds) - 2)}
+        pieces = _leaves(tree.d[a:b], tree.e[a:b - 1], [x - a for x in bounds], xp)
+    return _merge_pairwise(bounds, pieces, tree.tears, xp)
+
+
+def _merge_pairwise(bounds, pieces, tears, xp):
+    """(w, Q) of the consecutive leaves [bounds[i], bounds[i+1]) with eigenpairs pieces[i],
+    merged pairwise, bottom-up, left to right (an odd block out waits for the next level),
+    each merge undoing the tear at the boundary between its two blocks."""
+    blocks = [(bounds[i], bounds[i + 1], w, Q) for i, (w, Q) in enumerate(pieces)]
     while len(blocks) > 1:
         merged = []
         for i in range(0, len(blocks) - 1, 2):
@@ -124,19 +151,76 @@ def _solve(d, e, xp, leaf):
     return blocks[0][2], blocks[0][3]
 
 
+def merge_halves(tree: DCTree, left, right, xp=np):
+    """(w ascending, Z) of T from the halves' (w, Q) (solve_half's): the tree's top merge, and
+    the eigenvalues scaled back."""
+    rho, s = tree.tears[tree.bounds[tree.top]]
+    w, Z = _merge(*left, *right, rho, s, xp)
+    return w * tree.scale, Z
+
+
+def _checked_and_scale(d, e, xp):
+    """d, e as float64 arrays of xp (e must have n - 1 entries) and |T| = max(|d|, |e|) (0.0 for n = 0)."""
+    d = xp.asarray(d, dtype=xp.float64)
+    e = xp.asarray(e, dtype=xp.float64)
+    n = int(d.shape[0])
+    if e.shape[0] != max(n - 1, 0):
+        raise ValueError(f"eigh_tridiagonal_dc: e has {e.shape[0]} entries, d has {n}: need n - 1")
+    if n == 0:
+        return d, e, 0.0
+    scale = float(xp.max(xp.abs(d)))
+    if n > 1:
+        scale = max(scale, float(xp.max(xp.abs(e))))
+    return d, e, scale
+
+
+def _leaf_size(leaf, xp) -> int:
+    if leaf is None:
+        leaf = LEAF if xp is np else LEAF_DEVICE
+    return max(int(leaf), 2)   # >= 2: no diagonal entry is torn twice
+
+
+def _tree(d, e, scale, leaf, xp) -> DCTree:
+    """T scaled by 1/scale and torn at the multiples of `leaf` (n > leaf)."""
+    n = int(d.shape[0])
+    d, e = d / scale, e / scale
+    bounds = tuple(range(0, n, leaf)) + (n,)
+    cuts = np.array(bounds[1:-1])
+    betas = _host(e[xp.asarray(cuts - 1)])          # one copy, not one per boundary
+    rhos = np.abs(betas)
+    tears = {int(b): (float(rho), 1.0 if beta >= 0 else -1.0) for b, rho, beta in zip(cuts, rhos, betas)}
+    cut, rho_x = xp.asarray(cuts), xp.asarray(rhos)
+    d[cut - 1] -= rho_x
+    d[cut] -= rho_x
+    leaves = len(bounds) - 1                         # >= 2
+    top = 1 << ((leaves - 1).bit_length() - 1)       # the largest power of two below `leaves`
+    return DCTree(d, e, bounds, tears, top, scale)
+
+
+def _leaves(d, e, bounds, xp):
+    """(w, Q) of every leaf [bounds[i], bounds[i+1]) of the torn (d, e), in order (bounds[0] = 0):
+    on the host, or on the GPU by cuSOLVER or (HPCCOLL_DC_LEAVES=host) by LAPACK."""
+    if xp is not np and LEAVES == "host":
+        return _leaves_on_host(d, e, bounds, xp)
+    return _dense_batch(d, e, bounds, xp)
+
+
 def _dense(d, e, xp):
     return xp.linalg.eigh(tridiagonal_matrix(xp, d, e))
 
 
 def _dense_batch(d, e, bounds, xp):
     """eigh of every leaf [bounds[i], bounds[i+1]) (d already torn); equal-size leaves in one
-    batched call."""
+    batched call.  Whether a leaf goes through the batched call depends on its size alone, never
+    on how many leaves come with it: a half of the tree (solve_half) then gets the same bits
+    for its leaves as the whole tree (NumPy's batched eigh is LAPACK per matrix; CuPy's is
+    syevjBatched, a different method from the syevd of one matrix)."""
     out = []
     sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
     m = sizes[0]                                  # every leaf but maybe the last has m rows
     nb = len(sizes) if sizes[-1] == m else len(sizes) - 1
     batched = xp is np or m <= 32   # CuPy batches eigh through syevjBatched (<= 32 rows)
-    if batched and nb > 1:
+    if batched:
         T = xp.zeros((nb, m, m))
         idx = xp.arange(m)
         T[:, idx, idx] = d[:nb * m].reshape(nb, m)
