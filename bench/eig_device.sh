@@ -28,7 +28,7 @@ mkdir -p "$WORK"
 T0=$SECONDS
 
 log() { echo "[eig $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
-# EIG_STEPS: the steps to run (default all): smoke n4096 n8192 n8192-dense n2048 p4
+# EIG_STEPS: the steps to run (default all but n16384): smoke n4096 n8192 n16384 n8192-dense n2048 p4
 want() { [[ " ${EIG_STEPS:-smoke n4096 n8192 n8192-dense n2048 p4} " == *" $1 "* ]]; }
 
 # step NAME ESTIMATE_S TIMEOUT_S CMD...: run CMD unless it would not fit the budget.
@@ -93,6 +93,15 @@ FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors n
 read -r -a ANCHORS <<< "${EIG_ANCHORS:---cusolvermp --single-gpu}"
 want n4096 && compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
 want n8192 && compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
+# 2a. 16384 (issue #5: 2 GPUs faster than one there too): the problem built on the GPU (the
+#     host's QRs would take minutes), sentinel and NCCL against the one-GPU path, repeat 2
+if want n16384; then
+    step "n16384 problem" 40 120 "$PY" bench/make_problem_gpu.py --n 16384 --out "$WORK/p16k" && \
+    compare "n16384 dc sentinel,nccl+single-gpu" 150 300 n16384 --n 16384 \
+        --problem "file:$WORK/p16k/A.npy,$WORK/p16k/B.npy" --comm sentinel,nccl --single-gpu \
+        --ranks 2 --repeat 2 --no-sync-collectives --no-reference --save-vectors no
+    rm -rf "$WORK/p16k"
+fi
 # 2b. the dense syevd of T on rank 0 (stedc=gpu), the previous default, beside dc
 want n8192-dense && compare "n8192 sentinel stedc=gpu" 60 150 n8192-dense --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
 # 3. n=2048, every path and both anchors, repeat 10, with the per-collective device sync

@@ -298,15 +298,28 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 // over the tile's busy chunks) adds its rows' partials in chunk order; the last unit of a chunk
 // (ticket ctick[chunk], over the chunk's busy tiles) adds each column's partials in tile
 // order.  Unit (tile, chunk 0) also stores the tile's rows of v as P's V column k, and zeroes
-// its rows of y where no chunk reaches the tile.  Blocks [nblk - 2nb, nblk): s[q] as in
-// sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
+// its rows of y where no chunk reaches the tile.  2nb blocks (the grid's first, SY_DOT_FIRST)
+// compute s[q] as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
 #define SY_R 256
 #define SY_U (SY_R / 32)
-#define SY_C 64            // local columns per chunk
-#define SY_G 3             // columns per warp in flight (4 spilled registers at 2 blocks per SM)
+// Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns
+// per warp in flight (4 spilled registers at 2 blocks per SM), and whether the 2nb panel-dot
+// blocks come first in the grid (they then run beside the first wave instead of after it).
+#ifndef SY_C
+#define SY_C 64
+#endif
+#ifndef SY_G
+#define SY_G 3
+#endif
+#ifndef SY_DOT_FIRST
+#define SY_DOT_FIRST 1
+#endif
+#ifndef SY_MINB
+#define SY_MINB 2          // resident blocks per SM the registers must allow
+#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
-extern "C" __global__ void __launch_bounds__(TPB, 2) sytrd_symv(
+extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
     double* d, double* e, double* tau) {
@@ -319,14 +332,15 @@ extern "C" __global__ void __launch_bounds__(TPB, 2) sytrd_symv(
   const HVec v(bb, j);
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
-  if (blockIdx.x >= symvBlocks) {
-    panelDot(P, n, nb, k, v, s, blockIdx.x - symvBlocks, sh);
+  const i64 dotBase = SY_DOT_FIRST ? 0 : symvBlocks;
+  if (blockIdx.x >= dotBase && blockIdx.x < dotBase + 2 * nb) {
+    panelDot(P, n, nb, k, v, s, blockIdx.x - dotBase, sh);
     return;
   }
   const i64 t0 = j / SY_R, tiles = NT - t0;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
   const i64 nch = max((i64)1, (m + SY_C - 1) / SY_C);
-  const i64 b = blockIdx.x;
+  const i64 b = blockIdx.x - (SY_DOT_FIRST ? 2 * nb : 0);
   if (b >= tiles * nch) return;
   const i64 a = t0 + b % tiles, ch = b / tiles;
   const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;

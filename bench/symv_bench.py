@@ -1,0 +1,123 @@
+"""sytrd_symv alone on one GPU: time per launch and bandwidth at several columns j, for
+compile-time variants of the kernel, with a CuPy check of its result.
+
+The column step's product (sytrd_step.cu) is the tridiagonalization's memory traffic; inside
+the panel graphs it can only be timed by difference (bench/sytrd_profile.py).  Here it runs
+by itself on rank `--rank` of a `--nprocs`-rank layout's local columns (no MPI: the product
+has no communication), so variants of its tiling can be compared in one process:
+
+    python3 bench/symv_bench.py --n 8192 --variants "SY_C=64,SY_G=3;SY_C=32,SY_G=3" --json out.json
+
+Bytes counted: the lower triangle of the trailing local columns (i >= g > j) plus the panel
+dot products' columns (2k columns of n - j - 1 rows)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--nb", type=int, default=64)
+    p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--k", type=int, default=32, help="panel columns already used (panel dots)")
+    p.add_argument("--js", default="0,2048,4096,6144")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--variants", default="default",
+                   help="';'-separated variants, each 'default' or comma-separated NAME=VALUE macros")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    import cupy as cp
+
+    from hpccoll_eigensolver.layout import BlockCyclic
+
+    n, nb = a.n, a.nb
+    desc = BlockCyclic(n, n, nb, a.nprocs)
+    cols = desc.local_cols(a.rank)
+    nloc = cols.size
+    rng = np.random.default_rng(1)
+    C = cp.asfortranarray(cp.asarray(rng.standard_normal((n, nloc))))
+    P = cp.asfortranarray(cp.asarray(rng.standard_normal((n, 2 * nb))))
+    bb = cp.asarray(rng.standard_normal(n + 4))
+    bb[3] = 0.37
+    src = open(os.path.join(HERE, "..", "apps", "eigensolver", "sytrd_step.cu")).read()
+    TPB, SY_R = 256, 256
+    NT = -(-n // SY_R)
+    rows = []
+    for variant in a.variants.split(";"):
+        macros = {} if variant.strip() == "default" else dict(kv.split("=") for kv in variant.split(","))
+        sy_c = int(macros.get("SY_C", 64))
+        opts = ("-std=c++17",) + tuple(f"-D{k}={v}" for k, v in macros.items())
+        kern = cp.RawModule(code=src, options=opts).get_function("sytrd_symv")
+        nch = max(1, -(-nloc // sy_c))
+        grid = NT * nch + 2 * nb
+        y = cp.zeros(2 * n)
+        ypart = cp.zeros(nch * n)
+        cpart = cp.zeros(NT * nloc)
+        tick = cp.zeros(NT, dtype=cp.int64)
+        ctick = cp.zeros(nch, dtype=cp.int64)
+        s = cp.zeros(2 * nb)
+        d, e, tau = cp.zeros(n), cp.zeros(n), cp.zeros(n)
+        for j in (int(x) for x in a.js.split(",")):
+            st = cp.asarray(np.array([j, a.k, 0, 0, 0], dtype=np.int64))
+            args = (C, np.int64(n), np.int64(nloc), np.int32(a.nprocs), np.int32(a.rank), P, np.int32(nb), st, bb,
+                    y, ypart, cpart, tick, ctick, s, d, e, tau)
+            y.fill(0)
+            kern((grid,), (TPB,), args)
+            err = _check(cp, C, cols, bb, j, n, y, P, a.k, nb, s)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            for _ in range(3):
+                kern((grid,), (TPB,), args)
+            e0.record()
+            for _ in range(a.reps):
+                kern((grid,), (TPB,), args)
+            e1.record()
+            e1.synchronize()
+            us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.reps
+            g = cols[cols > j]
+            nbytes = 8 * (int(np.sum(n - g)) + 2 * a.k * (n - j - 1))
+            rows.append({"variant": variant, "j": j, "us": us, "bytes": nbytes, "GBps": nbytes / us * 1e-3,
+                         "max_rel_err": err, "grid": grid})
+            print(f"{variant:32s} j={j:6d} {us:8.2f} us  {nbytes / 1e6:7.1f} MB  {nbytes / us * 1e-3:7.0f} GB/s"
+                  f"  err {err:.1e}", flush=True)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"n": n, "nb": nb, "nprocs": a.nprocs, "rank": a.rank, "k": a.k, "reps": a.reps,
+                       "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                       "commit": os.environ.get("HPCCOLL_COMMIT", "unknown"), "rows": rows}, fh, indent=1)
+    bad = [r for r in rows if not r["max_rel_err"] < 1e-12]
+    if bad:
+        print(f"symv_bench: {len(bad)} results off the CuPy reference", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check(cp, C, cols, bb, j, n, y, P, k, nb, s):
+    """Largest error of y (rows half at rows > j, columns half at local columns > j) and of the
+    panel dots against CuPy, relative to the mean absolute column sum of C."""
+    i = cp.arange(n)
+    v = cp.where(i <= j, 0.0, cp.where(i == j + 1, 1.0, bb[4:] * bb[3]))
+    act = cp.asarray(np.nonzero(cols > j)[0])
+    G = cp.asarray(cols)[act]
+    Cl = C[:, act]
+    rows_ref = cp.where(i[:, None] >= G[None, :], Cl, 0.0) @ v[G]
+    cols_ref = (cp.where(i[:, None] > G[None, :], Cl, 0.0) * v[:, None]).sum(axis=0)
+    scale = float(cp.abs(Cl).sum()) / max(1, Cl.shape[1]) + 1.0
+    err = float(cp.max(cp.abs(y[:n][j + 1:] - rows_ref[j + 1:]), initial=0.0))
+    err = max(err, float(cp.max(cp.abs(y[n + G] - cols_ref), initial=0.0)))
+    z = cp.zeros(nb - k)
+    sref = cp.concatenate([P[j + 1:, :k].T @ v[j + 1:], z, P[j + 1:, nb:nb + k].T @ v[j + 1:], z])
+    err = max(err, float(cp.max(cp.abs(s - sref))))
+    return err / scale
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
