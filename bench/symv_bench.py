@@ -111,12 +111,15 @@ def _check(cp, C, cols, bb, j, n, y, P, k, nb, s):
     rows_ref = cp.where(i[:, None] >= G[None, :], Cl, 0.0) @ v[G]
     cols_ref = (cp.where(i[:, None] > G[None, :], Cl, 0.0) * v[:, None]).sum(axis=0)
     scale = float(cp.abs(Cl).sum()) / max(1, Cl.shape[1]) + 1.0
-    err = float(cp.max(cp.abs(y[:n][j + 1:] - rows_ref[j + 1:]), initial=0.0))
-    err = max(err, float(cp.max(cp.abs(y[n + G] - cols_ref), initial=0.0)))
+    err = max(_maxabs(cp, y[:n][j + 1:] - rows_ref[j + 1:]), _maxabs(cp, y[n + G] - cols_ref))
     z = cp.zeros(nb - k)
     sref = cp.concatenate([P[j + 1:, :k].T @ v[j + 1:], z, P[j + 1:, nb:nb + k].T @ v[j + 1:], z])
-    err = max(err, float(cp.max(cp.abs(s - sref))))
+    err = max(err, _maxabs(cp, s - sref))
     return err / scale
+
+
+def _maxabs(cp, x) -> float:
+    return float(cp.abs(x).max()) if x.size else 0.0
 
 
 if __name__ == "__main__":
