@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|symvpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -87,6 +87,22 @@ PYEOF
              --no-sync-collectives --no-reference --save-vectors no 2>&1 | tail -40 | tee "$OUT/eig8k.txt"
            tar czf "$OUT/eig8k.tar.gz" --exclude='*.npy' -C /tmp/eig n8192 ;;
     eig) timeout ${EIG_LIMIT:-480} bash bench/eig_device.sh 2>&1 | tail -60 ;;
+    symvpick)  # time sytrd_symv's variants alone, keep the fastest correct one for the later stages
+      CUPY_ACCELERATORS= timeout 150 python3 bench/symv_bench.py --n 8192 --variants "${SYMV_VARIANTS:-default}" \
+        --json "$OUT/symv-bench.json" 2>&1 | tee "$OUT/symv-bench.txt"
+      pick=$(python3 - "$OUT/symv-bench.json" <<'PYEOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = {}
+for r in rows:
+    tot.setdefault(r["variant"], [0.0, True])
+    tot[r["variant"]][0] += r["us"]
+    tot[r["variant"]][1] &= r["max_rel_err"] < 1e-12
+ok = {v: t for v, (t, good) in tot.items() if good}
+print(min(ok, key=ok.get) if ok else "default")
+PYEOF
+)
+      export HPCCOLL_EIG_SYMV=$pick; echo "HPCCOLL_EIG_SYMV=$pick (fastest correct over the columns timed)" | tee -a "$OUT/symv-bench.txt" ;;
     sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" --gemv "${SYTRD_GEMV:-lower,full}" \
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;

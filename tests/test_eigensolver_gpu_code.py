@@ -212,3 +212,18 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs):
             for (a, ch), (_, row_units, col_units) in units.items():
                 assert row_units == sum(1 for (a2, _c) in units if a2 == a), (rank, j, a)
                 assert col_units == sum(1 for (_a, c2) in units if c2 == ch), (rank, j, ch)
+
+
+def test_symv_variant_from_the_environment(monkeypatch):
+    """HPCCOLL_EIG_SYMV picks sytrd_symv's compile-time variant; anything but known macros with
+    integer values is refused with the variable's name."""
+    from hpccoll_eigensolver.sytrd_device import symv_defines
+
+    monkeypatch.delenv("HPCCOLL_EIG_SYMV", raising=False)
+    assert symv_defines() == ()
+    monkeypatch.setenv("HPCCOLL_EIG_SYMV", "SY_ASYNC=1,SY_MINB=3")
+    assert symv_defines() == ("SY_ASYNC=1", "SY_MINB=3")
+    for bad in ("SY_ASYNC", "SY_FOO=1", "SY_C=x", "SY_C=-1"):
+        monkeypatch.setenv("HPCCOLL_EIG_SYMV", bad)
+        with pytest.raises(ValueError, match="HPCCOLL_EIG_SYMV"):
+            symv_defines()

@@ -20,16 +20,18 @@ def _cupy():
         return None
 
 
-def raw_module(filename: str):
+def raw_module(filename: str, defines: tuple[str, ...] = ()):
     """The CuPy RawModule of this package's CUDA source `filename` (sytrd_step.cu,
-    dc_kernels.cu) on the current device, compiled once per device."""
+    dc_kernels.cu) on the current device with the macros `defines` ("NAME=VALUE"), compiled
+    once per device and macros."""
     import cupy
 
-    key = (filename, cupy.cuda.Device().id)
+    key = (filename, cupy.cuda.Device().id, defines)
     mod = _raw_modules.get(key)
     if mod is None:
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)) as fh:
-            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=("-std=c++17",))
+            options = ("-std=c++17",) + tuple(f"-D{d}" for d in defines)
+            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=options)
     return mod
 
 

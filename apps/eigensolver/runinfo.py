@@ -74,6 +74,9 @@ def machine_info(xp) -> dict:
             "numpy": numpy.__version__, "scipy": scipy.__version__}
     if xp.__name__ == "cupy":
         info["cupy"] = xp.__version__
+    # the solver's switches in force (HPCCOLL_EIG_SYMV, _POTRF, _GEMV, _SYTRD, ...): a run says
+    # which variant produced it
+    info["eig_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("HPCCOLL_EIG_")}
     return info
 
 

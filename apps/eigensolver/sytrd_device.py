@@ -33,6 +33,26 @@ SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 
 
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_ASYNC", "SY_ST")
+
+
+def symv_defines() -> tuple[str, ...]:
+    """sytrd_symv's compile-time variant from HPCCOLL_EIG_SYMV, e.g. "SY_ASYNC=1,SY_MINB=3"
+    (the macros of sytrd_step.cu that bench/symv_bench.py compares; empty: the source's
+    defaults)."""
+    text = os.environ.get("HPCCOLL_EIG_SYMV", "").strip()
+    if not text or text == "default":
+        return ()
+    out = []
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in SYMV_MACROS or not value.isdigit():
+            raise ValueError(f"HPCCOLL_EIG_SYMV={text!r}: use comma-separated NAME=INTEGER with NAME in "
+                             f"{', '.join(SYMV_MACROS)} (or 'default')")
+        out.append(f"{name}={int(value)}")
+    return tuple(out)
+
+
 def product_for() -> str:
     """'lower' (sytrd_symv, the default: half the bytes) or 'full' (sytrd_gemv):
     HPCCOLL_EIG_GEMV."""
@@ -82,8 +102,10 @@ class _Step:
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
         self.product = product_for()
+        self.defines = symv_defines()                        # the kernel variant (HPCCOLL_EIG_SYMV)
+        self.sy_c = int(dict(d.split("=") for d in self.defines).get("SY_C", SY_C))
         self.nt = (n + SY_R - 1) // SY_R
-        self.nch = max(1, -(-self.nloc // SY_C))            # symv: column chunks at most
+        self.nch = max(1, -(-self.nloc // self.sy_c))            # symv: column chunks at most
         splits = self.nch if self.product == "lower" else GEMV_SPLITS
         self.ypart = cp.zeros(splits * n, dtype=cp.float64)          # per-chunk row sums
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
@@ -93,7 +115,7 @@ class _Step:
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
-        mod = raw_module("sytrd_step.cu")
+        mod = raw_module("sytrd_step.cu", self.defines)
         self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "symv", "w", "wfix")}
         self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(splits)
         # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is

@@ -317,14 +317,104 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #ifndef SY_MINB
 #define SY_MINB 2          // resident blocks per SM the registers must allow
 #endif
+// SY_ASYNC = 1: the unit streams its columns through shared memory with cp.async, SY_ST
+// stages of 4 columns in flight per block, instead of holding SY_G columns' loads in
+// registers (ncu at a065ee4: 128 registers, 2 blocks and 16 warps per SM, DRAM 46% busy,
+// the warps stalled on their loads: too few bytes in flight, and none while a warp reduces).
+#ifndef SY_ASYNC
+#define SY_ASYNC 0
+#endif
+#ifndef SY_ST
+#define SY_ST 4
+#endif
+#define SY_SC 4            // columns per stage (SY_ASYNC)
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
+
+#if SY_ASYNC
+// 8 bytes global -> shared, asynchronously; `bytes` = 0 fills zeros without reading.
+__device__ __forceinline__ void copy8(double* dst, const double* src, int bytes) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void copyCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copyWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// One busy unit of sytrd_symv with its columns streamed through shared memory: stages of
+// SY_SC = 4 columns x SY_R rows, SY_ST stages in flight (each thread copies 4 doubles of a
+// stage); warp w reduces column w % 4 of a stage over rows [128 (w / 4), +128) (4 per lane),
+// so two warps share a column and add their halves in a fixed order.  Only the columns that
+// reach the tile (global <= tileEnd: [c0, cEnd)) are read.  Returns the thread's row sum
+// (thread = row of the tile) and writes the columns' sums to cpart; ends synchronized.
+__device__ double unitAsync(const double* C, i64 n, const Layout& L, const HVec& v, i64 rbase, int rows,
+                            i64 tileEnd, i64 c0, i64 c1, i64 a, i64 nloc, double* cpart,
+                            double (*stage)[SY_SC][SY_R], double (*colSh)[SY_C], const double* vrSh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 cEnd = min(c1, L.firstAfter(tileEnd));  // columns ascend: the rest lie above the tile
+  const int ncols = (int)(cEnd - c0), nst = (ncols + SY_SC - 1) / SY_SC;
+  auto issue = [&](int st) {
+    if (st < nst) {
+#pragma unroll
+      for (int e = 0; e < SY_SC * SY_R / TPB; ++e) {  // element t of the stage: column t / SY_R
+        const int t = threadIdx.x + e * TPB, q = t / SY_R, o = t % SY_R;
+        const int cl = st * SY_SC + q;
+        const bool ok = cl < ncols && o < rows;
+        copy8(&stage[st % SY_ST][q][o], ok ? C + (c0 + cl) * n + rbase + o : C, ok ? 8 : 0);
+      }
+    }
+    copyCommit();  // an empty group past the last stage keeps the wait counts uniform
+  };
+#pragma unroll
+  for (int st = 0; st < SY_ST - 1; ++st) issue(st);
+  const int q = warp % SY_SC, half = warp / SY_SC;
+  double racc[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int st = 0; st < nst; ++st) {
+    issue(st + SY_ST - 1);
+    copyWait<SY_ST - 1>();
+    __syncthreads();
+    const int cl = st * SY_SC + q;
+    if (cl < ncols) {
+      const i64 g = L.glob(c0 + cl);
+      const int gd = (int)max(g - rbase, (i64)-1);
+      const double vg = v.at(g);
+      double cs = 0.0;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int o = half * 128 + lane + 32 * u;
+        const double x = o >= gd && o < rows ? stage[st % SY_ST][q][o] : 0.0;
+        racc[u] += x * vg;
+        if (o > gd) cs += x * vrSh[o];
+      }
+      cs = warpSum(cs);
+      if (lane == 0) colSh[half][cl] = cs;
+    }
+    __syncthreads();  // the stage's buffer is refilled next
+  }
+  copyWait<0>();
+  __syncthreads();
+  double(*rowsSh)[SY_R] = stage[0];  // [SY_SC][SY_R]: row sums per column slot q
+#pragma unroll
+  for (int u = 0; u < 4; ++u) rowsSh[q][half * 128 + lane + 32 * u] = racc[u];
+  __syncthreads();
+  double rsum = 0.0;
+#pragma unroll
+  for (int w = 0; w < SY_SC; ++w) rsum += rowsSh[w][threadIdx.x];
+  for (int t = threadIdx.x; t < ncols; t += TPB) cpart[a * nloc + c0 + t] = colSh[0][t] + colSh[1][t];
+  return rsum;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
     double* d, double* e, double* tau) {
   __shared__ double sh[TPB];
+#if SY_ASYNC
+  __shared__ __align__(16) double stage[SY_ST][SY_SC][SY_R];  // unitAsync's (also its row sums)
+  __shared__ double colSh[2][SY_C];
+#else
   __shared__ double rowsSh[NW][SY_R];
+#endif
   __shared__ double vrSh[SY_R];
   __shared__ bool lastSh[2];
   const Layout L{nb, nprocs, rank};
@@ -357,14 +447,17 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   }
   if (ch >= rowUnits) return;  // the unit lies above the diagonal
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  vrSh[threadIdx.x] = i < n ? v.at(i) : 0.0;  // the tile's rows of v (shared: registers are short)
+  const int rows = (int)min((i64)SY_R, n - rbase);
+#if SY_ASYNC
+  double rsum = unitAsync(C, n, L, v, rbase, rows, tileEnd, c0, c1, a, nloc, cpart, stage, colSh, vrSh);
+#else
   double racc[SY_U];
 #pragma unroll
   for (int u = 0; u < SY_U; ++u) racc[u] = 0.0;
-  vrSh[threadIdx.x] = i < n ? v.at(i) : 0.0;  // the tile's rows of v (shared: registers are short)
   __syncthreads();
   // Row offsets within the tile in 32 bits (lane + 32 u), one address per column: 64-bit row
   // indices per element needed 170 registers, one block per SM.
-  const int rows = (int)min((i64)SY_R, n - rbase);
   for (i64 cg = c0 + warp; cg < c1; cg += SY_G * NW) {
     int gd[SY_G];  // column's diagonal offset in the tile (-1: the whole tile lies below it)
     bool on[SY_G];
@@ -400,6 +493,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __syncthreads();
   double rsum = 0.0;
   for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
+#endif
   if (i < n) {
     if (rowUnits == 1) y[i] = rsum; else ypart[ch * n + i] = rsum;
   }
