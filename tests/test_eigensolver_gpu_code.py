@@ -68,7 +68,10 @@ def test_w_update_matches_latrd():
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-def test_sytrd_step_kernels_compile():
+@pytest.mark.parametrize("defines", [(), ("SY_ASYNC=1", "SY_MINB=3"), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0")])
+def test_sytrd_step_kernels_compile(defines):
+    """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
+    HPCCOLL_EIG_SYMV can select (the cp.async one among them)."""
     from pathlib import Path
 
     from hpccoll._nvrtc import _check
@@ -77,8 +80,9 @@ def test_sytrd_step_kernels_compile():
     src = (Path(_xp.__file__).parent / "sytrd_step.cu").read_bytes()
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"sytrd_step.cu", 0, None, None), "create")
-    opts = (ctypes.c_char_p * 2)(b"--gpu-architecture=sm_90", b"-std=c++17")
-    _check(lib, lib.nvrtcCompileProgram(prog, 2, opts), "compile", prog)
+    flags = [b"--gpu-architecture=sm_90", b"-std=c++17"] + [f"-D{d}".encode() for d in defines]
+    opts = (ctypes.c_char_p * len(flags))(*flags)
+    _check(lib, lib.nvrtcCompileProgram(prog, len(flags), opts), "compile", prog)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
