@@ -13,6 +13,31 @@ from ..ops import SUM, PROD, MAX, MIN, reduce_in_rank_order
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
 _MPI_TYPED = {"float64", "float32", "int32", "int64"}
+# MPI counts are C ints: a message of more bytes than this goes in units of a contiguous
+# datatype (Allgather, Alltoall) or in pieces (Bcast).  Open MPI 4.1 refused a 2 GiB Bcast
+# (MPI_ERR_ARG: the eigensolver's n = 16384 problem, 2026-11-30).  Tests lower it.
+MAX_COUNT = 2**31 - 1
+_UNITS: dict = {}   # bytes per unit -> committed contiguous MPI datatype
+
+
+def _msg(u8: np.ndarray, blocks: int = 1):
+    """mpi4py message for the bytes `u8` (1-D uint8, contiguous) of `blocks` equal per-rank
+    blocks: the array itself when its size fits an MPI count, else [array, contiguous type of
+    2^k bytes] (mpi4py then counts units per block: the size over blocks and unit)."""
+    n = u8.size
+    if n <= MAX_COUNT:
+        return u8
+    per = n // blocks
+    unit = 1 << 20
+    while per % unit:
+        unit >>= 1
+    if per // unit > MAX_COUNT:
+        raise ValueError(f"hpccoll host backend: a block of {per} bytes has no unit of 2^k bytes that "
+                         f"brings its MPI count under {MAX_COUNT + 1}; pad the buffer to a multiple of 1 KiB")
+    t = _UNITS.get(unit)
+    if t is None:
+        t = _UNITS[unit] = MPI.BYTE.Create_contiguous(unit).Commit()
+    return [u8, t]
 
 
 class _Staged:
@@ -52,7 +77,7 @@ class HostBackend:
     # -- helpers -------------------------------------------------------------
     def _gather_all(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((self.size,) + x.shape, dtype=x.dtype)
-        self.comm.Allgather(x.view(np.uint8), out.view(np.uint8))
+        self.comm.Allgather(_msg(x.reshape(-1).view(np.uint8)), _msg(out.reshape(-1).view(np.uint8), self.size))
         return out
 
     # -- collectives ---------------------------------------------------------
@@ -72,7 +97,8 @@ class HostBackend:
         x = send.host
         n = x.size // self.size
         parts = np.empty((self.size, n), dtype=x.dtype)
-        self.comm.Alltoall(np.ascontiguousarray(x).view(np.uint8), parts.view(np.uint8))
+        self.comm.Alltoall(_msg(np.ascontiguousarray(x).reshape(-1).view(np.uint8), self.size),
+                           _msg(parts.reshape(-1).view(np.uint8), self.size))
         res = reduce_in_rank_order(call.op, parts)
         recv = send if call.in_place else _Staged(call.recv, fetch=False)
         recv.host[:n] = res
@@ -85,12 +111,14 @@ class HostBackend:
             mine = np.array(recv.host[self.rank * n:(self.rank + 1) * n], copy=True)
         else:
             mine = np.ascontiguousarray(_Staged(call.send).host)
-        self.comm.Allgather(mine.view(np.uint8), recv.host.view(np.uint8))
+        self.comm.Allgather(_msg(mine.reshape(-1).view(np.uint8)), _msg(recv.host.reshape(-1).view(np.uint8), self.size))
         recv.commit()
 
     def bcast(self, call: Call, deterministic: bool, algorithm: str) -> None:
         buf = _Staged(call.recv, fetch=self.rank == call.root)
-        self.comm.Bcast(buf.host.view(np.uint8), root=call.root)
+        u8 = buf.host.view(np.uint8)
+        for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
+            self.comm.Bcast(u8[off:off + MAX_COUNT], root=call.root)
         buf.commit()
 
     def barrier(self) -> None:

@@ -285,3 +285,48 @@ def test_bcast_2d_keeps_shape(comm, request):
 
 def test_barrier(comm):
     comm.Barrier()
+
+
+# -- messages over MPI's int count ---------------------------------------------------------
+
+@pytest.mark.parametrize("per_rank_bytes", [4096, 1544, 2004])
+def test_messages_over_the_int_count_limit(comm, request, monkeypatch, per_rank_bytes):
+    """Messages of more bytes than an MPI count holds go as units of a contiguous type
+    (Allgather, Alltoall) or in pieces (Bcast): the limit lowered to 1000 bytes here (a 2 GiB
+    Bcast failed with MPI_ERR_ARG on the GPU machine).  Per-rank sizes with 2^12, 2^3 and 2^2
+    byte units; fresh data, exact results."""
+    from hpccoll.backends import host
+
+    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    size, rank = WORLD.Get_size(), WORLD.Get_rank()
+    rng = _rng(request, 0)
+    n = per_rank_bytes // 4
+    mine = rng.integers(-1000, 1000, size=n).astype(np.int32)
+    everyone = np.stack(WORLD.allgather(mine))
+    got = np.empty(size * n, dtype=np.int32)
+    comm.Allgather(mine, got)
+    np.testing.assert_array_equal(got, everyone.ravel())
+    for root in range(size):
+        buf = everyone[root].copy() if rank == root else np.zeros(n, dtype=np.int32)
+        big = np.tile(buf, 3)                      # 3x the limit and more: several pieces
+        comm.Bcast(big, root=root)
+        np.testing.assert_array_equal(big, np.tile(everyone[root], 3))
+    send = rng.integers(-1000, 1000, size=size * n).astype(np.int32)
+    sends = np.stack(WORLD.allgather(send))
+    out = np.empty(n, dtype=np.int32)
+    comm.Reduce_scatter_block(send, out, op=hpccoll.SUM)
+    np.testing.assert_array_equal(out, sends.reshape(size, size, n)[:, rank].sum(axis=0))
+    res = np.empty_like(send)
+    comm.Allreduce(send, res, op=hpccoll.SUM)      # deterministic: gathers every contribution
+    np.testing.assert_array_equal(res, sends.sum(axis=0))
+
+
+def test_message_without_a_unit_under_the_limit_is_refused(comm, monkeypatch):
+    """A block whose largest 2^k-byte unit still leaves more units than the limit (1001 int32:
+    4-byte units) gets a clear error on every rank instead of MPI's MPI_ERR_ARG."""
+    from hpccoll.backends import host
+
+    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    mine = np.zeros(1001, dtype=np.int32)
+    with pytest.raises(ValueError, match="pad the buffer"):
+        comm.Allgather(mine, np.empty(WORLD.Get_size() * 1001, dtype=np.int32))
