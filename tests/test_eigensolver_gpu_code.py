@@ -68,10 +68,10 @@ def test_w_update_matches_latrd():
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-@pytest.mark.parametrize("defines", [(), ("SY_ASYNC=1", "SY_MINB=3"), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0")])
+@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0")])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
-    HPCCOLL_EIG_SYMV can select (the cp.async one among them)."""
+    HPCCOLL_EIG_SYMV can select."""
     from pathlib import Path
 
     from hpccoll._nvrtc import _check
@@ -167,7 +167,7 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
             assert layout_first_after(j, nb, nprocs, rank) == int(np.searchsorted(cols, j, side="right")), (rank, j)
 
 
-def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64):
+def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
     (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
     from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
@@ -176,13 +176,14 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64):
     NT = -(-n // SY_R)
     t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
     m = nloc - lo
-    nch = max(1, -(-m // SY_C))
+    cw = 2 * SY_C if m >= SY_WIDE else SY_C
+    nch = max(1, -(-m // cw))
     units = {}
     for b in range((NT - t0) * nch):
         a, ch = t0 + b % (NT - t0), b // (NT - t0)
         rbase, tile_end = a * SY_R, min(n, a * SY_R + SY_R) - 1
-        c0, c1 = lo + ch * SY_C, min(nloc, lo + ch * SY_C + SY_C)
-        row_units = -(-(fa(tile_end, nb, nprocs, rank) - lo) // SY_C)
+        c0, c1 = lo + ch * cw, min(nloc, lo + ch * cw + cw)
+        row_units = -(-(fa(tile_end, nb, nprocs, rank) - lo) // cw)
         if ch >= row_units:
             continue
         col_units = NT - max(t0, glob(c0, nb, nprocs, rank) // SY_R)
@@ -198,8 +199,9 @@ def _local_n(n, nb, nprocs, rank):
     return numroc(n, nb, rank, nprocs)
 
 
+@pytest.mark.parametrize("wide", [2048, 100])
 @pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
-def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs):
+def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide):
     """sytrd_symv's units (enumerated as its code does) cover every lower-triangle element (i >= g)
     of the trailing local columns g > j exactly once, and the tickets each unit takes count the
     busy units of its tile and of its chunk (a wrong count would hang a finalizer or skip it)."""
@@ -208,7 +210,7 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs):
     for rank in range(nprocs):
         nloc = _local_n(n, nb, nprocs, rank)
         for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
-            units = _symv_units(n, nb, nprocs, rank, j)
+            units = _symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide)
             seen = [cell for cells, _, _ in units.values() for cell in cells]
             want = {(i, g) for g in (layout_glob(c, nb, nprocs, rank) for c in range(nloc)) if g > j
                     for i in range(g, n)}
@@ -225,9 +227,9 @@ def test_symv_variant_from_the_environment(monkeypatch):
 
     monkeypatch.delenv("HPCCOLL_EIG_SYMV", raising=False)
     assert symv_defines() == ()
-    monkeypatch.setenv("HPCCOLL_EIG_SYMV", "SY_ASYNC=1,SY_MINB=3")
-    assert symv_defines() == ("SY_ASYNC=1", "SY_MINB=3")
-    for bad in ("SY_ASYNC", "SY_FOO=1", "SY_C=x", "SY_C=-1"):
+    monkeypatch.setenv("HPCCOLL_EIG_SYMV", "SY_C=128,SY_WIDE=0")
+    assert symv_defines() == ("SY_C=128", "SY_WIDE=0")
+    for bad in ("SY_C", "SY_ASYNC=1", "SY_C=x", "SY_C=-1"):
         monkeypatch.setenv("HPCCOLL_EIG_SYMV", bad)
         with pytest.raises(ValueError, match="HPCCOLL_EIG_SYMV"):
             symv_defines()

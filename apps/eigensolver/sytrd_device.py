@@ -33,11 +33,11 @@ SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 
 
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_ASYNC", "SY_ST")
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE")
 
 
 def symv_defines() -> tuple[str, ...]:
-    """sytrd_symv's compile-time variant from HPCCOLL_EIG_SYMV, e.g. "SY_ASYNC=1,SY_MINB=3"
+    """sytrd_symv's compile-time variant from HPCCOLL_EIG_SYMV, e.g. "SY_C=128,SY_WIDE=99999"
     (the macros of sytrd_step.cu that bench/symv_bench.py compares; empty: the source's
     defaults)."""
     text = os.environ.get("HPCCOLL_EIG_SYMV", "").strip()

@@ -287,9 +287,9 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 // the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
 //
 // Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
-// a chunk of SY_C trailing local columns, enumerated tile-fastest over the trailing tiles and
-// chunks (blocks past them exit at once; so do units wholly above the diagonal).  Every busy
-// unit reads at most SY_R x SY_C x 8 = 128 KiB, so about a thousand units share the SMs
+// a chunk of SY_C (2 SY_C early: SY_WIDE) trailing local columns, enumerated tile-fastest over
+// the trailing tiles and chunks (blocks past them exit at once; so do units wholly above the
+// diagonal).  A busy unit reads at most SY_R x 2 SY_C x 8 = 256 KiB, so hundreds of units share the SMs
 // evenly at the start of a run (the previous split, S chunks of the whole trailing width per
 // tile, gave a few hundred units of up to 512 KiB and reached 1.6-1.9 TB/s).  A warp takes
 // the chunk's columns warp, warp + NW, ... SY_G at a time (24 loads per lane in flight), up to
@@ -305,6 +305,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 // Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns
 // per warp in flight (4 spilled registers at 2 blocks per SM), and whether the 2nb panel-dot
 // blocks come first in the grid (they then run beside the first wave instead of after it).
+// A cp.async variant that streamed the columns through shared memory (3867fac) ran at half
+// the speed of this register version (bench/results/...-3867fac-symv-bench.*) and was removed.
 #ifndef SY_C
 #define SY_C 64
 #endif
@@ -317,104 +319,20 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #ifndef SY_MINB
 #define SY_MINB 2          // resident blocks per SM the registers must allow
 #endif
-// SY_ASYNC = 1: the unit streams its columns through shared memory with cp.async, SY_ST
-// stages of 4 columns in flight per block, instead of holding SY_G columns' loads in
-// registers (ncu at a065ee4: 128 registers, 2 blocks and 16 warps per SM, DRAM 46% busy,
-// the warps stalled on their loads: too few bytes in flight, and none while a warp reduces).
-#ifndef SY_ASYNC
-#define SY_ASYNC 0
+// Chunks are 2 SY_C wide while at least SY_WIDE trailing local columns remain (fewer, longer
+// units: their fixed cost matters less early; bench/symv_bench.py at 3867fac: 61 vs 66 us at
+// j = 0, n = 8192, but 16 vs 12 us at 3n/4, where the narrow chunks keep more units busy).
+#ifndef SY_WIDE
+#define SY_WIDE 2048
 #endif
-#ifndef SY_ST
-#define SY_ST 4
-#endif
-#define SY_SC 4            // columns per stage (SY_ASYNC)
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
-
-#if SY_ASYNC
-// 8 bytes global -> shared, asynchronously; `bytes` = 0 fills zeros without reading.
-__device__ __forceinline__ void copy8(double* dst, const double* src, int bytes) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void copyCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void copyWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// One busy unit of sytrd_symv with its columns streamed through shared memory: stages of
-// SY_SC = 4 columns x SY_R rows, SY_ST stages in flight (each thread copies 4 doubles of a
-// stage); warp w reduces column w % 4 of a stage over rows [128 (w / 4), +128) (4 per lane),
-// so two warps share a column and add their halves in a fixed order.  Only the columns that
-// reach the tile (global <= tileEnd: [c0, cEnd)) are read.  Returns the thread's row sum
-// (thread = row of the tile) and writes the columns' sums to cpart; ends synchronized.
-__device__ double unitAsync(const double* C, i64 n, const Layout& L, const HVec& v, i64 rbase, int rows,
-                            i64 tileEnd, i64 c0, i64 c1, i64 a, i64 nloc, double* cpart,
-                            double (*stage)[SY_SC][SY_R], double (*colSh)[SY_C], const double* vrSh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 cEnd = min(c1, L.firstAfter(tileEnd));  // columns ascend: the rest lie above the tile
-  const int ncols = (int)(cEnd - c0), nst = (ncols + SY_SC - 1) / SY_SC;
-  auto issue = [&](int st) {
-    if (st < nst) {
-#pragma unroll
-      for (int e = 0; e < SY_SC * SY_R / TPB; ++e) {  // element t of the stage: column t / SY_R
-        const int t = threadIdx.x + e * TPB, q = t / SY_R, o = t % SY_R;
-        const int cl = st * SY_SC + q;
-        const bool ok = cl < ncols && o < rows;
-        copy8(&stage[st % SY_ST][q][o], ok ? C + (c0 + cl) * n + rbase + o : C, ok ? 8 : 0);
-      }
-    }
-    copyCommit();  // an empty group past the last stage keeps the wait counts uniform
-  };
-#pragma unroll
-  for (int st = 0; st < SY_ST - 1; ++st) issue(st);
-  const int q = warp % SY_SC, half = warp / SY_SC;
-  double racc[4] = {0.0, 0.0, 0.0, 0.0};
-  for (int st = 0; st < nst; ++st) {
-    issue(st + SY_ST - 1);
-    copyWait<SY_ST - 1>();
-    __syncthreads();
-    const int cl = st * SY_SC + q;
-    if (cl < ncols) {
-      const i64 g = L.glob(c0 + cl);
-      const int gd = (int)max(g - rbase, (i64)-1);
-      const double vg = v.at(g);
-      double cs = 0.0;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int o = half * 128 + lane + 32 * u;
-        const double x = o >= gd && o < rows ? stage[st % SY_ST][q][o] : 0.0;
-        racc[u] += x * vg;
-        if (o > gd) cs += x * vrSh[o];
-      }
-      cs = warpSum(cs);
-      if (lane == 0) colSh[half][cl] = cs;
-    }
-    __syncthreads();  // the stage's buffer is refilled next
-  }
-  copyWait<0>();
-  __syncthreads();
-  double(*rowsSh)[SY_R] = stage[0];  // [SY_SC][SY_R]: row sums per column slot q
-#pragma unroll
-  for (int u = 0; u < 4; ++u) rowsSh[q][half * 128 + lane + 32 * u] = racc[u];
-  __syncthreads();
-  double rsum = 0.0;
-#pragma unroll
-  for (int w = 0; w < SY_SC; ++w) rsum += rowsSh[w][threadIdx.x];
-  for (int t = threadIdx.x; t < ncols; t += TPB) cpart[a * nloc + c0 + t] = colSh[0][t] + colSh[1][t];
-  return rsum;
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
     double* d, double* e, double* tau) {
   __shared__ double sh[TPB];
-#if SY_ASYNC
-  __shared__ __align__(16) double stage[SY_ST][SY_SC][SY_R];  // unitAsync's (also its row sums)
-  __shared__ double colSh[2][SY_C];
-#else
   __shared__ double rowsSh[NW][SY_R];
-#endif
   __shared__ double vrSh[SY_R];
   __shared__ bool lastSh[2];
   const Layout L{nb, nprocs, rank};
@@ -429,13 +347,14 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   }
   const i64 t0 = j / SY_R, tiles = NT - t0;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
-  const i64 nch = max((i64)1, (m + SY_C - 1) / SY_C);
+  const i64 cw = m >= SY_WIDE ? 2 * SY_C : SY_C;  // this column's chunk width (every unit agrees)
+  const i64 nch = max((i64)1, (m + cw - 1) / cw);
   const i64 b = blockIdx.x - (SY_DOT_FIRST ? 2 * nb : 0);
   if (b >= tiles * nch) return;
   const i64 a = t0 + b % tiles, ch = b / tiles;
   const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
-  const i64 c0 = lo + ch * SY_C, c1 = min(nloc, c0 + SY_C);
-  const i64 rowUnits = (L.firstAfter(tileEnd) - lo + SY_C - 1) / SY_C;  // chunks reaching this tile
+  const i64 c0 = lo + ch * cw, c1 = min(nloc, c0 + cw);
+  const i64 rowUnits = (L.firstAfter(tileEnd) - lo + cw - 1) / cw;  // chunks reaching this tile
   const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
   if (ch == 0) {
     if (i < n) P[i + k * n] = v.at(i);
@@ -449,9 +368,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   vrSh[threadIdx.x] = i < n ? v.at(i) : 0.0;  // the tile's rows of v (shared: registers are short)
   const int rows = (int)min((i64)SY_R, n - rbase);
-#if SY_ASYNC
-  double rsum = unitAsync(C, n, L, v, rbase, rows, tileEnd, c0, c1, a, nloc, cpart, stage, colSh, vrSh);
-#else
   double racc[SY_U];
 #pragma unroll
   for (int u = 0; u < SY_U; ++u) racc[u] = 0.0;
@@ -493,7 +409,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __syncthreads();
   double rsum = 0.0;
   for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
-#endif
   if (i < n) {
     if (rowUnits == 1) y[i] = rsum; else ypart[ch * n + i] = rsum;
   }
