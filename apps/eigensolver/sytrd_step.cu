@@ -120,17 +120,21 @@ __device__ __forceinline__ double tileSum(double x, double* sh) {
   return s;
 }
 
+// One thread: take a ticket on `*ticket` of `blocks` takers (after a fence); true for the
+// last taker, which resets the ticket (nobody else takes it in this launch).
+__device__ __forceinline__ bool takeTicket(i64* ticket, unsigned long long blocks) {
+  const bool last = atomicAdd((unsigned long long*)ticket, 1ull) == blocks - 1;
+  if (last) *ticket = 0;
+  return last;
+}
+
 // Take a ticket on `*ticket` after this block's global writes; true in the grid's last block,
-// which then sees every block's writes (read them with __ldcg) and resets the ticket.
+// which then sees every block's writes (read them with __ldcg).
 __device__ __forceinline__ bool lastBlock(i64* ticket, unsigned int blocks) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned long long t = atomicAdd((unsigned long long*)ticket, 1ull);
-    last = t == blocks - 1;
-    if (last) *ticket = 0;  // nobody else takes this ticket in this launch
-  }
+  if (threadIdx.x == 0) last = takeTicket(ticket, blocks);
   __syncthreads();
   if (last) __threadfence();
   return last;
@@ -416,11 +420,9 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {  // both tickets after one fence
-    lastSh[0] = rowUnits > 1 && atomicAdd((unsigned long long*)(tick + a), 1ull) == rowUnits - 1;
-    lastSh[1] = colUnits > 1 && atomicAdd((unsigned long long*)(ctick + ch), 1ull) == colUnits - 1;
-    if (lastSh[0]) tick[a] = 0;
-    if (lastSh[1]) ctick[ch] = 0;
+  if (threadIdx.x == 0) {  // both tickets after one fence (lastBlock's, taken twice)
+    lastSh[0] = rowUnits > 1 && takeTicket(tick + a, rowUnits);
+    lastSh[1] = colUnits > 1 && takeTicket(ctick + ch, colUnits);
   }
   __syncthreads();
   const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
