@@ -19,7 +19,6 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> int:
@@ -32,60 +31,51 @@ def main() -> int:
     p.add_argument("--js", default="0,2048,4096,6144")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--variants", default="default",
-                   help="';'-separated variants, each 'default' or comma-separated NAME=VALUE macros")
+                   help="';'-separated variants, each 'default' or an HPCCOLL_EIG_SYMV value (NAME=VALUE,...)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     import cupy as cp
 
     from hpccoll_eigensolver.layout import BlockCyclic
+    from hpccoll_eigensolver.sytrd_device import _Step
 
     n, nb = a.n, a.nb
     desc = BlockCyclic(n, n, nb, a.nprocs)
     cols = desc.local_cols(a.rank)
-    nloc = cols.size
     rng = np.random.default_rng(1)
-    C = cp.asfortranarray(cp.asarray(rng.standard_normal((n, nloc))))
-    P = cp.asfortranarray(cp.asarray(rng.standard_normal((n, 2 * nb))))
+    C = cp.asfortranarray(cp.asarray(rng.standard_normal((n, cols.size))))
+    P = cp.asarray(rng.standard_normal((n, 2 * nb)))
     bb = cp.asarray(rng.standard_normal(n + 4))
     bb[3] = 0.37
-    src = open(os.path.join(HERE, "..", "apps", "eigensolver", "sytrd_step.cu")).read()
-    TPB, SY_R = 256, 256
-    NT = -(-n // SY_R)
     rows = []
     for variant in a.variants.split(";"):
-        macros = {} if variant.strip() == "default" else dict(kv.split("=") for kv in variant.split(","))
-        sy_c = int(macros.get("SY_C", 64))
-        opts = ("-std=c++17",) + tuple(f"-D{k}={v}" for k, v in macros.items())
-        kern = cp.RawModule(code=src, options=opts).get_function("sytrd_symv")
-        nch = max(1, -(-nloc // sy_c))
-        grid = NT * nch + 2 * nb
-        y = cp.zeros(2 * n)
-        ypart = cp.zeros(nch * n)
-        cpart = cp.zeros(NT * nloc)
-        tick = cp.zeros(NT, dtype=cp.int64)
-        ctick = cp.zeros(nch, dtype=cp.int64)
-        s = cp.zeros(2 * nb)
-        d, e, tau = cp.zeros(n), cp.zeros(n), cp.zeros(n)
+        # the solver's own buffers and launch, built for this variant (HPCCOLL_EIG_SYMV, as in a solve)
+        os.environ["HPCCOLL_EIG_SYMV"] = variant.strip()
+        step = _Step(C, desc, a.rank)
+        step.P[...] = P
+        step.bb[...] = bb
+
+        def product():  # the column step with every stage but the product left out
+            step.column(owner=-1, comm=None, skip=("col", "bcast", "allreduce", "w"))
+
         for j in (int(x) for x in a.js.split(",")):
-            st = cp.asarray(np.array([j, a.k, 0, 0, 0], dtype=np.int64))
-            args = (C, np.int64(n), np.int64(nloc), np.int32(a.nprocs), np.int32(a.rank), P, np.int32(nb), st, bb,
-                    y, ypart, cpart, tick, ctick, s, d, e, tau)
-            y.fill(0)
-            kern((grid,), (TPB,), args)
-            err = _check(cp, C, cols, bb, j, n, y, P, a.k, nb, s)
+            step.st[...] = cp.asarray(np.array([j, a.k, 0, 0, 0], dtype=np.int64))
+            step.y.fill(0)
+            product()
+            err = _check(cp, C, cols, step.bb, j, n, step.y, step.P, a.k, nb, step.s)
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             for _ in range(3):
-                kern((grid,), (TPB,), args)
+                product()
             e0.record()
             for _ in range(a.reps):
-                kern((grid,), (TPB,), args)
+                product()
             e1.record()
             e1.synchronize()
             us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.reps
             g = cols[cols > j]
             nbytes = 8 * (int(np.sum(n - g)) + 2 * a.k * (n - j - 1))
             rows.append({"variant": variant, "j": j, "us": us, "bytes": nbytes, "GBps": nbytes / us * 1e-3,
-                         "max_rel_err": err, "grid": grid})
+                         "max_rel_err": err, "grid": step.gemv_grid})
             print(f"{variant:32s} j={j:6d} {us:8.2f} us  {nbytes / 1e6:7.1f} MB  {nbytes / us * 1e-3:7.0f} GB/s"
                   f"  err {err:.1e}", flush=True)
     if a.json:
