@@ -1,10 +1,9 @@
 """Write a large test problem A x = lambda B x as A.npy, B.npy (float64) built on the GPU.
 
 The CLI's problems are built on the host (problems.py: two n x n QRs, ~20 s at n = 8192 and
-8x that at 16384); this builds the same kind of problem as `--problem known` (B of chosen
-condition, A = L Q diag(lam) Q^T L^T with lam spread over three decades, both signs) with
-CuPy in a few seconds, for `hpccoll-eigensolver compare --problem file:DIR/A.npy,DIR/B.npy`.
-Not the same bits as problems.make_problem (another generator); the spectrum is saved as
+8x that at 16384); this builds the same kind of problem as `--problem known` with the same
+builders (problems.with_spectrum, spread_spectrum) on CuPy arrays, in a few seconds, for
+`hpccoll-eigensolver compare --problem file:DIR/A.npy,DIR/B.npy`.  Not the same bits as problems.make_problem (another generator); the spectrum is saved as
 lam.npy beside it.
 
     python3 bench/make_problem_gpu.py --n 16384 --cond-b 1e3 --out /tmp/p16k"""
@@ -27,29 +26,15 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
+    from hpccoll_eigensolver.problems import spread_spectrum, with_spectrum
+
     t0 = time.perf_counter()
     rng = cp.random.default_rng(a.seed)
-    n = a.n
-
-    def orthogonal():
-        q, r = cp.linalg.qr(rng.standard_normal((n, n)))
-        return q * cp.sign(cp.diag(r))[None, :]
-
-    s = cp.asarray(np.geomspace(1.0, 1.0 / a.cond_b, n))
-    q = orthogonal()
-    B = (q * s[None, :]) @ q.T
-    B = (B + B.T) / 2
-    del q
-    L = cp.linalg.cholesky(B)
-    mag = cp.asarray(np.geomspace(1e-3, 1.0, n))
-    lam = cp.sort(cp.where(rng.random(n) < 0.5, -1.0, 1.0) * mag)
-    LQ = L @ orthogonal()
-    A = (LQ * lam[None, :]) @ LQ.T
-    A = (A + A.T) / 2
+    prob = with_spectrum("known", spread_spectrum(a.n, rng, cp), a.cond_b, rng, cp)
     os.makedirs(a.out, exist_ok=True)
-    for name, x in (("A", A), ("B", B), ("lam", lam)):
+    for name, x in (("A", prob.A), ("B", prob.B), ("lam", prob.eigenvalues)):
         np.save(os.path.join(a.out, f"{name}.npy"), cp.asnumpy(x))
-    print(f"make_problem_gpu: n={n} cond_b={a.cond_b:g} in {time.perf_counter() - t0:.1f} s -> {a.out}")
+    print(f"make_problem_gpu: n={a.n} cond_b={a.cond_b:g} in {time.perf_counter() - t0:.1f} s -> {a.out}")
     return 0
 
 

@@ -28,27 +28,29 @@ class Problem:
         return self.A.shape[0]
 
 
-def random_orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
+# The builders below take the array module `xp` (NumPy by default; with CuPy and a CuPy
+# Generator they build a problem on the GPU: bench/make_problem_gpu.py, other bits than NumPy's).
+def random_orthogonal(n: int, rng, xp=np):
     """Haar-distributed orthogonal matrix (QR of a Gaussian with the sign fix)."""
-    q, r = np.linalg.qr(rng.standard_normal((n, n)))
-    return q * np.sign(np.diag(r))[None, :]
+    q, r = xp.linalg.qr(rng.standard_normal((n, n)))
+    return q * xp.sign(xp.diag(r))[None, :]
 
 
-def spd_matrix(n: int, cond: float, rng: np.random.Generator) -> np.ndarray:
+def spd_matrix(n: int, cond: float, rng, xp=np):
     """Symmetric positive definite matrix with 2-norm condition number cond (eigenvalues 1 .. 1/cond)."""
     if cond < 1:
         raise ValueError(f"cond_b={cond} must be >= 1")
-    s = np.geomspace(1.0, 1.0 / cond, n) if n > 1 else np.ones(1)
-    q = random_orthogonal(n, rng)
+    s = xp.asarray(np.geomspace(1.0, 1.0 / cond, n) if n > 1 else np.ones(1))
+    q = random_orthogonal(n, rng, xp)
     b = (q * s[None, :]) @ q.T
     return (b + b.T) / 2
 
 
-def spread_spectrum(n: int, rng: np.random.Generator) -> np.ndarray:
+def spread_spectrum(n: int, rng, xp=np):
     """Eigenvalues of both signs over three decades of magnitude, ascending."""
-    mag = np.geomspace(1e-3, 1.0, n)
-    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
-    return np.sort(sign * mag)
+    mag = xp.asarray(np.geomspace(1e-3, 1.0, n))
+    sign = xp.where(rng.random(n) < 0.5, -1.0, 1.0)
+    return xp.sort(sign * mag)
 
 
 def clustered_spectrum(n: int, rng: np.random.Generator, cluster: int = 8,
@@ -72,14 +74,15 @@ def wilkinson_spectrum(n: int) -> np.ndarray:
     return np.sort(lam / np.max(np.abs(lam)))
 
 
-def _with_spectrum(name: str, lam: np.ndarray, cond_b: float, rng: np.random.Generator) -> Problem:
+def with_spectrum(name: str, lam, cond_b: float, rng, xp=np) -> Problem:
+    """A = L Q diag(lam) Q^T L^T, B = L L^T of condition cond_b (arrays of xp)."""
     n = lam.size
-    B = spd_matrix(n, cond_b, rng)
-    L = np.linalg.cholesky(B)
-    Q = random_orthogonal(n, rng)
+    B = spd_matrix(n, cond_b, rng, xp)
+    L = xp.linalg.cholesky(B)
+    Q = random_orthogonal(n, rng, xp)
     LQ = L @ Q
     A = (LQ * lam[None, :]) @ LQ.T
-    return Problem(name, (A + A.T) / 2, B, np.sort(lam), Q)
+    return Problem(name, (A + A.T) / 2, B, xp.sort(lam), Q)
 
 
 def make_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0) -> Problem:
@@ -97,11 +100,11 @@ def make_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0) -> Pr
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
     if kind == "known":
-        return _with_spectrum(kind, spread_spectrum(n, rng), cond_b, rng)
+        return with_spectrum(kind, spread_spectrum(n, rng), cond_b, rng)
     if kind == "clustered":
-        return _with_spectrum(kind, clustered_spectrum(n, rng), cond_b, rng)
+        return with_spectrum(kind, clustered_spectrum(n, rng), cond_b, rng)
     if kind == "wilkinson":
-        return _with_spectrum(kind, wilkinson_spectrum(n), cond_b, rng)
+        return with_spectrum(kind, wilkinson_spectrum(n), cond_b, rng)
     if kind == "random":
         A = rng.standard_normal((n, n)) / np.sqrt(n)
         return Problem(kind, (A + A.T) / 2, spd_matrix(n, cond_b, rng), None)
