@@ -174,21 +174,14 @@ def _potrf_panels(B, desc: BlockCyclic, comm, xp):
 
 
 def _digests(comm, xp, *arrays) -> list[str]:
-    """Every rank's SHA-256 of the bits of `arrays` (one small copy to the host), rank by rank.
-
-    Through the MPI communicator under comm when it has one (a host allgather of 32 bytes, not
-    one of the solver's counted collectives), else one Allgather of the digest through comm."""
+    """Every rank's SHA-256 of the bits of `arrays` (one small copy to the host), rank by rank:
+    a host allgather of 32 bytes through the MPI communicator under comm (as sytrd_device's
+    capture agreement), not one of the solver's counted collectives."""
     if comm.Get_size() == 1:
         return []
     host = to_host(xp.concatenate([a.ravel() for a in arrays]))
     digest = hashlib.sha256(np.ascontiguousarray(host).tobytes()).digest()
-    mpi_comm = getattr(comm, "mpi_comm", None)
-    if mpi_comm is not None:
-        return [d.hex() for d in mpi_comm.allgather(digest)]
-    # 32 bytes as 4 doubles: an Allgather moves the bits and computes nothing
-    recv = xp.empty((comm.Get_size(), 4), dtype=xp.float64)
-    comm.Allgather(xp.asarray(np.frombuffer(digest, dtype=np.float64)), recv)
-    return [to_host(row).tobytes().hex() for row in recv]
+    return [d.hex() for d in comm.mpi_comm.allgather(digest)]
 
 
 # -- sygst ---------------------------------------------------------------------------
