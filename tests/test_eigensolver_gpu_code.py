@@ -170,9 +170,10 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
 def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
     (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
+    from hpccoll_eigensolver.layout import numroc
     from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
 
-    nloc = int(_local_n(n, nb, nprocs, rank))
+    nloc = numroc(n, nb, rank, nprocs)
     NT = -(-n // SY_R)
     t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
     m = nloc - lo
@@ -193,22 +194,17 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     return units
 
 
-def _local_n(n, nb, nprocs, rank):
-    from hpccoll_eigensolver.layout import numroc
-
-    return numroc(n, nb, rank, nprocs)
-
-
 @pytest.mark.parametrize("wide", [2048, 100])
 @pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
 def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide):
     """sytrd_symv's units (enumerated as its code does) cover every lower-triangle element (i >= g)
     of the trailing local columns g > j exactly once, and the tickets each unit takes count the
     busy units of its tile and of its chunk (a wrong count would hang a finalizer or skip it)."""
+    from hpccoll_eigensolver.layout import numroc
     from hpccoll_eigensolver.sytrd_device import layout_glob
 
     for rank in range(nprocs):
-        nloc = _local_n(n, nb, nprocs, rank)
+        nloc = numroc(n, nb, rank, nprocs)
         for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
             units = _symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide)
             seen = [cell for cells, _, _ in units.values() for cell in cells]
