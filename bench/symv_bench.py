@@ -83,7 +83,8 @@ def main() -> int:
             json.dump({"n": n, "nb": nb, "nprocs": a.nprocs, "rank": a.rank, "k": a.k, "reps": a.reps,
                        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                        "commit": os.environ.get("HPCCOLL_COMMIT", "unknown"), "rows": rows}, fh, indent=1)
-    bad = [r for r in rows if not r["max_rel_err"] < 1e-12]
+    # SY_NOTICKET=1 is timing only (no finalizers: its y is wrong by design)
+    bad = [r for r in rows if not r["max_rel_err"] < 1e-12 and "SY_NOTICKET=1" not in r["variant"]]
     if bad:
         print(f"symv_bench: {len(bad)} results off the CuPy reference", file=sys.stderr)
         return 1

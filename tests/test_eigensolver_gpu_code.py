@@ -68,7 +68,7 @@ def test_w_update_matches_latrd():
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0")])
+@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1")])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
     HPCCOLL_EIG_SYMV can select."""
@@ -80,7 +80,7 @@ def test_sytrd_step_kernels_compile(defines):
     src = (Path(_xp.__file__).parent / "sytrd_step.cu").read_bytes()
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"sytrd_step.cu", 0, None, None), "create")
-    flags = [b"--gpu-architecture=sm_90", b"-std=c++17"] + [f"-D{d}".encode() for d in defines]
+    flags = [b"--gpu-architecture=sm_90"] + [o.encode() for o in _xp.module_options(defines)]
     opts = (ctypes.c_char_p * len(flags))(*flags)
     _check(lib, lib.nvrtcCompileProgram(prog, len(flags), opts), "compile", prog)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))

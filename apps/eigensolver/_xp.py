@@ -30,9 +30,16 @@ def raw_module(filename: str, defines: tuple[str, ...] = ()):
     mod = _raw_modules.get(key)
     if mod is None:
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)) as fh:
-            options = ("-std=c++17",) + tuple(f"-D{d}" for d in defines)
-            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=options)
+            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=module_options(defines))
     return mod
+
+
+def module_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Compiler options of raw_module: C++17, hpccoll's device headers on the include path
+    (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls), the macros."""
+    from hpccoll._nvrtc import cuda_dir
+
+    return ("-std=c++17", f"-I{cuda_dir()}") + tuple(f"-D{d}" for d in defines)
 
 
 def get_xp(*arrays):

@@ -12,12 +12,20 @@ column, so one captured graph of nb steps serves every full panel of the same ow
 
 Both collectives have fixed sizes (n + 4 and n doubles), so they are captured once too.
 Communicators that cannot run under stream capture (the host backend) run the same kernels
-and collectives eagerly ("eager").  The math is sytrd_twin's, which the CPU tests check
+and collectives eagerly ("eager").
+
+"fused" (the default on hpccoll's deterministic sentinel communicator): no collective
+launches at all.  sytrd_col stores the owner's column straight into every rank's symmetric
+workspace and sytrd_symv its final sums, with hpccoll's sentinel protocol per element
+(FusedWorkspace; sytrd_step.cu explains the buffers and why the double buffering is the
+credit); the readers poll.  Three graph nodes per column instead of five, the same bits as
+the sentinel Allreduce.  The math is sytrd_twin's, which the CPU tests check
 against solver._sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
 reproducible on a deterministic communicator.
 
-HPCCOLL_EIG_SYTRD: "graph" (default where the communicator allows), "eager", or "ops" (the
-CuPy-op column step)."""
+HPCCOLL_EIG_SYTRD: "auto" (fused on the sentinel communicator, graph on the other device
+communicators, eager on the host), "fused", "graph", "eager", or "ops" (the CuPy-op column
+step)."""
 from __future__ import annotations
 
 import os
@@ -33,7 +41,7 @@ SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 
 
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE")
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET")
 
 
 def symv_defines() -> tuple[str, ...]:
@@ -65,23 +73,128 @@ def product_for() -> str:
 _streams: dict = {}   # device -> the tridiagonalization's stream
 
 
+def fusable(comm) -> str | None:
+    """Why the fused transfers cannot serve `comm` (None: they can): they need hpccoll's CUDA
+    backend (its symmetric workspace and peer mappings) and the lower-triangle product."""
+    inner = getattr(comm, "uncounted", comm)
+    if getattr(inner, "backend", None) != "cuda":
+        return f"backend {getattr(inner, 'backend', None)!r} is not hpccoll's cuda backend"
+    if product_for() != "lower":
+        return "HPCCOLL_EIG_GEMV=full (the fused stores live in the lower-triangle product)"
+    shared = getattr(getattr(inner, "_device", None), "ranks_per_gpu", 1)
+    if shared > 1:
+        # a product kernel's hundreds of polling blocks could fill the GPU and starve the
+        # owner's sytrd_col of another rank on it (the collectives cap their grids instead)
+        return f"{shared} ranks share a GPU"
+    return None
+
+
 def mode_for(comm) -> str:
-    """'graph', 'eager' or 'ops' for this communicator (HPCCOLL_EIG_SYTRD overrides)."""
+    """'fused', 'graph', 'eager' or 'ops' for this communicator (HPCCOLL_EIG_SYTRD overrides).
+
+    auto: fused on hpccoll's deterministic sentinel communicator (the same bits as its
+    Allreduce), graph on the other device communicators (the LL and LL128 paths keep their
+    own collectives: LL128's atomics are what the report measures), eager on the host."""
     want = os.environ.get("HPCCOLL_EIG_SYTRD", "auto")
-    if want not in ("auto", "graph", "eager", "ops"):
-        raise ValueError(f"HPCCOLL_EIG_SYTRD={want!r}: use auto, graph, eager or ops")
-    backend = getattr(comm, "backend", None)
+    if want not in ("auto", "fused", "graph", "eager", "ops"):
+        raise ValueError(f"HPCCOLL_EIG_SYTRD={want!r}: use auto, fused, graph, eager or ops")
+    inner = getattr(comm, "uncounted", comm)
+    backend = getattr(inner, "backend", None)
+    if want == "fused":
+        why = fusable(comm)
+        if why:
+            raise ValueError(f"HPCCOLL_EIG_SYTRD=fused: {why}; use auto or graph")
+        return "fused"
     if want == "graph" and backend not in ("cuda", "nccl"):
         return "eager"
     if want == "auto":
+        sentinel = getattr(inner, "deterministic", False) and "sentinel" in str(getattr(inner, "algorithm", ""))
+        if sentinel and fusable(comm) is None:
+            return "fused"
         return "graph" if backend in ("cuda", "nccl") else "eager"
     return want
+
+
+class FusedWorkspace:
+    """The fused transfers' symmetric memory (sytrd_step.cu's Fused): hpccoll's Workspace (control
+    region with the abort flag and error record, peers mapped over CUDA IPC) holding bbR[2][n + 4]
+    and yR[2][nranks][2n], every word armed with the sentinel; and the kernels' Fused struct in
+    device memory.  One per (communicator, n), kept: opening it exchanges IPC handles."""
+
+    SENTINEL = 0xFFFAFFFAFFFAFFFA   # proto_sentinel.cuh, 8-byte elements
+
+    def __init__(self, comm, n: int):
+        import ctypes
+
+        import cupy as cp
+        from hpccoll._driver import Args
+        from hpccoll._symm import CTRL_BYTES, Workspace
+
+        inner = getattr(comm, "uncounted", comm)
+        mpi = inner.mpi_comm
+        self.n, self.nranks = n, mpi.Get_size()
+        align = lambda b: -(-b // 256) * 256  # noqa: E731
+        self.bb_off = CTRL_BYTES
+        self.y_off = self.bb_off + align(2 * (n + 4) * 8)
+        total = self.y_off + align(2 * self.nranks * 2 * n * 8)
+        self.ws = Workspace(mpi, total)
+        self.ws.probe_peers(mpi)
+        self.ws.view(self.bb_off, total - self.bb_off, np.uint64).fill(np.uint64(self.SENTINEL))
+        a = Args()
+        for r, ptr in enumerate(self.ws.peers):
+            a.peers[r] = ptr
+        a.timeoutNs = int(float(getattr(inner, "timeout", 30.0)) * 1e9)
+        a.hostErr = self.ws.host_err_dev
+        a.rank, a.nranks, a.root, a.iters = mpi.Get_rank(), self.nranks, 0, 1
+        raw = bytes(a) + np.array([self.bb_off, self.y_off], dtype=np.int64).tobytes()
+        assert ctypes.sizeof(Args) % 8 == 0
+        self.struct = cp.asarray(np.frombuffer(raw, dtype=np.uint8))
+        cp.cuda.runtime.deviceSynchronize()
+        mpi.Barrier()  # every rank's words are armed before anyone writes into them
+
+    def check(self) -> None:
+        """Raise CollectiveTimeout where a poll of the last use timed out (after a sync)."""
+        from hpccoll.errors import CollectiveTimeout
+
+        if self.ws.host_error():
+            rec = self.ws.error_record()
+            raise CollectiveTimeout(
+                f"sytrd (fused): rank {self.ws.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
+                f"{rec['peer']} (element {rec['slot']}); a peer never arrived or died",
+                collective="sytrd", peer=rec["peer"], slot=rec["slot"], waited_s=rec["waited_ns"] / 1e9)
+
+    def free(self) -> None:
+        self.ws.free()
+
+
+def _kept(comm) -> dict:
+    """n -> FusedWorkspace, kept on the communicator object itself (they go together)."""
+    inner = getattr(comm, "uncounted", comm)
+    return inner.__dict__.setdefault("_eig_fused", {})
+
+
+def fused_workspace(comm, n: int) -> FusedWorkspace:
+    """The kept FusedWorkspace of this communicator and n (collective on first use)."""
+    kept = _kept(comm)
+    fw = kept.get(n)
+    if fw is None:
+        fw = kept[n] = FusedWorkspace(comm, n)
+    return fw
+
+
+def release_fused(comm) -> None:
+    """Free this communicator's fused workspaces (collective: every rank calls it)."""
+    kept = _kept(comm)
+    getattr(comm, "uncounted", comm).mpi_comm.Barrier()  # no rank still writes into them
+    for fw in kept.values():
+        fw.free()
+    kept.clear()
 
 
 class _Step:
     """Buffers, kernels and launch shapes of one tridiagonalization (one rank)."""
 
-    def __init__(self, C, desc: BlockCyclic, rank: int):
+    def __init__(self, C, desc: BlockCyclic, rank: int, fused: FusedWorkspace | None = None):
         import cupy as cp
 
         n, nb = desc.n, desc.nb
@@ -122,6 +235,8 @@ class _Step:
         # layout_glob / layout_first_after below, tested against desc.local_cols)
         self.nloc64, self.np32, self.rank32 = np.int64(self.nloc), np.int32(desc.nprocs), np.int32(rank)
         self.gemv_grid = (self.nt if self.product == "lower" else self.g1) * splits + 2 * nb
+        self.fused = fused
+        self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -133,25 +248,26 @@ class _Step:
         `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
         stages - col, bcast, gemv, allreduce, w - so that timing variants with and without a
         stage gives its cost inside the captured graph."""
-        k, n = self.k, self.n64
+        k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
-            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb))
-        if "bcast" not in skip:
+            k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
+                                          self.fz))
+        if "bcast" not in skip and not fused:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
         if "gemv" not in skip and self.product == "lower":
             k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
-                                                self.d, self.e, self.tau))
+                                                self.d, self.e, self.tau, self.fz))
         elif "gemv" not in skip:
             k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.tick, self.smax32, self.s, self.d,
                                                 self.e, self.tau))
-        if "allreduce" not in skip:
+        if "allreduce" not in skip and not fused:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
-                                        self.part1))
+                                        self.part1, self.fz))
 
     def end_panel(self, p0: int, p1: int, V) -> None:
         """V's columns of the panel; the trailing update C -= V W^T + W V^T on owned columns > p1."""
@@ -172,16 +288,18 @@ class _Step:
 
 def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
     """d, e, V, tau of C = Q T Q^T (as solver._sytrd_ops returns them); C (CuPy, F order) is
-    overwritten.  mode "graph" or "eager" (see the module doc); comm may be a CountingComm,
-    whose `uncounted` communicator is captured (the collectives are then recorded in bulk,
-    timed from a graph of the two collectives alone).
+    overwritten.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
+    CountingComm, whose `uncounted` communicator is captured (the collectives are then recorded
+    in bulk, timed from a graph of the two collectives alone; fused transfers are recorded with
+    no time: they happen inside the kernels).
 
     Runs on a stream of its own (the legacy default stream cannot be captured), ordered after
     the caller's stream and synchronized at the end (one host sync per call)."""
     import cupy as cp
 
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
-    st = _Step(C, desc, rank)
+    fused = fused_workspace(comm, n) if mode == "fused" else None
+    st = _Step(C, desc, rank, fused)
     V = cp.zeros((n, n), dtype=cp.float64, order="F")
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
@@ -189,7 +307,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
     stream = _stream()
     stream.wait_event(outer.record())
     with stream:
-        graphs = _capture(st, inner, desc, panels, stream) if mode == "graph" else None
+        graphs = _capture(st, inner, desc, panels, stream) if mode in ("graph", "fused") else None
         for p0, p1 in panels:
             st.begin_panel(p0)
             if graphs is None:
@@ -198,11 +316,20 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
             else:
                 graphs[(desc.owner(p0), p1 - p0)].launch(stream=stream)
             st.end_panel(p0, p1, V)
-        if graphs is not None and hasattr(comm, "record"):
+        if fused is not None and hasattr(comm, "record"):
+            comm.record("Bcast (fused into sytrd_col)", st.bb.nbytes, n, 0.0, estimated=True)
+            comm.record("Allreduce (fused into sytrd_symv)", st.y.nbytes, n, 0.0, estimated=True)
+        elif graphs is not None and hasattr(comm, "record"):
             per = _collective_seconds(st, inner, stream)
             comm.record("Bcast", st.bb.nbytes, n, per["Bcast"] * n, estimated=True)
             comm.record("Allreduce", st.y.nbytes, n, per["Allreduce"] * n, estimated=True)
     stream.synchronize()
+    if fused is not None:
+        try:
+            fused.check()
+        except Exception:
+            _kept(comm).pop(n, None)  # its words are in an unknown state
+            raise
     return st.d, st.e[:max(n - 1, 0)], V, st.tau
 
 

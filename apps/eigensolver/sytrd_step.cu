@@ -32,6 +32,9 @@
 // in index order): the same inputs give the same bits on every rank and in every run,
 // whichever block finishes last.
 typedef long long i64;
+#define HC_DTYPE 0         // HC_F64: hpccoll's headers (cuda/, on the include path) for doubles
+#include "ll_buffer.cuh"   // Args, boundedPoll (every wait bounded, timeouts reported)
+#include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
 #define GEMV_TARGET 1024   // sytrd_gemv aims at this many busy blocks (132 SMs x 8 resident)
@@ -50,14 +53,92 @@ struct Layout {
   }
 };
 
+// ---- the fused transfers (HPCCOLL_EIG_SYTRD=fused, sytrd_device.FusedWorkspace) ----
+// The Bcast of bb and the Allreduce of y as stores of the producing kernels straight into
+// every rank's symmetric workspace, with hpccoll's sentinel protocol per 8-byte element
+// (proto_sentinel.cuh: a receive word at rest holds Sentinel::kWord; data equal to it is sent
+// as the canonical NaN), instead of two collective launches per column:
+//   bbR[2][n + 4]          by parity of j: sytrd_col of the owner writes rows >= j + 2 of x
+//                          and, from its last block, the 4 scalars, into every rank
+//   yR[2][nranks][2n]      by parity of j and source rank: sytrd_symv's final row sums
+//                          (rows > j) and column sums (its own columns > j)
+// The readers poll each element until it is not the sentinel (bounded: a missing peer
+// raises the workspace's error word, never a hang), and sytrd_w re-arms every element it
+// read: each element written is read and re-armed by exactly one thread per rank.  The double
+// buffering is the credit (ll_buffer.cuh): rank R writes parity j & 1 again only at column
+// j + 2, after it has heard, through the owner of column j + 2, from every rank's sytrd_symv
+// of column j + 1, which every rank runs after its sytrd_w of column j (stream order) has
+// re-armed that parity.  w sums the sources in rank order, 0.0 for the ranks that do not own
+// a column: the expression the sentinel Allreduce evaluates, so the bits do not change.
+struct Fused {
+  Args a;       // peers, timeoutNs, hostErr, rank, nranks: ll_buffer.cuh's bounded polls
+  i64 bbOff;    // byte offset of bbR in every workspace
+  i64 yOff;     // byte offset of yR
+};
+
+__device__ __forceinline__ u64 ldVol64(const double* p) { return *(const volatile u64*)p; }
+
+// The element at p once it is no longer the sentinel (one load when it has arrived).
+__device__ __noinline__ u64 pollSlow(const Fused* fz, const double* p, int coll, int peer) {
+  u64 b = Sentinel::kWord;
+  boundedPoll(fz->a, coll, [&] { return peer; }, (u64)(p - (const double*)fz->a.peers[fz->a.rank]),
+              [&] { b = ldVol64(p); return b != Sentinel::kWord; });
+  return b;
+}
+
+__device__ __forceinline__ double arrived(const Fused* fz, const double* p, u64 b, int coll, int peer) {
+  if (b == Sentinel::kWord) b = pollSlow(fz, p, coll, peer);
+  return __longlong_as_double(b);
+}
+
+// A value of bb: polled from bbR (sent by rank `owner`) when fused, else a plain load.
+__device__ __forceinline__ double rdBB(const Fused* fz, const double* p, int owner) {
+  return fz ? arrived(fz, p, ldVol64(p), HC_COLL_BCAST, owner) : *p;
+}
+
+__device__ __forceinline__ void rearm(double* p) { *(volatile u64*)p = Sentinel::kWord; }
+
+// Store x at byte offset `off` of every rank's workspace (data never looks unwritten).
+__device__ __forceinline__ void putAll(const Fused* fz, i64 off, double x) {
+  u64 b = __double_as_longlong(x);
+  b = b == Sentinel::kWord ? Sentinel::kCanon : b;
+  for (int r = 0; r < fz->a.nranks; ++r)
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(fz->a.peers[r] + off), "l"(b) : "memory");
+}
+
+// Element offsets (in doubles) of bbR and of yR (source `src`) for column j.
+__device__ __forceinline__ i64 bbAt(i64 n, i64 j) { return (j & 1) * (n + 4); }
+__device__ __forceinline__ i64 yAt(const Fused* fz, i64 n, i64 j, int src) {
+  return ((j & 1) * (i64)fz->a.nranks + src) * 2 * n;
+}
+// My receive buffer bbR of column j (fused), or the plain bb.
+__device__ __forceinline__ const double* bbIn(const Fused* fz, const double* bb, i64 n, i64 j) {
+  return fz ? (const double*)(fz->a.peers[fz->a.rank] + fz->bbOff) + bbAt(n, j) : bb;
+}
+
 // The Householder vector of column j in bb (layout above): at(i) = 0 at rows <= j, 1 at row
-// j + 1, x[i] scale below (the product the owner's last block used to store).
+// j + 1, x[i] scale below (the product the owner's last block used to store).  Fused, x is
+// polled from bbR: load(i) issues the load (several can be in flight), value(i, bits) waits
+// for it where it has not arrived yet.
 struct HVec {
   const double* x;
   double scale;
   i64 j;
-  __device__ __forceinline__ HVec(const double* bb, i64 j_) : x(bb + 4), scale(bb[3]), j(j_) {}
-  __device__ __forceinline__ double at(i64 i) const { return i <= j ? 0.0 : (i == j + 1 ? 1.0 : x[i] * scale); }
+  const Fused* fz;
+  int owner;  // of column j (fused: the rank polled, named in a timeout)
+  __device__ __forceinline__ HVec(const double* bb, i64 j_, const Fused* fz_, int nb)
+      : x(bb + 4), j(j_), fz(fz_), owner(fz_ ? (int)((j_ / nb) % fz_->a.nranks) : 0) {
+    scale = rdBB(fz, bb + 3, owner);
+  }
+  __device__ __forceinline__ u64 load(i64 i) const {
+    return i <= j + 1 ? 0ull : (fz ? ldVol64(x + i) : (u64)__double_as_longlong(x[i]));
+  }
+  __device__ __forceinline__ double value(i64 i, u64 b) const {
+    if (i <= j) return 0.0;
+    if (i == j + 1) return 1.0;
+    return (fz ? arrived(fz, x + i, b, HC_COLL_BCAST, owner) : __longlong_as_double(b)) * scale;
+  }
+  __device__ __forceinline__ double at(i64 i) const { return value(i, load(i)); }
 };
 
 // True W element (r, q) of the panel: Wraw + al[q] V, one fma (the stored form's rounding).
@@ -100,10 +181,18 @@ __device__ __forceinline__ double dotV(const double* x, const HVec& v, i64 n) {
   double p[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
   const i64 step = blockDim.x;
   for (i64 b = v.j + 1 + threadIdx.x; b < n; b += 8 * step) {
+    double xs[8];
+    u64 vb[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const i64 i = b + u * step;
-      if (i < n) p[u] += x[i] * v.at(i);
+      xs[u] = i < n ? x[i] : 0.0;
+      vb[u] = i < n ? v.load(i) : 0ull;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const i64 i = b + u * step;
+      if (i < n) p[u] += xs[u] * v.value(i, vb[u]);
     }
   }
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
@@ -162,11 +251,12 @@ __device__ __forceinline__ i64 chunksFor(i64 target, i64 tiles, i64 m, i64 minCo
 }
 
 // The step's scalars from bb: d_j, and tau_j, e_j below the last column (one thread).
-__device__ __forceinline__ void storeScalars(const double* bb, i64 j, i64 n, double* d, double* e, double* tau) {
-  d[j] = bb[0];
-  if (j + 1 < n) {
-    tau[j] = bb[1];
-    e[j] = bb[2];
+__device__ __forceinline__ void storeScalars(const HVec& v, const double* bb, i64 n, double* d, double* e,
+                                             double* tau) {
+  d[v.j] = rdBB(v.fz, bb, v.owner);
+  if (v.j + 1 < n) {
+    tau[v.j] = rdBB(v.fz, bb + 1, v.owner);
+    e[v.j] = rdBB(v.fz, bb + 2, v.owner);
   }
 }
 
@@ -194,7 +284,7 @@ extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
 // block then does LAPACK dlarfg's scalars and stores them in bb[0..4).
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
                                                             const double* al, i64* st, double* part,
-                                                            double* bb) {
+                                                            double* bb, const Fused* fz) {
   __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1], lj = st[2];
   const int lane = threadIdx.x & 31;
@@ -212,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     if (row) {
       x = C[r + lj * n] - corr;
       bb[4 + r] = x;
+      if (fz && r >= j + 2) putAll(fz, fz->bbOff + 8 * (bbAt(n, j) + 4 + r), x);  // what HVec reads
     }
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
@@ -232,6 +323,10 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     bb[1] = tau;
     bb[2] = beta;
     bb[3] = scale;
+    if (fz) {
+      const double sc[4] = {bb[0], tau, beta, scale};
+      for (int q = 0; q < 4; ++q) putAll(fz, fz->bbOff + 8 * (bbAt(n, j) + q), sc[q]);
+    }
   }
 }
 
@@ -250,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
   __shared__ double sh[TPB];
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const HVec v(bb, j);
+  const HVec v(bb, j, nullptr, nb);  // the full product is never fused
   const i64 RT = (n + 31) / 32;
   const i64 gemvBlocks = (i64)gridDim.x - 2 * nb;
   if (blockIdx.x < gemvBlocks) {
@@ -271,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     }
     const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
     if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v.at(r);
-    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
+    if (b == 0 && threadIdx.x == 0) storeScalars(v, bb, n, d, e, tau);
     if (S == 1) {
       if (threadIdx.x < 32 && r < n) y[r] = sum;
       return;
@@ -329,19 +424,29 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #ifndef SY_WIDE
 #define SY_WIDE 2048
 #endif
+#ifndef SY_NOTICKET
+#define SY_NOTICKET 0
+#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
-    double* d, double* e, double* tau) {
+    double* d, double* e, double* tau, const Fused* fz) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
   __shared__ double vrSh[SY_R];
+  __shared__ double vcSh[2 * SY_C];
   __shared__ bool lastSh[2];
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const HVec v(bb, j);
+  const double* bbr = bbIn(fz, bb, n, j);
+  const HVec v(bbr, j, fz, nb);
+  // Fused: a final value of y also goes to every rank's yR (rows > j only: w reads no others).
+  const auto putY = [&](i64 idx, double val) {
+    y[idx] = val;
+    if (fz && (idx >= n || idx > j)) putAll(fz, fz->yOff + 8 * (yAt(fz, n, j, rank) + idx), val);
+  };
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
   const i64 dotBase = SY_DOT_FIRST ? 0 : symvBlocks;
@@ -360,17 +465,23 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const i64 c0 = lo + ch * cw, c1 = min(nloc, c0 + cw);
   const i64 rowUnits = (L.firstAfter(tileEnd) - lo + cw - 1) / cw;  // chunks reaching this tile
   const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
+  if (ch >= rowUnits && !(ch == 0 && rowUnits == 0)) return;  // the unit lies above the diagonal
+  // The tile's rows of v, and v at the chunk's columns (shared: registers are short; both
+  // loads in flight together, then waited for where fused).
+  const i64 cv0 = c0 + threadIdx.x, gv = cv0 < c1 ? L.glob(cv0) : 0;
+  const u64 vbRow = i < n ? v.load(i) : 0ull, vbCol = cv0 < c1 ? v.load(gv) : 0ull;
+  const double vi = i < n ? v.value(i, vbRow) : 0.0;
+  if (cv0 < c1) vcSh[threadIdx.x] = v.value(gv, vbCol);
+  vrSh[threadIdx.x] = vi;
   if (ch == 0) {
-    if (i < n) P[i + k * n] = v.at(i);
-    if (b == 0 && threadIdx.x == 0) storeScalars(bb, j, n, d, e, tau);
+    if (i < n) P[i + k * n] = vi;
+    if (b == 0 && threadIdx.x == 0) storeScalars(v, bbr, n, d, e, tau);
     if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
-      if (i < n) y[i] = 0.0;
+      if (i < n) putY(i, 0.0);
       return;
     }
   }
-  if (ch >= rowUnits) return;  // the unit lies above the diagonal
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  vrSh[threadIdx.x] = i < n ? v.at(i) : 0.0;  // the tile's rows of v (shared: registers are short)
   const int rows = (int)min((i64)SY_R, n - rbase);
   double racc[SY_U];
 #pragma unroll
@@ -387,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
       const i64 c = cg + q * NW, g = L.glob(c);
       on[q] = c < c1 && g <= tileEnd;  // columns ascend: the rest lie above the tile
       gd[q] = on[q] ? (int)max(g - rbase, (i64)-1) : SY_R;
-      vg[q] = on[q] ? v.at(g) : 0.0;
+      vg[q] = on[q] ? vcSh[c - c0] : 0.0;
       const double* col = C + c * n + rbase + lane;
 #pragma unroll
       for (int u = 0; u < SY_U; ++u) {
@@ -414,8 +525,11 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   double rsum = 0.0;
   for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
   if (i < n) {
-    if (rowUnits == 1) y[i] = rsum; else ypart[ch * n + i] = rsum;
+    if (rowUnits == 1) putY(i, rsum); else ypart[ch * n + i] = rsum;
   }
+#if SY_NOTICKET  // timing only (bench/symv_bench.py): no fence, tickets or finalizers; y is wrong
+  return;
+#endif
   // The chunk's busy tiles are those from the one holding its first column's diagonal on.
   const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
   __threadfence();
@@ -427,12 +541,12 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __syncthreads();
   const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
   if (lastRow || lastCol) __threadfence();
-  if (lastRow && i < n) y[i] = orderedSum(ypart + i, rowUnits, n);
+  if (lastRow && i < n) putY(i, orderedSum(ypart + i, rowUnits, n));
   if (lastCol)
     for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
       const i64 g = L.glob(c);
       const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
-      y[n + g] = orderedSum(cpart + a0 * nloc + c, NT - a0, nloc);
+      putY(n + g, orderedSum(cpart + a0 * nloc + c, NT - a0, nloc));
     }
 }
 
@@ -444,14 +558,27 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 // s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
-                                                          double* part) {
+                                                          double* part, const Fused* fz) {
   __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1];
-  const double t = bb[1];
-  const HVec v(bb, j);
+  double* bbr = (double*)bbIn(fz, bb, n, j);
+  const HVec v(bbr, j, fz, nb);
+  const double t = rdBB(fz, bbr + 1, v.owner);
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
+  // This row's v and (fused) its sums from every rank: loads issued now, waited for below.
+  const bool mine = threadIdx.x < 32 && r < n;
+  const u64 vb = mine ? v.load(r) : 0ull;
+  const int nr = fz ? fz->a.nranks : 1, own = fz ? (int)((r / nb) % nr) : 0;
+  double* yr = fz ? (double*)(fz->a.peers[fz->a.rank] + fz->yOff) + yAt(fz, n, j, 0) + r : nullptr;
+  u64 yb[HC_MAX_RANKS], cb = 0;
+  if (fz && mine && row) {
+#pragma unroll
+    for (int q = 0; q < HC_MAX_RANKS; ++q)
+      if (q < nr) yb[q] = ldVol64(yr + q * 2 * n);
+    cb = ldVol64(yr + own * 2 * n + n);
+  }
   double c = 0.0;
   if (row) {
 #pragma unroll 4
@@ -460,12 +587,32 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   }
   const double corr = tileSum(c, sh);
   if (threadIdx.x < 32) {
-    const double w = row ? t * ((cv[r] + cv[n + r]) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
+    double cvr = 0.0, cvc = 0.0;  // the Allreduce's two halves at row r
+    if (row && fz) {
+      // rank order, 0.0 from the ranks that do not own column r: the Allreduce's expression
+      const double cown = arrived(fz, yr + own * 2 * n + n, cb, HC_COLL_ALLREDUCE, own);
+#pragma unroll
+      for (int q = 0; q < HC_MAX_RANKS; ++q) {
+        if (q >= nr) break;
+        const double x = arrived(fz, yr + q * 2 * n, yb[q], HC_COLL_ALLREDUCE, q);
+        cvr = q == 0 ? x : cvr + x;
+        cvc = q == 0 ? (own == 0 ? cown : 0.0) : cvc + (q == own ? cown : 0.0);
+        rearm(yr + q * 2 * n);
+      }
+      rearm(yr + own * 2 * n + n);
+    } else if (row) {
+      cvr = cv[r];
+      cvc = cv[n + r];
+    }
+    const double w = row ? t * ((cvr + cvc) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
     if (r < n) P[r + (nb + k) * n] = w;
-    const double dot = warpSum(r < n ? w * v.at(r) : 0.0);
+    const double dot = warpSum(mine ? w * v.value(r, vb) : 0.0);
+    if (fz && r >= j + 2 && r < n) rearm(bbr + 4 + r);  // read (value) above: x[r] of bbR
     if (lane == 0) part[blockIdx.x] = dot;
   }
   if (!lastBlock(st + 4, gridDim.x)) return;
+  // Every block has read bbR's scalars (t, v's scale) before its ticket: re-arm them.
+  if (fz && threadIdx.x < 4) rearm(bbr + threadIdx.x);
   const double dot = sumParts(part, gridDim.x, sh);
   if (threadIdx.x == 0) {
     al[k] = -0.5 * t * dot;

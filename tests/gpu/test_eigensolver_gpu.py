@@ -185,3 +185,70 @@ def test_gpu_tridiag_dc_hard_matrices(leaf):
             assert np.abs(w - ref).max() <= 10 * n * eps * nt, msg
             assert np.linalg.norm(Z.T @ Z - np.eye(n)) <= 10 * n * eps, msg
             assert np.linalg.norm(T @ Z - Z * w) <= 50 * n * eps * nt, msg
+
+
+@pytest.fixture(scope="module")
+def sentinel_comm():
+    c = hpccoll.Communicator(backend="cuda", algorithm="oneshot_sentinel", deterministic=True)
+    yield c
+    c.Free()
+
+
+@pytest.mark.parametrize("n,nb", [(203, 32), (77, 16), (1100, 64), (515, 8)])
+def test_gpu_sytrd_fused_equals_the_collectives(sentinel_comm, n, nb):
+    """The fused transfers (sentinel stores from sytrd_col and sytrd_symv into the peers, no
+    collective launches) give the bits of the same kernels with the sentinel Bcast and
+    Allreduce, at odd sizes and panel widths; twice in a row on the same workspace (every word
+    re-armed: a stale one would be read as data and change the bits)."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import BlockCyclic, distribute
+    from hpccoll_eigensolver.sytrd_device import mode_for, sytrd_device
+
+    if WORLD.allreduce(int(mode_for(sentinel_comm) != "fused"), op=MPI.MAX):
+        pytest.skip("several ranks share a GPU: the fused transfers are off (sytrd_device.fusable)")
+    rng = np.random.default_rng(7 * n + WORLD.Get_size())
+    desc = BlockCyclic(n, n, nb, sentinel_comm.size)
+    a = WORLD.bcast(rng.standard_normal((n, n)), root=0)
+    C = (a + a.T) / 2
+    outs = []
+    for mode in ("graph", "fused", "fused"):
+        local = cp.asfortranarray(cp.asarray(distribute(C, desc, sentinel_comm.rank)))
+        outs.append([cp.asnumpy(x).tobytes() for x in sytrd_device(local, desc, sentinel_comm, mode)])
+    assert outs[1] == outs[0]
+    assert outs[2] == outs[0]
+    assert len(set(WORLD.allgather(outs[1][0]))) == 1
+
+
+def test_gpu_sytrd_fused_missing_peer_times_out():
+    """A rank that never runs its column steps: the others' polls give up after the
+    communicator's timeout with CollectiveTimeout naming the rank, instead of hanging."""
+    import time
+
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll.errors import CollectiveTimeout
+    from hpccoll_eigensolver import BlockCyclic, distribute
+    from hpccoll_eigensolver.sytrd_device import fused_workspace, mode_for, release_fused, sytrd_device
+
+    c = hpccoll.Communicator(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, timeout=2.0)
+    try:
+        if WORLD.allreduce(int(mode_for(c) != "fused"), op=MPI.MAX):
+            pytest.skip("several ranks share a GPU: the fused transfers are off")
+        n, nb = 96, 16
+        desc = BlockCyclic(n, n, nb, c.size)
+        fused_workspace(c, n)  # collective: every rank opens it
+        absent = c.size - 1
+        if c.rank != absent:
+            a = np.random.default_rng(3).standard_normal((n, n))
+            C = cp.asfortranarray(cp.asarray(distribute(a + a.T, desc, c.rank)))
+            t0 = time.perf_counter()
+            with pytest.raises(CollectiveTimeout) as info:
+                sytrd_device(C, desc, c, "fused")
+            assert time.perf_counter() - t0 < 60
+            assert info.value.peer == absent
+        release_fused(c)
+    finally:
+        c.Free()
