@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|symvpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|symvpick|symv|fused|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -103,6 +103,20 @@ print(min(ok, key=ok.get) if ok else "default")
 PYEOF
 )
       export HPCCOLL_EIG_SYMV=$pick; echo "HPCCOLL_EIG_SYMV=$pick (fastest correct over the columns timed)" | tee -a "$OUT/symv-bench.txt" ;;
+    symv)  # sytrd_symv's variants alone, timing only (no pick)
+      CUPY_ACCELERATORS= timeout 150 python3 bench/symv_bench.py --n "${SYTRD_N:-8192}" --variants "${SYMV_VARIANTS:-default}" \
+        --json "$OUT/symv-bench.json" 2>&1 | tee "$OUT/symv-bench.txt" ;;
+    fused)  # the fused sytrd (auto on sentinel) against the same kernels with collectives, NCCL, one GPU
+      for N in ${FUSED_N:-8192}; do
+        for mode in auto graph; do
+          comms=sentinel; [[ $mode == auto ]] && comms=${FUSED_COMMS:-sentinel,nccl}
+          extra=(); [[ $mode == auto ]] && extra=(${FUSED_ANCHORS:---single-gpu})
+          HPCCOLL_EIG_SYTRD=$mode HPCCOLL_EIG_PROBLEM_CACHE=/tmp/eig-problems CUPY_ACCELERATORS= timeout ${EIG_LIMIT:-300} \
+            python3 -m hpccoll_eigensolver.cli compare --out /tmp/eig/n$N-$mode --n $N --comm $comms "${extra[@]}" --ranks 2 \
+            --repeat ${FUSED_REPEAT:-3} --no-sync-collectives --no-reference --save-vectors no 2>&1 | tail -25 | tee -a "$OUT/fused.txt"
+        done
+      done
+      tar czf "$OUT/fused.tar.gz" --exclude='*.npy' -C /tmp/eig . ;;
     sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" --gemv "${SYTRD_GEMV:-lower,full}" \
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;
