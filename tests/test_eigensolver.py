@@ -188,6 +188,33 @@ def test_report_from_synthetic_runs(tmp_path):
     assert "three or more contributions" in md and "nccl" in md and "no GPU" in md
 
 
+def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
+    """The report's target table from the recorded 8192 job (3867fac: sentinel, NCCL,
+    cuSOLVERMp, one GPU): the verdicts follow from the medians, and a person's analysis.md in
+    the directory is carried into report.md."""
+    import tarfile
+
+    job = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "eigensolver",
+                       "2026-11-30-h200x2-3867fac")
+    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
+        for m in tar.getmembers():
+            if m.isfile() and "n8192/" in m.name and m.name.endswith(".json"):
+                (tmp_path / os.path.basename(m.name)).write_bytes(tar.extractfile(m).read())
+    (tmp_path / "analysis.md").write_text("The product kernel is latency-bound (measured).")
+    build_report(str(tmp_path))
+    rep = json.loads((tmp_path / "report.json").read_text())
+    got = {t["target"]: t for t in rep["targets"]}
+    by = {c["comm"]: c for c in rep["configurations"]}
+    ts, tc = by["sentinel"]["median_solve_seconds"], by["cusolvermp"]["median_solve_seconds"]
+    assert got["≥ 2× faster than cuSOLVERMp sygvd"]["met"] == (tc / ts >= 2) == True  # noqa: E712
+    nccl = got["sentinel ≥ 15% faster end to end than NCCL"]
+    assert nccl["met"] == (1 - ts / by["nccl"]["median_solve_seconds"] >= 0.15)
+    assert got["bitwise identical across runs and ranks"]["met"]
+    assert "2 GPUs faster than one GPU (CuPy)" in got
+    md = (tmp_path / "report.md").read_text()
+    assert "Against the targets" in md and "latency-bound (measured)" in md
+
+
 def test_report_from_recorded_gpu_runs(tmp_path):
     """The report rebuilt from the committed GPU run JSON (2xH200, 4 ranks on 2 GPUs under MPS,
     n=2048, 10 runs each): the facts the issue asks for come out of the recorded data."""

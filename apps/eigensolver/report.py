@@ -155,6 +155,57 @@ def _cross_config(groups: list[dict]) -> list[dict]:
     return out
 
 
+def _targets(groups: list[dict]) -> list[dict]:
+    """Issue #5's targets, checked on what this directory holds (per problem and n): the
+    deterministic path (sentinel) against cuSOLVERMp, one GPU and NCCL at the same rank count,
+    and its digests.  Rows only where both sides ran."""
+    rows = []
+    by = defaultdict(dict)
+    for g in groups:
+        by[(g["problem"], g["n"])][(g["comm"], g["ranks"])] = g
+
+    def worst(g, key):
+        xs = [x for x in g[key] if x is not None]
+        return max(xs) if xs else None
+
+    for (problem, n), cfg in sorted(by.items()):
+        for (comm, ranks), s in sorted(cfg.items()):
+            if comm != "sentinel":
+                continue
+            ts = s["median_solve_seconds"]
+            where = f"{problem} n={n}, {ranks} ranks"
+            cm = cfg.get(("cusolvermp", ranks))
+            if cm and ts and cm["median_solve_seconds"]:
+                x = cm["median_solve_seconds"] / ts
+                rows.append({"target": "≥ 2× faster than cuSOLVERMp sygvd", "where": where,
+                             "measured": f"{cm['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×", "met": x >= 2})
+                rr = [worst(s, k) / worst(cm, k) if worst(s, k) is not None and worst(cm, k) else None
+                      for k in ("residual", "b_orthogonality")]
+                if None not in rr:
+                    rows.append({"target": "residual and B-orthogonality within 10× of cuSOLVERMp's", "where": where,
+                                 "measured": f"{rr[0]:.2f}× and {rr[1]:.2f}×", "met": max(rr) <= 10})
+            one = cfg.get(("single-gpu", 1))
+            if one and ts and one["median_solve_seconds"] and ranks > 1:
+                x = one["median_solve_seconds"] / ts
+                rows.append({"target": f"{ranks} GPUs faster than one GPU (CuPy)", "where": where,
+                             "measured": f"{one['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×", "met": x > 1})
+            nc = cfg.get(("nccl", ranks))
+            if nc and ts and nc["median_solve_seconds"]:
+                tn = nc["median_solve_seconds"]
+                less = 1 - ts / tn
+                rows.append({"target": "sentinel ≥ 15% faster end to end than NCCL", "where": where,
+                             "measured": f"{tn:.3f} vs {ts:.3f} s: {100 * less:.1f}% less time ({tn / ts:.2f}× the speed)",
+                             "met": less >= 0.15})
+            same = s["distinct_eigenvalue_digests"] == 1 and s["distinct_eigenvector_digests"] == 1 \
+                and s["ranks_agree_on_eigenvalues_all_runs"]
+            rows.append({"target": "bitwise identical across runs and ranks", "where": where,
+                         "measured": f"{s['runs']} runs: {s['distinct_eigenvalue_digests']} w digest(s), "
+                                     f"{s['distinct_eigenvector_digests']} X digest(s), ranks "
+                                     f"{'agree' if s['ranks_agree_on_eigenvalues_all_runs'] else 'DIFFER'}",
+                         "met": same})
+    return rows
+
+
 def _plots(directory: str, groups: list[dict]) -> list[str]:
     try:
         import matplotlib
@@ -290,6 +341,17 @@ def build_report(directory: str) -> list[str]:
         md.append(f"| {g['problem']} | {g['n']} | {g['comm']} | {g['ranks']} | {_fmt(mx(g['residual']))} | "
                   f"{_fmt(mx(g['b_orthogonality']))} | {_fmt(mx(g['eigenvalue_error']))} | "
                   f"{_fmt(mx(g['eigenvalue_error_vs_scipy']))} |")
+    targets = _targets(groups)
+    if targets:
+        md += ["", "## Against the targets (issue #5)", "",
+               "Medians over runs, from this directory only (the same job); 'less time' = 1 − t_sentinel/t_nccl.", "",
+               "| target | where | measured | met |", "|---|---|---|---|"]
+        md += [f"| {t['target']} | {t['where']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
+               for t in targets]
+    notes = os.path.join(directory, "analysis.md")
+    if os.path.exists(notes):  # a person's analysis of what the numbers show (kept with the runs)
+        with open(notes) as f:
+            md += ["", "## Analysis", "", f.read().strip()]
     if failures:
         md += ["", "## Configurations that did not run", ""]
         for f in failures:
@@ -307,7 +369,7 @@ def build_report(directory: str) -> list[str]:
     with open(js_path, "w") as f:
         json.dump({"schema": "hpccoll-eigensolver/report/1", "note": ATOMICS_NOTE, "rank_counts": rank_counts,
                    "configurations": [{k: v for k, v in g.items() if k != "w0"} for g in groups],
-                   "across_configurations": cross,
+                   "across_configurations": cross, "targets": targets,
                    "failures": [{k: v for k, v in f.items() if k != "_path"} for f in failures]},
                   f, indent=1, default=str)
     return [md_path, js_path] + pngs
