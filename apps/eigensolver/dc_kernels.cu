@@ -108,7 +108,8 @@ extern "C" __global__ void dc_secular(const double* d, const double* z2, long lo
   parts2(d, z2, k, j, o, t, t, q, unused, sh);
   for (int it = 0; it < steps; ++it) {
     const double f = 1.0 + rho * (q.psi + q.phi);
-    if (fabs(f) <= 8.0 * (double)k * eps * (1.0 + rho * (fabs(q.psi) + fabs(q.phi)))) break;
+    // converged: _secular's test (rounding of the terms, plus eps |tau| f')
+    if (fabs(f) <= eps * (8.0 * (1.0 + rho * (fabs(q.psi) + fabs(q.phi))) + fabs(t) * rho * (q.dpsi + q.dphi))) break;
     if (f < 0.0) lo = t;  // f increases with lam (a NaN f moves neither end, as in _secular)
     if (f >= 0.0) hi = t;
     const double sMid = middleWay(q, t, pL, pR, Delta, rho, right, last);
