@@ -32,6 +32,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="4096,8192")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--leaf", default=None, help="comma list of device leaf sizes (default: tridiag_dc's)")
+    ap.add_argument("--streams", default=None, help="comma list of leaf stream counts (default: tridiag_dc's)")
     opts = ap.parse_args()
     import cupy as cp
 
@@ -51,10 +53,14 @@ def main() -> int:
     rng = np.random.default_rng(5)
     d0, e0 = rng.standard_normal(600), rng.standard_normal(599)
     tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d0), cp.asarray(e0), cp)  # compile
-    for n in (int(x) for x in opts.n.split(",")):
-        for name, (d, e) in _matrices(n, rng).items():
+    leaves_list = [int(x) for x in opts.leaf.split(",")] if opts.leaf else [tridiag_dc.LEAF_DEVICE]
+    streams_list = [int(x) for x in opts.streams.split(",")] if opts.streams else [tridiag_dc.STREAMS]
+    configs = [(n, lf, st) for n in (int(x) for x in opts.n.split(",")) for lf in leaves_list for st in streams_list]
+    for n, leaf, streams in configs:
+        tridiag_dc.STREAMS = streams
+        for name, (d, e) in _matrices(n, np.random.default_rng(n)).items():
             dx, ex = cp.asarray(d), cp.asarray(e)
-            solve = lambda: tridiag_dc.eigh_tridiagonal_dc(dx, ex, cp)  # noqa: E731
+            solve = lambda: tridiag_dc.eigh_tridiagonal_dc(dx, ex, cp, leaf)  # noqa: E731
             solve()
             times = [timed(solve)[0] for _ in range(3)]
             tridiag_dc.PROFILE = {}
@@ -69,14 +75,14 @@ def main() -> int:
             orth = float(cp.linalg.norm(Z.T @ Z - cp.eye(n))) / (n * eps)
             w_ref = cp.asnumpy(dense()[0])
             leaves = {}  # the leaves alone, both ways (tridiag_dc.LEAVES)
-            bounds = list(range(0, n, tridiag_dc.LEAF_DEVICE)) + [n]
+            bounds = list(range(0, n, leaf)) + [n]
             leaves["device"] = timed(lambda: tridiag_dc._dense_batch(dx, ex, bounds, cp))[0]
             leaves["host"] = timed(lambda: tridiag_dc._leaves_on_host(dx, ex, bounds, cp))[0]
-            row = {"n": n, "matrix": name, "dc_s": statistics.median(times), "dense_syevd_s": t_dense,
+            row = {"n": n, "leaf": leaf, "streams": streams, "matrix": name, "dc_s": statistics.median(times), "dense_syevd_s": t_dense,
                    "profiled_s": t_prof, "steps_s": prof, "leaves_s": leaves, "leaves": tridiag_dc.LEAVES, "residual": res, "orthogonality": orth,
                    "eig_diff_vs_syevd": float(np.abs(cp.asnumpy(w) - w_ref).max() / nt)}
             rows.append(row)
-            print(f"n={n} {name:9s} dc {row['dc_s']:.4f} s  syevd(T) {t_dense:.4f} s  res {res:.2f}  "
+            print(f"n={n} leaf={leaf} streams={streams} {name:9s} dc {row['dc_s']:.4f} s  syevd(T) {t_dense:.4f} s  res {res:.2f}  "
                   f"orth {orth:.2f}  |w-w_syevd|/|T| {row['eig_diff_vs_syevd']:.1e}", flush=True)
             print("   " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(prof.items(), key=lambda kv: -kv[1]))
                   + f"   | leaves alone: device {leaves['device']:.4f} host {leaves['host']:.4f}", flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|symvpick|symv|fused|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -117,6 +117,25 @@ PYEOF
         done
       done
       tar czf "$OUT/fused.tar.gz" --exclude='*.npy' -C /tmp/eig . ;;
+    dcpick)  # the GPU divide and conquer's leaf size and leaf streams, timed alone; keep the fastest
+      CUPY_ACCELERATORS= timeout 200 python3 bench/dc_profile.py --n 8192 --leaf "${DC_LEAVES:-128,256,512}" \
+        --streams "${DC_STREAMS:-1,4}" --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt"
+      pick=$(python3 - "$OUT/dc-profile.json" <<'PYEOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = {}
+for r in rows:  # both matrices, accurate only
+    k = (r["leaf"], r["streams"])
+    t, ok = tot.get(k, (0.0, True))
+    tot[k] = (t + r["dc_s"], ok and r["residual"] < 10 and r["orthogonality"] < 10)
+good = {k: t for k, (t, ok) in tot.items() if ok}
+leaf, streams = min(good, key=good.get) if good else (256, 1)
+print(leaf, streams)
+PYEOF
+)
+      read -r leaf streams <<<"$pick"
+      export HPCCOLL_DC_LEAF=$leaf HPCCOLL_DC_STREAMS=$streams
+      echo "HPCCOLL_DC_LEAF=$leaf HPCCOLL_DC_STREAMS=$streams (fastest accurate at n=8192)" | tee -a "$OUT/dc-profile.txt" ;;
     sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" --gemv "${SYTRD_GEMV:-lower,full}" \
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;

@@ -76,7 +76,7 @@ def machine_info(xp) -> dict:
         info["cupy"] = xp.__version__
     # the solver's switches in force (HPCCOLL_EIG_SYMV, _POTRF, _GEMV, _SYTRD, ...): a run says
     # which variant produced it
-    info["eig_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("HPCCOLL_EIG_")}
+    info["eig_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("HPCCOLL_EIG_", "HPCCOLL_DC_"))}
     return info
 
 

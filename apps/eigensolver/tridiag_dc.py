@@ -33,12 +33,18 @@ import numpy as np
 from ._xp import raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
-LEAF_DEVICE = 256    # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses
-                     # syevjBatched, which takes matrices of at most 32 rows); untimed: a guess
+# leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
+# takes matrices of at most 32 rows); HPCCOLL_DC_LEAF; bench/dc_profile.py --leaf compares
+LEAF_DEVICE = int(os.environ.get("HPCCOLL_DC_LEAF", "256"))
 # Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
 # "host" (LAPACK's MRRR tridiagonal solver per leaf, O(m^2), then one upload); see
 # bench/dc_profile.py, which times both.
 LEAVES = os.environ.get("HPCCOLL_DC_LEAVES", "device")
+# Device leaves go round-robin over this many streams: one syevd of 256 rows is a chain of small
+# kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on any
+# stream).  HPCCOLL_DC_STREAMS; bench/dc_profile.py --streams compares.
+STREAMS = int(os.environ.get("HPCCOLL_DC_STREAMS", "4"))
+_leaf_streams: dict = {}   # device -> its kept streams
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
 EPS = float(np.finfo(np.float64).eps)
@@ -233,9 +239,32 @@ def _dense_batch(d, e, bounds, xp):
         rest = range(nb, len(sizes))
     else:
         rest = range(len(sizes))
-    for i in rest:
-        a, b = bounds[i], bounds[i + 1]
+    ranges = [(bounds[i], bounds[i + 1]) for i in rest]
+    if xp is not np and STREAMS > 1 and len(ranges) > 1:
+        return out + _dense_on_streams(d, e, ranges, xp)
+    for a, b in ranges:
         out.append(_dense(d[a:b], e[a:b - 1], xp))
+    return out
+
+
+def _dense_on_streams(d, e, ranges, xp):
+    """_dense of every (a, b) leaf, round-robin over STREAMS streams that start after the
+    current stream's work and that it then waits for (no host sync)."""
+    cur = xp.cuda.get_current_stream()
+    dev = xp.cuda.Device().id
+    streams = _leaf_streams.get(dev)
+    if streams is None or len(streams) != STREAMS:
+        streams = _leaf_streams[dev] = [xp.cuda.Stream(non_blocking=True) for _ in range(STREAMS)]
+    ready = cur.record()
+    used = streams[:len(ranges)]
+    for s in used:
+        s.wait_event(ready)
+    out = []
+    for i, (a, b) in enumerate(ranges):
+        with used[i % len(used)]:
+            out.append(_dense(d[a:b], e[a:b - 1], xp))
+    for s in used:
+        cur.wait_event(s.record())
     return out
 
 

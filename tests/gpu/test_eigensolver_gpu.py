@@ -222,8 +222,10 @@ def test_gpu_sytrd_fused_equals_the_collectives(sentinel_comm, n, nb):
 
 
 def test_gpu_sytrd_fused_missing_peer_times_out():
-    """A rank that never runs its column steps: the others' polls give up after the
-    communicator's timeout with CollectiveTimeout naming the rank, instead of hanging."""
+    """A rank that never runs its column step: the others' polls give up after the
+    communicator's timeout, and the workspace's check raises CollectiveTimeout naming that rank,
+    instead of hanging.  (The column step is launched by hand: sytrd_device itself agrees on its
+    graphs over MPI first, which an absent rank would never reach.)"""
     import time
 
     import cupy as cp
@@ -231,7 +233,7 @@ def test_gpu_sytrd_fused_missing_peer_times_out():
 
     from hpccoll.errors import CollectiveTimeout
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.sytrd_device import fused_workspace, mode_for, release_fused, sytrd_device
+    from hpccoll_eigensolver.sytrd_device import _Step, fused_workspace, mode_for, release_fused
 
     c = hpccoll.Communicator(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, timeout=2.0)
     try:
@@ -239,15 +241,18 @@ def test_gpu_sytrd_fused_missing_peer_times_out():
             pytest.skip("several ranks share a GPU: the fused transfers are off")
         n, nb = 96, 16
         desc = BlockCyclic(n, n, nb, c.size)
-        fused_workspace(c, n)  # collective: every rank opens it
+        fw = fused_workspace(c, n)  # collective: every rank opens it
         absent = c.size - 1
         if c.rank != absent:
             a = np.random.default_rng(3).standard_normal((n, n))
-            C = cp.asfortranarray(cp.asarray(distribute(a + a.T, desc, c.rank)))
+            st = _Step(cp.asfortranarray(cp.asarray(distribute(a + a.T, desc, c.rank))), desc, c.rank, fw)
+            st.begin_panel(0)
             t0 = time.perf_counter()
+            st.column(desc.owner(0), None)  # the owner's column, the product, then w waits for `absent`
+            cp.cuda.get_current_stream().synchronize()
+            assert time.perf_counter() - t0 < 30
             with pytest.raises(CollectiveTimeout) as info:
-                sytrd_device(C, desc, c, "fused")
-            assert time.perf_counter() - t0 < 60
+                fw.check()
             assert info.value.peer == absent
         release_fused(c)
     finally:
