@@ -34,8 +34,10 @@ from ._xp import raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
-# takes matrices of at most 32 rows); HPCCOLL_DC_LEAF; bench/dc_profile.py --leaf compares
-LEAF_DEVICE = int(os.environ.get("HPCCOLL_DC_LEAF", "256"))
+# takes matrices of at most 32 rows); HPCCOLL_DC_LEAF.  512 with 4 streams was the fastest at
+# n = 8192 on 2xH200 (bench/dc_profile.py --leaf 128,256,512 --streams 1,4 at 49edb7b: random T
+# 0.090 s against 0.132 for the earlier 256 on one stream)
+LEAF_DEVICE = int(os.environ.get("HPCCOLL_DC_LEAF", "512"))
 # Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
 # "host" (LAPACK's MRRR tridiagonal solver per leaf, O(m^2), then one upload); see
 # bench/dc_profile.py, which times both.

@@ -21,6 +21,8 @@ __all__ = ["CudaBackend", "CudaUnavailable"]
 KiB, MiB = 1024, 1024 * 1024
 S_ONESHOT = 4 * MiB      # payload per source of one one-shot sentinel launch (2 parities x n of them)
 S_LL = 256 * KiB         # payload per source of one LL launch
+S_LLB = 2 * MiB          # Bcast's chunk (payload per LL sub-buffer of its own region): 256 KiB chunks
+                         # took ~8 ms per 128 MiB (one arrival round trip per chunk, 32 blocks busy)
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
@@ -46,6 +48,8 @@ class Layout:
         self.oneshot = off; off += 2 * n * self.sub_oneshot      # sentinel
         self.ll = off; off += 2 * n * self.sub_ll                # LL
         self.ll2 = off; off += 2 * n * self.sub_ll               # LL (two-shot phase 2)
+        self.sub_llb = 2 * S_LLB
+        self.llb = off; off += 2 * n * self.sub_llb              # LL (Bcast)
         self.ts1 = off; off += 2 * n * self.sub_twoshot          # sentinel (reduce-scatter)
         self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
         self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
@@ -299,7 +303,7 @@ class CudaBackend:
         return self._launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2, loop), cap
 
     def _bcast_launcher(self, dtype: str, loop: bool = False) -> Launcher:
-        return self._launcher(dtype, "hc_bcast_ll", (self.layout.ll, self.layout.sub_ll), loop=loop)
+        return self._launcher(dtype, "hc_bcast_ll", (self.layout.llb, self.layout.sub_llb), loop=loop)
 
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
         esize = send.itemsize
@@ -367,7 +371,7 @@ class CudaBackend:
 
     def _bcast_grid(self, nbytes: int) -> tuple[int, int]:
         """Bcast's grid: a thread per pack of one chunk (the kernel walks the chunks)."""
-        return self._grid((min(nbytes, S_LL) + PACK - 1) // PACK)
+        return self._grid((min(nbytes, S_LLB) + PACK - 1) // PACK)
 
     def _blockwise(self, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int,
                    gather: bool) -> None:

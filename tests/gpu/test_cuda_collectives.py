@@ -239,6 +239,22 @@ def test_back_to_back_varying_sizes(cc):
     assert int(mism.get()[0]) == 0
 
 
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_bcast_many_chunks(cc, dtype):
+    """A Bcast of several of its 2 MiB chunks (one launch walks them, an arrival round trip
+    each) from every root, bit for bit: what the eigensolver's stedc sends (128 MiB at n = 8192)."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 12])
+    n = (5 << 20) // np.dtype(dtype).itemsize * 2 + 3  # 10 MiB + 3 elements: 6 chunks, the last partial
+    x = _random(rng, dtype, n, "SUM")
+    xs = _world().allgather(x)
+    for root in range(cc.size):
+        buf = cp.asarray(x)
+        cc.Bcast(buf, root=root)
+        _assert_bitwise(cp.asnumpy(buf), xs[root], f"Bcast {dtype} n={n} root={root}")
+
+
 def test_bcast_between_allreduces_rotating_roots(cc):
     """Allreduce, Bcast (root rotating), Allreduce, ... with a skewed rank: the sequence of the
     eigensolver's column step, which hung at 4 ranks on 2 GPUs (a Bcast receiver could overwrite

@@ -61,9 +61,11 @@ def test_gpu_matches_scipy(gpu_comm, kind, n, nb):
 
 
 @pytest.mark.parametrize("stedc", ["gpu", "host", "dc"])
-def test_gpu_bitwise_reproducible_and_identical_across_ranks(gpu_comm, stedc):
-    from hpccoll_eigensolver import gather, metrics
+def test_gpu_bitwise_reproducible_and_identical_across_ranks(gpu_comm, stedc, monkeypatch):
+    from hpccoll_eigensolver import gather, metrics, tridiag_dc
     from hpccoll_eigensolver.problems import make_problem
+
+    monkeypatch.setattr(tridiag_dc, "LEAF_DEVICE", 64)  # n = 160 splits: the halves on two ranks
 
     prob = make_problem("clustered", 160, cond_b=1e2, seed=5)
     runs = [_solve(gpu_comm, prob, 32, stedc=stedc) for _ in range(2)]
@@ -124,11 +126,13 @@ def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb, product, monkeypat
     assert len(set(WORLD.allgather(cp.asnumpy(g[0]).tobytes()))) == 1  # identical on every rank
 
 
-def test_gpu_stedc_dc_matches_scipy(gpu_comm):
-    """The divide-and-conquer tridiagonal solver on the GPU (stedc="dc"; n > one leaf of
-    tridiag_dc.LEAF_DEVICE rows, so it merges), against SciPy's generalized eigenvalues."""
-    from hpccoll_eigensolver import gather, metrics
+def test_gpu_stedc_dc_matches_scipy(gpu_comm, monkeypatch):
+    """The divide-and-conquer tridiagonal solver on the GPU (stedc="dc"; leaves of 128 rows, so
+    n = 333 merges, the leaves on several streams), against SciPy's generalized eigenvalues."""
+    from hpccoll_eigensolver import gather, metrics, tridiag_dc
     from hpccoll_eigensolver.problems import make_problem
+
+    monkeypatch.setattr(tridiag_dc, "LEAF_DEVICE", 128)
 
     for kind in ("known", "clustered", "wilkinson"):
         prob = make_problem(kind, 333, cond_b=1e3, seed=13)
