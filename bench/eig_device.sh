@@ -102,6 +102,19 @@ if want n16384; then
         --ranks 2 --repeat 2 --no-sync-collectives --no-reference --save-vectors no
     rm -rf "$WORK/p16k"
 fi
+# 2a'. 16384, the sentinel path's column step with its fused transfers (auto) and with the
+#      collectives (HPCCOLL_EIG_SYTRD=graph), in one job
+if want n16384-fused; then
+    step "n16384 problem" 40 120 "$PY" bench/make_problem_gpu.py --n 16384 --out "$WORK/p16k" && \
+    for mode in auto graph; do
+        export HPCCOLL_EIG_SYTRD=$mode
+        compare "n16384 sentinel sytrd=$mode" 70 150 n16384-sytrd-$mode --n 16384 \
+            --problem "file:$WORK/p16k/A.npy,$WORK/p16k/B.npy" --comm sentinel \
+            --ranks 2 --repeat 2 --no-sync-collectives --no-reference --save-vectors no
+    done
+    unset HPCCOLL_EIG_SYTRD
+    rm -rf "$WORK/p16k"
+fi
 # 2b. the dense syevd of T on rank 0 (stedc=gpu), the previous default, beside dc
 want n8192-dense && compare "n8192 sentinel stedc=gpu" 60 150 n8192-dense --n 8192 --comm sentinel --stedc gpu "${FAST[@]}"
 # 3. n=2048, every path and both anchors, repeat 10, with the per-collective device sync
