@@ -229,3 +229,43 @@ def test_symv_variant_from_the_environment(monkeypatch):
         monkeypatch.setenv("HPCCOLL_EIG_SYMV", bad)
         with pytest.raises(ValueError, match="HPCCOLL_EIG_SYMV"):
             symv_defines()
+
+
+def test_sytrd_mode_policy(monkeypatch):
+    """Which column step auto picks: the fused transfers only on hpccoll's CUDA backend with the
+    deterministic sentinel algorithm, one rank per GPU, the lower-triangle product and n up to
+    FUSED_MAX_N; the collectives in CUDA graphs on the other device communicators; eager on
+    the host; and a clear error where fused is forced but cannot run."""
+    from types import SimpleNamespace
+
+    from hpccoll_eigensolver import sytrd_device as sd
+
+    def comm(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, per_gpu=1):
+        return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic,
+                               _device=SimpleNamespace(ranks_per_gpu=per_gpu))
+
+    monkeypatch.delenv("HPCCOLL_EIG_SYTRD", raising=False)
+    monkeypatch.delenv("HPCCOLL_EIG_GEMV", raising=False)
+    big = sd.FUSED_MAX_N + 1
+    assert sd.mode_for(comm(), 4096) == "fused"
+    assert sd.mode_for(comm(), sd.FUSED_MAX_N) == "fused"
+    assert sd.mode_for(comm(), big) == "graph"
+    assert sd.mode_for(comm(algorithm="twoshot_ll128", deterministic=False), 4096) == "graph"
+    assert sd.mode_for(comm(algorithm="oneshot_ll"), 4096) == "graph"
+    assert sd.mode_for(comm(deterministic=False), 4096) == "graph"
+    assert sd.mode_for(comm(per_gpu=2), 4096) == "graph"
+    assert sd.mode_for(comm(backend="nccl"), 4096) == "graph"
+    assert sd.mode_for(comm(backend="host"), 4096) == "eager"
+    wrapped = SimpleNamespace(uncounted=comm(), backend="cuda")   # a CountingComm-like proxy
+    assert sd.mode_for(wrapped, 4096) == "fused"
+    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "fused")
+    assert sd.mode_for(comm(), big) == "fused"                     # forced: any n
+    with pytest.raises(ValueError, match="share a GPU"):
+        sd.mode_for(comm(per_gpu=2), 4096)
+    with pytest.raises(ValueError, match="cuda backend"):
+        sd.mode_for(comm(backend="nccl"), 4096)
+    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "graph")
+    assert sd.mode_for(comm(), 4096) == "graph"
+    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "fast")
+    with pytest.raises(ValueError, match="HPCCOLL_EIG_SYTRD"):
+        sd.mode_for(comm(), 4096)

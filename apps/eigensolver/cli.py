@@ -173,7 +173,7 @@ def cmd_solve(args) -> int:
         commit = git_commit()
     del A, B
     from .sytrd_device import mode_for
-    sytrd_mode = mode_for(comm) if xp.__name__ == "cupy" else "ops"
+    sytrd_mode = mode_for(comm, n) if xp.__name__ == "cupy" else "ops"
     for r in range(args.repeat):
         cc = CountingComm(comm, sync_each=not args.no_sync_collectives)
         bar = progress(len(PHASES), f"{args.comm} run {r}", rank == 0)

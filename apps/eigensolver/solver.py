@@ -202,7 +202,7 @@ def _sytrd(C, desc: BlockCyclic, comm, xp):
     if is_device(xp):
         from . import sytrd_device
 
-        mode = sytrd_device.mode_for(comm)
+        mode = sytrd_device.mode_for(comm, desc.n)
         if mode != "ops":
             return sytrd_device.sytrd_device(C, desc, comm, mode)
     return _sytrd_ops(C, desc, comm, xp)

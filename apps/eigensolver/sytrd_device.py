@@ -89,12 +89,20 @@ def fusable(comm) -> str | None:
     return None
 
 
-def mode_for(comm) -> str:
-    """'fused', 'graph', 'eager' or 'ops' for this communicator (HPCCOLL_EIG_SYTRD overrides).
+# auto takes the fused transfers up to this n (HPCCOLL_EIG_FUSED_MAX_N).  Measured on 2xH200,
+# sentinel, one job each: n = 8192 sytrd 0.411 s fused against 0.427 with the collectives
+# (c732c26); n = 16384 2.279 against 2.098 (07dc5c0).  The crossover between them is not located.
+FUSED_MAX_N = int(os.environ.get("HPCCOLL_EIG_FUSED_MAX_N", "8192"))
+
+
+def mode_for(comm, n: int | None = None) -> str:
+    """'fused', 'graph', 'eager' or 'ops' for this communicator and order n
+    (HPCCOLL_EIG_SYTRD overrides).
 
     auto: fused on hpccoll's deterministic sentinel communicator (the same bits as its
-    Allreduce), graph on the other device communicators (the LL and LL128 paths keep their
-    own collectives: LL128's atomics are what the report measures), eager on the host."""
+    Allreduce) up to FUSED_MAX_N, graph on the other device communicators and above it (the LL
+    and LL128 paths keep their own collectives: LL128's atomics are what the report
+    measures), eager on the host."""
     want = os.environ.get("HPCCOLL_EIG_SYTRD", "auto")
     if want not in ("auto", "fused", "graph", "eager", "ops"):
         raise ValueError(f"HPCCOLL_EIG_SYTRD={want!r}: use auto, fused, graph, eager or ops")
@@ -109,7 +117,7 @@ def mode_for(comm) -> str:
         return "eager"
     if want == "auto":
         sentinel = getattr(inner, "deterministic", False) and "sentinel" in str(getattr(inner, "algorithm", ""))
-        if sentinel and fusable(comm) is None:
+        if sentinel and fusable(comm) is None and (n is None or n <= FUSED_MAX_N):
             return "fused"
         return "graph" if backend in ("cuda", "nccl") else "eager"
     return want
