@@ -158,7 +158,8 @@ def _cross_config(groups: list[dict]) -> list[dict]:
 def _targets(groups: list[dict]) -> list[dict]:
     """Issue #5's targets, checked on what this directory holds (per problem and n): the
     deterministic path (sentinel) against cuSOLVERMp, one GPU and NCCL at the same rank count,
-    and its digests.  Rows only where both sides ran."""
+    and its digests.  Rows only where both sides ran; `met` is None where the issue sets no
+    target at that n (cuSOLVERMp: 4096 and 8192; one GPU: from 8192; NCCL: up to 8192)."""
     rows = []
     by = defaultdict(dict)
     for g in groups:
@@ -177,8 +178,9 @@ def _targets(groups: list[dict]) -> list[dict]:
             cm = cfg.get(("cusolvermp", ranks))
             if cm and ts and cm["median_solve_seconds"]:
                 x = cm["median_solve_seconds"] / ts
-                rows.append({"target": "≥ 2× faster than cuSOLVERMp sygvd", "where": where,
-                             "measured": f"{cm['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×", "met": x >= 2})
+                rows.append({"target": "≥ 2× faster than cuSOLVERMp sygvd (at 4096 and 8192)", "where": where,
+                             "measured": f"{cm['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×",
+                             "met": x >= 2 if n in (4096, 8192) else None})
                 rr = [worst(s, k) / worst(cm, k) if worst(s, k) is not None and worst(cm, k) else None
                       for k in ("residual", "b_orthogonality")]
                 if None not in rr:
@@ -187,15 +189,16 @@ def _targets(groups: list[dict]) -> list[dict]:
             one = cfg.get(("single-gpu", 1))
             if one and ts and one["median_solve_seconds"] and ranks > 1:
                 x = one["median_solve_seconds"] / ts
-                rows.append({"target": f"{ranks} GPUs faster than one GPU (CuPy)", "where": where,
-                             "measured": f"{one['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×", "met": x > 1})
+                rows.append({"target": f"{ranks} GPUs faster than one GPU (CuPy) (from 8192)", "where": where,
+                             "measured": f"{one['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×",
+                             "met": x > 1 if n >= 8192 else None})
             nc = cfg.get(("nccl", ranks))
             if nc and ts and nc["median_solve_seconds"]:
                 tn = nc["median_solve_seconds"]
                 less = 1 - ts / tn
-                rows.append({"target": "sentinel ≥ 15% faster end to end than NCCL", "where": where,
+                rows.append({"target": "sentinel ≥ 15% faster end to end than NCCL (up to 8192)", "where": where,
                              "measured": f"{tn:.3f} vs {ts:.3f} s: {100 * less:.1f}% less time ({tn / ts:.2f}× the speed)",
-                             "met": less >= 0.15})
+                             "met": less >= 0.15 if n <= 8192 else None})
             same = s["distinct_eigenvalue_digests"] == 1 and s["distinct_eigenvector_digests"] == 1 \
                 and s["ranks_agree_on_eigenvalues_all_runs"]
             rows.append({"target": "bitwise identical across runs and ranks", "where": where,
@@ -344,10 +347,11 @@ def build_report(directory: str) -> list[str]:
     targets = _targets(groups)
     if targets:
         md += ["", "## Against the targets (issue #5)", "",
-               "Medians over runs, from this directory only (the same job); 'less time' = 1 − t_sentinel/t_nccl.", "",
+               "Medians over runs, from this directory only (the same job); 'less time' = 1 − t_sentinel/t_nccl "
+               "(the verdict uses it: the stricter reading of '15% faster').", "",
                "| target | where | measured | met |", "|---|---|---|---|"]
-        md += [f"| {t['target']} | {t['where']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
-               for t in targets]
+        verdict = {True: "yes", False: "**no**", None: "– (no target at this n)"}
+        md += [f"| {t['target']} | {t['where']} | {t['measured']} | {verdict[t['met']]} |" for t in targets]
     notes = os.path.join(directory, "analysis.md")
     if os.path.exists(notes):  # a person's analysis of what the numbers show (kept with the runs)
         with open(notes) as f:
