@@ -229,15 +229,18 @@ __device__ __forceinline__ bool lastBlock(i64* ticket, unsigned int blocks) {
   return last;
 }
 
-// Sum of `count` values base[0], base[stride], ... in index order, 16 loads in flight.
+// Sum of `count` values base[0], base[stride], ... in index order, W loads in flight (the
+// same additions in the same order whatever W: W only sets how many L2 round trips the sum
+// waits for, count / W).
+template <int W = 16>
 __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 stride) {
   double t = 0.0;
-  for (i64 q0 = 0; q0 < count; q0 += 16) {
-    double x[16];
+  for (i64 q0 = 0; q0 < count; q0 += W) {
+    double x[W];
 #pragma unroll
-    for (int u = 0; u < 16; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
+    for (int u = 0; u < W; ++u) x[u] = q0 + u < count ? __ldcg(base + (q0 + u) * stride) : 0.0;
 #pragma unroll
-    for (int u = 0; u < 16; ++u)
+    for (int u = 0; u < W; ++u)
       if (q0 + u < count) t += x[u];
   }
   return t;
@@ -427,6 +430,12 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #ifndef SY_NOTICKET
 #define SY_NOTICKET 0
 #endif
+// Loads in flight in the last units' sums of partials (up to NT per column, nch per row: 32-64
+// at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16).  The tickets and these sums cost
+// ~4 us per launch (SY_NOTICKET at c732c26); 64 is a variant to time, not yet measured.
+#ifndef SY_SUMW
+#define SY_SUMW 16
+#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
@@ -541,12 +550,12 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __syncthreads();
   const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
   if (lastRow || lastCol) __threadfence();
-  if (lastRow && i < n) putY(i, orderedSum(ypart + i, rowUnits, n));
+  if (lastRow && i < n) putY(i, orderedSum<SY_SUMW>(ypart + i, rowUnits, n));
   if (lastCol)
     for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
       const i64 g = L.glob(c);
       const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
-      putY(n + g, orderedSum(cpart + a0 * nloc + c, NT - a0, nloc));
+      putY(n + g, orderedSum<SY_SUMW>(cpart + a0 * nloc + c, NT - a0, nloc));
     }
 }
 
