@@ -231,6 +231,10 @@ def cmd_solve(args) -> int:
         if path:
             print(f"  wrote {path}", flush=True)
         del Xg
+    if sytrd_mode == "fused":
+        from .sytrd_device import release_fused
+
+        release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
     comm.Free()
     return 0
 
