@@ -41,7 +41,7 @@ SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 
 
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW")
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW", "SY_PREFETCH")
 
 
 def symv_defines() -> tuple[str, ...]:

@@ -436,6 +436,12 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 #ifndef SY_SUMW
 #define SY_SUMW 16
 #endif
+// 1: the unit prefetches its warps' first columns into L2 while it waits for v (a fused
+// unit's v comes from L2 with volatile loads: at n = 16384 the fused column step was 11 us
+// slower than the collectives' one, 07dc5c0).  A variant to time, not yet measured.
+#ifndef SY_PREFETCH
+#define SY_PREFETCH 0
+#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
@@ -479,6 +485,19 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   // loads in flight together, then waited for where fused).
   const i64 cv0 = c0 + threadIdx.x, gv = cv0 < c1 ? L.glob(cv0) : 0;
   const u64 vbRow = i < n ? v.load(i) : 0ull, vbCol = cv0 < c1 ? v.load(gv) : 0ull;
+#if SY_PREFETCH
+  {
+    const int lane = threadIdx.x & 31, rows = (int)min((i64)SY_R, n - rbase);
+#pragma unroll
+    for (int q = 0; q < SY_G; ++q) {
+      const i64 c = c0 + (threadIdx.x >> 5) + q * NW;
+      if (c < c1)
+#pragma unroll
+        for (int u = 0; u < SY_U; ++u)
+          if (lane + 32 * u < rows) asm volatile("prefetch.global.L2 [%0];" ::"l"(C + c * n + rbase + lane + 32 * u));
+    }
+  }
+#endif
   const double vi = i < n ? v.value(i, vbRow) : 0.0;
   if (cv0 < c1) vcSh[threadIdx.x] = v.value(gv, vbCol);
   vrSh[threadIdx.x] = vi;
