@@ -269,3 +269,16 @@ def test_sytrd_mode_policy(monkeypatch):
     monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "fast")
     with pytest.raises(ValueError, match="HPCCOLL_EIG_SYTRD"):
         sd.mode_for(comm(), 4096)
+
+
+def test_env_settings_reject_bad_values(monkeypatch):
+    """The solver's integer settings: unset gives the default, a bad value a ValueError that
+    names the variable and what it takes (never a bare int() traceback)."""
+    monkeypatch.delenv("HPCCOLL_DC_LEAF", raising=False)
+    assert _xp.env_int("HPCCOLL_DC_LEAF", 512, 2) == 512
+    monkeypatch.setenv("HPCCOLL_DC_LEAF", "128")
+    assert _xp.env_int("HPCCOLL_DC_LEAF", 512, 2) == 128
+    for bad in ("abc", "1", "-4", "3.5"):
+        monkeypatch.setenv("HPCCOLL_DC_LEAF", bad)
+        with pytest.raises(ValueError, match=r"HPCCOLL_DC_LEAF=.*integer >= 2.*rows"):
+            _xp.env_int("HPCCOLL_DC_LEAF", 512, 2, "rows per leaf")

@@ -34,6 +34,22 @@ def raw_module(filename: str, defines: tuple[str, ...] = ()):
     return mod
 
 
+def env_int(name: str, default: int, minimum: int = 1, what: str = "") -> int:
+    """The integer environment setting `name` (default when unset), or a ValueError that names
+    it and says what it takes."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{name}={text!r}: use an integer >= {minimum}{f' ({what})' if what else ''}; "
+                         f"unset it for the default {default}")
+    return value
+
+
 def module_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Compiler options of raw_module: C++17, hpccoll's device headers on the include path
     (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls), the macros."""

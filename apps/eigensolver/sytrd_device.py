@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from ._xp import householder, raw_module
+from ._xp import env_int, householder, raw_module
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
@@ -92,7 +92,7 @@ def fusable(comm) -> str | None:
 # auto takes the fused transfers up to this n (HPCCOLL_EIG_FUSED_MAX_N).  Measured on 2xH200,
 # sentinel, one job each: n = 8192 sytrd 0.411 s fused against 0.427 with the collectives
 # (c732c26); n = 16384 2.279 against 2.098 (07dc5c0).  The crossover between them is not located.
-FUSED_MAX_N = int(os.environ.get("HPCCOLL_EIG_FUSED_MAX_N", "8192"))
+FUSED_MAX_N = env_int("HPCCOLL_EIG_FUSED_MAX_N", 8192, 0, "the largest n auto runs fused")
 
 
 def mode_for(comm, n: int | None = None) -> str:

@@ -30,22 +30,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import raw_module, tridiagonal_matrix
+from ._xp import env_int, raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
 # takes matrices of at most 32 rows); HPCCOLL_DC_LEAF.  512 with 4 streams was the fastest at
 # n = 8192 on 2xH200 (bench/dc_profile.py --leaf 128,256,512 --streams 1,4 at 49edb7b: random T
 # 0.090 s against 0.132 for the earlier 256 on one stream)
-LEAF_DEVICE = int(os.environ.get("HPCCOLL_DC_LEAF", "512"))
+LEAF_DEVICE = env_int("HPCCOLL_DC_LEAF", 512, 2, "rows per leaf of the GPU divide and conquer")
 # Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
 # "host" (LAPACK's MRRR tridiagonal solver per leaf, O(m^2), then one upload); see
 # bench/dc_profile.py, which times both.
 LEAVES = os.environ.get("HPCCOLL_DC_LEAVES", "device")
+if LEAVES not in ("device", "host"):
+    raise ValueError(f"HPCCOLL_DC_LEAVES={LEAVES!r}: use device or host")
 # Device leaves go round-robin over this many streams: one syevd of 256 rows is a chain of small
 # kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on any
 # stream).  HPCCOLL_DC_STREAMS; bench/dc_profile.py --streams compares.
-STREAMS = int(os.environ.get("HPCCOLL_DC_STREAMS", "4"))
+STREAMS = env_int("HPCCOLL_DC_STREAMS", 4, 1, "CUDA streams for the leaves")
 _leaf_streams: dict = {}   # device -> its kept streams
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
