@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ._driver import host_device_pointer
+from ._driver import Args, host_device_pointer
 from .errors import HpccollError
 
 CTRL_BYTES = 65536     # HC_CTRL_BYTES
@@ -80,6 +80,18 @@ class Workspace:
         if any(bad_all):
             raise CudaUnavailable("cross-process peer write/read-back failed: " + "; ".join(
                 f"rank {r} did not see rank(s) {b}" for r, b in enumerate(bad_all) if b))
+
+    def kernel_args(self, timeout_ns: int) -> Args:
+        """Kernel arguments over this workspace (cuda/hc_common.cuh's Args): every rank's base,
+        the bound of every poll, the mapped error word, rank and size; the collective's fields
+        (regions, buffers, root, iters) left for the caller."""
+        a = Args()
+        for r, p in enumerate(self.peers):
+            a.peers[r] = p
+        a.timeoutNs = timeout_ns
+        a.hostErr = self.host_err_dev
+        a.rank, a.nranks, a.root, a.iters = self.rank, self.size, 0, 1
+        return a
 
     def host_error(self) -> int:
         return ctypes.c_int.from_address(self.host_err).value

@@ -129,14 +129,10 @@ class FusedWorkspace:
     and yR[2][nranks][2n], every word armed with the sentinel; and the kernels' Fused struct in
     device memory.  One per (communicator, n), kept: opening it exchanges IPC handles."""
 
-    SENTINEL = 0xFFFAFFFAFFFAFFFA   # proto_sentinel.cuh, 8-byte elements
-
     def __init__(self, comm, n: int):
-        import ctypes
-
         import cupy as cp
-        from hpccoll._driver import Args
         from hpccoll._symm import CTRL_BYTES, Workspace
+        from hpccoll.backends.cuda import SENTINEL_BYTE_PATTERN
 
         inner = getattr(comm, "uncounted", comm)
         mpi = inner.mpi_comm
@@ -147,15 +143,10 @@ class FusedWorkspace:
         total = self.y_off + align(2 * self.nranks * 2 * n * 8)
         self.ws = Workspace(mpi, total)
         self.ws.probe_peers(mpi)
-        self.ws.view(self.bb_off, total - self.bb_off, np.uint64).fill(np.uint64(self.SENTINEL))
-        a = Args()
-        for r, ptr in enumerate(self.ws.peers):
-            a.peers[r] = ptr
-        a.timeoutNs = int(float(getattr(inner, "timeout", 30.0)) * 1e9)
-        a.hostErr = self.ws.host_err_dev
-        a.rank, a.nranks, a.root, a.iters = mpi.Get_rank(), self.nranks, 0, 1
+        # the sentinel protocol's armed word (the same bytes for every element width)
+        self.ws.view(self.bb_off, total - self.bb_off, np.uint32).fill(SENTINEL_BYTE_PATTERN)
+        a = self.ws.kernel_args(int(float(getattr(inner, "timeout", 30.0)) * 1e9))
         raw = bytes(a) + np.array([self.bb_off, self.y_off], dtype=np.int64).tobytes()
-        assert ctypes.sizeof(Args) % 8 == 0
         self.struct = cp.asarray(np.frombuffer(raw, dtype=np.uint8))
         cp.cuda.runtime.deviceSynchronize()
         mpi.Barrier()  # every rank's words are armed before anyone writes into them

@@ -197,14 +197,9 @@ class CudaBackend:
         key = (dtype, kernel, loop)
         lau = self._launchers.get(key)
         if lau is None:
-            a = Args()
-            for r, p in enumerate(self.ws.peers):
-                a.peers[r] = p
+            a = self.ws.kernel_args(self.timeout_ns)
             a.region, a.sub = region
             a.region2, a.sub2 = region2
-            a.timeoutNs = self.timeout_ns
-            a.hostErr = self.ws.host_err_dev
-            a.rank, a.nranks, a.root, a.iters = self.rank, self.size, 0, 1
             lau = self._launchers[key] = Launcher(self._module(dtype, loop).fn(kernel), a, pdl=self.pdl)
         return lau
 
@@ -360,7 +355,7 @@ class CudaBackend:
         self._bcast_flat(buf, call, s, iters)
 
     def _bcast_flat(self, buf, call, s, iters):
-        """One launch whatever the size: the kernel walks the chunks of S_LL bytes itself."""
+        """One launch whatever the size: the kernel walks the chunks of S_LLB bytes itself."""
         esize = buf.itemsize
         lau = self._bcast_launcher(call.recv.dtype, iters > 1)
         a = lau.args
