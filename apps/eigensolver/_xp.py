@@ -34,6 +34,21 @@ def raw_module(filename: str, defines: tuple[str, ...] = ()):
     return mod
 
 
+_kept_streams: dict = {}   # (purpose, CUDA device) -> its non-blocking streams
+
+
+def kept_streams(purpose: str, count: int = 1) -> list:
+    """`count` non-blocking CuPy streams of this device for `purpose`, created once and kept
+    (the tridiagonalization's capture stream, the divide and conquer's leaf streams)."""
+    import cupy
+
+    key = (purpose, cupy.cuda.Device().id)
+    streams = _kept_streams.get(key)
+    if streams is None or len(streams) != count:
+        streams = _kept_streams[key] = [cupy.cuda.Stream(non_blocking=True) for _ in range(count)]
+    return streams
+
+
 def env_int(name: str, default: int, minimum: int = 1, what: str = "") -> int:
     """The integer environment setting `name` (default when unset), or a ValueError that names
     it and says what it takes."""

@@ -11,10 +11,12 @@ import time
 def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, w, X, per_rank,
                   phases: dict, solve_s: float, prob, ref, ref_s, xp, extra=None) -> dict:
     """A run record with the same keys as `solve` writes (X is the gathered matrix)."""
+    from hpccoll.bench import git_commit
+
     from . import metrics
     from ._xp import to_host
     from .cli import accuracy
-    from .runinfo import git_commit, machine_info
+    from .runinfo import machine_info
 
     rec = {"schema": "hpccoll-eigensolver/run/1", "n": n, "nb": args.nb, "ranks": ranks, "comm": comm,
            "backend": backend, "device": "gpu", "problem": args.problem, "cond_b": args.cond_b,

@@ -138,7 +138,9 @@ def cmd_solve(args) -> int:
     from ._xp import sync, to_host
     from .counting import CountingComm, PhaseTimer
     from .layout import BlockCyclic, distribute, gather
-    from .runinfo import git_commit, machine_info, make_communicator, select_device
+    from hpccoll.bench import git_commit
+
+    from .runinfo import machine_info, make_communicator, select_device
     from .solver import PHASES, sygvd
 
     world = MPI.COMM_WORLD

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
 
 #: --comm choice -> Communicator keyword arguments
 COMM_CHOICES = {
@@ -51,18 +50,6 @@ def gpu_name(xp) -> str | None:
     dev = xp.cuda.Device().id
     name = xp.cuda.runtime.getDeviceProperties(dev)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def git_commit() -> str | None:
-    """HPCCOLL_COMMIT when set (the GPU machine's copy of the tree has a stale git HEAD), else git's HEAD."""
-    if os.environ.get("HPCCOLL_COMMIT"):
-        return os.environ["HPCCOLL_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def machine_info(xp) -> dict:

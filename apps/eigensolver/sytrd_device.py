@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from ._xp import env_int, householder, raw_module
+from ._xp import env_int, householder, kept_streams, raw_module
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
@@ -68,9 +68,6 @@ def product_for() -> str:
     if want not in ("lower", "full"):
         raise ValueError(f"HPCCOLL_EIG_GEMV={want!r}: use lower or full")
     return want
-
-
-_streams: dict = {}   # device -> the tridiagonalization's stream
 
 
 def fusable(comm) -> str | None:
@@ -303,7 +300,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
     outer = cp.cuda.get_current_stream()
-    stream = _stream()
+    stream = kept_streams("sytrd")[0]   # the legacy default stream cannot be captured
     stream.wait_event(outer.record())
     with stream:
         graphs = _capture(st, inner, desc, panels, stream) if mode in ("graph", "fused") else None
@@ -330,17 +327,6 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
             _kept(comm).pop(n, None)  # its words are in an unknown state
             raise
     return st.d, st.e[:max(n - 1, 0)], V, st.tau
-
-
-def _stream():
-    """This device's non-blocking stream for the tridiagonalization (kept: created once)."""
-    import cupy as cp
-
-    dev = cp.cuda.Device().id
-    s = _streams.get(dev)
-    if s is None:
-        s = _streams[dev] = cp.cuda.Stream(non_blocking=True)
-    return s
 
 
 def _capture(st: _Step, comm, desc: BlockCyclic, panels, stream):

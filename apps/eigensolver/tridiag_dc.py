@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import env_int, raw_module, tridiagonal_matrix
+from ._xp import env_int, kept_streams, raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
@@ -48,7 +48,6 @@ if LEAVES not in ("device", "host"):
 # kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on any
 # stream).  HPCCOLL_DC_STREAMS; bench/dc_profile.py --streams compares.
 STREAMS = env_int("HPCCOLL_DC_STREAMS", 4, 1, "CUDA streams for the leaves")
-_leaf_streams: dict = {}   # device -> its kept streams
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
 CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
 EPS = float(np.finfo(np.float64).eps)
@@ -255,10 +254,7 @@ def _dense_on_streams(d, e, ranges, xp):
     """_dense of every (a, b) leaf, round-robin over STREAMS streams that start after the
     current stream's work and that it then waits for (no host sync)."""
     cur = xp.cuda.get_current_stream()
-    dev = xp.cuda.Device().id
-    streams = _leaf_streams.get(dev)
-    if streams is None or len(streams) != STREAMS:
-        streams = _leaf_streams[dev] = [xp.cuda.Stream(non_blocking=True) for _ in range(STREAMS)]
+    streams = kept_streams("dc leaves", STREAMS)
     ready = cur.record()
     used = streams[:len(ranges)]
     for s in used:
