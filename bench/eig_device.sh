@@ -93,26 +93,24 @@ FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors n
 read -r -a ANCHORS <<< "${EIG_ANCHORS:---cusolvermp --single-gpu}"
 want n4096 && compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
 want n8192 && compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
-# 2a. 16384 (issue #5: 2 GPUs faster than one there too): the problem built on the GPU (the
-#     host's QRs would take minutes), sentinel and NCCL against the one-GPU path, repeat 2
-if want n16384; then
-    step "n16384 problem" 40 120 "$PY" bench/make_problem_gpu.py --n 16384 --out "$WORK/p16k" && \
-    compare "n16384 dc sentinel,nccl+single-gpu" 150 300 n16384 --n 16384 \
-        --problem "file:$WORK/p16k/A.npy,$WORK/p16k/B.npy" --comm sentinel,nccl --single-gpu \
-        --ranks 2 --repeat 2 --no-sync-collectives --no-reference --save-vectors no
-    rm -rf "$WORK/p16k"
-fi
-# 2a'. 16384, the sentinel path's column step with its fused transfers (auto) and with the
-#      collectives (HPCCOLL_EIG_SYTRD=graph), in one job
-if want n16384-fused; then
-    step "n16384 problem" 40 120 "$PY" bench/make_problem_gpu.py --n 16384 --out "$WORK/p16k" && \
-    for mode in auto graph; do
-        export HPCCOLL_EIG_SYTRD=$mode
-        compare "n16384 sentinel sytrd=$mode" 70 150 n16384-sytrd-$mode --n 16384 \
-            --problem "file:$WORK/p16k/A.npy,$WORK/p16k/B.npy" --comm sentinel \
-            --ranks 2 --repeat 2 --no-sync-collectives --no-reference --save-vectors no
-    done
-    unset HPCCOLL_EIG_SYTRD
+# 2a. 16384 (issue #5: 2 GPUs faster than one there too): the problem built on the GPU once (the
+#     host's QRs would take minutes) for both steps that use it.  n16384: sentinel and NCCL
+#     against the one-GPU path, repeat 2.  n16384-fused: the sentinel path's column step with
+#     its fused transfers (HPCCOLL_EIG_SYTRD=fused) and with the collectives (graph), one job.
+if want n16384 || want n16384-fused; then
+    if step "n16384 problem" 40 120 "$PY" bench/make_problem_gpu.py --n 16384 --out "$WORK/p16k"; then
+        P16=(--n 16384 --problem "file:$WORK/p16k/A.npy,$WORK/p16k/B.npy" --ranks 2 --repeat 2
+             --no-sync-collectives --no-reference --save-vectors no)
+        want n16384 && compare "n16384 dc sentinel,nccl+single-gpu" 150 300 n16384 --comm sentinel,nccl \
+            --single-gpu "${P16[@]}"
+        if want n16384-fused; then
+            for mode in fused graph; do
+                export HPCCOLL_EIG_SYTRD=$mode
+                compare "n16384 sentinel sytrd=$mode" 70 150 n16384-sytrd-$mode --comm sentinel "${P16[@]}"
+            done
+            unset HPCCOLL_EIG_SYTRD
+        fi
+    fi
     rm -rf "$WORK/p16k"
 fi
 # 2b. the dense syevd of T on rank 0 (stedc=gpu), the previous default, beside dc

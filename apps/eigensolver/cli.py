@@ -149,10 +149,10 @@ def cmd_solve(args) -> int:
     if xp.__name__ == "cupy":
         from .warmup import warm_up
 
-        from .solver import DC_MIN_N
+        from .solver import stedc_choice
 
-        # compile CuPy's kernels before the communicator opens (the dc ones where auto picks dc)
-        warm_up(stedc="dc" if args.stedc == "auto" and args.n >= DC_MIN_N else args.stedc)
+        # compile CuPy's kernels before the communicator opens (the solver the solve will use)
+        warm_up(stedc=stedc_choice(args.stedc, args.n, device=True))
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:

@@ -292,6 +292,19 @@ def _sytrd_ops(C, desc: BlockCyclic, comm, xp):
 
 # -- stedc -----------------------------------------------------------------------------
 DC_MIN_N = 4096   # stedc="auto" on GPUs: tridiag_dc from this n on (measured there), syevd below
+
+
+def stedc_choice(where: str, n: int, device: bool, eigvecs: bool = True) -> str:
+    """The tridiagonal solver stedc=`where` means for order n: "auto" is dc on GPUs from
+    DC_MIN_N rows (2xH200, f47ea81: stedc at 4096 0.073 s vs the dense syevd's 0.112, at 8192
+    0.157 vs 0.552), gpu below, host without GPUs."""
+    if where not in ("auto", "host", "gpu", "dc"):
+        raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host', 'gpu' or 'dc'")
+    if where != "auto":
+        return where
+    return ("dc" if n >= DC_MIN_N and eigvecs else "gpu") if device else "host"
+
+
 def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"):
     """w (replicated) and the owned columns of Z for T = Z diag(w) Z^T.
 
@@ -301,12 +314,8 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str = "auto"
     work instead of a dense solve).  "host" and "gpu" solve on rank 0 and Bcast [w, Z]; so does
     "dc" without eigenvectors, on one rank, or when T is one leaf.  Otherwise "dc" splits the
     tree's top merge over the ranks (_stedc_split)."""
-    if where not in ("auto", "host", "gpu", "dc"):
-        raise ValueError(f"sygvd: stedc={where!r}: use 'auto', 'host', 'gpu' or 'dc'")
     n, rank = desc.n, comm.Get_rank()
-    if where == "auto":  # dc on GPUs from DC_MIN_N rows: 2xH200 (f47ea81), stedc at n=4096
-        # 0.073 s vs the dense syevd's 0.112, at 8192 0.157 vs 0.552
-        where = ("dc" if n >= DC_MIN_N and eigvecs else "gpu") if is_device(xp) else "host"
+    where = stedc_choice(where, n, is_device(xp), eigvecs)
     if where == "dc" and eigvecs and comm.Get_size() >= 2:
         from .tridiag_dc import split_tree
 
