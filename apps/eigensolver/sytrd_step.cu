@@ -128,8 +128,10 @@ struct HVec {
   int owner;  // of column j (fused: the rank polled, named in a timeout)
   __device__ __forceinline__ HVec(const double* bb, i64 j_, const Fused* fz_, int nb)
       : x(bb + 4), j(j_), fz(fz_), owner(fz_ ? (int)((j_ / nb) % fz_->a.nranks) : 0) {
-    scale = rdBB(fz, bb + 3, owner);
+    scale = scalar(3);
   }
+  // bb[q], q < 4: d_j, tau_j, e_j, scale (polled when fused)
+  __device__ __forceinline__ double scalar(int q) const { return rdBB(fz, x - 4 + q, owner); }
   __device__ __forceinline__ u64 load(i64 i) const {
     return i <= j + 1 ? 0ull : (fz ? ldVol64(x + i) : (u64)__double_as_longlong(x[i]));
   }
@@ -254,12 +256,11 @@ __device__ __forceinline__ i64 chunksFor(i64 target, i64 tiles, i64 m, i64 minCo
 }
 
 // The step's scalars from bb: d_j, and tau_j, e_j below the last column (one thread).
-__device__ __forceinline__ void storeScalars(const HVec& v, const double* bb, i64 n, double* d, double* e,
-                                             double* tau) {
-  d[v.j] = rdBB(v.fz, bb, v.owner);
+__device__ __forceinline__ void storeScalars(const HVec& v, i64 n, double* d, double* e, double* tau) {
+  d[v.j] = v.scalar(0);
   if (v.j + 1 < n) {
-    tau[v.j] = rdBB(v.fz, bb + 1, v.owner);
-    e[v.j] = rdBB(v.fz, bb + 2, v.owner);
+    tau[v.j] = v.scalar(1);
+    e[v.j] = v.scalar(2);
   }
 }
 
@@ -369,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
     }
     const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
     if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v.at(r);
-    if (b == 0 && threadIdx.x == 0) storeScalars(v, bb, n, d, e, tau);
+    if (b == 0 && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
     if (S == 1) {
       if (threadIdx.x < 32 && r < n) y[r] = sum;
       return;
@@ -455,8 +456,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __shared__ bool lastSh[2];
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const double* bbr = bbIn(fz, bb, n, j);
-  const HVec v(bbr, j, fz, nb);
+  const HVec v(bbIn(fz, bb, n, j), j, fz, nb);
   // Fused: a final value of y also goes to every rank's yR (rows > j only: w reads no others).
   const auto putY = [&](i64 idx, double val) {
     y[idx] = val;
@@ -503,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   vrSh[threadIdx.x] = vi;
   if (ch == 0) {
     if (i < n) P[i + k * n] = vi;
-    if (b == 0 && threadIdx.x == 0) storeScalars(v, bbr, n, d, e, tau);
+    if (b == 0 && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
     if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
       if (i < n) putY(i, 0.0);
       return;
@@ -591,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   const i64 j = st[0], k = st[1];
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
-  const double t = rdBB(fz, bbr + 1, v.owner);
+  const double t = v.scalar(1);
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
