@@ -104,12 +104,54 @@ __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const
 
 // ---------------------------------------------------------------------------------------
 // Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
+//
+// HC_ONESHOT_KEEP packs per thread (4: every one-shot launch of <= 4 MiB on the full grid of
+// 65536 threads) stay in registers: loaded together at start, sent, and reused as the own
+// contribution of the reduction.  Otherwise (HC_ONESHOT_KEEP=0, or more packs than that per
+// thread) the loop below sends and then reloads the input: at 4 MiB its tail loop loaded,
+// stored, loaded, stored (three dependent load latencies per thread before the last send) and
+// read the 4 MiB input a second time while the peer's 4 MiB arrived into the same L2.
+#ifndef HC_ONESHOT_KEEP
+#define HC_ONESHOT_KEEP 4
+#endif
+
+template <class Proto, int OP>
+__device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+  const u64 T = nthreads(), p0 = tid();
+  Pack x[HC_ONESHOT_KEEP];
+  x[0] = first;
+#pragma unroll
+  for (int k = 1; k < HC_ONESHOT_KEEP; ++k)
+    if (p0 + k * T < packs) x[k] = loadPack(a.in, a.count, p0 + k * T);
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
+    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
+#pragma unroll
+    for (int k = 0; k < HC_ONESHOT_KEEP; ++k)
+      if (p0 + k * T < packs) buf.bcast(p0 + k * T, x[k]);
+#pragma unroll
+    for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
+      const u64 p = p0 + k * T;
+      if (!ok || p >= packs) break;
+      Pack y;
+      ok = buf.template recvReduce<OP>(p, x[k], y);
+      if (ok) storePack(a.out, a.count, p, y);
+    }
+  }
+}
+
 template <class Proto, int OP>
 __device__ void allreduceOneShot(const Args& a) {
   const u64 packs = packsOf(a.count);
   const Pack first = loadFirst(a, packs);
   const u64 e0 = epochBegin(a);
   bool ok = !aborted(a);
+#if HC_ONESHOT_KEEP > 0
+  if (packs <= HC_ONESHOT_KEEP * nthreads()) {  // grid-uniform
+    allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
+    epochEnd(a, e0, a.iters);
+    return;
+  }
+#endif
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
     sendAll(buf, a, packs, first);

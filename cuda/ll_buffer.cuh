@@ -82,11 +82,19 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 // are read every 256 spins only, so the fast path is the bare poll.
 // The clock starts at the first 256-spin check, not at the first miss: a data word that
 // arrives within ~256 polls (the common case) never pays for a %globaltimer read.
+// HC_POLL_BACKOFF_NS (bench/bw_lab.py's variants only; 0 in the library): sleep that long after
+// every miss, so that tens of thousands of spinning threads leave the L2 to the arriving data.
+#ifndef HC_POLL_BACKOFF_NS
+#define HC_POLL_BACKOFF_NS 0
+#endif
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
   u64 t0 = 0;
   for (u32 n = 1;; ++n) {
     if (ready()) return true;
+#if HC_POLL_BACKOFF_NS > 0
+    __nanosleep(HC_POLL_BACKOFF_NS);
+#endif
     if ((n & 255u) == 0) {
       if (aborted(a)) return false;
       const u64 now = globaltimer();

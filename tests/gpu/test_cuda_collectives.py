@@ -153,6 +153,29 @@ def test_special_values(cc, algo, dtype):
         _assert_bitwise(cp.asnumpy(out), ref, f"{algo} {dtype} {op} special values")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_allreduce_oneshot_packs_per_thread(cc, dtype):
+    """One-shot keeps up to 4 packs per thread in registers (collectives.cu, HC_ONESHOT_KEEP)
+    and loops beyond that: 1-4 packs per thread on the full grid, then the 4 MiB per-launch cap
+    crossed (two launches), odd counts, fresh data each time, bitwise against the host."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 13])
+    dt = np_dtype(dtype)
+    packs_cap = cc._device.layout.allreduce["oneshot_sentinel"][0] // 16
+    for packs in (packs_cap // 4 + 1, packs_cap // 2 - 1, 3 * packs_cap // 4 + 3, packs_cap, packs_cap + 5):
+        n = packs * 16 // dt.itemsize - 1  # odd: the last pack is partial
+        for op in ("SUM", "MAX"):
+            x = _random(rng, dtype, n, op)
+            ref = reduce_in_rank_order(OPS[op], _world().allgather(x))
+            out = cp.empty(n, dtype=dt)
+            cc.Allreduce(cp.asarray(x), out, op=OPS[op], algorithm="oneshot_sentinel", deterministic=True)
+            cc.synchronize()
+            got = cp.asnumpy(out)
+            _assert_bitwise(got, ref, f"oneshot_sentinel {dtype} {op} n={n}")
+            _same_on_all_ranks(got, f"oneshot_sentinel {dtype} {op} n={n}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int32"])
 def test_bcast_allgather_reduce_scatter(cc, dtype):
     import cupy as cp

@@ -1,0 +1,141 @@
+"""Bandwidth lab (GPU machine, 2 ranks): the Allreduce kernels of collectives.cu compiled with
+variant defines and launch grids, timed side by side in one run, per op in a CUDA graph of
+bench.GRAPH_OPS (the issue #4 table's graph column), every result checked bitwise against the
+rank-order sum of fresh random data.  Question: what keeps 1-4 MiB above the model
+floor + SoL + bytes / peer-copy bandwidth (bench/NOTES.md)?
+
+    mpiexec -n 2 python3 bench/bw_lab.py [--sizes 64K,256K,1M,2M,4M,8M] [--variants NAME,...]
+                                         [--algorithms oneshot_sentinel,twoshot_sentinel] [--json out.json]
+
+Variants (name: defines, block cap):
+  reload    HC_ONESHOT_KEEP=0: one-shot sends, then re-reads its input (the code before 2026-11-30 session 8)
+  keep      the library's build: a thread's <= 4 packs stay in registers
+  sleep100  keep + __nanosleep(100) after every poll miss (HC_POLL_BACKOFF_NS)
+  sleep400  keep + __nanosleep(400)
+  half      keep on at most 64 blocks (two packs per thread at 1 MiB)
+Sizes x variants are interleaved (for each size, every variant), so drifts of the machine hit
+every variant alike."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+VARIANTS = {
+    "reload": (("-DHC_ONESHOT_KEEP=0",), None),
+    "keep": ((), None),
+    "sleep100": (("-DHC_POLL_BACKOFF_NS=100",), None),
+    "sleep400": (("-DHC_POLL_BACKOFF_NS=400",), None),
+    "half": ((), 64),
+}
+
+
+def main() -> int:
+    import cupy as cp
+    from mpi4py import MPI
+
+    import hpccoll
+    from hpccoll import bench
+    from hpccoll._driver import Launcher, Module
+    from hpccoll._nvrtc import compile_module
+    from hpccoll._validate import prepare
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="64K,256K,1M,2M,4M,8M")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--algorithms", default="oneshot_sentinel,twoshot_sentinel")
+    ap.add_argument("--iters", type=int, default=400, help="ops timed per repetition (graph replays x GRAPH_OPS)")
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args()
+    names = [v for v in opts.variants.split(",") if v]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"bw_lab: unknown --variants {bad}: choose from {sorted(VARIANTS)}")
+    algos = [a for a in opts.algorithms.split(",") if a]
+
+    comm = hpccoll.Communicator(backend="cuda")
+    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
+    if comm.size != 2:
+        raise SystemExit("bw_lab: run with exactly 2 ranks")
+
+    def say(*m):
+        if rank == 0:
+            print(*m, flush=True)
+
+    sol = bench.measure_sol(comm, say)
+    say(f"SoL {sol.get('sol_us')} us; peer copy {sol.get('bw_GBps')} GB/s; "
+        f"graph floor (one peer store) {sol.get('floor_store_pdl_us')} us")
+    bench._ALIGN = lambda h: dev.barrier(stream=h, sync=False)
+
+    # one module per set of defines, compiled on node rank 0 first (the others hit the cache)
+    modules = {}
+    for first in (True, False):
+        if (rank == 0) == first:
+            for v in names:
+                defs = VARIANTS[v][0]
+                if defs not in modules:
+                    modules[defs] = Module(compile_module("collectives.cu", "float32", dev.arch, defs))
+        mpi.Barrier()
+
+    grid_rule = dev._allreduce_grid
+
+    def use(variant: str, algo: str) -> None:
+        """Point the backend's launcher of `algo` at this variant's kernel and block cap."""
+        defs, cap = VARIANTS[variant]
+        lau, _ = dev._allreduce_launcher("float32", algo, "SUM")
+        kernel = f"hc_allreduce_{algo}_sum"
+        dev._launchers[("float32", kernel, False)] = Launcher(modules[defs].fn(kernel), lau.args, pdl=dev.pdl)
+        dev._allreduce_grid = (lambda al, c, e: grid_rule(al, c, e)) if cap is None else \
+            (lambda al, c, e: (min(cap, grid_rule(al, c, e)[0]), grid_rule(al, c, e)[1]))
+
+    rng = np.random.default_rng([rank, 8])
+    rows = []
+    for nbytes in bench.parse_sizes(opts.sizes):
+        n = nbytes // 4
+        for algo in algos:
+            for v in names:
+                h = rng.standard_normal(n).astype(np.float32)
+                xs = mpi.allgather(h)
+                ref = (xs[0] + xs[1]).astype(np.float32)
+                x, y = cp.asarray(h), cp.zeros(n, cp.float32)
+                call = prepare("Allreduce", 2, x, y, op=hpccoll.SUM)
+                use(v, algo)
+                row = {"bytes": nbytes, "algorithm": algo, "variant": v, "defines": list(VARIANTS[v][0]),
+                       "grid": list(dev._allreduce_grid(algo, n, 4))}
+                try:
+                    row["graph_us"] = bench.time_graph(mpi, lambda st: dev.run(call, True, algo, st), opts.iters)
+                    comm.synchronize()
+                    good = np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
+                except Exception as exc:  # noqa: BLE001  (a failing variant is a result, not the end)
+                    row["graph_us"], row["error"], good = None, f"{type(exc).__name__}: {exc}", False
+                row["ok"] = bool(mpi.allreduce(int(good), op=MPI.MIN))
+                if row.get("graph_us"):
+                    row["GBps"] = nbytes / (row["graph_us"] * 1e3)
+                rows.append(row)
+                say(f"{nbytes:>9} {algo:>17} {v:>9} grid {row['grid']} graph "
+                    f"{row['graph_us'] if row['graph_us'] is None else round(row['graph_us'], 3)} us ok {row['ok']}"
+                    + (f" ({row['error']})" if "error" in row else ""))
+    dev._allreduce_grid = grid_rule
+
+    say(f"\n{'bytes':>9} {'algorithm':>17} " + " ".join(f"{v:>9}" for v in names) + "   (us per op, graph)")
+    for nbytes in bench.parse_sizes(opts.sizes):
+        for algo in algos:
+            cells = []
+            for v in names:
+                r = next(r for r in rows if r["bytes"] == nbytes and r["algorithm"] == algo and r["variant"] == v)
+                cells.append(f"{r['graph_us']:>8.2f}{'' if r['ok'] else '!'}" if r["graph_us"] else f"{'fail':>9}")
+            say(f"{nbytes:>9} {algo:>17} " + " ".join(cells))
+    say("('!': the result differed from the rank-order sum)")
+    if rank == 0 and opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,
+                       "graph_ops": bench.GRAPH_OPS, "median_of": bench.REPS, "rows": rows,
+                       "command": "bench/bw_lab.py " + " ".join(f"--{k} {v}" for k, v in vars(opts).items() if v)},
+                      fh, indent=1)
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
