@@ -8,11 +8,15 @@ floor + SoL + bytes / peer-copy bandwidth (bench/NOTES.md)?
                                          [--algorithms oneshot_sentinel,twoshot_sentinel] [--json out.json]
 
 Variants (name: defines, block cap):
-  reload    HC_ONESHOT_KEEP=0: one-shot sends, then re-reads its input (the code before 2026-11-30 session 8)
-  keep      the library's build: a thread's <= 4 packs stay in registers
-  sleep100  keep + __nanosleep(100) after every poll miss (HC_POLL_BACKOFF_NS)
-  sleep400  keep + __nanosleep(400)
-  half      keep on at most 64 blocks (two packs per thread at 1 MiB)
+  reload      HC_ONESHOT_KEEP=0: one-shot sends, then re-reads its input for the reduction
+  keep1       the library's build: a thread's first pack stays in registers (<= 1 MiB: all of them)
+  keep4       HC_ONESHOT_KEEP=4: up to 4 packs kept, each loaded and then stored in turn
+  keep4burst  + HC_ONESHOT_BURST=1: the 4 loaded together, then stored back to back (d8ca22e)
+  scatter1    HC_SCATTER_BATCH=1: two-shot's reduce-scatter loads and stores pack by pack
+  scatter2    HC_SCATTER_BATCH=2 (the library: 4)
+  sleep100    __nanosleep(100) after every poll miss (HC_POLL_BACKOFF_NS); sleep400 likewise
+  half        the library's build on at most 64 blocks
+The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
 Sizes x variants are interleaved (for each size, every variant), so drifts of the machine hit
 every variant alike."""
 from __future__ import annotations
@@ -24,11 +28,16 @@ import numpy as np
 
 VARIANTS = {
     "reload": (("-DHC_ONESHOT_KEEP=0",), None),
-    "keep": ((), None),
+    "keep1": ((), None),
+    "keep4": (("-DHC_ONESHOT_KEEP=4",), None),
+    "keep4burst": (("-DHC_ONESHOT_KEEP=4", "-DHC_ONESHOT_BURST=1"), None),
+    "scatter1": (("-DHC_SCATTER_BATCH=1",), None),
+    "scatter2": (("-DHC_SCATTER_BATCH=2",), None),
     "sleep100": (("-DHC_POLL_BACKOFF_NS=100",), None),
     "sleep400": (("-DHC_POLL_BACKOFF_NS=400",), None),
     "half": ((), 64),
 }
+DEFAULT_VARIANTS = "reload,keep1,keep4,keep4burst,scatter1,scatter2"
 
 
 def main() -> int:
@@ -43,7 +52,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="64K,256K,1M,2M,4M,8M")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--algorithms", default="oneshot_sentinel,twoshot_sentinel")
     ap.add_argument("--iters", type=int, default=400, help="ops timed per repetition (graph replays x GRAPH_OPS)")
     ap.add_argument("--json", default=None)

@@ -81,23 +81,27 @@ struct OthersPacks {
   __device__ __forceinline__ u64 operator()(u64 q) const { return q < lo ? q : q + (hi - lo); }
 };
 
-// Reduce-scatter's sends: each pack other ranks own to its owner, up to four loads in flight
-// per thread before their stores (two-shot at 4 MiB gives a thread two packs to send).
+// Reduce-scatter's sends: each pack other ranks own to its owner, up to HC_SCATTER_BATCH loads
+// in flight per thread before their stores (two-shot at 4 MiB gives a thread two packs to send).
+#ifndef HC_SCATTER_BATCH
+#define HC_SCATTER_BATCH 4
+#endif
 template <class Proto>
 __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const Args& a, u64 chunk,
                                                 const OthersPacks& others) {
   const u64 T = nthreads();
+  constexpr int B = HC_SCATTER_BATCH;
   auto send = [&](u64 p, Pack x) {
     const int owner = (int)(p / chunk);
     rs.send(owner, p - owner * chunk, x);
   };
-  for (u64 q = tid(); q < others.count; q += 4 * T) {  // predicated: 2 or 3 per thread overlap too
-    Pack x[4];
+  for (u64 q = tid(); q < others.count; q += B * T) {  // predicated: 2 or 3 per thread overlap too
+    Pack x[B];
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < B; ++k)
       if (q + k * T < others.count) x[k] = loadPack(a.in, a.count, others(q + k * T));
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < B; ++k)
       if (q + k * T < others.count) send(others(q + k * T), x[k]);
   }
 }
@@ -105,14 +109,20 @@ __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const
 // ---------------------------------------------------------------------------------------
 // Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
 //
-// HC_ONESHOT_KEEP packs per thread (4: every one-shot launch of <= 4 MiB on the full grid of
-// 65536 threads) stay in registers: loaded together at start, sent, and reused as the own
-// contribution of the reduction.  Otherwise (HC_ONESHOT_KEEP=0, or more packs than that per
-// thread) the loop below sends and then reloads the input: at 4 MiB its tail loop loaded,
-// stored, loaded, stored (three dependent load latencies per thread before the last send) and
-// read the 4 MiB input a second time while the peer's 4 MiB arrived into the same L2.
+// Up to HC_ONESHOT_KEEP packs per thread stay in registers: loaded, sent, and reused as the own
+// contribution of the reduction, where the loop below re-reads the input after its sends.
+// 2xH200, bench/bw_lab.py (2026-11-30, d8ca22e): one kept pack per thread (<= 1 MiB on the full
+// grid) took 64 KiB-1 MiB from 3.12/3.62/5.88 to 2.97/3.53/5.79 us; four kept packs, loaded
+// together and then stored back to back, took 4 MiB from 15.36 to 17.54 us (and the loop's own
+// four-load batches at 64 blocks were as slow): stores issued in one burst from the whole grid
+// are slower over NVLink than the same stores paced by the loads between them.  So the kept
+// packs beyond the first are loaded and stored one after the other (HC_ONESHOT_BURST=1 loads
+// them together first, for bw_lab's comparison).
 #ifndef HC_ONESHOT_KEEP
-#define HC_ONESHOT_KEEP 4
+#define HC_ONESHOT_KEEP 1
+#endif
+#ifndef HC_ONESHOT_BURST
+#define HC_ONESHOT_BURST 0
 #endif
 
 template <class Proto, int OP>
@@ -120,14 +130,20 @@ __device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, P
   const u64 T = nthreads(), p0 = tid();
   Pack x[HC_ONESHOT_KEEP];
   x[0] = first;
+#if HC_ONESHOT_BURST
 #pragma unroll
   for (int k = 1; k < HC_ONESHOT_KEEP; ++k)
     if (p0 + k * T < packs) x[k] = loadPack(a.in, a.count, p0 + k * T);
+#endif
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
 #pragma unroll
-    for (int k = 0; k < HC_ONESHOT_KEEP; ++k)
-      if (p0 + k * T < packs) buf.bcast(p0 + k * T, x[k]);
+    for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
+      const u64 p = p0 + k * T;
+      if (p >= packs) break;
+      if (!HC_ONESHOT_BURST && k > 0 && it == 0) x[k] = loadPack(a.in, a.count, p);
+      buf.bcast(p, x[k]);
+    }
 #pragma unroll
     for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
       const u64 p = p0 + k * T;
