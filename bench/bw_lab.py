@@ -7,13 +7,14 @@ floor + SoL + bytes / peer-copy bandwidth (bench/NOTES.md)?
     mpiexec -n 2 python3 bench/bw_lab.py [--sizes 64K,256K,1M,2M,4M,8M] [--variants NAME,...]
                                          [--algorithms oneshot_sentinel,twoshot_sentinel] [--json out.json]
 
-Variants (name: defines, block cap):
+Variants (name: defines, block cap); each names its defines, whatever the library's defaults:
+  library     the library's build, no defines
   reload      HC_ONESHOT_KEEP=0: one-shot sends, then re-reads its input for the reduction
-  keep1       the library's build: a thread's first pack stays in registers (<= 1 MiB: all of them)
+  keep1       HC_ONESHOT_KEEP=1 (the library's): a thread's first pack stays in registers
   keep4       HC_ONESHOT_KEEP=4: up to 4 packs kept, each loaded and then stored in turn
   keep4burst  + HC_ONESHOT_BURST=1: the 4 loaded together, then stored back to back (d8ca22e)
-  scatter1    HC_SCATTER_BATCH=1: two-shot's reduce-scatter loads and stores pack by pack
-  scatter2    HC_SCATTER_BATCH=2 (the library: 4)
+  scatter1    HC_SCATTER_BATCH=1 (the library's since 35c0130's run): two-shot's
+              reduce-scatter loads and stores pack by pack; scatter2, scatter4 (before) likewise
   sleep100    __nanosleep(100) after every poll miss (HC_POLL_BACKOFF_NS); sleep400 likewise
   half        the library's build on at most 64 blocks
 The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
@@ -27,17 +28,19 @@ import json
 import numpy as np
 
 VARIANTS = {
+    "library": ((), None),
     "reload": (("-DHC_ONESHOT_KEEP=0",), None),
-    "keep1": ((), None),
+    "keep1": (("-DHC_ONESHOT_KEEP=1",), None),
     "keep4": (("-DHC_ONESHOT_KEEP=4",), None),
     "keep4burst": (("-DHC_ONESHOT_KEEP=4", "-DHC_ONESHOT_BURST=1"), None),
     "scatter1": (("-DHC_SCATTER_BATCH=1",), None),
     "scatter2": (("-DHC_SCATTER_BATCH=2",), None),
+    "scatter4": (("-DHC_SCATTER_BATCH=4",), None),
     "sleep100": (("-DHC_POLL_BACKOFF_NS=100",), None),
     "sleep400": (("-DHC_POLL_BACKOFF_NS=400",), None),
     "half": ((), 64),
 }
-DEFAULT_VARIANTS = "reload,keep1,keep4,keep4burst,scatter1,scatter2"
+DEFAULT_VARIANTS = "library,reload,keep4,keep4burst,scatter2,scatter4"
 
 
 def main() -> int:

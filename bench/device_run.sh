@@ -139,7 +139,7 @@ PYEOF
     sytrd) CUPY_ACCELERATORS= timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/sytrd_profile.py --n "${SYTRD_N:-8192}" --gemv "${SYTRD_GEMV:-lower,full}" \
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     bwlab) CUPY_ACCELERATORS= timeout ${BWLAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/bw_lab.py --sizes "${SIZES:-64K,256K,1M,2M,4M,8M}" \
-             ${BWLAB_VARIANTS:+--variants "$BWLAB_VARIANTS"} --json "$OUT/bw-lab.json" 2>&1 | tee "$OUT/bw-lab.txt" ;;
+             ${BWLAB_VARIANTS:+--variants "$BWLAB_VARIANTS"} ${BWLAB_ALGOS:+--algorithms "$BWLAB_ALGOS"} --json "$OUT/bw-lab.json" 2>&1 | tee "$OUT/bw-lab.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;
     gemm) PYTHONPATH=${PYTHONPATH:-} CUPY_ACCELERATORS= timeout 150 python3 bench/gemm_nvmath_vs_cupy.py \
             --json "$OUT/gemm-nvmath-vs-cupy.json" 2>&1 | tee "$OUT/gemm-nvmath-vs-cupy.txt" ;;

@@ -81,10 +81,13 @@ struct OthersPacks {
   __device__ __forceinline__ u64 operator()(u64 q) const { return q < lo ? q : q + (hi - lo); }
 };
 
-// Reduce-scatter's sends: each pack other ranks own to its owner, up to HC_SCATTER_BATCH loads
-// in flight per thread before their stores (two-shot at 4 MiB gives a thread two packs to send).
+// Reduce-scatter's sends: each pack other ranks own to its owner, HC_SCATTER_BATCH loads in
+// flight per thread before their stores.  One: load, store, load, store.  2xH200, bench/bw_lab.py
+// (35c0130): batches of 4 (loads together, then the stores back to back) took two-shot 0.08-0.19
+// us longer than batches of 1 at every size from 64 KiB to 8 MiB (0.85 at 16 MiB), as bursts of
+// stores did in the one-shot (see allreduceOneShot).
 #ifndef HC_SCATTER_BATCH
-#define HC_SCATTER_BATCH 4
+#define HC_SCATTER_BATCH 1
 #endif
 template <class Proto>
 __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const Args& a, u64 chunk,
