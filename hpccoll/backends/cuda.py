@@ -65,6 +65,16 @@ class Layout:
         self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
 
 
+def grid_block_cap(devices: list[int], sms: list[int]) -> tuple[int, int]:
+    """(most ranks on one GPU, blocks per collective launch) from every rank's GPU and its SM
+    count: the same on every rank, whatever GPU the caller has.  The whole grid must be
+    resident (spinning blocks wait for their peers): at most one 512-thread block per SM
+    (<= 128 registers a thread fill an SM's register file), the SMs of the fewest-SM GPU shared
+    by the most ranks any GPU serves, and at most 128 blocks."""
+    per_gpu = max(devices.count(d) for d in devices)
+    return per_gpu, max(1, min(128, *sms) // per_gpu)
+
+
 def _stream_ptr(stream) -> int:
     import cupy
 
@@ -126,7 +136,12 @@ class CudaBackend:
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
         devices = mpi_comm.allgather(self.device_id)
-        self.ranks_per_gpu = devices.count(self.device_id)
+        # Launch configurations must be the same on every rank (the same thread handles pack p,
+        # and Bcast's block b waits for block b of every peer): so the most ranks any GPU
+        # serves and the fewest SMs, not this rank's own.  3 ranks on 2 GPUs once gave the rank
+        # alone on its GPU 128 blocks and the others 64: a Bcast's blocks 64-127 waited for
+        # arrivals that never came (CollectiveTimeout, a32dcd6).
+        self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, mpi_comm.allgather(self.sms))
         self.peer_atomics = self._agree(all(
             d == self.device_id or p2p_native_atomics(self.device_id, d)
             for d in devices))
@@ -160,7 +175,7 @@ class CudaBackend:
         from .nccl import NcclBackend, nccl_unavailable_reason
 
         why = nccl_unavailable_reason()
-        if why is None and max(self.comm.allgather(self.ranks_per_gpu)) > 1:
+        if why is None and self.ranks_per_gpu > 1:
             # NCCL refuses two ranks on one GPU (ncclInvalidUsage, seen with 4 ranks on 2 H200s)
             why = "several ranks share a GPU, which NCCL does not support"
         if not self._agree(why is None):
@@ -207,10 +222,7 @@ class CudaBackend:
         """(blocks, threads): one thread per 16-byte pack up to the block cap, then loop."""
         threads_needed = max(32, work_items * threads_per_item)
         block = min(512, (threads_needed + 31) // 32 * 32)
-        # the whole grid must be resident: at most one 512-thread block per SM (<= 128 registers
-        # a thread fill an SM's register file), shared by the ranks on this GPU
-        cap = max(1, min(128, self.sms) // self.ranks_per_gpu)
-        blocks = min(cap, (threads_needed + block - 1) // block)
+        blocks = min(self.grid_cap, (threads_needed + block - 1) // block)
         return blocks, block
 
     # -- errors -------------------------------------------------------------------
