@@ -66,19 +66,8 @@ def main() -> int:
         raise SystemExit(f"bw_lab: unknown --variants {bad}: choose from {sorted(VARIANTS)}")
     algos = [a for a in opts.algorithms.split(",") if a]
 
-    comm = hpccoll.Communicator(backend="cuda")
+    comm, say, sol = bench.open_lab("bw_lab")
     rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
-    if comm.size != 2:
-        raise SystemExit("bw_lab: run with exactly 2 ranks")
-
-    def say(*m):
-        if rank == 0:
-            print(*m, flush=True)
-
-    sol = bench.measure_sol(comm, say)
-    say(f"SoL {sol.get('sol_us')} us; peer copy {sol.get('bw_GBps')} GB/s; "
-        f"graph floor (one peer store) {sol.get('floor_store_pdl_us')} us")
-    bench._ALIGN = lambda h: dev.barrier(stream=h, sync=False)
 
     # one module per set of defines, compiled on node rank 0 first (the others hit the cache)
     modules = {}

@@ -34,17 +34,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     K = opts.iters + (opts.iters & 1)  # even: successive launches keep the parity alternation
-    comm = hpccoll.Communicator(backend="cuda")
+    comm, say, sol = bench.open_lab("latency_lab")
     rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
-    if comm.size != 2:
-        raise SystemExit("latency_lab: run with exactly 2 ranks")
-
-    def say(*m):
-        if rank == 0:
-            print(*m, flush=True)
-
-    sol = bench.measure_sol(comm, say)
-    say(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns)")
     mod = Module(compile_module("lab_latency.cu", "float32", dev.arch))
     names = ("min", "timer", "prims", "prims_ld", "full")
     variants = {v: mod.fn(f"hc_lab_oneshot_{v}") for v in names}
@@ -52,7 +43,6 @@ def main() -> int:
     base = dev._launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
     s = cp.cuda.Stream(non_blocking=True)
     out = cp.zeros(4, cp.uint64)
-    bench._ALIGN = lambda h: dev.barrier(stream=h, sync=False)
     rng = np.random.default_rng([rank, 5])
     rows = []
     for nbytes in bench.parse_sizes(opts.sizes):

@@ -353,6 +353,28 @@ def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None) -> float:
 HC_OFF_PINGPONG = 4096 + 512  # HC_OFF_BARRIER + 512 in cuda/hc_common.cuh / sol.cu
 
 
+def open_lab(name: str):
+    """A lab script's start (bench/latency_lab.py, bench/bw_lab.py): a 2-rank CUDA
+    Communicator, a print on rank 0, the SoL model measured first (before any collective: see
+    measure_sol), and every timed region aligned by a device barrier.  -> (comm, say, sol)."""
+    import hpccoll
+
+    global _ALIGN
+    comm = hpccoll.Communicator(backend="cuda")
+    if comm.size != 2:
+        raise SystemExit(f"{name}: run with exactly 2 ranks (mpiexec -n 2)")
+
+    def say(*m):
+        if comm.rank == 0:
+            print(*m, flush=True)
+
+    sol = measure_sol(comm, say)
+    say(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns); "
+        f"peer copy {sol.get('bw_GBps')} GB/s; graph floor with one peer store {sol.get('floor_store_pdl_us')} us")
+    _ALIGN = lambda h: comm._device.barrier(stream=h, sync=False)  # noqa: E731
+    return comm, say, sol
+
+
 def measure_sol(comm, log) -> dict:
     """The paper's model, measured here: SoL = 2 L_L2_RTT + (L_pingpong - 2 L_L2_RTT) / 2,
     plus a peer-copy bandwidth term.  Must run before any collective: the bandwidth copy
