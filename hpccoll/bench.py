@@ -364,15 +364,12 @@ def open_lab(name: str):
     if comm.size != 2:
         raise SystemExit(f"{name}: run with exactly 2 ranks (mpiexec -n 2)")
 
-    def say(*m):
-        if comm.rank == 0:
-            print(*m, flush=True)
-
-    sol = measure_sol(comm, say)
-    say(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns); "
+    log = functools.partial(say, comm.rank)
+    sol = measure_sol(comm, log)
+    log(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns); "
         f"peer copy {sol.get('bw_GBps')} GB/s; graph floor with one peer store {sol.get('floor_store_pdl_us')} us")
     _ALIGN = lambda h: comm._device.barrier(stream=h, sync=False)  # noqa: E731
-    return comm, say, sol
+    return comm, log, sol
 
 
 def measure_sol(comm, log) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class Layout:
         self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
 
 
-def grid_block_cap(devices: list[int], sms: list[int]) -> tuple[int, int]:
+def grid_block_cap(devices: Sequence[int], sms: Sequence[int]) -> tuple[int, int]:
     """(most ranks on one GPU, blocks per collective launch) from every rank's GPU and its SM
     count: the same on every rank, whatever GPU the caller has.  The whole grid must be
     resident (spinning blocks wait for their peers): at most one 512-thread block per SM
@@ -135,13 +136,13 @@ class CudaBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
-        devices = mpi_comm.allgather(self.device_id)
+        devices, sms = zip(*mpi_comm.allgather((self.device_id, self.sms)))  # per rank
         # Launch configurations must be the same on every rank (the same thread handles pack p,
         # and Bcast's block b waits for block b of every peer): so the most ranks any GPU
         # serves and the fewest SMs, not this rank's own.  3 ranks on 2 GPUs once gave the rank
         # alone on its GPU 128 blocks and the others 64: a Bcast's blocks 64-127 waited for
         # arrivals that never came (CollectiveTimeout, a32dcd6).
-        self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, mpi_comm.allgather(self.sms))
+        self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, sms)
         self.peer_atomics = self._agree(all(
             d == self.device_id or p2p_native_atomics(self.device_id, d)
             for d in devices))
