@@ -224,9 +224,13 @@ class Case:
         else:
             comm.Reduce_scatter_block(self.send, self.recv, **kw)
 
-    def reset(self) -> None:
-        """Bcast works in place: put root's data back so every check sees a fresh result."""
-        if self.collective == "bcast" and self.rank != 0:
+    def reset(self, full: bool = False) -> None:
+        """Bcast works in place: clear the receivers' buffers so every check sees a fresh result
+        (full: every collective's output)."""
+        if self.collective == "bcast":
+            if self.rank != 0:
+                self.recv[...] = 0
+        elif full:
             self.recv[...] = 0
 
     def host_result(self, arr=None) -> np.ndarray:
@@ -333,13 +337,14 @@ def _time_events(mpi_comm, stream, launch, ops_per_launch: int, launches: int) -
 
 
 def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None) -> float:
-    """Per-op µs of a graph of GRAPH_OPS calls, replayed max(1, iters // GRAPH_OPS) times."""
+    """Per-op µs of a graph of GRAPH_OPS calls, replayed max(1, iters // GRAPH_OPS) times.
+    check(g, s), if given, runs after capture on every rank and raises when the replay is wrong."""
     g = s = None
     why = None
     try:
         g, s = _cupy_graph(fn_on_stream, GRAPH_OPS)
         if check is not None:
-            check(s)
+            check(g, s)
     except Exception as exc:  # noqa: BLE001
         why = _err(exc)
     whys = mpi_comm.allgather(why)
@@ -696,8 +701,27 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         return row
     import cupy
 
-    _mode(row, "graph_us", lambda: time_graph(
-        mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters), log)
+    def graph_check(g, s):
+        """The result of one replay of a fresh-zeroed output, checked (and, on the device path,
+        that the graph's launches were chained as the library meant them to be)."""
+        case.reset(full=True)
+        cupy.cuda.Device().synchronize()
+        g.launch(s)
+        s.synchronize()
+        if not case.check(mpi, case.host_result()):
+            raise RuntimeError("wrong result after a graph replay")
+
+    def graph(s):
+        case.call(comm, algo, det, stream=s)
+
+    chain = getattr(comm._device, "chain", None) if flat else None
+    _mode(row, "graph_us", lambda: time_graph(mpi, graph, opts.iters, check=graph_check), log)
+    if chain is not None:  # the same graph with every launch waiting for its predecessor's grid
+        chain.enabled = False
+        try:
+            _mode(row, "graph_unchained_us", lambda: time_graph(mpi, graph, opts.iters, check=graph_check), log)
+        finally:
+            chain.enabled = True
 
     def in_kernel():
         call = case.prepare()
@@ -998,7 +1022,7 @@ def _f(v, w: int = 8, p: int = 2) -> str:
 
 
 COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("graph", 8),
-           ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
+           ("graph-nc", 8), ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
            ("ok", 3)]
 
 
@@ -1017,15 +1041,17 @@ def format_table(result: dict) -> str:
         lines.append("# graph floor (us per launch of a kernel that does nothing: empty, or one "
                      "peer store; +pdl: programmatic launch): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
-    lines.append("# times: us per op (eager: blocking Python call; graph: per op in a CUDA graph; "
-                 "in-kern: per op inside one launch; blocking: graph op + device barrier - barrier)")
+    lines.append("# times: us per op (eager: blocking Python call; graph: per op in a CUDA graph, "
+                 "hpccoll's launches chained; graph-nc: the same graph, every launch waiting for its "
+                 "predecessor's grid; in-kern: per op inside one launch; blocking: graph op + device "
+                 "barrier - barrier)")
     lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
     for r in result.get("rows", []):
         algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
-                 r.get("eager_us"), r.get("graph_us"), r.get("in_kernel_us"), r.get("blocking_us"),
-                 r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),
+                 r.get("eager_us"), r.get("graph_us"), r.get("graph_unchained_us"), r.get("in_kernel_us"),
+                 r.get("blocking_us"), r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),
                  r.get("speedup_vs_torch"), ok]
         lines.append("".join(c.rjust(w + 1) if isinstance(c, str) else " " + _f(c, w)
                              for c, (_, w) in zip(cells, COLUMNS)))

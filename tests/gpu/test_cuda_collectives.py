@@ -341,6 +341,81 @@ def test_graph_replay(cc):
         assert int(bad.get()[0]) == 0, f"{algo}: graph replays gave wrong results"
 
 
+def _fold(vals):
+    """Rank-order sum, float32 at every step (the deterministic kernels' expression tree)."""
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = acc + v
+    return acc
+
+
+def test_chained_graph(cc):
+    """A captured graph of collectives that feed each other, replayed with fresh data each time,
+    every output checked bitwise.  Consecutive launches are chained (each waits for its
+    predecessor's completion words, not its grid, cuda/ll_buffer.cuh); a user kernel in
+    between breaks the chain.  Grids differ from launch to launch (1 to 33 blocks)."""
+    import cupy as cp
+
+    n, m, k, size, rank = 65537, 4096, 7, cc.size, cc.rank
+    chain = cc._device.chain
+    s = cp.cuda.Stream(non_blocking=True)
+    x, xb = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+    y, z = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+    g, g2 = cp.empty(size * m, cp.float32), cp.empty(size * m, cp.float32)
+    o7 = cp.empty(k, cp.float32)
+    det = {"deterministic": True, "stream": s}
+
+    def ops():
+        cc.Allreduce(x, y, algorithm="oneshot_sentinel", **det)    # after the host's fill: not chained
+        cc.Allreduce(y, y, algorithm="twoshot_sentinel", **det)    # chained, reads its predecessor's output
+        cc.Allgather(x[:m], g, stream=s)                            # chained
+        cc.Allreduce(g, g2, algorithm="oneshot_ll", **det)          # chained, reads the Allgather's output
+        with s:
+            cp.multiply(y, float(rank + 1), out=z)                  # a user kernel: the next is not chained
+        cc.Allreduce(z, z, algorithm="oneshot_sentinel", **det)
+        cc.Bcast(xb, root=size - 1, stream=s)                       # chained
+        cc.Allreduce(xb[:k], o7, algorithm="oneshot_sentinel", **det)  # chained, one block, reads the Bcast's
+        cc.Allreduce(g2, g2, algorithm="twoshot_ll", **det)        # chained, in place
+
+    with s:
+        x[...] = _data(cp, 0, rank, n)
+        xb[...] = _data(cp, 1, rank, n)
+    ops()  # warm: compiles, launchers
+    s.synchronize()
+    before = chain.chained if chain is not None else 0
+    s.begin_capture()
+    ops()
+    graph = s.end_capture()
+    if chain is not None:
+        assert chain.chained - before == 6, f"{chain.chained - before} launches chained, expected 6"
+    bad = cp.zeros(6, dtype=cp.int64)
+    bits = lambda a: a.view(cp.uint32)  # noqa: E731
+    for i in range(300):
+        with s:
+            xs = [_data(cp, 2 * i, r, n) for r in range(size)]
+            xbs = [_data(cp, 2 * i + 1, r, n) for r in range(size)]
+            x[...] = xs[rank]
+            xb[...] = xbs[rank]
+            graph.launch(s)
+            y1 = _fold(xs)
+            y2 = _fold([y1] * size)
+            gg = cp.concatenate([v[:m] for v in xs])
+            g1 = _fold([gg] * size)
+            g3 = _fold([g1] * size)
+            zz = _fold([y2 * float(r + 1) for r in range(size)])
+            b7 = _fold([xbs[size - 1][:k]] * size)
+            bad[0] += (bits(y) != bits(y2)).sum()
+            bad[1] += (bits(g) != bits(gg)).sum()
+            bad[2] += (bits(g2) != bits(g3)).sum()
+            bad[3] += (bits(z) != bits(zz)).sum()
+            bad[4] += (bits(xb) != bits(xbs[size - 1])).sum()
+            bad[5] += (bits(o7) != bits(b7)).sum()
+    s.synchronize()
+    cc.synchronize()
+    got = bad.get().tolist()
+    assert got == [0] * 6, f"wrong elements (y, g, g2, z, xb, o7) over 300 replays: {got}"
+
+
 def test_rank_that_never_joins_times_out():
     import cupy as cp
 
