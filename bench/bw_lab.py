@@ -87,8 +87,7 @@ def main() -> int:
         defs, cap = VARIANTS[variant]
         lau, _ = dev._allreduce_launcher("float32", algo, "SUM")
         kernel = f"hc_allreduce_{algo}_sum"
-        dev._launchers[("float32", kernel, False)] = Launcher(modules[defs].fn(kernel), lau.args, pdl=dev.pdl,
-                                                                  chain=dev.chain)
+        dev._launchers[("float32", kernel, False)] = Launcher(modules[defs].fn(kernel), lau.args, pdl=dev.pdl)
         dev._allreduce_grid = grid_rule if cap is None else capped(cap)
 
     rng = np.random.default_rng([rank, 8])

@@ -30,6 +30,17 @@ __device__ __forceinline__ void loopFence() {
 #endif
 }
 
+// One-shot's loops need the fence only where slots are re-armed.  LL slots never are (flags
+// are epochs), and in the one-shot the thread that reads slot p at epoch e is the one that
+// sends pack p of e+1, which the peer's thread for p receives before it writes p at e+2: the
+// slot's reuse is ordered by that chain of dependencies alone, as in allgatherLL.  (Not so in
+// two-shot: there the reader of a slot and the sender of the next phase are other threads.)
+template <class Proto>
+__device__ __forceinline__ void oneShotLoopFence() {
+  if (!Proto::kRearms) return;
+  loopFence();
+}
+
 // Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
 __device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
   const T* x = (const T*)base + p * HC_EPP;
@@ -138,7 +149,7 @@ __device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, P
   for (int k = 1; k < HC_ONESHOT_KEEP; ++k)
     if (p0 + k * T < packs) x[k] = loadPack(a.in, a.count, p0 + k * T);
 #endif
-  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
+  for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
 #pragma unroll
     for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
@@ -159,8 +170,19 @@ __device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, P
 }
 
 template <class Proto, int OP>
-__device__ __forceinline__ void allreduceOneShotLoop(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
-  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
+__device__ void allreduceOneShot(const Args& a) {
+  const u64 packs = packsOf(a.count);
+  const Pack first = loadFirst(a, packs);
+  const u64 e0 = epochBegin(a);
+  bool ok = !aborted(a);
+#if HC_ONESHOT_KEEP > 0
+  if (packs <= HC_ONESHOT_KEEP * nthreads()) {  // grid-uniform
+    allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
+    epochEnd(a, e0, a.iters);
+    return;
+  }
+#endif
+  for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
     sendAll(buf, a, packs, first);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
@@ -169,27 +191,13 @@ __device__ __forceinline__ void allreduceOneShotLoop(const Args& a, u64 packs, P
       if (ok) storePack(a.out, a.count, p, y);
     }
   }
-}
-
-template <class Proto, int OP>
-__device__ void allreduceOneShot(const Args& a) {
-  const u64 packs = packsOf(a.count);
-  Pack first;
-  if (!(a.flags & HC_CHAINED)) first = loadFirst(a, packs);  // in flight with the epoch claim
-  const u64 e0 = epochBegin(a, a.iters);
-  if (a.flags & HC_CHAINED) first = loadFirst(a, packs);  // the input may be the predecessor's output
-  const bool ok = !aborted(a);
-  if (HC_ONESHOT_KEEP > 0 && packs <= HC_ONESHOT_KEEP * nthreads())  // grid-uniform
-    allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
-  else
-    allreduceOneShotLoop<Proto, OP>(a, packs, first, e0, ok);
-  epochEnd(a, e0 + a.iters);
+  epochEnd(a, e0, a.iters);
 }
 
 // Allreduce, two-shot: reduce-scatter to chunk owners (region), then all-gather (region2).
 template <class Proto, int OP>
 __device__ void allreduceTwoShot(const Args& a) {
-  const u64 e0 = epochBegin(a, a.iters), packs = packsOf(a.count);
+  const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   const u64 chunk = (packs + a.nranks - 1) / a.nranks;  // packs per owner
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
@@ -214,7 +222,7 @@ __device__ void allreduceTwoShot(const Args& a) {
       if (ok) storePack(a.out, a.count, p, y);
     }
   }
-  epochEnd(a, e0 + a.iters);
+  epochEnd(a, e0, a.iters);
 }
 
 #if HC_IS_FLOAT
@@ -223,7 +231,7 @@ __device__ void allreduceTwoShot(const Args& a) {
 // Warp-structured: each 8-lane group handles one line per step; the owner's poll is a
 // warp-uniform loop (shuffles with the full mask, timeout decided with __any_sync).
 __device__ void allreduceTwoShotLL128(const Args& a) {
-  const u64 e0 = epochBegin(a, a.iters);
+  const u64 e0 = epochBegin(a);
   const int lane = threadIdx.x & 31, sub = lane & 7;
   const bool counterLane = sub == 7;
   const u64 lines = (a.count + LL128::kEPL - 1) / LL128::kEPL;
@@ -293,7 +301,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
     }
     ok = __all_sync(0xffffffffu, ok);  // keep `ok` warp-uniform: the next poll shuffles
   }
-  epochEnd(a, e0 + a.iters);
+  epochEnd(a, e0, a.iters);
 }
 #endif
 
@@ -325,10 +333,9 @@ __device__ __forceinline__ bool awaitArrival(const Args& a, u64 off, int peer, u
 // before it finishes.  The arrivals travel while the data does: a receiver's wait is the
 // longer of two one-way trips, the root's is one (it used to wait for acks: a round trip).
 __device__ void bcastLL(const Args& a) {
-  const u64 packs = packsOf(a.count);
+  const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   const u64 per = a.sub / LL::kBytesPerPack;  // packs of one chunk (one sub-buffer)
   const u64 chunks = packs > per ? (packs + per - 1) / per : 1;
-  const u64 e0 = epochBegin(a, (u64)a.iters * chunks);
   bool ok = !aborted(a);
   const int r = threadIdx.x;
   const bool signals = r < a.nranks && r != a.rank;  // thread r talks to rank r
@@ -354,7 +361,7 @@ __device__ void bcastLL(const Args& a) {
       ok = __syncthreads_and(ok);
     }
   }
-  epochEnd(a, e0 + (u64)a.iters * chunks);
+  epochEnd(a, e0, (u64)a.iters * chunks);
 }
 
 // Allgather (LL): `count` elements per rank, a multiple of HC_EPP (the host pads otherwise),
@@ -365,10 +372,9 @@ __device__ void bcastLL(const Args& a) {
 // receiving the peer's chunk c+1 slot p, which the peer's thread t sent after its poll of our
 // chunk c slot p had returned (a control dependency: no store runs ahead of it).
 __device__ void allgatherLL(const Args& a) {
-  const u64 packs = a.count / HC_EPP;
+  const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
   const u64 per = a.sub / LL::kBytesPerPack;  // packs of one chunk
   const u64 chunks = packs > per ? (packs + per - 1) / per : 1;
-  const u64 e0 = epochBegin(a, (u64)a.iters * chunks);
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     for (u64 c = 0; ok && c < chunks; ++c) {
@@ -389,14 +395,14 @@ __device__ void allgatherLL(const Args& a) {
       }
     }
   }
-  epochEnd(a, e0 + (u64)a.iters * chunks);
+  epochEnd(a, e0, (u64)a.iters * chunks);
 }
 
 // Reduce_scatter_block: block j of the input goes to rank j, which reduces in rank order.
 // `count` = elements per block, a multiple of HC_EPP (the host pads otherwise).
 template <class Proto, int OP>
 __device__ void reduceScatter(const Args& a) {
-  const u64 e0 = epochBegin(a, a.iters), packs = a.count / HC_EPP;
+  const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_REDUCE_SCATTER);
@@ -411,13 +417,13 @@ __device__ void reduceScatter(const Args& a) {
       if (ok) stPack((T*)a.out + p * HC_EPP, y);
     }
   }
-  epochEnd(a, e0 + a.iters);
+  epochEnd(a, e0, a.iters);
 }
 
 // Barrier: thread r < nranks signals rank r and waits for rank r's signal.  Arrival words
 // hold the barrier's epoch+1 (monotonic: never re-armed).  One block.
 __device__ void barrier(const Args& a) {
-  const u64 e0 = epochBegin(a, a.iters);
+  const u64 e0 = epochBegin(a);
   bool ok = !aborted(a);
   const int r = threadIdx.x;
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
@@ -428,7 +434,7 @@ __device__ void barrier(const Args& a) {
     }
     __syncthreads();
   }
-  epochEnd(a, e0 + a.iters);
+  epochEnd(a, e0, a.iters);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -436,17 +442,8 @@ __device__ void barrier(const Args& a) {
 // 512 threads per block at most (the host's grid rule), so up to 128 registers per thread:
 // the fixed-rank-order receive keeps up to HC_MAX_RANKS packs in registers.
 #define HC_MAX_THREADS 512
-#define HC_KERNEL(name, body)                                                           \
-  extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a) {   \
-    if (!(a.flags & HC_CHAINED)) gridDepWait();                                       \
-    body;                                                                             \
-  }
-
-// The launch frame alone (stream order, epoch claim, completion words) and no collective: the
-// device-code test's reference for the memory barriers every kernel may hold (the completion
-// words' release and acquire), so that a barrier in a collective's own code fails it.
-__device__ void launchFrame(const Args& a) { epochEnd(a, epochBegin(a, a.iters) + a.iters); }
-HC_KERNEL(hc_launch_frame, launchFrame(a))
+#define HC_KERNEL(name, body) \
+  extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a) { streamOrderBegin(); body; }
 
 #define HC_REDUCING(OPNAME, OP)                                                               \
   HC_KERNEL(hc_allreduce_oneshot_ll_##OPNAME, (allreduceOneShot<LL, OP>(a)))                  \

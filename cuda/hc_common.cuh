@@ -19,14 +19,11 @@ typedef unsigned short u16;
 // [2112, 2176)   ErrRec                       what that poll waited for
 // [4096, 4096+64) u64 barrier[HC_MAX_RANKS]   barrier arrivals, written by peers
 // [4608], [5120] u64                          sol.cu scratch: ping-pong word, floor store
-// [8192, 8256)   u64 probe[HC_MAX_RANKS]      the host's cross-process probe (_symm.py)
-// [10240, 12288) u64 done[HC_MAX_BLOCKS]      "block b finished the launch that ended at epoch e"
 // [16384, 32768) u64 arrive[blocks][ranks]    Bcast: "block b of rank r has finished epoch e-1"
 #define HC_OFF_EPOCHS 0
 #define HC_OFF_ABORT 2048
 #define HC_OFF_ERR 2112
 #define HC_OFF_BARRIER 4096
-#define HC_OFF_DONE 10240
 #define HC_OFF_ARRIVE 16384  // u64 arrive[HC_MAX_BLOCKS][HC_MAX_RANKS]: value e+1, written by the peers
 #define HC_CTRL_BYTES 65536
 
@@ -44,7 +41,6 @@ struct ErrRec {
 #define HC_COLL_ALLGATHER 3
 #define HC_COLL_REDUCE_SCATTER 4
 #define HC_COLL_BARRIER 5
-#define HC_COLL_CHAIN 6     // a chained launch waiting for its predecessor (ll_buffer.cuh)
 
 // Kernel arguments, passed by value (constant bank: no loads on the critical path).
 struct Args {
@@ -59,12 +55,7 @@ struct Args {
   u64 timeoutNs;              // bound of every poll
   volatile int* hostErr;      // mapped host word: non-zero once any poll timed out
   int rank, nranks, root, iters;
-  int flags;                  // HC_CHAINED | HC_RELEASE (ll_buffer.cuh: chained launches)
 };
-
-// Args::flags, set by the host per launch (hpccoll/_driver.py, CaptureChain):
-#define HC_CHAINED 1  // the stream's previous node is this communicator's previous kernel (graph capture)
-#define HC_RELEASE 2  // write the completion words with a release: a chained launch may follow
 
 // ---- element types ----
 #define HC_F64 0
@@ -200,24 +191,15 @@ __device__ __forceinline__ int ldVolatileInt(const int* p) { return *(const vola
 // LL flag of an epoch: 1..2^32-1, never 0 (receive buffers start zeroed).
 __device__ __forceinline__ u32 llFlag(u64 epoch) { return (u32)(epoch % 0xFFFFFFFFull) + 1u; }
 
-// Programmatic dependent launch (Hopper+): the host launches every collective with the
+// Programmatic dependent launch (Hopper+): the host may launch a collective with the
 // programmatic-stream-serialization attribute, so it is scheduled while the previous kernel
-// of the stream still runs.  `griddepcontrol.wait` keeps the stream's order for every memory
-// access (it returns once the previous grid has completed and its writes are visible; without
-// the attribute it returns at once).  A chained launch (Args::chain, ll_buffer.cuh) skips it
-// and waits for its predecessor's completion words instead.  The sol.cu kernels use
-// streamOrderBegin: wait, then let the next launch start.
-__device__ __forceinline__ void gridDepWait() {
+// of the stream still runs.  `griddepcontrol.wait` first thing keeps the stream's order for
+// every memory access (it returns once the previous grid has completed and its writes are
+// visible; without the attribute it returns at once), and `launch_dependents` lets the next
+// launch start early in turn.
+__device__ __forceinline__ void streamOrderBegin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void gridDepTrigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-__device__ __forceinline__ void streamOrderBegin() {
-  gridDepWait();
-  gridDepTrigger();
 }

@@ -19,29 +19,18 @@
 //   epoch / advance: see epochBegin / epochEnd
 //
 // Epochs and the double buffering ("the data is the credit"):
-// - Each block claims its epochs at start: e0 = atomicAdd(&epochs[blockIdx.x], used) in our own
-//   control region (used = iters, or iters x chunks for Bcast / Allgather); block 0 also adds
-//   `used` to the counters of blocks beyond gridDim.x, so all HC_MAX_BLOCKS counters always hold
-//   the number of collectives issued on this communicator - whatever grid each launch used,
-//   and under CUDA-graph replay too (no epoch is ever a host argument).  The claims are
-//   performed before the block lets the stream's next kernel launch (epochBegin).
+// - Each block reads its counter epochs[blockIdx.x] (our own control region, device memory)
+//   at start and writes epoch+used at the end (used = iters, or iters x chunks for Allgather); block 0 also writes that value into the
+//   counters of blocks beyond gridDim.x, so all HC_MAX_BLOCKS counters always hold the number
+//   of collectives issued on this communicator - whatever grid each launch used, and under
+//   CUDA-graph replay too (no epoch is ever a host argument).
 // - Parity (epoch & 1) picks the sub-buffer.  A peer can run at most one collective ahead of
 //   us: its collective e+1 needs our data of e+1, which we send only after finishing e.  So a
 //   peer writing epoch e+2 into the parity we read at e proves we are done with e; our re-arm
-//   stores of e are ordered before our e+1 sends by the launch boundary (stream order, or the
-//   completion words of a chained launch, below).  No barrier between ranks.
+//   stores of e completed at kernel end, before our e+1 sends (stream order).  No barrier.
 //   This needs every collective to make a rank that finishes e hear (directly or through a
 //   rank that waited for us) from every peer at e: true of Allreduce, Allgather, Reduce-
 //   scatter and Barrier; Bcast gets it from arrival words (bcastLL in collectives.cu).
-// - Chained launches (Args::flags & HC_CHAINED: the host saw, while capturing a CUDA graph, that the
-//   stream's previous node is this communicator's previous kernel): the kernel does not wait
-//   for its predecessor's grid to complete and flush (griddepcontrol.wait, the 1-1.5 us kernel
-//   boundary of a graph).  Every launch ends by writing done[b] = its last epoch + 1, with a
-//   gpu-scope release when captured (one per block, after the block's last store); a chained launch, which
-//   PDL starts as soon as every block of the predecessor has claimed its epochs, acquires
-//   done[0..HC_MAX_BLOCKS) >= its own e0 before it touches memory.  That is the predecessor's
-//   whole grid finished, its output and re-arms performed at our L2 (where a peer's next
-//   data lands), the same guarantee the kernel boundary gives, one L2 round trip later.
 // - Every poll is bounded: after timeoutNs it records (collective, peer, slot) in the error
 //   record, raises the abort flag (every other poll then gives up within 256 spins), and
 //   writes the mapped host word so the host can raise CollectiveTimeout.
@@ -51,7 +40,19 @@
 __device__ __forceinline__ u64* ctrlEpochs(const Args& a) { return (u64*)(a.peers[a.rank] + HC_OFF_EPOCHS); }
 __device__ __forceinline__ int* ctrlAbort(const Args& a) { return (int*)(a.peers[a.rank] + HC_OFF_ABORT); }
 
-__device__ __forceinline__ u64* ctrlDone(const Args& a) { return (u64*)(a.peers[a.rank] + HC_OFF_DONE); }
+__device__ __forceinline__ u64 epochBegin(const Args& a) {
+  return *(volatile u64*)(ctrlEpochs(a) + blockIdx.x);
+}
+
+// `used`: the epochs this launch consumed (iters collectives; Allgather: iters x its chunks).
+__device__ __forceinline__ void epochEnd(const Args& a, u64 epoch, u64 used) {
+  __syncthreads();  // every thread of the block has read its epoch
+  u64* ep = ctrlEpochs(a);
+  const u64 next = epoch + used;
+  if (threadIdx.x == 0) ep[blockIdx.x] = next;
+  if (blockIdx.x == 0)
+    for (int j = gridDim.x + threadIdx.x; j < HC_MAX_BLOCKS; j += blockDim.x) ep[j] = next;
+}
 
 __device__ __forceinline__ bool aborted(const Args& a) { return ldVolatileInt(ctrlAbort(a)) != 0; }
 
@@ -105,78 +106,6 @@ __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, 
       }
     }
   }
-}
-
-// A chained launch's wait: done[j] >= e0 for every j (acquire).  The predecessor always ends
-// (its polls are bounded) and then writes its done words, so this returns; its bound, twice the
-// polls', only guards against a broken predecessor, and leaves the predecessor's own timeout,
-// which names the peer, to be the one recorded.
-__device__ __forceinline__ void chainWait(const Args& a, u64 e0) {
-  const u64* done = ctrlDone(a);
-  u64 t0 = 0;
-  for (int j = threadIdx.x; j < HC_MAX_BLOCKS; j += 32) {
-    for (u32 n = 1;; ++n) {
-      u64 v;
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done + j) : "memory");
-      if (v >= e0) {  // then once more with acquire: it reads the same release (or a later one)
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done + j) : "memory");
-        break;
-      }
-      if ((n & 255u) == 0) {
-        const u64 now = globaltimer();
-        if (t0 == 0) t0 = now;
-        if (now - t0 > 2 * a.timeoutNs) {
-          failTimeout(a, HC_COLL_CHAIN, -1, (u64)j, now - t0);
-          return;
-        }
-      }
-    }
-  }
-}
-
-// Start of every collective kernel: the stream order, the epoch claim, the next launch.
-// Returns e0, the block's first epoch (the same in every block and on every rank).
-// `used`: the epochs this launch consumes (iters collectives; Bcast / Allgather: x chunks).
-// Not chained: griddepcontrol.wait first (the caller may load its input before calling).
-// Chained: the caller loads nothing before this returns.
-__device__ __forceinline__ u64 epochBegin(const Args& a, u64 used) {
-  __shared__ u64 claimed, sink;
-  u64* ep = ctrlEpochs(a);
-  if (threadIdx.x == 0) claimed = atomicAdd(ep + blockIdx.x, used);
-  if (blockIdx.x == 0)  // the counters of blocks this launch does not run
-    for (int j = gridDim.x + threadIdx.x; j < HC_MAX_BLOCKS; j += blockDim.x) sink = atomicAdd(ep + j, used);
-  // Every claim has returned (its value is stored to shared memory) before the barrier, and the
-  // block lets the next launch start only after it: a chained successor's claims come after
-  // ours in every counter's order.
-  __syncthreads();
-  const u64 e0 = claimed;
-  if (threadIdx.x == 0) gridDepTrigger();
-  if (a.flags & HC_CHAINED) {
-    if (threadIdx.x < 32) chainWait(a, e0);  // one warp polls; the block waits at the barrier
-    __syncthreads();
-  }
-  return e0;
-}
-
-// End of every collective kernel: done[b] = next (= e0 + used) after the block's last store
-// (the barrier); block 0 also for the blocks this launch did not run.  Captured launches
-// (HC_RELEASE) store with a gpu-scope release, for a chained successor; eager ones, which no
-// launch chains to, with a plain store.  This release and chainWait's acquire are the only
-// memory barriers of a collective kernel: its sends, polls and re-arms have none
-// (tests/test_device_code.py holds every kernel to hc_launch_frame's barriers).
-__device__ __forceinline__ void storeDone(u64* w, u64 v, bool release) {
-  if (release)
-    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(w), "l"(v) : "memory");
-  else
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(w), "l"(v) : "memory");
-}
-__device__ __forceinline__ void epochEnd(const Args& a, u64 next) {
-  __syncthreads();
-  u64* done = ctrlDone(a);
-  const bool release = a.flags & HC_RELEASE;
-  if (threadIdx.x == 0) storeDone(done + blockIdx.x, next, release);
-  if (blockIdx.x == 0)
-    for (int j = gridDim.x + threadIdx.x; j < HC_MAX_BLOCKS; j += blockDim.x) storeDone(done + j, next, release);
 }
 
 template <class Proto>

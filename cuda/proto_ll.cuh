@@ -18,6 +18,7 @@
 #include "hc_common.cuh"
 
 struct LL {
+  static constexpr bool kRearms = false;  // flags are epochs: slots are never re-armed
   static constexpr int kBytesPerPack = 32;  // a 16-byte pack takes two 16-byte slots
 
   __device__ static void write(char* slot, Pack v, u32 flag) {

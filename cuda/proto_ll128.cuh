@@ -23,6 +23,7 @@
 
 #if HC_IS_FLOAT
 struct LL128 {
+  static constexpr bool kRearms = true;  // lines are re-armed (zeroed) after use
   static constexpr int kLineBytes = 128;
   static constexpr int kEPL = 128 / (int)sizeof(T) - 1;
 

@@ -17,6 +17,7 @@
 #include "hc_common.cuh"
 
 struct Sentinel {
+  static constexpr bool kRearms = true;  // read slots are re-armed with the sentinel
   static constexpr int kBytesPerPack = 16;  // receive-buffer bytes per 16-byte pack
 #if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
   static constexpr u64 kWord = 0xFFFAFFFAFFFAFFFAull;  // fill pattern of the receive buffer

@@ -29,12 +29,7 @@ class Args(ctypes.Structure):
         ("nranks", ctypes.c_int),
         ("root", ctypes.c_int),
         ("iters", ctypes.c_int),
-        ("flags", ctypes.c_int),
     ]
-
-
-CHAINED = 1  # HC_CHAINED: wait for the predecessor's completion words, not its grid
-RELEASE = 2  # HC_RELEASE: write the completion words with a release (captured launches)
 
 
 _cuda = None
@@ -98,80 +93,18 @@ class _LaunchConfig(ctypes.Structure):
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-_CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
-
-
-class CaptureChain:
-    """Which launches may skip the kernel boundary (one per communicator: its control region).
-
-    While a stream is captured into a CUDA graph, a launch whose only dependency is the node of
-    this communicator's previous launch is "chained": its kernel starts early (PDL) and waits
-    for the predecessor's completion words (cuda/ll_buffer.cuh) instead of its whole grid's
-    completion and flush.  Anything else in between (a user kernel, a copy, an event wait, a
-    fork or join) makes the dependency another node, and the launch waits for the grid as
-    always.  Eager launches are never chained: their stream's history is not visible here.
-    Every captured launch releases its completion words, since the next one may chain to it."""
-
-    def __init__(self):
-        lib = libcuda()
-        self._info = lib.cuStreamGetCaptureInfo_v3
-        self._info.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
-                               ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p)),
-                               ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        self._status, self._id = ctypes.c_int(), ctypes.c_uint64()
-        self._deps, self._edges, self._ndeps = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
-        self._last: dict[int, tuple[int, int]] = {}  # stream -> (capture id, node of our last launch)
-        self.chained = 0  # launches chained so far (tests and the benchmark read it)
-        self.enabled = True  # False: every launch waits for its predecessor's grid (the benchmark's comparison)
-
-    def _query(self, stream: int) -> tuple[int, int | None]:
-        """(capture id, the single dependency node) while capturing; (0, None) otherwise."""
-        check(self._info(stream, ctypes.byref(self._status), ctypes.byref(self._id), None,
-                         ctypes.byref(self._deps), ctypes.byref(self._edges), ctypes.byref(self._ndeps)),
-              "cuStreamGetCaptureInfo")
-        if self._status.value != _CAPTURE_ACTIVE:
-            return 0, None
-        node = self._deps[0] if self._ndeps.value == 1 else None
-        return self._id.value, node
-
-    def before(self, stream: int) -> int:
-        """Args::flags for the launch about to be enqueued on `stream`."""
-        if not self.enabled:
-            self._last.pop(stream, None)
-            return 0
-        cid, node = self._query(stream)
-        if not cid:
-            self._last.pop(stream, None)
-            return 0
-        if node is not None and self._last.get(stream) == (cid, node):
-            self.chained += 1
-            return CHAINED | RELEASE
-        return RELEASE
-
-    def after(self, stream: int, flags: int) -> None:
-        """Remember the node the launch just captured."""
-        if flags:
-            cid, node = self._query(stream)
-            if node is not None:
-                self._last[stream] = (cid, node)
-            else:
-                self._last.pop(stream, None)
-
-
 class Launcher:
     """One kernel with a reusable by-value Args parameter block.
 
     pdl=True launches with programmatic stream serialization (Hopper+): the kernel may be
     scheduled while the stream's previous kernel still runs; the kernel itself waits for it
-    (griddepcontrol.wait, cuda/collectives.cu) before touching memory, or, given a
-    CaptureChain that finds the launch chained, for its predecessor's completion words."""
+    (griddepcontrol.wait, cuda/collectives.cu) before touching memory."""
 
-    def __init__(self, fn, args: Args, pdl: bool = False, chain: CaptureChain | None = None):
+    def __init__(self, fn, args: Args, pdl: bool = False):
         self.fn = fn
         self.args = args
         self._params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         self.pdl = pdl
-        self.chain = chain if pdl else None  # chaining needs the early launch
         if pdl:
             self._attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
             ctypes.memmove(self._attr.value, ctypes.byref(ctypes.c_int(1)), 4)
@@ -182,9 +115,6 @@ class Launcher:
         self._launch = libcuda().cuLaunchKernel
 
     def __call__(self, grid: int, block: int, stream: int) -> None:
-        chain = self.chain
-        if chain is not None:
-            self.args.flags = flags = chain.before(stream)
         if self.pdl:
             cfg = self._cfg
             cfg.gridDimX, cfg.blockDimX, cfg.hStream = grid, block, stream
@@ -193,8 +123,6 @@ class Launcher:
             res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if res:
             check(res, "cuLaunchKernelEx" if self.pdl else "cuLaunchKernel")
-        if chain is not None:
-            chain.after(stream, flags)
 
 
 def launch_raw(fn, grid: int, block: int, stream: int, *cargs) -> None:

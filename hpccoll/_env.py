@@ -24,21 +24,12 @@ def timeout_s(explicit: float | None = None) -> float:
     return float(val)
 
 
-def _switch(var: str, default: str, what: str) -> bool:
-    raw = os.environ.get(var, default).strip().lower()
-    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise ValueError(f"{var}={raw!r}: use 1 (on) or 0 (off); {what}")
-    return raw in ("1", "true", "yes", "on")
-
-
 def pdl_mode() -> bool:
     """Programmatic dependent launch of the collective kernels (Hopper+): HPCCOLL_PDL, default on."""
-    return _switch("HPCCOLL_PDL", "1", "programmatic dependent launch, default on")
-
-
-def chain_mode() -> bool:
-    """Chained launches in captured CUDA graphs (needs PDL): HPCCOLL_CHAIN, default on."""
-    return _switch("HPCCOLL_CHAIN", "1", "chained launches in CUDA graphs, default on")
+    raw = os.environ.get("HPCCOLL_PDL", "1").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"HPCCOLL_PDL={raw!r}: use 1 (on, the default) or 0 (off)")
+    return raw in ("1", "true", "yes", "on")
 
 
 def check_mode(explicit: bool | None = None) -> bool:

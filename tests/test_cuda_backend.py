@@ -24,35 +24,3 @@ def test_grid_cap_is_node_wide(devices, per_gpu, cap):
 def test_grid_cap_fewest_sms_and_at_least_one_block():
     assert grid_block_cap([0, 1, 2], [132, 114, 132]) == (1, 114)
     assert grid_block_cap([0] * 16, [8] * 16) == (16, 1)
-
-
-def test_capture_chain_chains_only_right_after_its_own_launch():
-    """CaptureChain's rule without a GPU: chained only while capturing, and only when the
-    stream's single dependency is the node of this communicator's previous launch."""
-    from hpccoll._driver import CHAINED, RELEASE, CaptureChain
-
-    ch = object.__new__(CaptureChain)  # no libcuda: feed the capture state by hand
-    ch._last, ch.chained, ch.enabled = {}, 0, True
-    state = {"s": (0, None)}
-    ch._query = lambda stream: state["s"]
-
-    def launch(before_state, after_node, stream=7):
-        state["s"] = before_state
-        flags = ch.before(stream)
-        state["s"] = (before_state[0], after_node) if before_state[0] else (0, None)
-        ch.after(stream, flags)
-        return flags
-
-    assert launch((0, None), None) == 0                      # eager: never chained, no release
-    assert launch((5, None), 100) == RELEASE                 # first node of a capture
-    assert launch((5, 100), 101) == CHAINED | RELEASE        # right after our own node
-    assert launch((5, 999), 102) == RELEASE                  # a user kernel came in between
-    assert launch((5, 102), 103) == CHAINED | RELEASE
-    assert launch((6, 103), 104) == RELEASE                  # a new capture (another id), same node value
-    assert launch((6, None), 105) == RELEASE                 # a join: several dependencies
-    assert launch((6, 105), 106, stream=8) == RELEASE        # another stream has no history
-    ch.enabled = False
-    assert launch((6, 106), 107, stream=8) == 0              # switched off: the grid boundary, no release
-    ch.enabled = True
-    assert launch((6, 107), 108, stream=8) == RELEASE        # and the history was dropped meanwhile
-    assert ch.chained == 2

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import _env, select
-from .._driver import MAX_RANKS, Args, CaptureChain, Launcher, Module, p2p_native_atomics
+from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -26,8 +26,7 @@ S_LLB = 2 * MiB          # Bcast's chunk (payload per LL sub-buffer of its own r
                          # took ~8 ms per 128 MiB (one arrival round trip per chunk, 32 blocks busy)
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 PACK = 16
-COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier",
-              6: "chained launch (waiting for the previous collective)"}
+COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
 log = logging.getLogger("hpccoll")
 OPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
 SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see proto_sentinel.cuh)
@@ -137,8 +136,6 @@ class CudaBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
-        # and, in captured graphs, a collective right after another skips the kernel boundary
-        self.chain = CaptureChain() if self.pdl and _env.chain_mode() else None
         devices, sms = zip(*mpi_comm.allgather((self.device_id, self.sms)))  # per rank
         # Launch configurations must be the same on every rank (the same thread handles pack p,
         # and Bcast's block b waits for block b of every peer): so the most ranks any GPU
@@ -219,8 +216,7 @@ class CudaBackend:
             a = self.ws.kernel_args(self.timeout_ns)
             a.region, a.sub = region
             a.region2, a.sub2 = region2
-            lau = self._launchers[key] = Launcher(self._module(dtype, loop).fn(kernel), a, pdl=self.pdl,
-                                                       chain=self.chain)
+            lau = self._launchers[key] = Launcher(self._module(dtype, loop).fn(kernel), a, pdl=self.pdl)
         return lau
 
     def _grid(self, work_items: int, threads_per_item: int = 1) -> tuple[int, int]:
@@ -356,7 +352,7 @@ class CudaBackend:
         a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
         a.in_, a.out, a.count, a.iters = call.send.flat.data.ptr, flat.data.ptr, n, 1
         a.root = call.root or 0
-        return FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl, chain=self.chain), grid)
+        return FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid)
 
     def _bcast(self, call: Call, algo: str, op, s: int, iters: int) -> None:
         import cupy
