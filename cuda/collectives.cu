@@ -41,12 +41,30 @@ __device__ __forceinline__ void oneShotLoopFence() {
   loopFence();
 }
 
+// HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT (bench/bw_lab.py's timing-only variants "noin", "noout";
+// 0 in the library): packs of the user input are made up instead of read, results are not
+// written, so that the local traffic's share of an allreduce's time can be measured.
+#ifndef HC_LAB_NO_INPUT
+#define HC_LAB_NO_INPUT 0
+#endif
+#ifndef HC_LAB_NO_OUTPUT
+#define HC_LAB_NO_OUTPUT 0
+#endif
+
 // Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
 __device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
+#if HC_LAB_NO_INPUT
+  Pack v;
+  v.u = make_uint4((u32)p & 0xFFFFu, 0, 0, 0);  // finite, not the sentinel
+  return v;
+#endif
   const T* x = (const T*)base + p * HC_EPP;
   return (p + 1) * HC_EPP <= count ? ldPack(x) : ldPartial(x, (int)(count - p * HC_EPP), (T)0);
 }
 __device__ __forceinline__ void storePack(void* base, u64 count, u64 p, Pack v) {
+#if HC_LAB_NO_OUTPUT
+  return;
+#endif
   T* y = (T*)base + p * HC_EPP;
   if ((p + 1) * HC_EPP <= count) stPack(y, v); else stPartial(y, v, (int)(count - p * HC_EPP));
 }
