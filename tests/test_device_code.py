@@ -52,6 +52,7 @@ def cubins(tmp_path_factory):
         out = {dt: compile_module("collectives.cu", dt, "sm_90") for dt in DTYPE_CODES}
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")
         out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
+        out["push"] = compile_module("lab_push.cu", "float32", "sm_90")
         out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_LOOP_FENCE=1",))
     finally:
         if old is None:
