@@ -87,8 +87,18 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 #ifndef HC_POLL_BACKOFF_NS
 #define HC_POLL_BACKOFF_NS 0
 #endif
+// HC_LAB_NO_WAIT (bench/bw_lab.py's timing-only variant "nowait"; 0 in the library): every poll
+// reads once and returns as if the data were there, so a collective costs its sends and local
+// work without waiting for its peers.  Results are wrong by design.
+#ifndef HC_LAB_NO_WAIT
+#define HC_LAB_NO_WAIT 0
+#endif
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
+#if HC_LAB_NO_WAIT
+  ready();
+  return true;
+#endif
   u64 t0 = 0;
   for (u32 n = 1;; ++n) {
     if (ready()) return true;
