@@ -21,6 +21,8 @@ Variants (name: defines, block cap); each names its defines, whatever the librar
               result not written (HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT): the local traffic's share
   nowait      timing only: every poll reads once and goes on (HC_LAB_NO_WAIT): sends and local
               work without waiting for the peer
+  split       HC_ONESHOT_SPLIT=1: one-shot's first half of the blocks only send, the second half
+              only receive; split256: the same on twice the library's blocks (at most 256)
 The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
 Sizes x variants are interleaved (for each size, every variant), so drifts of the machine hit
 every variant alike."""
@@ -46,6 +48,8 @@ VARIANTS = {
     "noin": (("-DHC_LAB_NO_INPUT=1",), None),
     "noout": (("-DHC_LAB_NO_OUTPUT=1",), None),
     "nowait": (("-DHC_LAB_NO_WAIT=1",), None),
+    "split": (("-DHC_ONESHOT_SPLIT=1",), None),
+    "split256": (("-DHC_ONESHOT_SPLIT=1",), "x2"),
 }
 TIMING_ONLY = {"noin", "noout", "nowait"}  # their results are wrong by design: not checked
 DEFAULT_VARIANTS = "library,reload,keep4,keep4burst,scatter2,scatter4"
@@ -90,13 +94,17 @@ def main() -> int:
             return min(cap, blocks), threads
         return grid
 
+    def doubled(algo, count, esize):
+        blocks, threads = grid_rule(algo, count, esize)
+        return min(256, 2 * blocks), threads  # HC_MAX_BLOCKS; senders never wait, so no residency deadlock
+
     def use(variant: str, algo: str) -> None:
         """Point the backend's launcher of `algo` at this variant's kernel and block cap."""
         defs, cap = VARIANTS[variant]
         lau, _ = dev._allreduce_launcher("float32", algo, "SUM")
         kernel = f"hc_allreduce_{algo}_sum"
         dev._launchers[("float32", kernel, False)] = Launcher(modules[defs].fn(kernel), lau.args, pdl=dev.pdl)
-        dev._allreduce_grid = grid_rule if cap is None else capped(cap)
+        dev._allreduce_grid = grid_rule if cap is None else doubled if cap == "x2" else capped(cap)
 
     rng = np.random.default_rng([rank, 8])
     rows = []

@@ -187,12 +187,44 @@ __device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, P
   }
 }
 
+// HC_ONESHOT_SPLIT (bench/bw_lab.py's variants "split", "split256"; 0 in the library): the
+// first half of the blocks only send, the second half only receive, reduce and store, so that
+// an SM's local loads and stores never queue behind its NVLink stores.  One collective per
+// launch only (blocks of different roles are not ordered inside a launch).
+#ifndef HC_ONESHOT_SPLIT
+#define HC_ONESHOT_SPLIT 0
+#endif
+
+template <class Proto, int OP>
+__device__ __forceinline__ void allreduceOneShotSplit(const Args& a, u64 packs, u64 e0, bool ok) {
+  const u64 half = gridDim.x / 2, T = half * blockDim.x;
+  const bool sender = blockIdx.x < half;
+  const u64 t = (sender ? blockIdx.x : blockIdx.x - half) * (u64)blockDim.x + threadIdx.x;
+  LLBuffer<Proto> buf(a, a.region, a.sub, e0, HC_COLL_ALLREDUCE);
+  if (sender) {
+    for (u64 p = t; p < packs; p += T) buf.bcast(p, loadPack(a.in, a.count, p));
+    return;
+  }
+  for (u64 p = t; ok && p < packs; p += T) {
+    Pack y;
+    ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
+    if (ok) storePack(a.out, a.count, p, y);
+  }
+}
+
 template <class Proto, int OP>
 __device__ void allreduceOneShot(const Args& a) {
   const u64 packs = packsOf(a.count);
   const Pack first = loadFirst(a, packs);
   const u64 e0 = epochBegin(a);
   bool ok = !aborted(a);
+#if HC_ONESHOT_SPLIT
+  if (gridDim.x >= 2) {
+    allreduceOneShotSplit<Proto, OP>(a, packs, e0, ok);
+    epochEnd(a, e0, a.iters);
+    return;
+  }
+#endif
 #if HC_ONESHOT_KEEP > 0
   if (packs <= HC_ONESHOT_KEEP * nthreads()) {  // grid-uniform
     allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
