@@ -1,0 +1,68 @@
+"""Which library kernels changed in machine code between two trees (CPU only: NVRTC + cuobjdump
+from the [test] extra)?  A change to cuda/ that leaves every kernel's SASS identical to a
+GPU-tested commit needs no new GPU run; one that does not, does.
+
+    python bench/sass_diff.py REV [--dtypes float32,bfloat16,float64,int32] [--arch sm_90]
+
+Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per dtype,
+plus the float32 in-kernel-loop module) and per function; prints the functions that differ."""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _tree_at(rev: str, dest: pathlib.Path) -> pathlib.Path:
+    """cuda/ of `rev` written under dest (git show of every file git lists there)."""
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "cuda/"], cwd=HERE, check=True,
+                           capture_output=True, text=True).stdout.split()
+    if not names:
+        raise SystemExit(f"sass_diff: {rev} has no cuda/ folder")
+    out = dest / "cuda"
+    out.mkdir(parents=True)
+    for name in names:
+        data = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=HERE, check=True, capture_output=True).stdout
+        (out / pathlib.Path(name).name).write_bytes(data)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rev")
+    ap.add_argument("--dtypes", default="float32,bfloat16,float64,int32")
+    ap.add_argument("--arch", default="sm_90")
+    opts = ap.parse_args()
+    sys.path.insert(0, str(HERE / "tests"))
+    from test_device_code import _sass_by_function  # noqa: E402  (the SASS parser the tests use)
+
+    from hpccoll import _nvrtc
+
+    modules = [(dt, ()) for dt in opts.dtypes.split(",") if dt] + [("float32", ("-DHC_LOOP_FENCE=1",))]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        trees = {"here": HERE / "cuda", opts.rev: _tree_at(opts.rev, tmp / "rev")}
+        sass = {}
+        for label, cuda in trees.items():
+            _nvrtc.cuda_dir = lambda cuda=cuda: cuda
+            os.environ["HPCCOLL_CACHE_DIR"] = str(tmp / f"cache-{len(sass)}")
+            sass[label] = {(dt, defs): _sass_by_function(_nvrtc.compile_module("collectives.cu", dt, opts.arch, defs),
+                                                         tmp)
+                           for dt, defs in modules}
+    changed = 0
+    for key in sass["here"]:
+        a, b = sass["here"][key], sass[opts.rev][key]
+        diff = sorted(set(a) ^ set(b)) + sorted(n for n in set(a) & set(b) if a[n] != b[n])
+        name = key[0] + (" (in-kernel loop module)" if key[1] else "")
+        print(f"{name}: {'identical' if not diff else f'{len(diff)} of {len(a)} functions differ: ' + ', '.join(diff)}")
+        changed += bool(diff)
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
