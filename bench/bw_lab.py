@@ -21,6 +21,8 @@ Variants (name: defines, block cap); each names its defines, whatever the librar
               result not written (HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT): the local traffic's share
   nowait      timing only: every poll reads once and goes on (HC_LAB_NO_WAIT): sends and local
               work without waiting for the peer
+  nowait_norearm   timing only: nowait + read slots not re-armed (HC_LAB_NO_REARM)
+  nowait_bare timing only: nowait_norearm + noin + noout: the sends and the slot reads alone
   split       HC_ONESHOT_SPLIT=1: one-shot's first half of the blocks only send, the second half
               only receive; split256: the same on twice the library's blocks (at most 256)
 The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
@@ -48,10 +50,12 @@ VARIANTS = {
     "noin": (("-DHC_LAB_NO_INPUT=1",), None),
     "noout": (("-DHC_LAB_NO_OUTPUT=1",), None),
     "nowait": (("-DHC_LAB_NO_WAIT=1",), None),
+    "nowait_norearm": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1"), None),
+    "nowait_bare": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1", "-DHC_LAB_NO_INPUT=1", "-DHC_LAB_NO_OUTPUT=1"), None),
     "split": (("-DHC_ONESHOT_SPLIT=1",), None),
     "split256": (("-DHC_ONESHOT_SPLIT=1",), "x2"),
 }
-TIMING_ONLY = {"noin", "noout", "nowait"}  # their results are wrong by design: not checked
+TIMING_ONLY = {"noin", "noout", "nowait", "nowait_norearm", "nowait_bare"}  # their results are wrong by design: not checked
 DEFAULT_VARIANTS = "library,reload,keep4,keep4burst,scatter2,scatter4"
 
 

@@ -93,6 +93,11 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 #ifndef HC_LAB_NO_WAIT
 #define HC_LAB_NO_WAIT 0
 #endif
+// HC_LAB_NO_REARM (bw_lab's timing-only "nowait_norearm", "nowait_bare"; 0 in the library): read
+// slots are not re-armed.  Only meaningful with HC_LAB_NO_WAIT: a poll would pass on stale data.
+#ifndef HC_LAB_NO_REARM
+#define HC_LAB_NO_REARM 0
+#endif
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
 #if HC_LAB_NO_WAIT
@@ -173,7 +178,7 @@ struct LLBuffer {
     const char* p = mySlot(src, slot);
     const u32 f = flag;
     if (!boundedPoll(a, coll, [&] { return src; }, slot, [&] { return Proto::readOnce(p, f, v); })) return false;
-    Proto::clear((char*)p);
+    if (!HC_LAB_NO_REARM) Proto::clear((char*)p);
     return true;
   }
 
@@ -206,7 +211,7 @@ struct LLBuffer {
     if (!boundedPoll(a, coll, [&] { return __ffs(pending) - 1; }, slot, sweep)) return false;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
-      if (r < a.nranks && r != a.rank) Proto::clear((char*)base + (u64)r * sub);
+      if (!HC_LAB_NO_REARM && r < a.nranks && r != a.rank) Proto::clear((char*)base + (u64)r * sub);
     acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
 #pragma unroll
     for (int r = 1; r < HC_MAX_RANKS; ++r)
