@@ -31,7 +31,6 @@ every variant alike."""
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
@@ -154,12 +153,7 @@ def main() -> int:
                 cells.append(f"{r['graph_us']:>8.2f}{mark}" if r["graph_us"] else f"{'fail':>9}")
             say(f"{nbytes:>9} {algo:>17} " + " ".join(cells))
     say("('!': the result differed from the rank-order sum; 't': timing only, not checked)")
-    if rank == 0 and opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,
-                       "graph_ops": bench.GRAPH_OPS, "median_of": bench.REPS, "rows": rows,
-                       "command": "bench/bw_lab.py " + " ".join(f"--{k} {v}" for k, v in vars(opts).items() if v)},
-                      fh, indent=1)
+    bench.write_lab_json(comm, opts, sol, rows, "bench/bw_lab.py", graph_ops=bench.GRAPH_OPS)
     comm.Free()
     return 0
 

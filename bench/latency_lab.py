@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 
 import numpy as np
 
@@ -86,10 +85,7 @@ def main() -> int:
     for r in rows:
         say(f"{r['bytes']:>7} {r['hpccoll_us']:>9.3f} " + " ".join(f"{r[v + '_us']:>9.3f}" for v in names)
             + "   ok " + " ".join(str(r[k + "_ok"]) for k in ("hpccoll",) + names))
-    if rank == 0 and opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,
-                       "rows": rows, "median_of": bench.REPS, "command": "bench/latency_lab.py"}, fh, indent=1)
+    bench.write_lab_json(comm, opts, sol, rows, "bench/latency_lab.py")
     comm.Free()
     return 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 
 import numpy as np
 
@@ -97,12 +96,7 @@ def main() -> int:
             cells.append(f"{r['us']:6.2f}/{r['GBps']:4.0f}{'' if r['ok'] else '!'}" if r.get("us") else f"{'fail':>12}")
         say(f"{nbytes:>9} " + " ".join(f"{c:>12}" for c in cells))
     say("('!': the bytes that arrived differ from the peer's source)")
-    if rank == 0 and opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump({"machine": bench.machine_info(comm), "commit": bench.git_commit(), "sol": sol,
-                       "graph_ops": bench.GRAPH_OPS, "median_of": bench.REPS, "rows": rows,
-                       "command": "bench/push_lab.py " + " ".join(f"--{k} {v}" for k, v in vars(opts).items() if v)},
-                      fh, indent=1)
+    bench.write_lab_json(comm, opts, sol, rows, "bench/push_lab.py", graph_ops=bench.GRAPH_OPS)
     comm.Free()
     return 0
 

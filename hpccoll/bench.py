@@ -1055,6 +1055,17 @@ def write_json(result: dict, path: str) -> None:
         f.write("\n")
 
 
+def write_lab_json(comm, opts, sol: dict, rows: list, script: str, **extra) -> None:
+    """A lab's record (bench/*_lab.py), on rank 0 when --json was given: machine, commit, the SoL
+    measured at its start, its rows, how it timed them and the command line."""
+    if comm.rank != 0 or not opts.json:
+        return
+    write_json({"machine": machine_info(comm), "commit": git_commit(), "sol": sol,
+                "median_of": REPS, "rows": rows, **extra,
+                "command": f"{script} " + " ".join(f"--{k} {v}" for k, v in vars(opts).items() if v)},
+               opts.json)
+
+
 def plot(result: dict, path: str) -> None:
     """Latency vs size (log-log): graph mode per algorithm / baseline, dashed in-kernel, SoL line."""
     import matplotlib

@@ -254,3 +254,26 @@ def test_torch_baselines_first_skips_cleanly_without_torch_or_gpu(monkeypatch):
     opts = argparse.Namespace(dtype="float32", iters=3)
     rows, why = bench.torch_baselines_first(opts, [8], MPI.COMM_SELF, lambda *m: None)
     assert rows == {} and "torch" in why
+
+
+def test_write_lab_json_records_the_lab_on_rank_0_only(tmp_path):
+    """The labs' shared record: machine, commit, SoL, rows, extras and the command line; nothing
+    from other ranks, nothing without --json."""
+    import argparse
+    import json
+    import types
+
+    from hpccoll import bench
+
+    path = tmp_path / "lab.json"
+    opts = argparse.Namespace(sizes="1M,4M", json=str(path), iters=0)
+    comm = types.SimpleNamespace(rank=0, backend="host", device=None)
+    bench.write_lab_json(comm, opts, {"sol_us": 0.84}, [{"bytes": 1}], "bench/x_lab.py", graph_ops=20)
+    rec = json.loads(path.read_text())
+    assert rec["sol"] == {"sol_us": 0.84} and rec["rows"] == [{"bytes": 1}] and rec["graph_ops"] == 20
+    assert rec["machine"]["backend"] == "host" and "commit" in rec and rec["median_of"] == bench.REPS
+    assert rec["command"] == f"bench/x_lab.py --sizes 1M,4M --json {path}"  # falsy options left out
+    path.unlink()
+    bench.write_lab_json(types.SimpleNamespace(rank=1, backend="host", device=None), opts, {}, [], "x")
+    bench.write_lab_json(comm, argparse.Namespace(json=None), {}, [], "x")
+    assert not path.exists()
