@@ -7,7 +7,7 @@ floor + SoL + bytes / peer-copy bandwidth (bench/NOTES.md)?
     mpiexec -n 2 python3 bench/bw_lab.py [--sizes 64K,256K,1M,2M,4M,8M] [--variants NAME,...]
                                          [--algorithms oneshot_sentinel,twoshot_sentinel] [--json out.json]
 
-Variants (name: defines, block cap); each names its defines, whatever the library's defaults:
+Variants (name: defines, grid: blocks -> blocks); each names its defines, whatever the library's defaults:
   library     the library's build, no defines
   reload      HC_ONESHOT_KEEP=0: one-shot sends, then re-reads its input for the reduction
   keep1       HC_ONESHOT_KEEP=1 (the library's): a thread's first pack stays in registers
@@ -45,14 +45,14 @@ VARIANTS = {
     "scatter4": (("-DHC_SCATTER_BATCH=4",), None),
     "sleep100": (("-DHC_POLL_BACKOFF_NS=100",), None),
     "sleep400": (("-DHC_POLL_BACKOFF_NS=400",), None),
-    "half": ((), 64),
+    "half": ((), lambda b: min(64, b)),
     "noin": (("-DHC_LAB_NO_INPUT=1",), None),
     "noout": (("-DHC_LAB_NO_OUTPUT=1",), None),
     "nowait": (("-DHC_LAB_NO_WAIT=1",), None),
     "nowait_norearm": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1"), None),
     "nowait_bare": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1", "-DHC_LAB_NO_INPUT=1", "-DHC_LAB_NO_OUTPUT=1"), None),
     "split": (("-DHC_ONESHOT_SPLIT=1",), None),
-    "split256": (("-DHC_ONESHOT_SPLIT=1",), "x2"),
+    "split256": (("-DHC_ONESHOT_SPLIT=1",), lambda b: min(256, 2 * b)),  # HC_MAX_BLOCKS; senders never wait
 }
 TIMING_ONLY = {"noin", "noout", "nowait", "nowait_norearm", "nowait_bare"}  # their results are wrong by design: not checked
 DEFAULT_VARIANTS = "library,reload,keep4,keep4burst,scatter2,scatter4"
@@ -91,23 +91,17 @@ def main() -> int:
                for defs in {VARIANTS[v][0] for v in names}}
     grid_rule = dev._allreduce_grid
 
-    def capped(cap: int):
-        def grid(algo, count, esize):
-            blocks, threads = grid_rule(algo, count, esize)
-            return min(cap, blocks), threads
-        return grid
-
-    def doubled(algo, count, esize):
-        blocks, threads = grid_rule(algo, count, esize)
-        return min(256, 2 * blocks), threads  # HC_MAX_BLOCKS; senders never wait, so no residency deadlock
-
     def use(variant: str, algo: str) -> None:
-        """Point the backend's launcher of `algo` at this variant's kernel and block cap."""
-        defs, cap = VARIANTS[variant]
+        """Point the backend's launcher of `algo` at this variant's kernel and grid."""
+        defs, blocks_of = VARIANTS[variant]
         lau, _ = dev._allreduce_launcher("float32", algo, "SUM")
         kernel = f"hc_allreduce_{algo}_sum"
         dev._launchers[("float32", kernel, False)] = Launcher(modules[defs].fn(kernel), lau.args, pdl=dev.pdl)
-        dev._allreduce_grid = grid_rule if cap is None else doubled if cap == "x2" else capped(cap)
+
+        def grid(algo, count, esize):
+            blocks, threads = grid_rule(algo, count, esize)
+            return blocks_of(blocks), threads
+        dev._allreduce_grid = grid_rule if blocks_of is None else grid
 
     rng = np.random.default_rng([rank, 8])
     rows = []

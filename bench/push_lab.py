@@ -10,9 +10,8 @@ where the copy engine reaches ~360; would bulk copies close that gap?
 SM stores run on --blocks blocks of 512 threads (the library's grid at >= 1 MiB); bulk copies
 on at most that many, each block moving a whole number of 8 or 16 KiB steps.
 
-Per size and way: µs per push in a CUDA graph of bench.GRAPH_OPS pushes (the copy engine's
-pushes timed with events, 20 per repetition, if its graph capture fails), GB/s = bytes / time,
-and the pushed bytes checked against the peer's source."""
+Per size and way: µs per push in a CUDA graph of bench.GRAPH_OPS pushes (the copy engine's as
+memcpy nodes), GB/s = bytes / time, and the pushed bytes checked against the peer's source."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +20,7 @@ import ctypes
 import numpy as np
 
 WAYS = ("st", "st_blk", "tma8k", "tma16k", "copy_engine")
+CHUNK = {"tma8k": 8192, "tma16k": 16384}  # bytes per bulk-copy step (cuda/lab_push.cu pushTma<CH>)
 
 
 def main() -> int:
@@ -47,7 +47,9 @@ def main() -> int:
     rng = np.random.default_rng([rank, 11])
     rows = []
     for nbytes in bench.parse_sizes(opts.sizes):
-        if nbytes > 4 * 1024 * 1024 or nbytes % (16384 * opts.blocks // min(opts.blocks, nbytes // 16384 or 1)):
+        # bulk copies move whole CH-byte steps per block, on at most --blocks blocks
+        steps_ok = all(nbytes % ch == 0 and (nbytes // ch) % min(opts.blocks, nbytes // ch) == 0 for ch in CHUNK.values())
+        if nbytes > 4 * 1024 * 1024 or not steps_ok:
             say(f"skip {nbytes} B: needs <= 4 MiB and whole 16 KiB steps per block")
             continue
         h = rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32)
@@ -55,13 +57,13 @@ def main() -> int:
         theirs = mpi.allgather(h)[peer]
         dst = dev.ws.peers[peer] + region + rank * nbytes      # my share of the peer's region
         mine = dev.ws.view(region + peer * nbytes, nbytes, np.uint32)  # what the peer pushes to me
+        a_src, a_dst, a_n = ctypes.c_uint64(src.data.ptr), ctypes.c_uint64(dst), ctypes.c_uint64(nbytes)
         for way in WAYS:
             # SM stores on the library's grid; bulk copies on as many blocks (at most that) as
             # have a whole number of CH-byte steps each
-            ch = {"tma8k": 8192, "tma16k": 16384}.get(way)
+            ch = CHUNK.get(way)
             blocks = opts.blocks if ch is None else min(opts.blocks, nbytes // ch)
             row = {"bytes": nbytes, "way": way, "blocks": None if way == "copy_engine" else blocks}
-            a_src, a_dst, a_n = ctypes.c_uint64(src.data.ptr), ctypes.c_uint64(dst), ctypes.c_uint64(nbytes)
             if way == "copy_engine":
                 def push(st):
                     cp.cuda.runtime.memcpyAsync(dst, src.data.ptr, nbytes, 4, st.ptr)

@@ -41,17 +41,8 @@ __device__ __forceinline__ void oneShotLoopFence() {
   loopFence();
 }
 
-// HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT (bench/bw_lab.py's timing-only variants "noin", "noout";
-// 0 in the library): packs of the user input are made up instead of read, results are not
-// written, so that the local traffic's share of an allreduce's time can be measured.
-#ifndef HC_LAB_NO_INPUT
-#define HC_LAB_NO_INPUT 0
-#endif
-#ifndef HC_LAB_NO_OUTPUT
-#define HC_LAB_NO_OUTPUT 0
-#endif
-
 // Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
+// (HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT: hc_common.cuh's lab-only switches.)
 __device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
 #if HC_LAB_NO_INPUT
   Pack v;

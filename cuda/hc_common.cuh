@@ -142,6 +142,26 @@ __device__ __forceinline__ Pack combinePack(Pack a, Pack b) {
   return r;
 }
 
+// ---- lab-only switches (bench/bw_lab.py's timing-only variants); all 0 in the library ----
+// HC_LAB_NO_INPUT   "noin":   user input packs are made up instead of read (collectives.cu loadPack)
+// HC_LAB_NO_OUTPUT  "noout":  results are not written (storePack)
+// HC_LAB_NO_WAIT    "nowait": every poll reads once and goes on as if the data were there (boundedPoll)
+// HC_LAB_NO_REARM   "nowait_norearm": read slots are not re-armed (LLBuffer::rearm); only
+//                   meaningful with HC_LAB_NO_WAIT, else a poll would pass on stale data
+// Their results are wrong by design: they measure what a part of a collective costs.
+#ifndef HC_LAB_NO_INPUT
+#define HC_LAB_NO_INPUT 0
+#endif
+#ifndef HC_LAB_NO_OUTPUT
+#define HC_LAB_NO_OUTPUT 0
+#endif
+#ifndef HC_LAB_NO_WAIT
+#define HC_LAB_NO_WAIT 0
+#endif
+#ifndef HC_LAB_NO_REARM
+#define HC_LAB_NO_REARM 0
+#endif
+
 // ---- memory access helpers ----
 // st/ld.volatile reach L2 (and over NVLink the peer's L2) without L1 caching; each vector
 // element is single-copy atomic: u32 for <=4-byte types, u64 for 8-byte types (so an 8-byte

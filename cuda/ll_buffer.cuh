@@ -87,17 +87,7 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 #ifndef HC_POLL_BACKOFF_NS
 #define HC_POLL_BACKOFF_NS 0
 #endif
-// HC_LAB_NO_WAIT (bench/bw_lab.py's timing-only variant "nowait"; 0 in the library): every poll
-// reads once and returns as if the data were there, so a collective costs its sends and local
-// work without waiting for its peers.  Results are wrong by design.
-#ifndef HC_LAB_NO_WAIT
-#define HC_LAB_NO_WAIT 0
-#endif
-// HC_LAB_NO_REARM (bw_lab's timing-only "nowait_norearm", "nowait_bare"; 0 in the library): read
-// slots are not re-armed.  Only meaningful with HC_LAB_NO_WAIT: a poll would pass on stale data.
-#ifndef HC_LAB_NO_REARM
-#define HC_LAB_NO_REARM 0
-#endif
+// HC_LAB_NO_WAIT: hc_common.cuh's lab-only switches.
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
 #if HC_LAB_NO_WAIT
@@ -169,6 +159,11 @@ struct LLBuffer {
 
   __device__ __forceinline__ void reset(int src, u64 slot) const { Proto::clear(mySlot(src, slot)); }
 
+  // A slot just read, back to its idle state (the receive side's one place for it).
+  __device__ __forceinline__ static void rearm(const char* slot) {
+    if (!HC_LAB_NO_REARM) Proto::clear((char*)slot);
+  }
+
   __device__ __forceinline__ void resetRange(int src, u64 start, u64 count, u64 stride) const {
     for (u64 i = 0; i < count; ++i) reset(src, start + i * stride);
   }
@@ -178,7 +173,7 @@ struct LLBuffer {
     const char* p = mySlot(src, slot);
     const u32 f = flag;
     if (!boundedPoll(a, coll, [&] { return src; }, slot, [&] { return Proto::readOnce(p, f, v); })) return false;
-    if (!HC_LAB_NO_REARM) Proto::clear((char*)p);
+    rearm(p);
     return true;
   }
 
@@ -211,7 +206,7 @@ struct LLBuffer {
     if (!boundedPoll(a, coll, [&] { return __ffs(pending) - 1; }, slot, sweep)) return false;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
-      if (!HC_LAB_NO_REARM && r < a.nranks && r != a.rank) Proto::clear((char*)base + (u64)r * sub);
+      if (r < a.nranks && r != a.rank) rearm(base + (u64)r * sub);
     acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
 #pragma unroll
     for (int r = 1; r < HC_MAX_RANKS; ++r)

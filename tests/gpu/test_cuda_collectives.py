@@ -232,12 +232,17 @@ def _data(cp, i: int, r: int, n: int):
     return cp.sin(cp.arange(n, dtype=cp.float32) * (0.731 + 0.001 * r) + phase)
 
 
+def _fold(vals):
+    """Rank-order sum, float32 at every step (the deterministic kernels' expression tree)."""
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = acc + v
+    return acc
+
+
 def _expected_sum(cp, i: int, nranks: int, n: int):
     """Every rank's input regenerated, summed in rank order on the GPU (float32 each step)."""
-    acc = _data(cp, i, 0, n)
-    for r in range(1, nranks):
-        acc = acc + _data(cp, i, r, n)
-    return acc
+    return _fold([_data(cp, i, r, n) for r in range(nranks)])
 
 
 def test_back_to_back_varying_sizes(cc):
@@ -339,14 +344,6 @@ def test_graph_replay(cc):
         stream.synchronize()
         cc.synchronize()
         assert int(bad.get()[0]) == 0, f"{algo}: graph replays gave wrong results"
-
-
-def _fold(vals):
-    """Rank-order sum, float32 at every step (the deterministic kernels' expression tree)."""
-    acc = vals[0]
-    for v in vals[1:]:
-        acc = acc + v
-    return acc
 
 
 def test_graph_of_dependent_collectives(cc):
