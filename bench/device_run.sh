@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|bench|nopdl|profile|hier|lab|bwlab|pushlab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -65,8 +65,13 @@ PYEOF
     tests) gpu_tests 2 | tee "$OUT/gpu-tests-2ranks.txt" ;;
     tests4) mps_on; gpu_tests 4 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     tests3) mps_on; gpu_tests 3 | tee "$OUT/gpu-tests-3ranks.txt"; mps_off ;;
+    persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
+    persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
+    pbench) timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
+             --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --json "$OUT/bench-persistent-${DTYPE:-float32}.json" \
+             2>&1 | tee "$OUT/bench-persistent-${DTYPE:-float32}.txt" ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
-             --algorithms all --baselines --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
+             --algorithms all --baselines --persistent --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;
     profile) { echo "## HPCCOLL_PDL=1 (default)"; timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1;
                echo "## HPCCOLL_PDL=0"; HPCCOLL_PDL=0 timeout 120 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL python3 bench/profile_eager.py 2>&1;

@@ -149,7 +149,7 @@ __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const
 #endif
 
 template <class Proto, int OP>
-__device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+__device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
   const u64 T = nthreads(), p0 = tid();
   Pack x[HC_ONESHOT_KEEP];
   x[0] = first;
@@ -176,6 +176,7 @@ __device__ __forceinline__ void allreduceOneShotKept(const Args& a, u64 packs, P
       if (ok) storePack(a.out, a.count, p, y);
     }
   }
+  return ok;
 }
 
 // HC_ONESHOT_SPLIT (bench/bw_lab.py's variants "split", "split256"; 0 in the library): the
@@ -203,6 +204,33 @@ __device__ __forceinline__ void allreduceOneShotSplit(const Args& a, u64 packs, 
   }
 }
 
+// The one-shot's `iters` collectives from epoch e0 on the grid-stride loop (`first`: loadFirst's
+// pack); false once a poll timed out or the communicator was aborted.
+template <class Proto, int OP>
+__device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+  for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
+    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
+    sendAll(buf, a, packs, first);
+    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
+      Pack y;
+      ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
+      if (ok) storePack(a.out, a.count, p, y);
+    }
+  }
+  return ok;
+}
+
+// The same, choosing the kept-pack path where it applies: the eager engine's entry
+// (persistent.cu), which keeps its own epochs.
+template <class Proto, int OP>
+__device__ __forceinline__ bool allreduceOneShotFrom(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+#if HC_ONESHOT_KEEP > 0
+  if (packs <= HC_ONESHOT_KEEP * nthreads())  // grid-uniform
+    return allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
+#endif
+  return allreduceOneShotLoop<Proto, OP>(a, packs, first, e0, ok);
+}
+
 template <class Proto, int OP>
 __device__ void allreduceOneShot(const Args& a) {
   const u64 packs = packsOf(a.count);
@@ -223,15 +251,7 @@ __device__ void allreduceOneShot(const Args& a) {
     return;
   }
 #endif
-  for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
-    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
-    sendAll(buf, a, packs, first);
-    for (u64 p = tid(); ok && p < packs; p += nthreads()) {
-      Pack y;
-      ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
-      if (ok) storePack(a.out, a.count, p, y);
-    }
-  }
+  allreduceOneShotLoop<Proto, OP>(a, packs, first, e0, ok);
   epochEnd(a, e0, a.iters);
 }
 
@@ -479,10 +499,12 @@ __device__ void barrier(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Entry points: hc_<collective>_<algorithm>_<op>, instantiated for this module's HC_DTYPE.
+// Entry points: hc_<collective>_<algorithm>_<op>, instantiated for this module's HC_DTYPE
+// (not in persistent.cu's module, which includes this file for its device functions).
+#define HC_MAX_THREADS 512
+#ifndef HC_NO_ENTRY_POINTS
 // 512 threads per block at most (the host's grid rule), so up to 128 registers per thread:
 // the fixed-rank-order receive keeps up to HC_MAX_RANKS packs in registers.
-#define HC_MAX_THREADS 512
 #define HC_KERNEL(name, body) \
   extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a) { streamOrderBegin(); body; }
 
@@ -509,3 +531,4 @@ HC_REDUCING(min, HC_MIN)
 HC_KERNEL(hc_bcast_ll, bcastLL(a))
 HC_KERNEL(hc_allgather_ll, allgatherLL(a))
 HC_KERNEL(hc_barrier, barrier(a))
+#endif  // HC_NO_ENTRY_POINTS

@@ -11,6 +11,8 @@ start the timed work within a microsecond of each other: without it the host-sid
 the MPI barrier (tens of µs) lands in the first op and inflates per-op figures):
 
   eager           one Python call + stream synchronize per iteration (perf_counter)
+  eager_persistent  (--persistent) the same with the eager engine running (hpccoll/_engine.py):
+                  Allreduce rows of 'auto' / 'oneshot_ll' up to the engine's 256 KiB
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
   in_kernel       K collectives inside one kernel launch (hpccoll algorithms only)
   blocking        graph of (op, device barrier) minus a graph of barriers alone (`barrier_us`)
@@ -46,8 +48,8 @@ HPCCOLL_ALGOS = {"allreduce": HPCCOLL_ALLREDUCE, "bcast": ("ll",), "allgather": 
 BASELINES = ("nccl", "torch_one_shot", "torch_two_shot", "mpi")
 COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "Allgather",
                    "reduce_scatter": "Reduce_scatter_block"}
-ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "graph_us",
-            "in_kernel_us", "blocking_us", "barrier_us", "ok")
+ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "eager_persistent_us",
+            "graph_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
 
 
 # -- command line ------------------------------------------------------------------------
@@ -106,6 +108,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--deterministic", action="store_true", help="deterministic policy (no ll128)")
     b.add_argument("--baselines", action="store_true",
                    help="also time NCCL, torch symmetric memory (one/two shot) and host-staged MPI")
+    b.add_argument("--persistent", action="store_true",
+                   help="also time eager calls with the eager engine running (Allreduce, 'auto' and "
+                        "'oneshot_ll' rows up to 256 KiB): column eager*")
     b.add_argument("--json", default=None, help="write results here (rank 0)")
     b.add_argument("--plot", default=None, help="write a latency plot (PNG) here (rank 0)")
     t = sub.add_parser("tune", help="measure the allreduce algorithms (graph mode) at this rank count "
@@ -265,11 +270,16 @@ class Case:
 
 # -- timing ------------------------------------------------------------------------------
 
-def _sync_all(mpi_comm, gpu: bool) -> None:
+def _sync_all(mpi_comm, gpu: bool, device_wide: bool = True) -> None:
+    """Device work done, then an MPI barrier.  device_wide=False: the current stream only (while
+    an eager engine runs, a device synchronize would wait for the engine forever)."""
     if gpu:
         import cupy
 
-        cupy.cuda.runtime.deviceSynchronize()
+        if device_wide:
+            cupy.cuda.runtime.deviceSynchronize()
+        else:
+            cupy.cuda.get_current_stream().synchronize()
     mpi_comm.Barrier()
 
 
@@ -279,12 +289,12 @@ def _align(stream_handle: int) -> None:
         _ALIGN(stream_handle)
 
 
-def time_eager(mpi_comm, fn, sync, iters: int, gpu: bool) -> float:
+def time_eager(mpi_comm, fn, sync, iters: int, gpu: bool, device_wide: bool = True) -> float:
     """Median µs of one blocking call (fn(); sync()), MAX over ranks."""
     for _ in range(min(3, iters)):
         fn()
         sync()
-    _sync_all(mpi_comm, gpu)
+    _sync_all(mpi_comm, gpu, device_wide)
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -643,7 +653,8 @@ def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, 
 
 def _row(collective, algorithm, dtype, case, **kw) -> dict:
     row = {"collective": collective, "algorithm": algorithm, "dtype": dtype, "bytes": case.nbytes,
-           "count": case.count, "eager_us": None, "graph_us": None, "in_kernel_us": None,
+           "count": case.count, "eager_us": None, "eager_persistent_us": None, "graph_us": None,
+           "in_kernel_us": None,
            "blocking_us": None, "barrier_us": None, "ok": None}
     row.update(kw)
     return row
@@ -701,6 +712,9 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         return row
     import cupy
 
+    if getattr(opts, "persistent", False) and flat and _engine_takes(opts, algo, case):
+        _mode(row, "eager_persistent_us", lambda: _eager_persistent(comm, case, algo, det, opts), log)
+
     def graph_check(g, s):
         """One replay into a zeroed output, checked like the eager result."""
         case.reset(full=True)
@@ -728,6 +742,36 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     _mode(row, "in_kernel_us", in_kernel, log)
     _blocking(comm, row, lambda s: case.call(comm, algo, det, stream=s), opts, log)
     return row
+
+
+def _engine_takes(opts, algo: str, case) -> bool:
+    from .backends.cuda import ENGINE_ALGOS, S_ENGINE
+
+    return opts.collective == "allreduce" and algo in ENGINE_ALGOS and 0 < case.nbytes <= S_ENGINE
+
+
+def _eager_persistent(comm, case, algo, det, opts) -> float:
+    """eager_us with the eager engine running: checked once, then timed the same way; the
+    engine must have served every call."""
+    from .ops import dtype_name
+
+    mpi = comm.mpi_comm
+    _guarded(mpi, lambda: comm.start_persistent(opts.dtype))
+    try:
+        eng = comm._device.engines()[dtype_name(opts.dtype)]
+        case.reset(full=True)
+        _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
+        if not case.check(mpi, case.host_result()):
+            raise Skip("wrong result through the eager engine")
+        before = eng.calls
+        t = time_eager(mpi, lambda: case.call(comm, algo, det), comm.synchronize, opts.iters, True,
+                       device_wide=False)
+        served = _max(mpi, eng.calls - before)
+        if served != opts.iters + min(3, opts.iters):
+            raise Skip(f"the engine served {served} of the timed calls")
+        return t
+    finally:
+        comm.stop_persistent()
 
 
 def _barrier_graph_us(comm, opts):
@@ -1011,7 +1055,8 @@ def _f(v, w: int = 8, p: int = 2) -> str:
     return str(v).rjust(w)
 
 
-COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("graph", 8),
+COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("eager*", 7),
+           ("graph", 8),
            ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
            ("ok", 3)]
 
@@ -1031,14 +1076,16 @@ def format_table(result: dict) -> str:
         lines.append("# graph floor (us per launch of a kernel that does nothing: empty, or one "
                      "peer store; +pdl: programmatic launch): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
-    lines.append("# times: us per op (eager: blocking Python call; graph: per op in a CUDA graph; "
-                 "in-kern: per op inside one launch; blocking: graph op + device barrier - barrier)")
+    lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
+                 "engine running; graph: per op in a CUDA graph; in-kern: per op inside one launch; "
+                 "blocking: graph op + device barrier - barrier)")
     lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
     for r in result.get("rows", []):
         algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
-                 r.get("eager_us"), r.get("graph_us"), r.get("in_kernel_us"), r.get("blocking_us"),
+                 r.get("eager_us"), r.get("eager_persistent_us"), r.get("graph_us"), r.get("in_kernel_us"),
+                 r.get("blocking_us"),
                  r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),
                  r.get("speedup_vs_torch"), ok]
         lines.append("".join(c.rjust(w + 1) if isinstance(c, str) else " " + _f(c, w)

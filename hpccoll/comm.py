@@ -6,6 +6,7 @@ communicator at a time: calls from two threads, or on two streams without orderi
 between them, are not supported; use one communicator per stream (`Dup`)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -19,7 +20,7 @@ from ._validate import check_agreement, prepare
 from .backends.host import HostBackend
 from .errors import HpccollError
 from .hier import Hierarchical, node_layout
-from .ops import SUM
+from .ops import SUM, dtype_name
 
 log = logging.getLogger("hpccoll")
 
@@ -260,6 +261,62 @@ class Communicator:
         engine = self._hier or self._device
         if engine is not None:
             engine.synchronize(stream)
+
+    # -- the eager engine (hpccoll/_engine.py) -------------------------------------
+    def start_persistent(self, dtype="float32", *, blocks: int = 4, max_bytes: int = 256 * 1024) -> None:
+        """Start the eager engine for `dtype` (collective: every rank, the same arguments).
+
+        A resident kernel on `blocks` SMs then runs every Allreduce of that dtype of at most
+        `max_bytes` (16-byte-aligned device buffers, algorithm 'auto' or 'oneshot_ll', the stream
+        not being captured) without a kernel launch: the call waits for the stream's earlier work,
+        runs, and returns finished (blocking).  Results: the one-shot LL's, bitwise identical on
+        every rank.  While an engine runs, device-wide synchronization (cudaDeviceSynchronize,
+        cudaFree) waits for it: synchronize streams instead, and stop it first.
+        At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you."""
+        if self._freed:
+            raise HpccollError("start_persistent: this communicator was freed")
+        name = dtype_name(dtype)
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= 8:
+            raise ValueError(f"start_persistent: blocks={blocks!r}: pass an int from 1 to 8")
+        from .backends.cuda import S_ENGINE
+
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
+            raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")
+        if self.backend != "cuda" or not hasattr(self._device, "start_engine"):
+            raise HpccollError(f"start_persistent: needs the single-node cuda backend; this communicator's "
+                               f"backend is {self.backend!r} (open it with backend='cuda' on one node)")
+        with self._exclusive("start_persistent"):
+            self._fast.clear()  # prepared launches: the grid cap may change
+            self._device.start_engine(name, blocks, max_bytes)
+
+    def stop_persistent(self, dtype=None) -> None:
+        """Stop the eager engine of `dtype`, or every engine when None (collective)."""
+        if self._freed or not hasattr(self._device, "stop_engine"):
+            return
+        with self._exclusive("stop_persistent"):
+            self._fast.clear()
+            if dtype is None:
+                self._device.stop_engines()
+            else:
+                self._device.stop_engine(dtype_name(dtype))
+
+    @contextlib.contextmanager
+    def persistent(self, dtype="float32", **kw):
+        """`with comm.persistent("float32"):` start_persistent, then stop_persistent on exit."""
+        self.start_persistent(dtype, **kw)
+        try:
+            yield self
+        finally:
+            self.stop_persistent(dtype)
+
+    @contextlib.contextmanager
+    def _exclusive(self, name):
+        if not self._lock.acquire(blocking=False):
+            raise _in_flight(name)
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def allreduce(self, x, op=SUM, **kw):
         """Return a new array: op over ranks of x (same type and device as x)."""

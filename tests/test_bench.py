@@ -81,7 +81,9 @@ def fake_result(nranks=2):
                                             ("torch_one_shot", 14.0, 6.0, None, None),
                                             ("mpi", 40.0, None, None, None)):
             res["rows"].append({"collective": "allreduce", "algorithm": algo, "dtype": "float32", "bytes": b,
-                                "count": b // 4, "eager_us": eager, "graph_us": graph, "in_kernel_us": ik,
+                                "count": b // 4, "eager_us": eager,
+                                "eager_persistent_us": 5.5 if algo == "auto" else None,
+                                "graph_us": graph, "in_kernel_us": ik,
                                 "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
     for r in res["rows"]:
         bench.annotate(r, res, nranks)
@@ -114,6 +116,9 @@ def test_format_table():
     first = data[0].split()
     assert first[:4] == ["1K", "256", "float32", "oneshot_sentinel"] and first[-1] == "yes"
     assert "5.00" in data[0]  # x vs NCCL
+    auto = data[1].split()
+    assert auto[3].startswith("auto") and auto[4:6] == ["9.10", "5.50"]  # eager, eager* (engine)
+    assert first[4:6] == ["9.00", "-"]  # no engine row: eager* empty
 
 
 def test_json_schema(tmp_path):

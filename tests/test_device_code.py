@@ -54,6 +54,8 @@ def cubins(tmp_path_factory):
         out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
         out["push"] = compile_module("lab_push.cu", "float32", "sm_90")
         out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_LOOP_FENCE=1",))
+        for dt in ("float32", "bfloat16", "int64"):
+            out[f"engine-{dt}"] = compile_module("persistent.cu", dt, "sm_90")
     finally:
         if old is None:
             os.environ.pop("HPCCOLL_CACHE_DIR")
@@ -108,3 +110,14 @@ def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
             assert not fenced, f"{name}: a fence in the one-shot LL loop"
         else:
             assert fenced, f"{name}: no fence in the loop module"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+def test_the_engine_module_holds_only_the_engine_and_its_two_fences(cubins, dtype, tmp_path):
+    """persistent.cu includes collectives.cu for its device code but none of its entry points;
+    the engine fences exactly twice (acquire after its doorbell, release before its completion
+    byte: cuda/persistent.cu), nothing inside the Allreduce."""
+    funcs = _sass_by_function(cubins[f"engine-{dtype}"], tmp_path)
+    assert set(funcs) == {"hc_engine"}
+    membars = [line for line in funcs["hc_engine"].splitlines() if "MEMBAR" in line]
+    assert len(membars) == 2, f"{dtype}: expected the engine's two fences, found {membars}"

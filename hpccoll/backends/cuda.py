@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import _env, select
 from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
+from .._engine import FIELD_LIMIT, Engine
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -25,6 +26,9 @@ S_LL = 256 * KiB         # payload per source of one LL launch
 S_LLB = 2 * MiB          # Bcast's chunk (payload per LL sub-buffer of its own region): 256 KiB chunks
                          # took ~8 ms per 128 MiB (one arrival round trip per chunk, 32 blocks busy)
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
+S_ENGINE = 256 * KiB     # most payload of one eager-engine call (hpccoll/_engine.py)
+ENGINES = 2              # engines (dtypes) one communicator can run at once: a region each
+ENGINE_ALGOS = ("auto", "oneshot_ll")  # the calls an engine takes (it runs the one-shot LL)
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
 log = logging.getLogger("hpccoll")
@@ -54,6 +58,10 @@ class Layout:
         self.ts1 = off; off += 2 * n * self.sub_twoshot          # sentinel (reduce-scatter)
         self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
         self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
+        self.sub_engine = 2 * S_ENGINE                           # LL (the eager engines)
+        self.engine = []
+        for _ in range(ENGINES):
+            self.engine.append(off); off += 2 * n * self.sub_engine
         self.total = _align(off, 2 * MiB)
         # allreduce algorithm -> (bytes per launch, (region, sub), (region2, sub2))
         self.allreduce = {
@@ -100,7 +108,30 @@ class FastLaunch:
 
     def launch(self, stream) -> None:
         self.backend.check_error()
-        self.launcher(self.grid, self.block, _stream_ptr(stream))
+        s = _stream_ptr(stream)
+        self.launcher(self.grid, self.block, s)
+        if self.backend._engines:
+            self.backend._pending.add(s)
+
+
+class EnginePlan:
+    """FastLaunch's counterpart for a call a running engine takes: posted to the engine, or
+    launched as usual (`fallback`) while the stream is being captured into a graph."""
+
+    __slots__ = ("backend", "engine", "in_ptr", "out_ptr", "count", "op", "fallback")
+
+    def __init__(self, backend, engine, in_ptr, out_ptr, count, op, fallback: FastLaunch):
+        self.backend, self.engine, self.fallback = backend, engine, fallback
+        self.in_ptr, self.out_ptr, self.count, self.op = in_ptr, out_ptr, count, op
+
+    def launch(self, stream) -> None:
+        self.backend.check_error()
+        s = _stream_ptr(stream)
+        eng = self.engine
+        if not eng.running or eng.capturing(s):
+            self.fallback.launch(stream)
+            return
+        self.backend._engine_call(eng, self.in_ptr, self.out_ptr, self.count, self.op, s)
 
 
 class CudaBackend:
@@ -143,6 +174,7 @@ class CudaBackend:
         # alone on its GPU 128 blocks and the others 64: a Bcast's blocks 64-127 waited for
         # arrivals that never came (CollectiveTimeout, a32dcd6).
         self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, sms)
+        self._base_cap, self._min_sms = self.grid_cap, min(sms)
         self.peer_atomics = self._agree(all(
             d == self.device_id or p2p_native_atomics(self.device_id, d)
             for d in devices))
@@ -159,6 +191,9 @@ class CudaBackend:
         self._nccl = self._open_nccl_fallback(mpi_comm)
         self._launchers: dict[tuple, Launcher] = {}
         self._broken: str | None = None
+        self._engines: dict[str, tuple[Engine, int]] = {}  # dtype -> (engine, its region index)
+        self._engine_epochs = [0] * ENGINES  # epochs each engine region has consumed
+        self._pending: set[int] = set()  # streams launched on while engines run, not yet synchronized
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
     def _open_nccl_fallback(self, mpi_comm):
@@ -233,6 +268,7 @@ class CudaBackend:
         if self.ws.host_error():
             import cupy
 
+            self.stop_engines()  # their blocks still polling a doorbell leave; device sync can return
             cupy.cuda.runtime.deviceSynchronize()
             rec = self.ws.error_record()
             coll = COLL_NAMES.get(rec["collective"], "?")
@@ -246,6 +282,14 @@ class CudaBackend:
     def synchronize(self, stream=None) -> None:
         import cupy
 
+        if self._engines:
+            # engine calls have finished when they return: only launches need waiting for
+            s = _stream_ptr(stream)
+            if s in self._pending:
+                cupy.cuda.runtime.streamSynchronize(s)
+                self._pending.discard(s)
+            self.check_error()
+            return
         if stream is None:
             cupy.cuda.get_current_stream().synchronize()
         else:
@@ -259,7 +303,17 @@ class CudaBackend:
             raise ValueError(f"{call.name}: buffers are on GPU {call.recv.device} but this rank's "
                              f"communicator uses GPU {self.device_id}: allocate them there")
         op = call.op.name if call.op else None
+        if self._engines and iters == 1:
+            eng = self._engine_for(call, algorithm)
+            if eng is not None:
+                s = _stream_ptr(stream)
+                if not eng.capturing(s):
+                    self._engine_call(eng, call.send.flat.data.ptr, call.recv.flat.data.ptr,
+                                      call.recv.flat.size, op, s)
+                    return
         algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        if self._engines:
+            self._pending.add(_stream_ptr(stream))
         if algo == "nccl":
             self._nccl.run(call, deterministic, "auto", stream, iters)
             return
@@ -339,6 +393,7 @@ class CudaBackend:
         algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
         if algo == "nccl":
             return None
+        eng = self._engine_for(call, algorithm) if self._engines else None
         if call.name == "Allreduce":
             lau, cap = self._allreduce_launcher(call.recv.dtype, algo, op)
             if n * esize > cap:
@@ -352,7 +407,10 @@ class CudaBackend:
         a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
         a.in_, a.out, a.count, a.iters = call.send.flat.data.ptr, flat.data.ptr, n, 1
         a.root = call.root or 0
-        return FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid)
+        fast = FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid)
+        if eng is not None:
+            return EnginePlan(self, eng, call.send.flat.data.ptr, flat.data.ptr, n, op, fast)
+        return fast
 
     def _bcast(self, call: Call, algo: str, op, s: int, iters: int) -> None:
         import cupy
@@ -441,11 +499,88 @@ class CudaBackend:
             region, cap = (L.ll, L.sub_ll), S_LL
         self._blockwise(call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, gather=False)
 
+    # -- the eager engines (hpccoll/_engine.py, cuda/persistent.cu) ------------------
+    def _engine_for(self, call: Call, algorithm: str):
+        """The running engine that takes this call, or None (then it is launched as usual)."""
+        if call.name != "Allreduce" or algorithm not in ENGINE_ALGOS:
+            return None
+        entry = self._engines.get(call.recv.dtype)
+        if entry is None:
+            return None
+        eng = entry[0]
+        send, recv = call.send.flat, call.recv.flat
+        if not eng.running or call.recv.device != self.device_id or not 0 < recv.nbytes <= eng.max_bytes:
+            return None
+        if not (self._aligned(send) and self._aligned(recv)):
+            return None
+        if max(send.data.ptr, recv.data.ptr) >= FIELD_LIMIT:
+            return None
+        return eng
+
+    def _engine_call(self, eng: Engine, in_ptr: int, out_ptr: int, count: int, op: str, s: int) -> None:
+        if not eng.call(in_ptr, out_ptr, count, op, s):
+            self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
+
+    def start_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
+        """Start the eager engine for `dtype` (collective; arguments validated by the caller)."""
+        self.check_error()
+        mine = (dtype, blocks, max_bytes)
+        theirs = self.comm.allgather(mine)
+        if any(t != mine for t in theirs):
+            raise ValueError("start_persistent: ranks passed different (dtype, blocks, max_bytes): "
+                             + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs)))
+        if dtype in self._engines:
+            raise ValueError(f"start_persistent: an engine for {dtype} already runs on this communicator")
+        free = [k for k in range(ENGINES) if k not in {k2 for _, k2 in self._engines.values()}]
+        if not free:
+            raise ValueError(f"start_persistent: at most {ENGINES} engines (dtypes) run at once; "
+                             "stop_persistent one first")
+        used = sum(e.blocks for e, _ in self._engines.values()) + blocks
+        cap = min(self._base_cap, self._min_sms // self.ranks_per_gpu - used)
+        if cap < 1:
+            raise ValueError(f"start_persistent: blocks={blocks}: with {self.ranks_per_gpu} rank(s) per GPU "
+                             f"of {self._min_sms} SMs, at most {self._min_sms // self.ranks_per_gpu - 1 - (used - blocks)} "
+                             "engine blocks per rank leave an SM for the collective kernels: pass fewer")
+        k = free[0]
+        a = self.ws.kernel_args(self.timeout_ns)
+        a.region, a.sub = self.layout.engine[k], self.layout.sub_engine
+        fn = self._engine_module(dtype).fn("hc_engine")
+        self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
+        eng = Engine(fn, a, blocks, self._engine_epochs[k], max_bytes, self.timeout_ns / 1e9,
+                     self.ws.host_error)
+        self._engines[dtype] = (eng, k)
+        self.grid_cap = cap  # launches from now on leave the engines' SMs free
+
+    def stop_engine(self, dtype: str) -> None:
+        entry = self._engines.pop(dtype, None)
+        if entry is None:
+            raise ValueError(f"stop_persistent: no engine runs for {dtype} on this communicator")
+        eng, k = entry
+        self._engine_epochs[k] += eng.stop()
+        used = sum(e.blocks for e, _ in self._engines.values())
+        self.grid_cap = min(self._base_cap, self._min_sms // self.ranks_per_gpu - used)
+
+    def stop_engines(self) -> None:
+        for dtype in list(self._engines):
+            self.stop_engine(dtype)
+
+    def engines(self) -> dict[str, Engine]:
+        return {d: e for d, (e, _) in self._engines.items()}
+
+    def _engine_module(self, dtype: str) -> Module:
+        key = (self.device_id, dtype, "engine")
+        mod = _MODULES.get(key)
+        if mod is None:
+            mod = _MODULES[key] = Module(compile_module("persistent.cu", dtype, self.arch))
+        return mod
+
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
         lau = self._launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
         lau.args.iters = iters
         lau(1, 32, _stream_ptr(stream))
+        if self._engines:
+            self._pending.add(_stream_ptr(stream))
         if sync:
             self.synchronize(stream)
 
@@ -453,6 +588,7 @@ class CudaBackend:
         import cupy
 
         try:
+            self.stop_engines()
             cupy.cuda.runtime.deviceSynchronize()
             if self._nccl is not None:
                 self._nccl.free()

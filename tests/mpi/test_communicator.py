@@ -139,3 +139,27 @@ def test_numpy_integer_root(comm):
     buf = np.full(3, comm.rank, dtype=np.int32)
     comm.Bcast(buf, root=np.int64(comm.size - 1))
     assert buf.tolist() == [comm.size - 1] * 3
+
+
+def test_persistent_engine_arguments_and_backend(comm):
+    """The eager engine: bad arguments name the argument and the fix; on the host backend it is
+    refused with the reason (no GPU path), and stopping is a no-op."""
+    with pytest.raises(TypeError):
+        comm.start_persistent("complex64")
+    with pytest.raises(ValueError, match="blocks=0: pass an int from 1 to 8"):
+        comm.start_persistent("float32", blocks=0)
+    with pytest.raises(ValueError, match="blocks=True"):
+        comm.start_persistent("float32", blocks=True)
+    with pytest.raises(ValueError, match="max_bytes=8: pass an int from 16 to 262144"):
+        comm.start_persistent("float32", max_bytes=8)
+    if comm.backend == "host":
+        with pytest.raises(HpccollError, match="needs the single-node cuda backend"):
+            comm.start_persistent("float32")
+        with pytest.raises(HpccollError, match="needs the single-node cuda backend"):
+            with comm.persistent("float32"):
+                pass
+        comm.stop_persistent()  # nothing runs: nothing to do
+        x = np.arange(5.0) + comm.rank
+        out = np.empty_like(x)
+        comm.Allreduce(x, out)  # the communicator is still usable
+        assert np.array_equal(out, sum(np.arange(5.0) + r for r in range(comm.size)))

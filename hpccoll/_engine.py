@@ -1,0 +1,137 @@
+"""The eager engine: a resident kernel (cuda/persistent.cu) that runs blocking Allreduce calls
+posted through mapped host memory, with no kernel launch and no stream synchronize per call.
+
+One engine per (communicator, dtype), started and stopped collectively by
+`Communicator.start_persistent` / `stop_persistent` (or the `persistent()` context).  While it
+runs, every eligible Allreduce (this dtype, 16-byte-aligned device buffers, at most
+`max_bytes`, algorithm 'auto' or 'oneshot_ll', the stream not capturing) is blocking: it waits
+until the caller's stream has completed, posts the call, and returns when every block of the
+engine has finished it.  Results are those of the one-shot LL kernel: reduced in rank order,
+bitwise identical on every rank.
+
+What the engine costs the rest of the program: it keeps `blocks` SMs busy (the collective
+kernels' grid cap shrinks to leave them free where it must), and device-wide synchronization
+(cudaDeviceSynchronize, and calls that imply it, such as cudaFree) waits for the engine, so
+it blocks until `stop_persistent`: synchronize streams instead."""
+from __future__ import annotations
+
+import ctypes
+import time
+
+from ._driver import Args, check, host_device_pointer, libcuda
+from .errors import CollectiveTimeout
+
+TAG_SHIFT = 48
+FIELD_LIMIT = 1 << TAG_SHIFT  # pointers and counts must fit below the tag
+CMD_STOP = 0xFF
+CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
+BLOCK = 512
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+
+class EngineArgs(ctypes.Structure):
+    """Mirror of `struct EngineArgs` in cuda/persistent.cu."""
+
+    _fields_ = [("bell", ctypes.c_void_p), ("done", ctypes.c_void_p), ("seq0", ctypes.c_uint64),
+                ("epoch0", ctypes.c_uint64)]
+
+
+def _driver_fns():
+    lib = libcuda()
+    lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
+    lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+    lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+class Engine:
+    """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
+
+    def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
+                 host_error):
+        import cupy
+
+        self.blocks, self.max_bytes, self.epoch0 = blocks, max_bytes, epoch0
+        self.seq = 0
+        self.calls = 0  # calls served (tests check the engine really ran them)
+        self._timeout = timeout_s
+        self._host_error = host_error
+        self._lib = _driver_fns()
+        rt = cupy.cuda.runtime
+        self._rt = rt
+        self._host = rt.hostAlloc(128, 2)  # cudaHostAllocMapped: doorbell [0, 32), completion [64, 72)
+        ctypes.memset(self._host, 0, 128)
+        self._bell = (ctypes.c_uint64 * 4).from_address(self._host)
+        self._done = ctypes.c_uint64.from_address(self._host + 64)
+        self._mask = (1 << (8 * blocks)) - 1
+        self._ones = 0x0101010101010101 & self._mask
+        self._capturing = ctypes.c_int()
+        self._capturing_ref = ctypes.byref(self._capturing)
+        # non-blocking: the legacy default stream must never wait for this kernel
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._args = Args.from_buffer_copy(args)
+        self._args.iters = 1
+        self._eargs = EngineArgs(bell=host_device_pointer(self._host),
+                                 done=host_device_pointer(self._host + 64), seq0=0, epoch0=epoch0)
+        params = (ctypes.c_void_p * 2)(ctypes.addressof(self._args), ctypes.addressof(self._eargs))
+        check(self._lib.cuLaunchKernel(fn, blocks, 1, 1, BLOCK, 1, 1, 0, self.stream.ptr, params, None),
+              "cuLaunchKernel(hc_engine)")
+        self.running = True
+
+    def capturing(self, stream: int) -> bool:
+        check(self._lib.cuStreamIsCapturing(stream, self._capturing_ref), "cuStreamIsCapturing")
+        return self._capturing.value != 0
+
+    def call(self, in_ptr: int, out_ptr: int, count: int, op: str, stream: int) -> bool:
+        """Run one Allreduce after `stream`'s earlier work; return when it has finished (True),
+        or when a poll of the engine timed out (False: the caller raises from the error record)."""
+        lib = self._lib
+        res = lib.cuStreamQuery(stream)
+        if res:
+            if res != _NOT_READY:
+                check(res, "cuStreamQuery")
+            check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        self._post(in_ptr, out_ptr, count, CMD_OF_OP[op])
+        if not self._wait():
+            return False
+        self.calls += 1
+        return True
+
+    def _post(self, in_ptr: int, out_ptr: int, count: int, cmd: int) -> None:
+        self.seq += 1
+        tag = (self.seq & 0xFFFF) << TAG_SHIFT
+        bell = self._bell
+        bell[0] = in_ptr | tag
+        bell[1] = out_ptr | tag
+        bell[2] = count | tag
+        bell[3] = cmd | tag
+
+    def _wait(self) -> bool:
+        want = ((self.seq & 0xFF) * self._ones) & self._mask
+        done, mask = self._done, self._mask
+        for _ in range(2000):  # the common case: done within a few microseconds
+            if done.value & mask == want:
+                return True
+        deadline = time.perf_counter() + self._timeout + 5.0
+        n = 0
+        while done.value & mask != want:
+            n += 1
+            if n & 1023 == 0:
+                if self._host_error():
+                    self.running = False  # the blocks that timed out have left
+                    return False
+                if time.perf_counter() > deadline:
+                    self.running = False
+                    raise CollectiveTimeout(f"the eager engine did not finish an Allreduce within "
+                                            f"{self._timeout + 5.0:.0f} s and raised no error: it is unusable")
+        return True
+
+    def stop(self) -> int:
+        """Stop the kernel (waits for it to leave); the epochs it consumed."""
+        if self._host:
+            self._post(0, 0, 0, CMD_STOP)
+            self.stream.synchronize()  # every block leaves at STOP, or left at a timeout
+            self._rt.freeHost(self._host)
+            self._host = 0
+        self.running = False
+        return self.seq - 1  # every call but the STOP consumed one epoch

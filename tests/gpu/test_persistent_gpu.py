@@ -1,0 +1,199 @@
+"""GPU tests of the eager engine (hpccoll/_engine.py, cuda/persistent.cu), on the GPU machine:
+
+    mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_persistent_gpu.py
+
+Fresh random data every call, compared BITWISE with the fixed-rank-order host reference (the
+engine runs the one-shot LL), and each test checks the engine really served the calls."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import hpccoll
+from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
+
+# 1 element up to the engine's 256 KiB; odd counts, a partial last pack, more packs than threads
+COUNTS = {"float32": [1, 3, 8, 1023, 2048, 2049, 16384 + 5, 65536],
+          "bfloat16": [1, 7, 9, 4097, 131072],
+          "float64": [1, 5, 1023, 32768],
+          "int32": [1, 2, 4095, 65536]}
+
+
+@pytest.fixture(scope="module")
+def cc():
+    c = hpccoll.Communicator(backend="cuda")
+    assert c.backend == "cuda", "the CUDA backend did not open"
+    yield c
+    c.Free()
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _random(rng, dtype, n, op):
+    if dtype.startswith("int"):
+        hi = 3 if op == "PROD" else 1 << 20
+        return rng.integers(-hi, hi, n).astype(dtype)
+    x = rng.standard_normal(n)
+    if op == "PROD":
+        x = 1.0 + 0.01 * x
+    return x.astype(np_dtype(dtype))
+
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def _check(got, ref, what):
+    bad = np.flatnonzero(_bits(got) != _bits(ref))
+    assert bad.size == 0, f"{what}: {bad.size} elements differ (first: {bad[:5]})"
+    digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
+    assert len(set(_world().allgather(digest))) == 1, f"{what}: results differ across ranks"
+
+
+def _engine(cc, dtype):
+    return cc._device.engines()[dtype]
+
+
+@pytest.mark.parametrize("pair", [("float32", "bfloat16"), ("float64", "int32")])
+def test_engine_allreduce_is_bitwise_rank_order(cc, pair):
+    """Two engines at once (two dtypes), every op, every count, out of place and in place."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, hash(pair) & 0xFFFF, 7])
+    with cc.persistent(pair[0]), cc.persistent(pair[1]):
+        served = {d: _engine(cc, d).calls for d in pair}
+        expected = {d: 0 for d in pair}
+        for dtype in pair:
+            for op in OPS:
+                for n in COUNTS[dtype]:
+                    x = _random(rng, dtype, n, op)
+                    ref = reduce_in_rank_order(OPS[op], _world().allgather(x))
+                    dx = cp.asarray(x)
+                    out = cp.full_like(dx, 7)
+                    cc.Allreduce(dx, out, op=OPS[op])
+                    # blocking: no synchronize before reading (the copy runs on the same stream anyway)
+                    _check(cp.asnumpy(out), ref, f"{dtype} {op} n={n}")
+                    assert np.array_equal(cp.asnumpy(dx), x), "sendbuf was modified"
+                    cc.Allreduce(hpccoll.IN_PLACE, dx, op=OPS[op], deterministic=True)
+                    _check(cp.asnumpy(dx), ref, f"{dtype} {op} n={n} in place")
+                    expected[dtype] += 2
+        for d in pair:
+            assert _engine(cc, d).calls - served[d] == expected[d], f"{d}: not every call went to the engine"
+
+
+def test_engine_orders_after_the_stream_and_repeats(cc):
+    """The same buffers again and again (the fast path), each call right after a kernel on the
+    stream that rewrote the input: the engine must wait for it and never see stale input."""
+    import cupy as cp
+
+    n = 4099
+    base = cp.asarray(np.random.default_rng([cc.rank, 3]).standard_normal(n).astype(np.float32))
+    x = cp.empty_like(base)
+    out = cp.empty_like(base)
+    refs_in = _world().allgather(cp.asnumpy(base))
+    with cc.persistent("float32"):
+        eng = _engine(cc, "float32")
+        before = eng.calls
+        for i in range(200):
+            cp.multiply(base, np.float32(i % 7 + 1), out=x)  # a kernel the engine must wait for
+            x += np.float32(i)
+            cc.Allreduce(x, out)
+            if i % 20 == 19:
+                ref = reduce_in_rank_order(OPS["SUM"], [(r * np.float32(i % 7 + 1)) + np.float32(i)
+                                                        for r in refs_in])
+                _check(cp.asnumpy(out), ref, f"call {i}")
+        assert eng.calls - before == 200
+
+
+def test_engine_mixes_with_launched_collectives_and_restarts(cc):
+    """Engine calls between launched kernels (sentinel Allreduce, Bcast, LL beyond max_bytes)
+    and across a stop and a restart (the LL flags of the engine's region must keep counting)."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 11])
+    for round_ in range(3):
+        with cc.persistent("float32", max_bytes=64 * 1024):
+            eng = _engine(cc, "float32")
+            before = eng.calls
+            for i in range(12):
+                n = [5, 1000, 16384, 16385][i % 4]  # 16385 floats > 64 KiB: launched as usual
+                x = rng.standard_normal(n).astype(np.float32)
+                ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
+                dx, out = cp.asarray(x), cp.empty(n, np.float32)
+                cc.Allreduce(dx, out)
+                cc.synchronize()
+                _check(cp.asnumpy(out), ref, f"round {round_} call {i} n={n}")
+                y = cp.asarray(rng.standard_normal(300).astype(np.float32))
+                cc.Allreduce(hpccoll.IN_PLACE, y, algorithm="oneshot_sentinel")  # launched
+                b = cp.arange(513, dtype=cp.float64) * (i + 1) if cc.rank == i % cc.size else cp.zeros(513)
+                cc.Bcast(b, root=i % cc.size)
+                cc.synchronize()
+                assert float(b[512]) == 512.0 * (i + 1)
+            assert eng.calls - before == 9  # the 16385-float calls were launched
+
+
+def test_engine_falls_back_under_graph_capture(cc):
+    import cupy as cp
+
+    x = cp.asarray(np.full(777, cc.rank + 1, np.float32))
+    out = cp.empty_like(x)
+    with cc.persistent("float32"):
+        s = cp.cuda.Stream(non_blocking=True)
+        cc.Allreduce(x, out, stream=s)  # engine (and plan noted)
+        with s:
+            s.begin_capture()
+            for _ in range(3):
+                cc.Allreduce(x, out, stream=s)  # launched into the graph
+            g = s.end_capture()
+        out.fill(0)
+        s.synchronize()
+        g.launch(s)
+        cc.synchronize(s)
+        total = cc.size * (cc.size + 1) / 2
+        assert np.all(cp.asnumpy(out) == total)
+
+
+def test_engine_bad_arguments(cc):
+    with pytest.raises(TypeError):
+        cc.start_persistent("complex64")
+    with pytest.raises(ValueError, match="blocks"):
+        cc.start_persistent("float32", blocks=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        cc.start_persistent("float32", max_bytes=1 << 30)
+    with cc.persistent("float32"):
+        with pytest.raises(ValueError, match="already runs"):
+            cc.start_persistent("float32")
+    with pytest.raises(ValueError, match="no engine runs"):
+        cc.stop_persistent("float32")
+
+
+def test_engine_peer_that_never_calls_times_out():
+    """Rank 0 posts an Allreduce the others never make: CollectiveTimeout from the call itself
+    (it is blocking), within the timeout, and Free() afterwards does not hang."""
+    import time
+
+    import cupy as cp
+
+    c = hpccoll.Communicator(backend="cuda", timeout=2.0)
+    try:
+        c.start_persistent("float32")
+        x = cp.ones(1000, dtype=cp.float32)
+        if c.rank == 0:
+            t0 = time.perf_counter()
+            with pytest.raises(hpccoll.CollectiveTimeout) as info:
+                c.Allreduce(x, cp.empty_like(x))
+            assert time.perf_counter() - t0 < 15
+            assert "Allreduce" in str(info.value)
+            with pytest.raises(hpccoll.CollectiveTimeout):  # the communicator stays broken
+                c.Allreduce(x, cp.empty_like(x))
+    finally:
+        c.Free()
