@@ -10,9 +10,14 @@ engine has finished it.  Results are those of the one-shot LL kernel: reduced in
 bitwise identical on every rank.
 
 What the engine costs the rest of the program: it keeps `blocks` SMs busy (the collective
-kernels' grid cap shrinks to leave them free where it must), and device-wide synchronization
-(cudaDeviceSynchronize, and calls that imply it, such as cudaFree) waits for the engine, so
-it blocks until `stop_persistent`: synchronize streams instead."""
+kernels' grid cap shrinks to leave them free where it must), and anything that synchronizes
+the whole device waits for the engine, so it blocks until `stop_persistent`:
+- cudaDeviceSynchronize, cudaFree, cudaFreeHost: synchronize streams instead;
+- the first launch of a kernel that is not loaded yet: CUDA loads kernels lazily by default
+  (CUDA_MODULE_LOADING=LAZY), and loading may synchronize the context.  hpccoll loads all of its
+  own kernels before an engine starts; run your own kernels (CuPy's included) once before
+  starting it, or set CUDA_MODULE_LOADING=EAGER.
+These are the hazards of any kernel that runs until told to stop."""
 from __future__ import annotations
 
 import ctypes
@@ -48,7 +53,9 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error):
+                 host_error, host: int):
+        """host: 128 bytes of mapped host memory, owned by the caller (freeing pinned memory
+        synchronizes the device, so it must outlive every engine)."""
         import cupy
 
         self.blocks, self.max_bytes, self.epoch0 = blocks, max_bytes, epoch0
@@ -57,9 +64,7 @@ class Engine:
         self._timeout = timeout_s
         self._host_error = host_error
         self._lib = _driver_fns()
-        rt = cupy.cuda.runtime
-        self._rt = rt
-        self._host = rt.hostAlloc(128, 2)  # cudaHostAllocMapped: doorbell [0, 32), completion [64, 72)
+        self._host = host  # doorbell [0, 32), completion bytes [64, 72)
         ctypes.memset(self._host, 0, 128)
         self._bell = (ctypes.c_uint64 * 4).from_address(self._host)
         self._done = ctypes.c_uint64.from_address(self._host + 64)
@@ -131,7 +136,6 @@ class Engine:
         if self._host:
             self._post(0, 0, 0, CMD_STOP)
             self.stream.synchronize()  # every block leaves at STOP, or left at a timeout
-            self._rt.freeHost(self._host)
             self._host = 0
         self.running = False
         return self.seq - 1  # every call but the STOP consumed one epoch

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from hpccoll._nvrtc import DTYPE_CODES, SOURCES, compile_module
+from hpccoll.backends.cuda import kernel_names
 
-INTS = {"int32", "int64"}
 BARRIERS = re.compile(r"\b(MEMBAR|FENCE|ERRBAR|CGAERRBAR|CCTL)\b")
 
 
@@ -32,15 +32,7 @@ def _tool(name: str) -> str:
 
 
 def expected_kernels(dtype: str) -> set[str]:
-    names = {"hc_bcast_ll", "hc_allgather_ll", "hc_barrier"}
-    for op in ("sum", "prod", "max", "min"):
-        names |= {f"hc_allreduce_oneshot_ll_{op}", f"hc_allreduce_twoshot_ll_{op}", f"hc_reduce_scatter_ll_{op}"}
-        if dtype not in INTS:
-            names |= {f"hc_allreduce_oneshot_sentinel_{op}", f"hc_allreduce_twoshot_sentinel_{op}",
-                      f"hc_reduce_scatter_sentinel_{op}"}
-    if dtype not in INTS:
-        names.add("hc_allreduce_twoshot_ll128_sum")
-    return names
+    return kernel_names(dtype)
 
 
 @pytest.fixture(scope="module")

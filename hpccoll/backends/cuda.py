@@ -37,6 +37,19 @@ SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see 
 _MODULES: dict[tuple[int, str], Module] = {}  # (device, dtype) -> loaded kernels
 
 
+def kernel_names(dtype: str) -> set[str]:
+    """Every entry point of cuda/collectives.cu's module for dtype (sentinel and LL128 need floats)."""
+    names = {"hc_bcast_ll", "hc_allgather_ll", "hc_barrier"}
+    for op in OPS.values():
+        names |= {f"hc_allreduce_oneshot_ll_{op}", f"hc_allreduce_twoshot_ll_{op}", f"hc_reduce_scatter_ll_{op}"}
+        if dtype not in ("int32", "int64"):
+            names |= {f"hc_allreduce_oneshot_sentinel_{op}", f"hc_allreduce_twoshot_sentinel_{op}",
+                      f"hc_reduce_scatter_sentinel_{op}"}
+    if dtype not in ("int32", "int64"):
+        names.add("hc_allreduce_twoshot_ll128_sum")
+    return names
+
+
 def _align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a
 
@@ -194,6 +207,7 @@ class CudaBackend:
         self._engines: dict[str, tuple[Engine, int]] = {}  # dtype -> (engine, its region index)
         self._engine_epochs = [0] * ENGINES  # epochs each engine region has consumed
         self._pending: set[int] = set()  # streams launched on while engines run, not yet synchronized
+        self._engine_host = 0  # mapped host memory of the engines' doorbells (128 B each)
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
     def _open_nccl_fallback(self, mpi_comm):
@@ -535,21 +549,49 @@ class CudaBackend:
         if not free:
             raise ValueError(f"start_persistent: at most {ENGINES} engines (dtypes) run at once; "
                              "stop_persistent one first")
-        used = sum(e.blocks for e, _ in self._engines.values()) + blocks
-        cap = min(self._base_cap, self._min_sms // self.ranks_per_gpu - used)
-        if cap < 1:
+        per_rank = self._min_sms // self.ranks_per_gpu
+        used = sum(e.blocks for e, _ in self._engines.values())
+        if per_rank - used - blocks < 1:
             raise ValueError(f"start_persistent: blocks={blocks}: with {self.ranks_per_gpu} rank(s) per GPU "
-                             f"of {self._min_sms} SMs, at most {self._min_sms // self.ranks_per_gpu - 1 - (used - blocks)} "
-                             "engine blocks per rank leave an SM for the collective kernels: pass fewer")
-        k = free[0]
+                             f"of {self._min_sms} SMs and {used} engine block(s) running, at most "
+                             f"{per_rank - used - 1} more leave an SM for the collective kernels: pass fewer")
+        # Kernels are loaded lazily by default (CUDA_MODULE_LOADING=LAZY), and loading one may
+        # synchronize the context, which would wait for a running engine forever.  So every
+        # kernel hpccoll may launch while engines run is loaded now, with no engine running:
+        # the running ones are stopped and restarted around it (the same on every rank).
+        running = [(d, e.blocks, e.max_bytes) for d, (e, _) in self._engines.items()]
+        self.stop_engines()
+        self._module(dtype)
+        self._engine_module(dtype).fn("hc_engine")
+        self._preload()
+        self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
+        for d, b, m in running + [mine]:
+            self._launch_engine(d, b, m)
+
+    def _preload(self) -> None:
+        """cuModuleGetFunction (which loads a kernel) of every kernel of every module loaded here."""
+        for key, mod in list(_MODULES.items()):
+            if key[0] == self.device_id:
+                for name in (("hc_engine",) if key[2] == "engine" else kernel_names(key[1])):
+                    mod.fn(name)
+
+    def _launch_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
+        k = next(k for k in range(ENGINES) if k not in {k2 for _, k2 in self._engines.values()})
         a = self.ws.kernel_args(self.timeout_ns)
         a.region, a.sub = self.layout.engine[k], self.layout.sub_engine
-        fn = self._engine_module(dtype).fn("hc_engine")
-        self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
-        eng = Engine(fn, a, blocks, self._engine_epochs[k], max_bytes, self.timeout_ns / 1e9,
-                     self.ws.host_error)
+        if self._engine_host == 0:
+            import cupy
+
+            self._engine_host = cupy.cuda.runtime.hostAlloc(128 * ENGINES, 2)  # mapped; freed in free()
+        eng = Engine(self._engine_module(dtype).fn("hc_engine"), a, blocks, self._engine_epochs[k], max_bytes,
+                     self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + 128 * k)
         self._engines[dtype] = (eng, k)
-        self.grid_cap = cap  # launches from now on leave the engines' SMs free
+        self._set_cap()
+
+    def _set_cap(self) -> None:
+        """Launches leave the engines' SMs free: the whole grid must be resident."""
+        used = sum(e.blocks for e, _ in self._engines.values())
+        self.grid_cap = min(self._base_cap, self._min_sms // self.ranks_per_gpu - used)
 
     def stop_engine(self, dtype: str) -> None:
         entry = self._engines.pop(dtype, None)
@@ -557,8 +599,7 @@ class CudaBackend:
             raise ValueError(f"stop_persistent: no engine runs for {dtype} on this communicator")
         eng, k = entry
         self._engine_epochs[k] += eng.stop()
-        used = sum(e.blocks for e, _ in self._engines.values())
-        self.grid_cap = min(self._base_cap, self._min_sms // self.ranks_per_gpu - used)
+        self._set_cap()
 
     def stop_engines(self) -> None:
         for dtype in list(self._engines):
@@ -590,6 +631,9 @@ class CudaBackend:
         try:
             self.stop_engines()
             cupy.cuda.runtime.deviceSynchronize()
+            if self._engine_host:
+                cupy.cuda.runtime.freeHost(self._engine_host)
+                self._engine_host = 0
             if self._nccl is not None:
                 self._nccl.free()
         finally:
