@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -67,6 +67,8 @@ PYEOF
     tests3) mps_on; gpu_tests 3 | tee "$OUT/gpu-tests-3ranks.txt"; mps_off ;;
     persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
+    elab) timeout 150 "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" 2>&1 \
+            | grep -v Warning | tail -25 | tee "$OUT/engine-lab.txt" ;;
     pbench) timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
              --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --json "$OUT/bench-persistent-${DTYPE:-float32}.json" \
              2>&1 | tee "$OUT/bench-persistent-${DTYPE:-float32}.txt" ;;

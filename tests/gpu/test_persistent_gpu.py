@@ -16,6 +16,14 @@ import pytest
 import hpccoll
 from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
 
+# Imported at collection, before any GPU work in this process: CuPy's operators import cupyx
+# (and through it scipy and numpy.testing) on first use, and on the 2026-11-30 machines source
+# files read by a process after GPU work came back with NUL bytes (test_cuda_collectives.py).
+try:
+    import cupyx.scipy.sparse  # noqa: F401
+except Exception:  # noqa: BLE001 - no CuPy here: the tests skip
+    pass
+
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
 # 1 element up to the engine's 256 KiB; odd counts, a partial last pack, more packs than threads

@@ -1,0 +1,131 @@
+"""Where an eager-engine call's time goes (hpccoll/_engine.py, cuda/persistent.cu), on 2 ranks:
+
+    mpiexec -n 2 python bench/engine_lab.py [--n 2000] [--json out.json]
+
+Each part timed per call on the host (perf_counter around one call, median of --n, then the
+MAX over ranks), in one run:
+- sysread:   a GPU thread's dependent loads of a mapped host word (ns per load, globaltimer);
+- host:      cuStreamIsCapturing, cuStreamQuery, and the bare Python loop of a post and a check;
+- echo:      host writes a mapped word, the GPU (already running, polling) sees it and writes a
+             completion word back, the host sees that: the engine's signalling without the
+             collective, in the engine's configuration and simpler ones;
+- engine:    Engine.call directly with count 0 (no collective) and 1 KiB, and
+             Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
+             (launch + stream synchronize), for scale."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import time
+
+import numpy as np
+
+
+def _median_us(fn, n: int) -> float:
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[n // 10:]) * 1e6
+
+
+def main() -> int:
+    import cupy as cp
+
+    from hpccoll import bench
+    from hpccoll._driver import Module, launch_raw
+    from hpccoll._engine import _driver_fns
+    from hpccoll._nvrtc import compile_module
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args()
+    comm, say, sol = bench.open_lab("engine_lab")
+    mpi, dev = comm.mpi_comm, comm._device
+    lib = _driver_fns()
+    mod = Module(compile_module("lab_engine.cu", "float32", dev.arch))
+    rows = []
+
+    def record(part, what, us, **kw):
+        us = bench._max(mpi, us)
+        rows.append({"part": part, "what": what, "us": us, **kw})
+        say(f"{part:8s} {what:58s} {us:8.2f} us")
+
+    rt = cp.cuda.runtime
+    host = rt.hostAlloc(4096, 2)  # mapped
+    ctypes.memset(host, 0, 4096)
+    hdev = host  # UVA: the same address on the device
+    words = (ctypes.c_uint64 * 16).from_address(host)
+    done = ctypes.c_uint64.from_address(host + 256)
+    out = cp.zeros(2, dtype=cp.uint64)
+    s = cp.cuda.Stream(non_blocking=True)
+
+    # sysread: ns per dependent load of host memory by one GPU thread
+    launch_raw(mod.fn("hc_lab_sysread"), 1, 1, s.ptr, ctypes.c_void_p(hdev), ctypes.c_int(2000),
+               ctypes.c_void_p(out.data.ptr))
+    s.synchronize()
+    record("sysread", "GPU load of mapped host memory (dependent, 1 thread)", int(out[0].get()) / 1e3)
+
+    # host-side costs
+    cap = ctypes.c_int()
+    record("host", "cuStreamIsCapturing(legacy stream)", _median_us(lambda: lib.cuStreamIsCapturing(0, ctypes.byref(cap)), opts.n))
+    record("host", "cuStreamQuery(legacy stream), idle", _median_us(lambda: lib.cuStreamQuery(0), opts.n))
+
+    def bare():
+        words[0] = 1
+        words[1] = 1
+        words[2] = 1
+        words[3] = 1
+        return done.value & 0xFF == 0
+    record("host", "4 mapped stores + 1 mapped load (Python)", _median_us(bare, opts.n))
+
+    # echo: the signalling round trip, GPU already polling
+    for blocks, loads, fence, nb in ((1, 1, 0, 8), (1, 4, 0, 8), (1, 4, 1, 8), (1, 4, 1, 1), (4, 4, 1, 1)):
+        ctypes.memset(host, 0, 4096)
+        n = opts.n
+        launch_raw(mod.fn("hc_lab_echo"), blocks, 32, s.ptr, ctypes.c_void_p(hdev), ctypes.c_void_p(hdev + 256),
+                   ctypes.c_int(n), ctypes.c_int(loads), ctypes.c_int(fence), ctypes.c_int(nb))
+        mask = (1 << (8 * blocks)) - 1 if nb == 1 else (1 << 64) - 1
+        ones = 0x0101010101010101 & mask
+        ts = []
+        for i in range(1, n + 1):
+            want = ((i & 0xFF) * ones) & mask if nb == 1 else i
+            t0 = time.perf_counter()
+            for k in range(loads):
+                words[k] = i
+            while done.value & mask != want:
+                pass
+            ts.append(time.perf_counter() - t0)
+        s.synchronize()
+        record("echo", f"{blocks} block(s), {loads} doorbell word(s), fence {fence}, {nb}-byte completion",
+               statistics.median(ts[n // 10:]) * 1e6, blocks=blocks, loads=loads, fence=fence, done_bytes=nb)
+
+    # the engine itself
+    x = cp.asarray(np.random.default_rng(comm.rank).standard_normal(256).astype(np.float32))
+    y = cp.empty_like(x)
+    comm.Allreduce(x, y)
+    comm.synchronize()
+    record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
+           _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+    with comm.persistent("float32"):
+        eng = dev.engines()["float32"]
+        record("engine", "Engine.call count 0 (signalling only)",
+               _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
+        record("engine", "Engine.call 1 KiB",
+               _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
+        record("engine", "on: Allreduce 1 KiB + synchronize",
+               _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+        ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
+    rt.freeHost(host)
+    record("engine", f"result correct: {ok}", 0.0)
+    bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
+                         timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
