@@ -73,6 +73,12 @@ def main() -> int:
     cap = ctypes.c_int()
     record("host", "cuStreamIsCapturing(legacy stream)", _median_us(lambda: lib.cuStreamIsCapturing(0, ctypes.byref(cap)), opts.n))
     record("host", "cuStreamQuery(legacy stream), idle", _median_us(lambda: lib.cuStreamQuery(0), opts.n))
+    record("host", "cuStreamQuery(non-blocking stream), idle", _median_us(lambda: lib.cuStreamQuery(s.ptr), opts.n))
+    wv = cp.zeros(1, dtype=cp.uint64)
+    lib.cuStreamWriteValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+    record("host", "cuStreamWriteValue64 (non-blocking stream), host call",
+           _median_us(lambda: lib.cuStreamWriteValue64_v2(s.ptr, wv.data.ptr, 1, 0), opts.n))
+    s.synchronize()
 
     def bare():
         words[0] = 1
@@ -110,6 +116,10 @@ def main() -> int:
     comm.synchronize()
     record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
            _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+    with comm.persistent("float32", blocks=1):
+        eng = dev.engines()["float32"]
+        record("engine", "1 block: Engine.call 1 KiB",
+               _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
     with comm.persistent("float32"):
         eng = dev.engines()["float32"]
         record("engine", "Engine.call count 0 (signalling only)",

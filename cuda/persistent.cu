@@ -4,70 +4,91 @@
 // Why: on the 2xH200 machine a blocking call made of a launch and a stream synchronize costs
 // 13-14 us before any work is done (bench/NOTES.md), where the collective itself takes ~1.3 us.
 // Here the kernel is already running.  The host posts a call into mapped host memory (the
-// doorbell); one thread per block polls it over PCIe, the blocks run a one-shot LL Allreduce
-// (collectives.cu, the same device code as the library's kernel), and every block writes its
-// completion back into mapped host memory, where the host spins.
+// doorbell); one thread of block 0 polls it over PCIe and relays the call to the other blocks
+// through device memory; the blocks run a one-shot LL Allreduce (collectives.cu, the same device
+// code as the library's kernel), and every block writes its completion back into mapped host
+// memory, where the host spins.
 //
-// The doorbell: four u64 words of pinned, mapped host memory, written by the host only:
-//   { in, out, count, cmd }, each with the call's 16-bit sequence tag in bits 48-63.
-// An aligned 8-byte load is single-copy atomic, so a word whose tag matches the call holds that
-// call's field, whatever order the words arrive in.  The host rewrites all four words for every
-// call, and posts call s+1 only after every block has finished call s (so after every block has
-// read s's words): a matching tag can never be 65536 calls old.
-// Completion: byte b of `done` is the low byte of the last call block b finished.  A block whose
-// poll timed out writes nothing more and leaves: the host sees the mapped error word instead.
+// Mapped host memory of one engine (written by the host, except `done`), three cache lines:
+//   bell  [0, 8):    seq * 2 + changed        the doorbell: call `seq` is posted
+//   desc  [64, 96):  { in, out, count, cmd }  the call, rewritten only when it differs from the
+//                                             last one (then changed = 1)
+//   done  [128, 136): byte b = low byte of the last call block b finished
+// One poller and one polled word: bench/engine_lab.py measured a host-to-GPU-to-host round trip
+// of 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a
+// line the host was writing, and 32 us with four blocks doing so (the host's stores wait for the
+// line while the GPU's reads keep taking it).  The host writes desc before bell (x86 stores are
+// seen in order) and the poller's acquire load of bell orders its desc loads after it.
+// Relay (device memory, per engine): { in, out, count, cmd, seq }: block 0 writes the call and
+// then releases seq; the other blocks acquire it.  Every block handles every call in order, and
+// the host posts call s+1 only after every block has finished call s, so the relay is never
+// rewritten while a block still reads it.  A block whose poll timed out writes nothing more and
+// leaves: the host sees the mapped error word instead.
 //
 // Memory ordering.  All data stays in device memory; the host only signals.
 // - Before posting, the host waits until the caller's stream has completed (its kernels wrote
-//   the input).  After seeing the doorbell, the polling thread's acquire fence invalidates its
-//   SM's L1 (no stale input lines from an earlier call), and the block barrier orders every
-//   thread's loads after it.
+//   the input).  The acquire loads (doorbell, relay) invalidate the SM's L1 (no stale input
+//   lines from an earlier call), and the block barrier orders every thread's loads after them.
 // - After the Allreduce, the block barrier and a release fence by thread 0 make the block's
 //   output stores performed in device memory before its completion byte leaves; later work
 //   that reads the output (kernels, copies) reads device memory.
 // - Between calls the LL slots need no fence: their flags are epochs, and one thread owns a slot
 //   across calls (collectives.cu, oneShotLoopFence), as in the in-kernel loop.
-// gpu scope suffices for both fences: the data's writers and readers are all on this GPU (or
-// its peers, ordered by the LL flags), and the mapped words are single-copy atomic on their own.
 #define HC_NO_ENTRY_POINTS 1
 #include "collectives.cu"
 
-#define HC_TAG_SHIFT 48
-#define HC_FIELD_MASK ((1ull << HC_TAG_SHIFT) - 1)
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
 
 struct EngineArgs {
-  const u64* bell;       // device address of the mapped doorbell words
-  unsigned char* done;   // device address of the mapped completion bytes, one per block
+  const u64* host;       // device address of the engine's mapped host memory (bell, desc, done)
+  u64* relay;            // device memory: { in, out, count, cmd, seq }
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
 };
 
+__device__ __forceinline__ u64 ldAcquireSys(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ldAcquireGpu(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ u64 ldRelaxedSys(const u64* p) {
   u64 v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-
+__device__ __forceinline__ void stReleaseGpu(u64* p, u64 v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ void stRelaxedSysByte(unsigned char* p, u32 v) {
   asm volatile("st.relaxed.sys.global.u8 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Thread 0: wait for call `seq`'s four words, then acquire.
-__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 seq, u64 field[4]) {
-  const u64 tag = seq & 0xFFFFull;
-  u64 w[4];
-  for (;;) {
+// Thread 0 of every block: the fields of call `seq` (block 0 from the host, the others from
+// block 0's relay).  `cur`: this thread's copy of the last call's fields.
+__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 seq, u64 cur[4]) {
+  if (blockIdx.x == 0) {
+    u64 w;
+    do w = ldAcquireSys(g.host); while ((w >> 1) != seq);
+    if (w & 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = ldRelaxedSys(g.bell + i);  // four loads in flight together
-    bool all = true;
+      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + 8 + i);  // desc, in flight together
+    }
+    if (gridDim.x > 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) all = all && (w[i] >> HC_TAG_SHIFT) == tag;
-    if (all) break;
+      for (int i = 0; i < 4; ++i) g.relay[i] = cur[i];
+      stReleaseGpu(g.relay + 4, seq);
+    }
+  } else {
+    while (ldAcquireGpu(g.relay + 4) != seq) {
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cur[i] = *(volatile u64*)(g.relay + i);
   }
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 4; ++i) field[i] = w[i] & HC_FIELD_MASK;
 }
 
 template <int OP>
@@ -79,9 +100,15 @@ __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
   __shared__ u64 field[4];
+  u64 cur[4] = {0, 0, 0, 0};  // thread 0's copy of the last call
+  unsigned char* done = (unsigned char*)(g.host + 16);
   Args a = a0;  // in, out, count change per call; iters is 1
   for (u64 seq = g.seq0 + 1;; ++seq) {
-    if (threadIdx.x == 0) awaitCall(g, seq, field);
+    if (threadIdx.x == 0) {
+      awaitCall(g, seq, cur);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) field[i] = cur[i];
+    }
     __syncthreads();
     const u64 cmd = field[3];
     if (cmd == HC_ENGINE_STOP) return;
@@ -100,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     if (!ok) return;             // a poll timed out (or the communicator was aborted)
     if (threadIdx.x == 0) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
-      stRelaxedSysByte(g.done + blockIdx.x, (u32)(seq & 0xFF));
+      stRelaxedSysByte(done + blockIdx.x, (u32)(seq & 0xFF));
     }
   }
 }

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _env, select
 from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
-from .._engine import FIELD_LIMIT, Engine
+from .._engine import HOST_BYTES, Engine
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -527,8 +527,6 @@ class CudaBackend:
             return None
         if not (self._aligned(send) and self._aligned(recv)):
             return None
-        if max(send.data.ptr, recv.data.ptr) >= FIELD_LIMIT:
-            return None
         return eng
 
     def _engine_call(self, eng: Engine, in_ptr: int, out_ptr: int, count: int, op: str, s: int) -> None:
@@ -582,9 +580,9 @@ class CudaBackend:
         if self._engine_host == 0:
             import cupy
 
-            self._engine_host = cupy.cuda.runtime.hostAlloc(128 * ENGINES, 2)  # mapped; freed in free()
+            self._engine_host = cupy.cuda.runtime.hostAlloc(HOST_BYTES * ENGINES, 2)  # mapped; freed in free()
         eng = Engine(self._engine_module(dtype).fn("hc_engine"), a, blocks, self._engine_epochs[k], max_bytes,
-                     self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + 128 * k)
+                     self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + HOST_BYTES * k)
         self._engines[dtype] = (eng, k)
         self._set_cap()
 
