@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import statistics
 import time
 
@@ -116,21 +117,33 @@ def main() -> int:
     comm.synchronize()
     record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
            _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
-    with comm.persistent("float32", blocks=1):
-        eng = dev.engines()["float32"]
-        record("engine", "1 block: Engine.call 1 KiB",
-               _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
-    with comm.persistent("float32"):
-        eng = dev.engines()["float32"]
-        record("engine", "Engine.call count 0 (signalling only)",
-               _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
-        record("engine", "Engine.call 1 KiB",
-               _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
-        record("engine", "on: Allreduce 1 KiB + synchronize",
-               _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
-        ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
+    y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
+    for doorbell in ("host", "stream"):
+        os.environ["HPCCOLL_ENGINE_DOORBELL"] = doorbell
+        with comm.persistent("float32", blocks=1):
+            eng = dev.engines()["float32"]
+            record("engine", f"{doorbell} doorbell, 1 block: Engine.call 1 KiB",
+                   _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
+        with comm.persistent("float32"):
+            eng = dev.engines()["float32"]
+            record("engine", f"{doorbell} doorbell: Engine.call count 0 (signalling only)",
+                   _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
+            record("engine", f"{doorbell} doorbell: Engine.call 1 KiB",
+                   _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
+            y.fill(0)
+            record("engine", f"{doorbell} doorbell: Allreduce 1 KiB + synchronize",
+                   _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+            plan = comm._fast["Allreduce"].plan
+            record("engine", f"{doorbell} doorbell: the prepared call alone ({type(plan).__name__}.launch)",
+                   _median_us(lambda: plan.launch(None), opts.n))
+            record("engine", f"{doorbell} doorbell: synchronize alone",
+                   _median_us(comm.synchronize, opts.n))
+            record("engine", f"{doorbell} doorbell: Allreduce 1 KiB, no synchronize",
+                   _median_us(lambda: comm.Allreduce(x, y), opts.n))
+            ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
+            record("engine", f"{doorbell} doorbell: result correct: {ok}", 0.0)
+    os.environ.pop("HPCCOLL_ENGINE_DOORBELL")
     rt.freeHost(host)
-    record("engine", f"result correct: {ok}", 0.0)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")
     comm.Free()

@@ -20,7 +20,9 @@
 // line while the GPU's reads keep taking it).  The host writes desc before bell (x86 stores are
 // seen in order) and the poller's acquire load of bell orders its desc loads after it.
 // Relay (device memory, per engine): { in, out, count, cmd, seq }: block 0 writes the call and
-// then releases seq; the other blocks acquire it.  Every block handles every call in order, and
+// then releases seq; the other blocks acquire it.  Block 0 leaving on a timeout releases
+// HC_RELAY_DEAD instead, so that the others leave too (else they would wait for it forever, and
+// so would the host's stop).  Every block handles every call in order, and
 // the host posts call s+1 only after every block has finished call s, so the relay is never
 // rewritten while a block still reads it.  A block whose poll timed out writes nothing more and
 // leaves: the host sees the mapped error word instead.
@@ -38,9 +40,13 @@
 #include "collectives.cu"
 
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
+#define HC_RELAY_DEAD (~0ull)
 
 struct EngineArgs {
   const u64* host;       // device address of the engine's mapped host memory (bell, desc, done)
+  const u64* bell;       // the doorbell block 0 polls: host + 0 (mapped host memory, written by
+                         // the host), or a word of device memory written by the caller's stream
+                         // (cuStreamWriteValue64: hpccoll/_engine.py, doorbell "stream")
   u64* relay;            // device memory: { in, out, count, cmd, seq }
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
@@ -70,10 +76,11 @@ __device__ __forceinline__ void stRelaxedSysByte(unsigned char* p, u32 v) {
 
 // Thread 0 of every block: the fields of call `seq` (block 0 from the host, the others from
 // block 0's relay).  `cur`: this thread's copy of the last call's fields.
-__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 seq, u64 cur[4]) {
+// False: block 0 has left (the call is not coming).
+__device__ __forceinline__ bool awaitCall(const EngineArgs& g, u64 seq, u64 cur[4]) {
   if (blockIdx.x == 0) {
     u64 w;
-    do w = ldAcquireSys(g.host); while ((w >> 1) != seq);
+    do w = ldAcquireSys(g.bell); while ((w >> 1) != seq);
     if (w & 1) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + 8 + i);  // desc, in flight together
@@ -84,11 +91,13 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 seq, u64 cur[
       stReleaseGpu(g.relay + 4, seq);
     }
   } else {
-    while (ldAcquireGpu(g.relay + 4) != seq) {
-    }
+    u64 v;
+    while ((v = ldAcquireGpu(g.relay + 4)) != seq)
+      if (v == HC_RELAY_DEAD) return false;
 #pragma unroll
     for (int i = 0; i < 4; ++i) cur[i] = *(volatile u64*)(g.relay + i);
   }
+  return true;
 }
 
 template <int OP>
@@ -105,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
   Args a = a0;  // in, out, count change per call; iters is 1
   for (u64 seq = g.seq0 + 1;; ++seq) {
     if (threadIdx.x == 0) {
-      awaitCall(g, seq, cur);
+      if (!awaitCall(g, seq, cur)) cur[3] = HC_ENGINE_STOP;
 #pragma unroll
       for (int i = 0; i < 4; ++i) field[i] = cur[i];
     }
@@ -116,7 +125,9 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     a.out = (void*)field[1];
     a.count = field[2];
     const u64 e = g.epoch0 + (seq - g.seq0 - 1);
-    bool ok = !aborted(a);
+    // No abort check up front (an L2 trip per call): a running engine's polls see the flag
+    // within 256 spins, and a block that timed out has left.
+    bool ok = true;
     switch ((int)cmd) {
       case HC_SUM: ok = engineAllreduce<HC_SUM>(a, e, ok); break;
       case HC_PROD: ok = engineAllreduce<HC_PROD>(a, e, ok); break;
@@ -124,7 +135,10 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
       default: ok = engineAllreduce<HC_MIN>(a, e, ok); break;
     }
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
-    if (!ok) return;             // a poll timed out (or the communicator was aborted)
+    if (!ok) {                   // a poll timed out (or the communicator was aborted)
+      if (blockIdx.x == 0 && threadIdx.x == 0) stReleaseGpu(g.relay + 4, HC_RELAY_DEAD);
+      return;
+    }
     if (threadIdx.x == 0) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
       stRelaxedSysByte(done + blockIdx.x, (u32)(seq & 0xFF));

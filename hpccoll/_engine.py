@@ -36,8 +36,11 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 class EngineArgs(ctypes.Structure):
     """Mirror of `struct EngineArgs` in cuda/persistent.cu."""
 
-    _fields_ = [("host", ctypes.c_void_p), ("relay", ctypes.c_void_p), ("seq0", ctypes.c_uint64),
-                ("epoch0", ctypes.c_uint64)]
+    _fields_ = [("host", ctypes.c_void_p), ("bell", ctypes.c_void_p), ("relay", ctypes.c_void_p),
+                ("seq0", ctypes.c_uint64), ("epoch0", ctypes.c_uint64)]
+
+
+DOORBELLS = ("host", "stream")
 
 
 def _driver_fns():
@@ -45,6 +48,7 @@ def _driver_fns():
     lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
     lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuStreamWriteValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
     return lib
 
 
@@ -52,9 +56,16 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error, host: int):
+                 host_error, host: int, doorbell: str = "host"):
         """host: HOST_BYTES of mapped host memory, owned by the caller (freeing pinned memory
-        synchronizes the device, so it must outlive every engine)."""
+        synchronizes the device, so it must outlive every engine).
+        doorbell: how a call is posted and ordered after the caller's stream.
+          "host":   the host asks whether the stream has finished (cuStreamQuery, synchronizing if
+                    not), then stores the doorbell into mapped host memory, which block 0 polls
+                    over PCIe;
+          "stream": the host enqueues the doorbell's store on the caller's stream
+                    (cuStreamWriteValue64): the GPU writes it into device memory once the
+                    stream's earlier work is done, and block 0 polls device memory."""
         import cupy
 
         self.blocks, self.max_bytes, self.epoch0 = blocks, max_bytes, epoch0
@@ -69,7 +80,9 @@ class Engine:
         self._desc = (ctypes.c_uint64 * 4).from_address(self._host + 64)
         self._done = ctypes.c_uint64.from_address(self._host + 128)
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
-        self._relay = cupy.zeros(8, dtype=cupy.uint64)  # block 0 -> the other blocks
+        self._relay = cupy.zeros(8, dtype=cupy.uint64)  # block 0 -> the other blocks; [6]: "stream" bell
+        self.doorbell = doorbell
+        self._bell_dev = self._relay.data.ptr + 48
         self._mask = (1 << (8 * blocks)) - 1
         self._ones = 0x0101010101010101 & self._mask
         self._capturing = ctypes.c_int()
@@ -78,8 +91,10 @@ class Engine:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._args = Args.from_buffer_copy(args)
         self._args.iters = 1
-        self._eargs = EngineArgs(host=host_device_pointer(self._host), relay=self._relay.data.ptr,
-                                 seq0=0, epoch0=epoch0)
+        hdev = host_device_pointer(self._host)
+        self._eargs = EngineArgs(host=hdev, bell=self._bell_dev if doorbell == "stream" else hdev,
+                                 relay=self._relay.data.ptr, seq0=0, epoch0=epoch0)
+        self._control = cupy.cuda.Stream(non_blocking=True)  # "stream" doorbell: STOP goes here
         cupy.cuda.get_current_stream().synchronize()  # the relay's zeros are written
         params = (ctypes.c_void_p * 2)(ctypes.addressof(self._args), ctypes.addressof(self._eargs))
         check(self._lib.cuLaunchKernel(fn, blocks, 1, 1, BLOCK, 1, 1, 0, self.stream.ptr, params, None),
@@ -96,18 +111,19 @@ class Engine:
         """Run one Allreduce after `stream`'s earlier work; return when it has finished (True),
         or when a poll of the engine timed out (False: the caller raises from the error record)."""
         lib = self._lib
-        res = lib.cuStreamQuery(stream)
-        if res:
-            if res != _NOT_READY:
-                check(res, "cuStreamQuery")
-            check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
-        self._post(in_ptr, out_ptr, count, CMD_OF_OP[op])
+        if self.doorbell == "host":
+            res = lib.cuStreamQuery(stream)
+            if res:
+                if res != _NOT_READY:
+                    check(res, "cuStreamQuery")
+                check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        self._post(in_ptr, out_ptr, count, CMD_OF_OP[op], stream)
         if not self._wait():
             return False
         self.calls += 1
         return True
 
-    def _post(self, in_ptr: int, out_ptr: int, count: int, cmd: int) -> None:
+    def _post(self, in_ptr: int, out_ptr: int, count: int, cmd: int, stream: int) -> None:
         self.seq += 1
         call = (in_ptr, out_ptr, count, cmd)
         changed = call != self._last
@@ -115,7 +131,11 @@ class Engine:
             d = self._desc
             d[0], d[1], d[2], d[3] = call
             self._last = call
-        self._bell.value = self.seq * 2 + changed  # x86: seen after the desc stores
+        bell = self.seq * 2 + changed
+        if self.doorbell == "host":
+            self._bell.value = bell  # x86: seen after the desc stores
+        else:  # written by the GPU after the stream's earlier work (the default flag: after a fence)
+            check(self._lib.cuStreamWriteValue64_v2(stream, self._bell_dev, bell, 0), "cuStreamWriteValue64")
 
     def _wait(self) -> bool:
         want = ((self.seq & 0xFF) * self._ones) & self._mask
@@ -140,7 +160,7 @@ class Engine:
     def stop(self) -> int:
         """Stop the kernel (waits for it to leave); the epochs it consumed."""
         if self._host:
-            self._post(0, 0, 0, CMD_STOP)
+            self._post(0, 0, 0, CMD_STOP, self._control.ptr)
             self.stream.synchronize()  # every block leaves at STOP, or left at a timeout
             self._host = 0
         self.running = False
