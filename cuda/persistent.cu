@@ -3,36 +3,43 @@
 //
 // Why: on the 2xH200 machine a blocking call made of a launch and a stream synchronize costs
 // 13-14 us before any work is done (bench/NOTES.md), where the collective itself takes ~1.3 us.
-// Here the kernel is already running.  The host posts a call into mapped host memory (the
-// doorbell); one thread of block 0 polls it over PCIe and relays the call to the other blocks
-// through device memory; the blocks run a one-shot LL Allreduce (collectives.cu, the same device
-// code as the library's kernel), and every block writes its completion back into mapped host
-// memory, where the host spins.
+// Here the kernel is already running.  The host posts a call (the doorbell); thread 0 of block 0
+// polls it, relays it to the other blocks the call needs, the blocks run a one-shot LL
+// Allreduce (collectives.cu, the same device code as the library's kernel), and each writes its
+// completion into mapped host memory, where the host spins.
 //
 // Mapped host memory of one engine (written by the host, except `done`), three cache lines:
-//   bell  [0, 8):    seq * 2 + changed        the doorbell: call `seq` is posted
-//   desc  [64, 96):  { in, out, count, cmd }  the call, rewritten only when it differs from the
-//                                             last one (then changed = 1)
-//   done  [128, 136): byte b = low byte of the last call block b finished
+//   bell  [0, 8):     seq * 2 + changed        the doorbell ("host" doorbell): call seq is posted
+//   desc  [64, 96):   { in, out, count, cmd }  the call, rewritten only when it differs from the
+//                                              last one (then changed = 1)
+//   done  [128, 192): u64 per block            the last call the block finished
+// ("stream" doorbell: the bell word is in device memory, written by the caller's stream.)
 // One poller and one polled word: bench/engine_lab.py measured a host-to-GPU-to-host round trip
 // of 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a
-// line the host was writing, and 32 us with four blocks doing so (the host's stores wait for the
-// line while the GPU's reads keep taking it).  The host writes desc before bell (x86 stores are
-// seen in order) and the poller's acquire load of bell orders its desc loads after it.
-// Relay (device memory, per engine): { in, out, count, cmd, seq }: block 0 writes the call and
-// then releases seq; the other blocks acquire it.  Block 0 leaving on a timeout releases
-// HC_RELAY_DEAD instead, so that the others leave too (else they would wait for it forever, and
-// so would the host's stop).  Every block handles every call in order, and
-// the host posts call s+1 only after every block has finished call s, so the relay is never
-// rewritten while a block still reads it.  A block whose poll timed out writes nothing more and
-// leaves: the host sees the mapped error word instead.
+// line the host was writing, and 27-42 us with four blocks doing so (the host's stores wait for
+// the line while the GPU's reads keep taking it).  The host writes desc before bell (x86 stores
+// are seen in order) and the poller's acquire load of bell orders its desc loads after it.
+//
+// Which blocks a call needs: those with a pack to handle, ceil(packs / blockDim) of them (at
+// least block 0); a call of <= 8 KiB is block 0's alone.  Block 0 relays a call to each block b
+// it needs through b's own relay slot in device memory, { in, out, count, cmd, seq }: thread b
+// of block 0 writes the call and releases seq; block b acquires it.  A slot is written only for
+// calls its block takes part in, and the host posts call s+1 only after every block of call s
+// has finished it, so a slot is never rewritten while its block reads it.  The host waits for
+// the blocks the call needs only (it computes the same count).  Block 0 leaving on a timeout
+// releases HC_RELAY_DEAD into every slot, so that the other blocks (and the host's stop) do not
+// wait for it forever; a block whose poll timed out writes nothing more and leaves: the host
+// sees the mapped error word instead.
+// Blocks that skip calls stay correct: the epoch comes from the call's seq, and the LL slot reuse
+// argument holds across skipped calls (block 0 takes part in every call, so the host cannot post
+// call s+2 before every block of call s has finished it, on both ranks).
 //
 // Memory ordering.  All data stays in device memory; the host only signals.
 // - Before posting, the host waits until the caller's stream has completed (its kernels wrote
 //   the input).  The acquire loads (doorbell, relay) invalidate the SM's L1 (no stale input
 //   lines from an earlier call), and the block barrier orders every thread's loads after them.
 // - After the Allreduce, the block barrier and a release fence by thread 0 make the block's
-//   output stores performed in device memory before its completion byte leaves; later work
+//   output stores performed in device memory before its completion word leaves; later work
 //   that reads the output (kernels, copies) reads device memory.
 // - Between calls the LL slots need no fence: their flags are epochs, and one thread owns a slot
 //   across calls (collectives.cu, oneShotLoopFence), as in the in-kernel loop.
@@ -47,7 +54,7 @@ struct EngineArgs {
   const u64* bell;       // the doorbell block 0 polls: host + 0 (mapped host memory, written by
                          // the host), or a word of device memory written by the caller's stream
                          // (cuStreamWriteValue64: hpccoll/_engine.py, doorbell "stream")
-  u64* relay;            // device memory: { in, out, count, cmd, seq }
+  u64* relay;            // device memory: 8 u64 per block, { in, out, count, cmd, seq } (block 0's unused)
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
 };
@@ -70,34 +77,44 @@ __device__ __forceinline__ u64 ldRelaxedSys(const u64* p) {
 __device__ __forceinline__ void stReleaseGpu(u64* p, u64 v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ void stRelaxedSysByte(unsigned char* p, u32 v) {
-  asm volatile("st.relaxed.sys.global.u8 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void stRelaxedSys(u64* p, u64 v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Thread 0 of every block: the fields of call `seq` (block 0 from the host, the others from
-// block 0's relay).  `cur`: this thread's copy of the last call's fields.
-// False: block 0 has left (the call is not coming).
-__device__ __forceinline__ bool awaitCall(const EngineArgs& g, u64 seq, u64 cur[4]) {
+// The blocks a call needs (the host's Engine.blocks_for computes the same).
+__device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
+  if (cmd == HC_ENGINE_STOP) return gridDim.x;
+  const u64 need = (packsOf(count) + blockDim.x - 1) / blockDim.x;
+  return need < 1 ? 1 : (need > gridDim.x ? gridDim.x : need);
+}
+
+// Thread 0: the next call this block takes part in, into field[0..4] = { in, out, count, cmd,
+// seq }.  `cur`: block 0's copy of the last desc; `last`: the last call this block ran.
+__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[4], u64 field[5]) {
   if (blockIdx.x == 0) {
+    const u64 seq = last + 1;  // block 0 takes part in every call
     u64 w;
     do w = ldAcquireSys(g.bell); while ((w >> 1) != seq);
     if (w & 1) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + 8 + i);  // desc, in flight together
     }
-    if (gridDim.x > 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) g.relay[i] = cur[i];
-      stReleaseGpu(g.relay + 4, seq);
-    }
-  } else {
-    u64 v;
-    while ((v = ldAcquireGpu(g.relay + 4)) != seq)
-      if (v == HC_RELAY_DEAD) return false;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cur[i] = *(volatile u64*)(g.relay + i);
+    for (int i = 0; i < 4; ++i) field[i] = cur[i];
+    field[4] = seq;
+    return;
   }
-  return true;
+  const u64* slot = g.relay + 8 * blockIdx.x;
+  u64 v;
+  while ((v = ldAcquireGpu(slot + 4)) == last) {
+  }
+  if (v == HC_RELAY_DEAD) {
+    field[3] = HC_ENGINE_STOP;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) field[i] = *(const volatile u64*)(slot + i);
+  field[4] = v;
 }
 
 template <int OP>
@@ -108,19 +125,23 @@ __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
-  __shared__ u64 field[4];
-  u64 cur[4] = {0, 0, 0, 0};  // thread 0's copy of the last call
-  unsigned char* done = (unsigned char*)(g.host + 16);
+  __shared__ u64 field[5];
+  u64 cur[4] = {0, 0, 0, 0};  // block 0's thread 0: the last desc read from the host
+  u64 last = g.seq0;          // the last call this block ran
+  u64* done = (u64*)(g.host + 16);
   Args a = a0;  // in, out, count change per call; iters is 1
-  for (u64 seq = g.seq0 + 1;; ++seq) {
-    if (threadIdx.x == 0) {
-      if (!awaitCall(g, seq, cur)) cur[3] = HC_ENGINE_STOP;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) field[i] = cur[i];
-    }
+  for (;;) {
+    if (threadIdx.x == 0) awaitCall(g, last, cur, field);
     __syncthreads();
-    const u64 cmd = field[3];
+    const u64 cmd = field[3], seq = field[4];
+    if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < blocksFor(field[2], cmd)) {
+      u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
+#pragma unroll
+      for (int i = 0; i < 4; ++i) slot[i] = field[i];
+      stReleaseGpu(slot + 4, seq);
+    }
     if (cmd == HC_ENGINE_STOP) return;
+    last = seq;
     a.in = (const void*)field[0];
     a.out = (void*)field[1];
     a.count = field[2];
@@ -136,12 +157,13 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     }
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
     if (!ok) {                   // a poll timed out (or the communicator was aborted)
-      if (blockIdx.x == 0 && threadIdx.x == 0) stReleaseGpu(g.relay + 4, HC_RELAY_DEAD);
+      if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
+        stReleaseGpu(g.relay + 8 * threadIdx.x + 4, HC_RELAY_DEAD);
       return;
     }
     if (threadIdx.x == 0) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
-      stRelaxedSysByte(done + blockIdx.x, (u32)(seq & 0xFF));
+      stRelaxedSys(done + blockIdx.x, seq);
     }
   }
 }

@@ -26,7 +26,8 @@ import time
 from ._driver import Args, check, host_device_pointer, libcuda
 from .errors import CollectiveTimeout
 
-HOST_BYTES = 256  # mapped host memory per engine: bell [0, 8), desc [64, 96), done [128, 136)
+HOST_BYTES = 256  # mapped host memory per engine: bell [0, 8), desc [64, 96), done [128, 192)
+MAX_BLOCKS = 8
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
 BLOCK = 512
@@ -56,7 +57,7 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error, host: int, doorbell: str = "host"):
+                 host_error, host: int, doorbell: str = "host", esize: int = 4):
         """host: HOST_BYTES of mapped host memory, owned by the caller (freeing pinned memory
         synchronizes the device, so it must outlive every engine).
         doorbell: how a call is posted and ordered after the caller's stream.
@@ -78,13 +79,13 @@ class Engine:
         ctypes.memset(self._host, 0, HOST_BYTES)
         self._bell = ctypes.c_uint64.from_address(self._host)
         self._desc = (ctypes.c_uint64 * 4).from_address(self._host + 64)
-        self._done = ctypes.c_uint64.from_address(self._host + 128)
+        self._done = (ctypes.c_uint64 * MAX_BLOCKS).from_address(self._host + 128)
+        self._done0 = ctypes.c_uint64.from_address(self._host + 128)
+        self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
-        self._relay = cupy.zeros(8, dtype=cupy.uint64)  # block 0 -> the other blocks; [6]: "stream" bell
+        self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
         self.doorbell = doorbell
         self._bell_dev = self._relay.data.ptr + 48
-        self._mask = (1 << (8 * blocks)) - 1
-        self._ones = 0x0101010101010101 & self._mask
         self._capturing = ctypes.c_int()
         self._capturing_ref = ctypes.byref(self._capturing)
         # non-blocking: the legacy default stream must never wait for this kernel
@@ -107,6 +108,11 @@ class Engine:
         check(self._lib.cuStreamIsCapturing(stream, self._capturing_ref), "cuStreamIsCapturing")
         return self._capturing.value != 0
 
+    def blocks_for(self, count: int) -> int:
+        """The blocks a call of `count` elements needs (cuda/persistent.cu, blocksFor)."""
+        need = ((count * self.esize + 15) // 16 + BLOCK - 1) // BLOCK
+        return min(self.blocks, max(1, need))
+
     def call(self, in_ptr: int, out_ptr: int, count: int, op: str, stream: int) -> bool:
         """Run one Allreduce after `stream`'s earlier work; return when it has finished (True),
         or when a poll of the engine timed out (False: the caller raises from the error record)."""
@@ -118,7 +124,7 @@ class Engine:
                     check(res, "cuStreamQuery")
                 check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
         self._post(in_ptr, out_ptr, count, CMD_OF_OP[op], stream)
-        if not self._wait():
+        if not self._wait(self.blocks_for(count)):
             return False
         self.calls += 1
         return True
@@ -137,15 +143,23 @@ class Engine:
         else:  # written by the GPU after the stream's earlier work (the default flag: after a fence)
             check(self._lib.cuStreamWriteValue64_v2(stream, self._bell_dev, bell, 0), "cuStreamWriteValue64")
 
-    def _wait(self) -> bool:
-        want = ((self.seq & 0xFF) * self._ones) & self._mask
-        done, mask = self._done, self._mask
-        for _ in range(2000):  # the common case: done within a few microseconds
-            if done.value & mask == want:
-                return True
+    def _finished(self, nb: int) -> bool:
+        seq, done = self.seq, self._done
+        return all(done[b] == seq for b in range(nb))
+
+    def _wait(self, nb: int) -> bool:
+        """Until blocks 0..nb-1 have finished call self.seq; False when a poll timed out."""
+        seq = self.seq
+        if nb == 1:  # calls of <= 8 KiB: one word
+            d = self._done0
+            for _ in range(2000):  # the common case: done within a few microseconds
+                if d.value == seq:
+                    return True
+        elif any(self._finished(nb) for _ in range(500)):
+            return True
         deadline = time.perf_counter() + self._timeout + 5.0
         n = 0
-        while done.value & mask != want:
+        while not self._finished(nb):
             n += 1
             if n & 1023 == 0:
                 if self._host_error():

@@ -359,7 +359,11 @@ class _FastCall:
     def matches(self, sendbuf, recvbuf, op, root, algo, det) -> bool:
         if self.recv() is not recvbuf or self.send() is not sendbuf:
             return False
-        if _sig(recvbuf) != self.recv_sig or (self.send_sig is not None and _sig(sendbuf) != self.send_sig):
+        sig = self.recv_sig
+        if recvbuf.data.ptr != sig[0] or recvbuf.size != sig[1] or recvbuf.dtype != sig[2]:
+            return False
+        sig = self.send_sig
+        if sig is not None and (sendbuf.data.ptr != sig[0] or sendbuf.size != sig[1] or sendbuf.dtype != sig[2]):
             return False
         a = self.args
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det

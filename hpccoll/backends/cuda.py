@@ -16,6 +16,7 @@ from .._engine import HOST_BYTES, Engine
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
+from ..ops import np_dtype
 from ..errors import CollectiveTimeout
 
 __all__ = ["CudaBackend", "CudaUnavailable"]
@@ -97,11 +98,17 @@ def grid_block_cap(devices: Sequence[int], sms: Sequence[int]) -> tuple[int, int
     return per_gpu, max(1, min(128, *sms) // per_gpu)
 
 
-def _stream_ptr(stream) -> int:
-    import cupy
+_current_stream = None  # cupy.cuda.get_current_stream, looked up once
 
+
+def _stream_ptr(stream) -> int:
+    global _current_stream
     if stream is None:
-        return cupy.cuda.get_current_stream().ptr
+        if _current_stream is None:
+            import cupy
+
+            _current_stream = cupy.cuda.get_current_stream
+        return _current_stream().ptr
     if isinstance(stream, int):
         return stream
     for attr in ("ptr", "cuda_stream", "handle"):
@@ -131,20 +138,24 @@ class EnginePlan:
     """FastLaunch's counterpart for a call a running engine takes: posted to the engine, or
     launched as usual (`fallback`) while the stream is being captured into a graph."""
 
-    __slots__ = ("backend", "engine", "in_ptr", "out_ptr", "count", "op", "fallback")
+    __slots__ = ("backend", "engine", "in_ptr", "out_ptr", "count", "op", "fallback", "_err")
 
     def __init__(self, backend, engine, in_ptr, out_ptr, count, op, fallback: FastLaunch):
         self.backend, self.engine, self.fallback = backend, engine, fallback
         self.in_ptr, self.out_ptr, self.count, self.op = in_ptr, out_ptr, count, op
+        self._err = backend.ws.host_error
 
     def launch(self, stream) -> None:
-        self.backend.check_error()
+        backend = self.backend
+        if backend._broken or self._err():
+            backend.check_error()
         s = _stream_ptr(stream)
         eng = self.engine
-        if not eng.running or eng.capturing(s):
+        if not eng.running or (s and eng.capturing(s)):
             self.fallback.launch(stream)
             return
-        self.backend._engine_call(eng, self.in_ptr, self.out_ptr, self.count, self.op, s)
+        if not eng.call(self.in_ptr, self.out_ptr, self.count, self.op, s):
+            backend.check_error()  # a poll timed out: raises CollectiveTimeout with its record
 
 
 class CudaBackend:
@@ -298,11 +309,13 @@ class CudaBackend:
 
         if self._engines:
             # engine calls have finished when they return: only launches need waiting for
-            s = _stream_ptr(stream)
-            if s in self._pending:
-                cupy.cuda.runtime.streamSynchronize(s)
-                self._pending.discard(s)
-            self.check_error()
+            if self._pending:
+                s = _stream_ptr(stream)
+                if s in self._pending:
+                    cupy.cuda.runtime.streamSynchronize(s)
+                    self._pending.discard(s)
+            if self._broken or self.ws.host_error():
+                self.check_error()
             return
         if stream is None:
             cupy.cuda.get_current_stream().synchronize()
@@ -583,7 +596,7 @@ class CudaBackend:
             self._engine_host = cupy.cuda.runtime.hostAlloc(HOST_BYTES * ENGINES, 2)  # mapped; freed in free()
         eng = Engine(self._engine_module(dtype).fn("hc_engine"), a, blocks, self._engine_epochs[k], max_bytes,
                      self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + HOST_BYTES * k,
-                     _env.engine_doorbell())
+                     _env.engine_doorbell(), np_dtype(dtype).itemsize)
         self._engines[dtype] = (eng, k)
         self._set_cap()
 

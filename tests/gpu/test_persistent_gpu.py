@@ -216,3 +216,27 @@ def test_engine_peer_that_never_calls_times_out():
                 c.Allreduce(x, cp.empty_like(x))
     finally:
         c.Free()
+
+
+def test_engine_blocks_skip_and_rejoin(cc):
+    """Calls of <= 8 KiB run on block 0 alone, larger ones on more blocks: 300 calls of random
+    sizes switch between the two, so blocks skip calls and rejoin later (their epochs come from
+    the call's sequence number), every result checked bitwise."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 21])
+    pick = np.random.default_rng(5)  # the same sizes on every rank
+    bufs = {n: (cp.empty(n, np.float32), cp.empty(n, np.float32)) for n in (3, 700, 2048, 2049, 6000, 65536)}
+    sizes = list(bufs)
+    with cc.persistent("float32"):
+        eng = _engine(cc, "float32")
+        before = eng.calls
+        for i in range(300):
+            n = sizes[pick.integers(len(sizes))]
+            x = rng.standard_normal(n).astype(np.float32)
+            ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
+            dx, out = bufs[n]
+            dx.set(x)
+            cc.Allreduce(dx, out)
+            _check(cp.asnumpy(out), ref, f"call {i} n={n} ({eng.blocks_for(n)} block(s))")
+        assert eng.calls - before == 300
