@@ -35,6 +35,7 @@ def _median_us(fn, n: int) -> float:
 def main() -> int:
     import cupy as cp
 
+    import hpccoll
     from hpccoll import bench
     from hpccoll._driver import Module, launch_raw
     from hpccoll._engine import _driver_fns
@@ -138,6 +139,10 @@ def main() -> int:
                    _median_us(lambda: plan.launch(None), opts.n))
             record("engine", f"{doorbell} doorbell: synchronize alone",
                    _median_us(comm.synchronize, opts.n))
+            fast, op = comm._fast["Allreduce"], hpccoll.SUM
+            record("python", "the fast path's argument match (_FastCall.matches)",
+                   _median_us(lambda: fast.matches(x, y, op, None, "auto", False), opts.n))
+            record("python", "an empty call (the timer's own cost)", _median_us(lambda: None, opts.n))
             record("engine", f"{doorbell} doorbell: Allreduce 1 KiB, no synchronize",
                    _median_us(lambda: comm.Allreduce(x, y), opts.n))
             ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))

@@ -175,23 +175,24 @@ class Communicator:
         return f"<hpccoll.Communicator rank {self.rank}/{self.size} backend={self.backend}>"
 
     # -- collectives -----------------------------------------------------------
-    def _run(self, name, sendbuf, recvbuf, *, op=None, root=None, algorithm=None,
+    def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
              deterministic=None, stream=None):
-        if self._freed:
-            raise HpccollError(f"{name}: this communicator was freed")
         algo = self.algorithm if algorithm is None else algorithm
         det = self.deterministic if deterministic is None else bool(deterministic)
-        fast = self._fast.get(name)
+        fast = self._fast.get(name)  # (Free() empties it: a freed communicator never matches)
         repeat = fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det)
         if repeat and fast.plan is not None:
             # the eager fast path: the same buffers, arguments and policy as the last call
-            if not self._lock.acquire(blocking=False):
+            lock = self._lock
+            if not lock.acquire(blocking=False):
                 raise _in_flight(name)
             try:
                 fast.plan.launch(stream)
             finally:
-                self._lock.release()
+                lock.release()
             return
+        if self._freed:
+            raise HpccollError(f"{name}: this communicator was freed")
         call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
         if self.check:
             check_agreement(self._comm, call)
@@ -226,8 +227,7 @@ class Communicator:
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
         """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
-        self._run("Allreduce", sendbuf, recvbuf, op=op, algorithm=algorithm,
-                  deterministic=deterministic, stream=stream)
+        self._run("Allreduce", sendbuf, recvbuf, op, None, algorithm, deterministic, stream)
 
     def Bcast(self, buf, root: int = 0, *, algorithm=None, deterministic=None, stream=None):
         """Copy buf from root to every rank."""
@@ -360,10 +360,11 @@ class _FastCall:
         if self.recv() is not recvbuf or self.send() is not sendbuf:
             return False
         sig = self.recv_sig
-        if recvbuf.data.ptr != sig[0] or recvbuf.size != sig[1] or recvbuf.dtype != sig[2]:
+        # dtype by identity: an array's dtype object changes only when its dtype is reassigned
+        if recvbuf.data.ptr != sig[0] or recvbuf.size != sig[1] or recvbuf.dtype is not sig[2]:
             return False
         sig = self.send_sig
-        if sig is not None and (sendbuf.data.ptr != sig[0] or sendbuf.size != sig[1] or sendbuf.dtype != sig[2]):
+        if sig is not None and (sendbuf.data.ptr != sig[0] or sendbuf.size != sig[1] or sendbuf.dtype is not sig[2]):
             return False
         a = self.args
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _env, select
 from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
-from .._engine import HOST_BYTES, Engine
+from .._engine import CMD_OF_OP, HOST_BYTES, Engine
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -138,11 +138,12 @@ class EnginePlan:
     """FastLaunch's counterpart for a call a running engine takes: posted to the engine, or
     launched as usual (`fallback`) while the stream is being captured into a graph."""
 
-    __slots__ = ("backend", "engine", "in_ptr", "out_ptr", "count", "op", "fallback", "_err")
+    __slots__ = ("backend", "engine", "call", "nb", "fallback", "_err")
 
     def __init__(self, backend, engine, in_ptr, out_ptr, count, op, fallback: FastLaunch):
         self.backend, self.engine, self.fallback = backend, engine, fallback
-        self.in_ptr, self.out_ptr, self.count, self.op = in_ptr, out_ptr, count, op
+        self.call = (in_ptr, out_ptr, count, CMD_OF_OP[op])
+        self.nb = engine.blocks_for(count)
         self._err = backend.ws.host_error
 
     def launch(self, stream) -> None:
@@ -154,7 +155,7 @@ class EnginePlan:
         if not eng.running or (s and eng.capturing(s)):
             self.fallback.launch(stream)
             return
-        if not eng.call(self.in_ptr, self.out_ptr, self.count, self.op, s):
+        if not eng.call_cmd(self.call, s, self.nb):
             backend.check_error()  # a poll timed out: raises CollectiveTimeout with its record
 
 
