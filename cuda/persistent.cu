@@ -126,12 +126,22 @@ __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
   __shared__ u64 field[5];
+  // The call's Args in shared memory: in, out, count change per call, and the collective reads
+  // peers[] with a run-time index.  A copy in registers would go to local memory (that index),
+  // which lives in L1, and every call begins with an acquire that invalidates L1: each of those
+  // reads would be an L2 trip on the critical path.  Shared memory is not invalidated.
+  __shared__ Args a;
   u64 cur[4] = {0, 0, 0, 0};  // block 0's thread 0: the last desc read from the host
   u64 last = g.seq0;          // the last call this block ran
   u64* done = (u64*)(g.host + 16);
-  Args a = a0;  // in, out, count change per call; iters is 1
+  if (threadIdx.x == 0) a = a0;  // iters is 1
   for (;;) {
-    if (threadIdx.x == 0) awaitCall(g, last, cur, field);
+    if (threadIdx.x == 0) {
+      awaitCall(g, last, cur, field);
+      a.in = (const void*)field[0];
+      a.out = (void*)field[1];
+      a.count = field[2];
+    }
     __syncthreads();
     const u64 cmd = field[3], seq = field[4];
     if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < blocksFor(field[2], cmd)) {
@@ -142,9 +152,6 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     }
     if (cmd == HC_ENGINE_STOP) return;
     last = seq;
-    a.in = (const void*)field[0];
-    a.out = (void*)field[1];
-    a.count = field[2];
     const u64 e = g.epoch0 + (seq - g.seq0 - 1);
     // No abort check up front (an L2 trip per call): a running engine's polls see the flag
     // within 256 spins, and a block that timed out has left.

@@ -79,8 +79,7 @@ class Engine:
         ctypes.memset(self._host, 0, HOST_BYTES)
         self._bell = ctypes.c_uint64.from_address(self._host)
         self._desc = (ctypes.c_uint64 * 4).from_address(self._host + 64)
-        self._done = (ctypes.c_uint64 * MAX_BLOCKS).from_address(self._host + 128)
-        self._done0 = ctypes.c_uint64.from_address(self._host + 128)
+        self._done = [ctypes.c_uint64.from_address(self._host + 128 + 8 * b) for b in range(MAX_BLOCKS)]
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
         self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
@@ -130,12 +129,15 @@ class Engine:
                     check(res, "cuStreamQuery")
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
         seq = self._post(call, stream)
-        if nb == 1:  # the common case: one word, done within microseconds
-            d = self._done0
+        for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
             for _ in range(2000):
                 if d.value == seq:
-                    self.calls += 1
-                    return True
+                    break
+            else:
+                break
+        else:
+            self.calls += 1
+            return True
         if not self._wait(nb):
             return False
         self.calls += 1
@@ -158,8 +160,8 @@ class Engine:
         return seq
 
     def _finished(self, nb: int) -> bool:
-        seq, done = self.seq, self._done
-        return all(done[b] == seq for b in range(nb))
+        seq = self.seq
+        return all(d.value == seq for d in self._done[:nb])
 
     def _wait(self, nb: int) -> bool:
         """Until blocks 0..nb-1 have finished call self.seq; False when a poll timed out."""
