@@ -208,6 +208,30 @@ __device__ __forceinline__ u64 globaltimer() {
 
 __device__ __forceinline__ int ldVolatileInt(const int* p) { return *(const volatile int*)p; }
 
+// Scoped loads and stores of one u64 (the eager engine, cuda/persistent.cu, and its lab): .sys
+// for words the host shares through mapped memory, .gpu for words only this GPU's blocks share.
+__device__ __forceinline__ u64 ldAcquireSys(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ldAcquireGpu(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ldRelaxedSys(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void stReleaseGpu(u64* p, u64 v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void stRelaxedSys(u64* p, u64 v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // LL flag of an epoch: 1..2^32-1, never 0 (receive buffers start zeroed).
 __device__ __forceinline__ u32 llFlag(u64 epoch) { return (u32)(epoch % 0xFFFFFFFFull) + 1u; }
 

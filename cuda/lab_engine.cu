@@ -3,21 +3,12 @@
 // by the library.
 #include "hc_common.cuh"
 
-__device__ __forceinline__ u64 ldSys(const u64* p) {
-  u64 v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void stSys(u64* p, u64 v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // One thread: n dependent loads of a mapped host word (each address depends on the last value);
 // out[0] = ns per load.
 extern "C" __global__ void hc_lab_sysread(const u64* host, int n, u64* out) {
   u64 v = 0;
   const u64 t0 = globaltimer();
-  for (int i = 0; i < n; ++i) v = ldSys(host + (v & 1));
+  for (int i = 0; i < n; ++i) v = ldRelaxedSys(host + (v & 1));
   const u64 t1 = globaltimer();
   out[0] = (t1 - t0) / (u64)n;
   out[1] = v;
@@ -33,7 +24,7 @@ extern "C" __global__ void hc_lab_echo(const u64* in, u64* done, int n, int load
       bool all = true;
       u64 w[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) w[k] = k < loads ? ldSys(in + k) : (u64)i;
+      for (int k = 0; k < 4; ++k) w[k] = k < loads ? ldRelaxedSys(in + k) : (u64)i;
 #pragma unroll
       for (int k = 0; k < 4; ++k) all = all && w[k] == (u64)i;
       if (all) break;
@@ -43,6 +34,6 @@ extern "C" __global__ void hc_lab_echo(const u64* in, u64* done, int n, int load
       asm volatile("st.relaxed.sys.global.u8 [%0], %1;" ::"l"((unsigned char*)done + blockIdx.x), "r"((u32)i & 0xFF)
                    : "memory");
     else
-      stSys(done + blockIdx.x, (u64)i);
+      stRelaxedSys(done + blockIdx.x, (u64)i);
   }
 }

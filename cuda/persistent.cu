@@ -59,28 +59,6 @@ struct EngineArgs {
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
 };
 
-__device__ __forceinline__ u64 ldAcquireSys(const u64* p) {
-  u64 v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ u64 ldAcquireGpu(const u64* p) {
-  u64 v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ u64 ldRelaxedSys(const u64* p) {
-  u64 v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void stReleaseGpu(u64* p, u64 v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void stRelaxedSys(u64* p, u64 v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // The blocks a call needs (the host's Engine.blocks_for computes the same).
 __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
   if (cmd == HC_ENGINE_STOP) return gridDim.x;

@@ -22,3 +22,28 @@ def assert_close(got, ref, rtol, atol, err_msg=""):
         bad = np.flatnonzero(~ok)
         raise AssertionError(f"{err_msg}: {bad.size} of {ok.size} elements differ beyond rtol={rtol}, "
                              f"atol={atol}; first {bad[:5]}: got {got.ravel()[bad[:5]]}, want {ref.ravel()[bad[:5]]}")
+
+
+def random_data(rng, dtype: str, n: int, op: str):
+    """Fresh data; PROD gets values near 1 (and small ints) so products stay finite."""
+    from hpccoll.ops import np_dtype
+
+    if dtype.startswith("int"):
+        hi = 3 if op == "PROD" else 1 << 20
+        return rng.integers(-hi, hi, n).astype(dtype)
+    x = rng.standard_normal(n)
+    if op == "PROD":
+        x = 1.0 + 0.01 * x
+    return x.astype(np_dtype(dtype))
+
+
+def bits(a):
+    """The raw bits of an array, as unsigned integers of its element width."""
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD

@@ -13,6 +13,9 @@ import os
 import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
+from _gpu_checks import bits as _bits
+from _gpu_checks import random_data as _random
+from _gpu_checks import world as _world
 
 import hpccoll
 from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
@@ -32,36 +35,6 @@ INTS = ["int32", "int64"]
 DTYPES = FLOATS + INTS
 SIZES = [1, 7, 8, 1023, 4096, 65537, (1 << 18) + 3]
 ALGOS = ["oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128"]
-
-
-@pytest.fixture(scope="module")
-def cc():
-    c = hpccoll.Communicator(backend="cuda")
-    assert c.backend == "cuda", "the CUDA backend did not open"
-    yield c
-    c.Free()
-
-
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _random(rng, dtype: str, n: int, op: str):
-    """Fresh data; PROD gets values near 1 (and small ints) so products stay finite."""
-    if dtype in INTS:
-        hi = 3 if op == "PROD" else 1 << 20
-        return rng.integers(-hi, hi, n).astype(dtype)
-    x = rng.standard_normal(n)
-    if op == "PROD":
-        x = 1.0 + 0.01 * x
-    return x.astype(np_dtype(dtype))
-
-
-def _bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def _assert_bitwise(got, ref, what):

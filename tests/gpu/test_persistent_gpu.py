@@ -13,16 +13,12 @@ import hashlib
 import numpy as np
 import pytest
 
-import hpccoll
-from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
+from _gpu_checks import bits as _bits  # (importing it also pre-imports cupyx: see there)
+from _gpu_checks import random_data as _random
+from _gpu_checks import world as _world
 
-# Imported at collection, before any GPU work in this process: CuPy's operators import cupyx
-# (and through it scipy and numpy.testing) on first use, and on the 2026-11-30 machines source
-# files read by a process after GPU work came back with NUL bytes (test_cuda_collectives.py).
-try:
-    import cupyx.scipy.sparse  # noqa: F401
-except Exception:  # noqa: BLE001 - no CuPy here: the tests skip
-    pass
+import hpccoll
+from hpccoll.ops import OPS, reduce_in_rank_order
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
@@ -31,35 +27,6 @@ COUNTS = {"float32": [1, 3, 8, 1023, 2048, 2049, 16384 + 5, 65536],
           "bfloat16": [1, 7, 9, 4097, 131072],
           "float64": [1, 5, 1023, 32768],
           "int32": [1, 2, 4095, 65536]}
-
-
-@pytest.fixture(scope="module")
-def cc():
-    c = hpccoll.Communicator(backend="cuda")
-    assert c.backend == "cuda", "the CUDA backend did not open"
-    yield c
-    c.Free()
-
-
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _random(rng, dtype, n, op):
-    if dtype.startswith("int"):
-        hi = 3 if op == "PROD" else 1 << 20
-        return rng.integers(-hi, hi, n).astype(dtype)
-    x = rng.standard_normal(n)
-    if op == "PROD":
-        x = 1.0 + 0.01 * x
-    return x.astype(np_dtype(dtype))
-
-
-def _bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def _check(got, ref, what):
