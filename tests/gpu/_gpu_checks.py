@@ -7,6 +7,7 @@ work, the modules that the tests or CuPy import lazily later: on the nvidia-h200
 import contextlib
 
 import numpy as np
+import pytest
 
 for _name in ("numpy.testing", "scipy.sparse", "scipy.linalg", "cupyx", "cupyx.scipy.linalg",
               "cupyx.scipy.sparse", "torch"):
@@ -47,3 +48,15 @@ def world():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def cc():
+    """A CUDA-backend Communicator over MPI.COMM_WORLD, one per test module (import it into the
+    module: a tests/gpu/conftest.py would shadow tests/conftest.py, which tests/mpi imports)."""
+    import hpccoll
+
+    c = hpccoll.Communicator(backend="cuda")
+    assert c.backend == "cuda", "the CUDA backend did not open"
+    yield c
+    c.Free()

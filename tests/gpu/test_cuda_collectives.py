@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
 from _gpu_checks import bits as _bits
+from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 

@@ -13,7 +13,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from _gpu_checks import bits as _bits  # (importing it also pre-imports cupyx: see there)
+from _gpu_checks import bits as _bits
+from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture  # (importing it also pre-imports cupyx: see there)
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
