@@ -279,9 +279,11 @@ class Communicator:
         if self._freed:
             raise HpccollError("start_persistent: this communicator was freed")
         name = dtype_name(dtype)
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= 8:
-            raise ValueError(f"start_persistent: blocks={blocks!r}: pass an int from 1 to 8")
+        from ._engine import MAX_BLOCKS
         from .backends.cuda import S_ENGINE
+
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
+            raise ValueError(f"start_persistent: blocks={blocks!r}: pass an int from 1 to {MAX_BLOCKS}")
 
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
             raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")

@@ -219,7 +219,7 @@ class CudaBackend:
         self._engines: dict[str, tuple[Engine, int]] = {}  # dtype -> (engine, its region index)
         self._engine_epochs = [0] * ENGINES  # epochs each engine region has consumed
         self._pending: set[int] = set()  # streams launched on while engines run, not yet synchronized
-        self._engine_host = 0  # mapped host memory of the engines' doorbells (128 B each)
+        self._engine_host = 0  # mapped host memory of the engines (HOST_BYTES each)
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
     def _open_nccl_fallback(self, mpi_comm):
@@ -331,21 +331,18 @@ class CudaBackend:
             raise ValueError(f"{call.name}: buffers are on GPU {call.recv.device} but this rank's "
                              f"communicator uses GPU {self.device_id}: allocate them there")
         op = call.op.name if call.op else None
-        if self._engines and iters == 1:
-            eng = self._engine_for(call, algorithm)
-            if eng is not None:
-                s = _stream_ptr(stream)
-                if not eng.capturing(s):
-                    self._engine_call(eng, call.send.flat.data.ptr, call.recv.flat.data.ptr,
-                                      call.recv.flat.size, op, s)
-                    return
-        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        s = _stream_ptr(stream)
         if self._engines:
-            self._pending.add(_stream_ptr(stream))
+            eng = self._engine_for(call, algorithm) if iters == 1 else None
+            if eng is not None and not eng.capturing(s):
+                if not eng.call(call.send.flat.data.ptr, call.recv.flat.data.ptr, call.recv.flat.size, op, s):
+                    self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
+                return
+            self._pending.add(s)
+        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
         if algo == "nccl":
             self._nccl.run(call, deterministic, "auto", stream, iters)
             return
-        s = _stream_ptr(stream)
         getattr(self, "_" + call.name.lower())(call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
@@ -535,17 +532,18 @@ class CudaBackend:
         entry = self._engines.get(call.recv.dtype)
         if entry is None:
             return None
-        eng = entry[0]
+        eng = entry[0]  # (the callers have checked the buffers' GPU)
         send, recv = call.send.flat, call.recv.flat
-        if not eng.running or call.recv.device != self.device_id or not 0 < recv.nbytes <= eng.max_bytes:
+        if not eng.running or not 0 < recv.nbytes <= eng.max_bytes:
             return None
         if not (self._aligned(send) and self._aligned(recv)):
             return None
         return eng
 
-    def _engine_call(self, eng: Engine, in_ptr: int, out_ptr: int, count: int, op: str, s: int) -> None:
-        if not eng.call(in_ptr, out_ptr, count, op, s):
-            self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
+    def _free_regions(self) -> list[int]:
+        """The engine regions no running engine uses."""
+        used = {k for _, k in self._engines.values()}
+        return [k for k in range(ENGINES) if k not in used]
 
     def start_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
         """Start the eager engine for `dtype` (collective; arguments validated by the caller)."""
@@ -557,8 +555,7 @@ class CudaBackend:
                              + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs)))
         if dtype in self._engines:
             raise ValueError(f"start_persistent: an engine for {dtype} already runs on this communicator")
-        free = [k for k in range(ENGINES) if k not in {k2 for _, k2 in self._engines.values()}]
-        if not free:
+        if not self._free_regions():
             raise ValueError(f"start_persistent: at most {ENGINES} engines (dtypes) run at once; "
                              "stop_persistent one first")
         per_rank = self._min_sms // self.ranks_per_gpu
@@ -574,8 +571,8 @@ class CudaBackend:
         running = [(d, e.blocks, e.max_bytes) for d, (e, _) in self._engines.items()]
         self.stop_engines()
         self._module(dtype)
-        self._engine_module(dtype).fn("hc_engine")
-        self._preload()
+        self._engine_module(dtype)
+        self._preload()  # (hc_engine included)
         self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
         for d, b, m in running + [mine]:
             self._launch_engine(d, b, m)
@@ -588,7 +585,7 @@ class CudaBackend:
                     mod.fn(name)
 
     def _launch_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
-        k = next(k for k in range(ENGINES) if k not in {k2 for _, k2 in self._engines.values()})
+        k = self._free_regions()[0]
         a = self.ws.kernel_args(self.timeout_ns)
         a.region, a.sub = self.layout.engine[k], self.layout.sub_engine
         if self._engine_host == 0:
