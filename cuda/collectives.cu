@@ -148,8 +148,17 @@ __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const
 #define HC_ONESHOT_BURST 0
 #endif
 
+// In an in-kernel loop (`iters` > 1) on LL, a kept pack of collective it+1 leaves as soon as
+// the same pack of collective it has arrived from every peer (recvReduce's `then`), before the
+// reduction and the result's store: the loop's critical path from one collective to the next
+// is then the poll and two stores, not the reduction, the store and this buffer's set-up
+// (2xH200, 615aa1e: one-shot LL took 1.21-1.29 us per op in-kernel, a bare send/poll loop
+// 0.75-0.88).  The credit holds as in oneShotLoopFence: the thread that received p at e sends
+// p at e+1.  Sentinel slots are re-armed, and the re-arm must be fenced before the next send,
+// so sentinel sends at the top of each iteration, after the fence.
 template <class Proto, int OP>
 __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+  constexpr bool kEarly = !Proto::kRearms;
   const u64 T = nthreads(), p0 = tid();
   Pack x[HC_ONESHOT_KEEP];
   x[0] = first;
@@ -159,20 +168,24 @@ __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, P
     if (p0 + k * T < packs) x[k] = loadPack(a.in, a.count, p0 + k * T);
 #endif
   for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
-    LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
+    const LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
 #pragma unroll
     for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
       const u64 p = p0 + k * T;
-      if (p >= packs) break;
+      if (p >= packs || (kEarly && it > 0)) break;  // (LL: sent early by the previous iteration)
       if (!HC_ONESHOT_BURST && k > 0 && it == 0) x[k] = loadPack(a.in, a.count, p);
       buf.bcast(p, x[k]);
     }
+    const LLBuffer<Proto> next(a, a.region, a.sub, e0 + it + 1, HC_COLL_ALLREDUCE);  // (set up during the poll)
+    const bool more = kEarly && it + 1 < a.iters;
 #pragma unroll
     for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
       const u64 p = p0 + k * T;
       if (!ok || p >= packs) break;
       Pack y;
-      ok = buf.template recvReduce<OP>(p, x[k], y);
+      ok = buf.template recvReduce<OP>(p, x[k], y, [&] {
+        if (more) next.bcast(p, x[k]);
+      });
       if (ok) storePack(a.out, a.count, p, y);
     }
   }

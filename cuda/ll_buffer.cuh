@@ -125,14 +125,19 @@ struct LLBuffer {
   // Why: the loop on the earlier primitives (peers[] indexed with a runtime rank inside every
   // poll sweep, an 8-way predicated sweep even for 2 ranks) took 1.65-3.4 us per op in-kernel
   // where a stripped loop took 0.83-0.88 (bench/results/2026-11-30-h200x2-*-latency-lab*).
+  // `pair`: with two ranks, the peer's sub-buffer for me, so that a send is an add and its
+  // stores (the peer's base is a constant-bank load indexed by our rank, itself a load).
   char* mine;
   u64 sendOff;
+  char* pair;
 
   __device__ LLBuffer(const Args& args, u64 regionOff, u64 subBytes, u64 ep, int collective)
       : a(args), sub(subBytes), flag(llFlag(ep)), coll(collective) {
     const u64 par = (ep & 1) * (u64)args.nranks;
     mine = args.peers[args.rank] + regionOff + par * subBytes;
     sendOff = regionOff + (par + (u64)args.rank) * subBytes;
+    pair = args.peers[args.rank ^ 1] + sendOff;  // (used only when nranks == 2)
+    asm volatile("" : "+l"(pair));  // computed here: the compiler would redo both loads at each send
   }
 
   __device__ __forceinline__ char* mySlot(int src, u64 slot) const {
@@ -145,7 +150,7 @@ struct LLBuffer {
 
   __device__ __forceinline__ void bcast(u64 slot, Pack v) const {
     if (a.nranks == 2) {  // the common case: one peer, no loop
-      send(a.rank ^ 1, slot, v);
+      Proto::write(pair + slot * Proto::kBytesPerPack, v, flag);
       return;
     }
 #pragma unroll
@@ -168,25 +173,31 @@ struct LLBuffer {
     for (u64 i = 0; i < count; ++i) reset(src, start + i * stride);
   }
 
-  // Poll my sub-buffer of `src` until valid; re-arm it.  False on timeout/abort.
-  __device__ __forceinline__ bool recv(int src, u64 slot, Pack& v) const {
+  // Poll my sub-buffer of `src` until valid; re-arm it; then run `then()` (see recvReduce).
+  // False on timeout/abort.
+  template <class Then>
+  __device__ __forceinline__ bool recv(int src, u64 slot, Pack& v, Then then) const {
     const char* p = mySlot(src, slot);
     const u32 f = flag;
     if (!boundedPoll(a, coll, [&] { return src; }, slot, [&] { return Proto::readOnce(p, f, v); })) return false;
     rearm(p);
+    then();
     return true;
   }
+  __device__ __forceinline__ bool recv(int src, u64 slot, Pack& v) const { return recv(src, slot, v, [] {}); }
 
   // Receive slot `slot` from every peer, reduce in rank order 0..nranks-1 with `own` at
   // position rank.  Two ranks: one direct poll.  More: all peers polled in one sweep so their
-  // latencies overlap.
-  template <int OP>
-  __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc) const {
+  // latencies overlap.  `then()` runs once every peer's data is in and re-armed, before the
+  // reduction: where the next collective's sends may leave (allreduceOneShotKept), they leave
+  // there, off the reduction's and the result store's path.
+  template <int OP, class Then>
+  __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc, Then then) const {
     const u32 f = flag;
     if (a.nranks == 2) {
       const int peer = a.rank ^ 1;
       Pack v;
-      if (!recv(peer, slot, v)) return false;
+      if (!recv(peer, slot, v, then)) return false;
       acc = a.rank == 0 ? combinePack<OP>(own, v) : combinePack<OP>(v, own);
       return true;
     }
@@ -207,10 +218,15 @@ struct LLBuffer {
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
       if (r < a.nranks && r != a.rank) rearm(base + (u64)r * sub);
+    then();
     acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
 #pragma unroll
     for (int r = 1; r < HC_MAX_RANKS; ++r)
       if (r < a.nranks) acc = combinePack<OP>(acc, r == a.rank ? own : v[r]);
     return true;
+  }
+  template <int OP>
+  __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc) const {
+    return recvReduce<OP>(slot, own, acc, [] {});
   }
 };

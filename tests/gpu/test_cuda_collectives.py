@@ -241,6 +241,44 @@ def test_back_to_back_varying_sizes(cc):
     assert int(mism.get()[0]) == 0
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+def test_in_kernel_loops(cc, algo):
+    """The benchmark's in-kernel mode: `iters` collectives in one launch (the loop module).  One-
+    shot LL sends collective i+1 as soon as collective i's pack has arrived (collectives.cu,
+    allreduceOneShotKept).  Odd loop lengths (the parity ends flipped), odd sizes from one pack
+    to several per thread, fresh data every time, bitwise against the host; a plain call after
+    each loop checks that the epochs went on consistently."""
+    import cupy as cp
+
+    from hpccoll._validate import prepare
+
+    rng = np.random.default_rng([cc.rank, 17, ALGOS.index(algo)])
+    det = "ll128" not in algo
+    dev = cc._device
+    s = cp.cuda.Stream(non_blocking=True)
+    for iters in (2, 7, 100):
+        for n in (1, 7, 1023, 4099, 65537, 300001):
+            x = _random(rng, "float32", n, "SUM")
+            ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
+            dx, out = cp.asarray(x), cp.zeros(n, cp.float32)
+            dev.run(prepare("Allreduce", cc.size, dx, out, op=hpccoll.SUM), det, algo, s, iters=iters)
+            cc.synchronize(s)
+            what = f"{algo} iters={iters} n={n} rank {cc.rank}"
+            got = cp.asnumpy(out)
+            if det:
+                _assert_bitwise(got, ref, what)
+            else:
+                _assert_close(got, ref, rtol=1e-5, atol=1e-5 * cc.size * 4, err_msg=what)
+            _same_on_all_ranks(got, what)
+            y = _random(rng, "float32", n, "SUM")
+            out2 = cp.empty(n, cp.float32)
+            cc.Allreduce(cp.asarray(y), out2, algorithm=algo, deterministic=det)
+            cc.synchronize()
+            ref2 = reduce_in_rank_order(OPS["SUM"], _world().allgather(y))
+            if det:
+                _assert_bitwise(cp.asnumpy(out2), ref2, what + ", the call after it")
+
+
 @pytest.mark.parametrize("dtype", ["float64", "int32"])
 def test_bcast_many_chunks(cc, dtype):
     """A Bcast of several of its 2 MiB chunks (one launch walks them, an arrival round trip
