@@ -7,7 +7,10 @@ one run - to find where hpccoll's in-kernel time (2.3-3.7 us) exceeds SoL (0.84 
 Variants: `min` (send, poll, re-arm, reduce in rank order; nothing else), `timer` (min + the
 bounded poll's timer and abort-flag checks every 256 spins), `prims` (the same loop on the
 LLBuffer primitives), `prims_ld` (prims + the input re-read twice per op, as hpccoll does),
-`full` (hpccoll's allreduceOneShot launched like the others).  Each result is checked bitwise
+`full` (hpccoll's allreduceOneShot launched like the others); `hpccoll_ll` (the library's one-shot
+LL, which sends the next collective as soon as a pack arrived) against the same loop stripped:
+`ll_min`, `ll_timer` (+ the bounded poll's checks), `ll_late` (the next send after the reduction
+and the store).  Each result is checked bitwise
 against the rank-order sum.  Per-op µs = event time of one launch of `iters` ops / iters,
 median of 5, MAX over ranks, every launch preceded by a device barrier (bench._align)."""
 from __future__ import annotations
@@ -38,7 +41,16 @@ def main() -> int:
     mod = Module(compile_module("lab_latency.cu", "float32", dev.arch))
     names = ("min", "timer", "prims", "prims_ld", "full")
     variants = {v: mod.fn(f"hc_lab_oneshot_{v}") for v in names}
+    ll_names = ("ll_min", "ll_timer", "ll_late")
+    ll_variants = {v: mod.fn(f"hc_lab_{v}") for v in ll_names}
     _cap, region, _region2 = dev.layout.allreduce["oneshot_sentinel"]
+    ll_region = dev.layout.allreduce["oneshot_ll"][1]
+    epochs = [3_000_000_000]  # the LL variants' epochs: a fresh range per launch (lab_latency.cu)
+
+    def ll_base() -> ctypes.c_uint64:
+        epochs[0] += K + 2
+        return ctypes.c_uint64(epochs[0])
+
     base = dev._launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
     s = cp.cuda.Stream(non_blocking=True)
     out = cp.zeros(4, cp.uint64)
@@ -62,6 +74,13 @@ def main() -> int:
         comm.synchronize(s)
         row["hpccoll_ok"] = bool(mpi.allreduce(int(np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))),
                                                op=_min()))
+        y.fill(0)
+        dev.run(call, True, "oneshot_ll", s, iters=2)
+        comm.synchronize(s)
+        row["hpccoll_ll_us"] = bench._time_events(mpi, s, lambda: dev.run(call, True, "oneshot_ll", s, iters=K), K, 1)
+        comm.synchronize(s)
+        row["hpccoll_ll_ok"] = bool(mpi.allreduce(int(np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))),
+                                                  op=_min()))
         a = Args()
         ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base), ctypes.sizeof(Args))
         a.in_, a.out, a.count, a.iters = x.data.ptr, y.data.ptr, n, K
@@ -78,13 +97,26 @@ def main() -> int:
             good = int(out[1].get()) == 0 and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
             row[f"{name}_us"] = t
             row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
+        a_ll = Args.from_buffer_copy(a)
+        a_ll.region, a_ll.sub = ll_region
+        for name, f in ll_variants.items():
+            y.fill(0)
+            out.fill(0)
+            cp.cuda.runtime.deviceSynchronize()
+            mpi.Barrier()
+            t = bench._time_events(mpi, s, lambda f=f: launch_raw(f, 1, block, s.ptr, a_ll, ctypes.c_void_p(out.data.ptr),
+                                                                  ll_base()), K, 1)
+            s.synchronize()
+            good = int(out[1].get()) == 0 and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
+            row[f"{name}_us"] = t
+            row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
         rows.append(row)
         say(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    say(f"{'bytes':>7} {'hpccoll':>9} " + " ".join(f"{v:>9}" for v in names)
-        + f"   (us per op, in-kernel; SoL {sol.get('sol_us')})")
+    cols = ("hpccoll",) + names + ("hpccoll_ll",) + ll_names
+    say(f"{'bytes':>7} " + " ".join(f"{v:>10}" for v in cols) + f"   (us per op, in-kernel; SoL {sol.get('sol_us')})")
     for r in rows:
-        say(f"{r['bytes']:>7} {r['hpccoll_us']:>9.3f} " + " ".join(f"{r[v + '_us']:>9.3f}" for v in names)
-            + "   ok " + " ".join(str(r[k + "_ok"]) for k in ("hpccoll",) + names))
+        say(f"{r['bytes']:>7} " + " ".join(f"{r[v + '_us']:>10.3f}" for v in cols)
+            + "   ok " + " ".join(str(r[k + "_ok"]) for k in cols))
     bench.write_lab_json(comm, opts, sol, rows, "bench/latency_lab.py")
     comm.Free()
     return 0

@@ -60,15 +60,48 @@ __device__ __forceinline__ void storePack(void* base, u64 count, u64 p, Pack v) 
   if ((p + 1) * HC_EPP <= count) stPack(y, v); else stPartial(y, v, (int)(count - p * HC_EPP));
 }
 
+// Where a one-shot's packs come from and go (its `io`).  Flat: one call's buffers, in Args.
+// Segments: the calls of a group (Communicator.group, hc_common.cuh's Group) laid end to end,
+// each from a pack boundary, so that one launch, one epoch and one pass over the slots carry
+// them all: pack p of the launch is pack p - start[j] of call j.
+struct Flat {
+  const Args& a;
+  __device__ u64 packs() const { return packsOf(a.count); }
+  __device__ Pack load(u64 p) const { return loadPack(a.in, a.count, p); }
+  __device__ void store(u64 p, Pack v) const { storePack(a.out, a.count, p, v); }
+};
+
+struct Segments {
+  const Group& g;
+  __device__ u64 packs() const { return g.start[g.n]; }
+  __device__ int callOf(u64 p) const {  // the last j with start[j] <= p (binary search: n <= 32)
+    int lo = 0, hi = g.n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (g.start[mid] <= p) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+  __device__ Pack load(u64 p) const {
+    const int j = callOf(p);
+    return loadPack(g.in[j], g.count[j], p - g.start[j]);
+  }
+  __device__ void store(u64 p, Pack v) const {
+    const int j = callOf(p);
+    storePack(g.out[j], g.count[j], p - g.start[j], v);
+  }
+};
+
 // This thread's first input pack (zeros past the end), loaded at kernel start before the
 // epoch and abort words: the three loads are then in flight together.  Loaded inside the
 // collective's loop instead, it would leave only after both words came back (the loop runs
 // under `ok`, so the compiler cannot hoist it): one more L2 round trip per launch, which is
 // what the graph column measured beyond the kernel boundary and the in-kernel time.
-__device__ __forceinline__ Pack loadFirst(const Args& a, u64 packs) {
+template <class IO>
+__device__ __forceinline__ Pack loadFirst(const IO& io, u64 packs) {
   Pack x;
   x.u = make_uint4(0, 0, 0, 0);
-  if (tid() < packs) x = loadPack(a.in, a.count, tid());
+  if (tid() < packs) x = io.load(tid());
   return x;
 }
 
@@ -76,8 +109,8 @@ __device__ __forceinline__ Pack loadFirst(const Args& a, u64 packs) {
 // change within a launch).  Four packs per thread are loaded before the first of their stores
 // is issued, so four loads are in flight at once (the stores' "memory" clobbers would
 // otherwise serialize load, store, load, store).
-template <class Proto>
-__device__ __forceinline__ void sendAll(const LLBuffer<Proto>& buf, const Args& a, u64 packs, Pack first) {
+template <class Proto, class IO>
+__device__ __forceinline__ void sendAll(const LLBuffer<Proto>& buf, const IO& io, u64 packs, Pack first) {
   const u64 T = nthreads();
   u64 p = tid();
   if (p < packs) buf.bcast(p, first);
@@ -85,11 +118,11 @@ __device__ __forceinline__ void sendAll(const LLBuffer<Proto>& buf, const Args& 
   for (; p + 3 * T < packs; p += 4 * T) {
     Pack x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = loadPack(a.in, a.count, p + k * T);
+    for (int k = 0; k < 4; ++k) x[k] = io.load(p + k * T);
 #pragma unroll
     for (int k = 0; k < 4; ++k) buf.bcast(p + k * T, x[k]);
   }
-  for (; p < packs; p += T) buf.bcast(p, loadPack(a.in, a.count, p));
+  for (; p < packs; p += T) buf.bcast(p, io.load(p));
 }
 
 // The packs of a two-shot allreduce that other ranks own: all of [0, packs) but our own
@@ -156,8 +189,9 @@ __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const
 // 0.75-0.88).  The credit holds as in oneShotLoopFence: the thread that received p at e sends
 // p at e+1.  Sentinel slots are re-armed, and the re-arm must be fenced before the next send,
 // so sentinel sends at the top of each iteration, after the fence.
-template <class Proto, int OP>
-__device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+template <class Proto, int OP, class IO>
+__device__ __forceinline__ bool allreduceOneShotKept(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
+                                                     bool ok) {
   constexpr bool kEarly = !Proto::kRearms;
   const u64 T = nthreads(), p0 = tid();
   Pack x[HC_ONESHOT_KEEP];
@@ -165,7 +199,7 @@ __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, P
 #if HC_ONESHOT_BURST
 #pragma unroll
   for (int k = 1; k < HC_ONESHOT_KEEP; ++k)
-    if (p0 + k * T < packs) x[k] = loadPack(a.in, a.count, p0 + k * T);
+    if (p0 + k * T < packs) x[k] = io.load(p0 + k * T);
 #endif
   for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
     const LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
@@ -173,7 +207,7 @@ __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, P
     for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
       const u64 p = p0 + k * T;
       if (p >= packs || (kEarly && it > 0)) break;  // (LL: sent early by the previous iteration)
-      if (!HC_ONESHOT_BURST && k > 0 && it == 0) x[k] = loadPack(a.in, a.count, p);
+      if (!HC_ONESHOT_BURST && k > 0 && it == 0) x[k] = io.load(p);
       buf.bcast(p, x[k]);
     }
     const LLBuffer<Proto> next(a, a.region, a.sub, e0 + it + 1, HC_COLL_ALLREDUCE);  // (set up during the poll)
@@ -186,7 +220,7 @@ __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, P
       ok = buf.template recvReduce<OP>(p, x[k], y, [&] {
         if (more) next.bcast(p, x[k]);
       });
-      if (ok) storePack(a.out, a.count, p, y);
+      if (ok) io.store(p, y);
     }
   }
   return ok;
@@ -200,34 +234,35 @@ __device__ __forceinline__ bool allreduceOneShotKept(const Args& a, u64 packs, P
 #define HC_ONESHOT_SPLIT 0
 #endif
 
-template <class Proto, int OP>
-__device__ __forceinline__ void allreduceOneShotSplit(const Args& a, u64 packs, u64 e0, bool ok) {
+template <class Proto, int OP, class IO>
+__device__ __forceinline__ void allreduceOneShotSplit(const Args& a, const IO& io, u64 packs, u64 e0, bool ok) {
   const u64 half = gridDim.x / 2, T = half * blockDim.x;
   const bool sender = blockIdx.x < half;
   const u64 t = (sender ? blockIdx.x : blockIdx.x - half) * (u64)blockDim.x + threadIdx.x;
   LLBuffer<Proto> buf(a, a.region, a.sub, e0, HC_COLL_ALLREDUCE);
   if (sender) {
-    for (u64 p = t; p < packs; p += T) buf.bcast(p, loadPack(a.in, a.count, p));
+    for (u64 p = t; p < packs; p += T) buf.bcast(p, io.load(p));
     return;
   }
   for (u64 p = t; ok && p < packs; p += T) {
     Pack y;
-    ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
-    if (ok) storePack(a.out, a.count, p, y);
+    ok = buf.template recvReduce<OP>(p, io.load(p), y);
+    if (ok) io.store(p, y);
   }
 }
 
 // The one-shot's `iters` collectives from epoch e0 on the grid-stride loop (`first`: loadFirst's
 // pack); false once a poll timed out or the communicator was aborted.
-template <class Proto, int OP>
-__device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+template <class Proto, int OP, class IO>
+__device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
+                                                     bool ok) {
   for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
-    sendAll(buf, a, packs, first);
+    sendAll(buf, io, packs, first);
     for (u64 p = tid(); ok && p < packs; p += nthreads()) {
       Pack y;
-      ok = buf.template recvReduce<OP>(p, loadPack(a.in, a.count, p), y);
-      if (ok) storePack(a.out, a.count, p, y);
+      ok = buf.template recvReduce<OP>(p, io.load(p), y);
+      if (ok) io.store(p, y);
     }
   }
   return ok;
@@ -235,36 +270,37 @@ __device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, u64 packs, P
 
 // The same, choosing the kept-pack path where it applies: the eager engine's entry
 // (persistent.cu), which keeps its own epochs.
-template <class Proto, int OP>
-__device__ __forceinline__ bool allreduceOneShotFrom(const Args& a, u64 packs, Pack first, u64 e0, bool ok) {
+template <class Proto, int OP, class IO>
+__device__ __forceinline__ bool allreduceOneShotFrom(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
+                                                     bool ok) {
 #if HC_ONESHOT_KEEP > 0
   if (packs <= HC_ONESHOT_KEEP * nthreads())  // grid-uniform
-    return allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
+    return allreduceOneShotKept<Proto, OP>(a, io, packs, first, e0, ok);
 #endif
-  return allreduceOneShotLoop<Proto, OP>(a, packs, first, e0, ok);
+  return allreduceOneShotLoop<Proto, OP>(a, io, packs, first, e0, ok);
 }
 
-template <class Proto, int OP>
-__device__ void allreduceOneShot(const Args& a) {
-  const u64 packs = packsOf(a.count);
-  const Pack first = loadFirst(a, packs);
+template <class Proto, int OP, class IO>
+__device__ void allreduceOneShot(const Args& a, const IO& io) {
+  const u64 packs = io.packs();
+  const Pack first = loadFirst(io, packs);
   const u64 e0 = epochBegin(a);
   bool ok = !aborted(a);
 #if HC_ONESHOT_SPLIT
   if (gridDim.x >= 2) {
-    allreduceOneShotSplit<Proto, OP>(a, packs, e0, ok);
+    allreduceOneShotSplit<Proto, OP>(a, io, packs, e0, ok);
     epochEnd(a, e0, a.iters);
     return;
   }
 #endif
 #if HC_ONESHOT_KEEP > 0
   if (packs <= HC_ONESHOT_KEEP * nthreads()) {  // grid-uniform
-    allreduceOneShotKept<Proto, OP>(a, packs, first, e0, ok);
+    allreduceOneShotKept<Proto, OP>(a, io, packs, first, e0, ok);
     epochEnd(a, e0, a.iters);
     return;
   }
 #endif
-  allreduceOneShotLoop<Proto, OP>(a, packs, first, e0, ok);
+  allreduceOneShotLoop<Proto, OP>(a, io, packs, first, e0, ok);
   epochEnd(a, e0, a.iters);
 }
 
@@ -520,16 +556,25 @@ __device__ void barrier(const Args& a) {
 // the fixed-rank-order receive keeps up to HC_MAX_RANKS packs in registers.
 #define HC_KERNEL(name, body) \
   extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a) { streamOrderBegin(); body; }
+// A group's one-shot (Communicator.group): its calls in the second parameter, by value too.
+#define HC_GROUP_KERNEL(name, body)                                                                 \
+  extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a, const Group g) { \
+    streamOrderBegin();                                                                             \
+    body;                                                                                           \
+  }
 
 #define HC_REDUCING(OPNAME, OP)                                                               \
-  HC_KERNEL(hc_allreduce_oneshot_ll_##OPNAME, (allreduceOneShot<LL, OP>(a)))                  \
+  HC_KERNEL(hc_allreduce_oneshot_ll_##OPNAME, (allreduceOneShot<LL, OP>(a, Flat{a})))         \
+  HC_GROUP_KERNEL(hc_allreduce_oneshot_ll_##OPNAME##_group, (allreduceOneShot<LL, OP>(a, Segments{g}))) \
   HC_KERNEL(hc_allreduce_twoshot_ll_##OPNAME, (allreduceTwoShot<LL, OP>(a)))                  \
   HC_KERNEL(hc_reduce_scatter_ll_##OPNAME, (reduceScatter<LL, OP>(a)))                        \
   HC_SENTINEL_KERNELS(OPNAME, OP)
 
 #if HC_IS_FLOAT
 #define HC_SENTINEL_KERNELS(OPNAME, OP)                                                       \
-  HC_KERNEL(hc_allreduce_oneshot_sentinel_##OPNAME, (allreduceOneShot<Sentinel, OP>(a)))      \
+  HC_KERNEL(hc_allreduce_oneshot_sentinel_##OPNAME, (allreduceOneShot<Sentinel, OP>(a, Flat{a}))) \
+  HC_GROUP_KERNEL(hc_allreduce_oneshot_sentinel_##OPNAME##_group,                             \
+                  (allreduceOneShot<Sentinel, OP>(a, Segments{g})))                           \
   HC_KERNEL(hc_allreduce_twoshot_sentinel_##OPNAME, (allreduceTwoShot<Sentinel, OP>(a)))      \
   HC_KERNEL(hc_reduce_scatter_sentinel_##OPNAME, (reduceScatter<Sentinel, OP>(a)))
 HC_KERNEL(hc_allreduce_twoshot_ll128_sum, allreduceTwoShotLL128(a))

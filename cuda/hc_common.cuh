@@ -57,6 +57,19 @@ struct Args {
   int rank, nranks, root, iters;
 };
 
+// The calls of a group (Communicator.group): one one-shot launch carries up to HC_GROUP_MAX
+// Allreduce calls of one dtype and op, laid end to end from pack boundaries.  The second kernel
+// parameter of the hc_allreduce_oneshot_*_group kernels, by value (1 KiB).
+#define HC_GROUP_MAX 32
+struct Group {
+  u64 start[HC_GROUP_MAX + 1];  // first pack of call j in the launch; start[n]: the launch's packs
+  const void* in[HC_GROUP_MAX];
+  void* out[HC_GROUP_MAX];
+  u64 count[HC_GROUP_MAX];      // elements of call j
+  int n;
+};
+static_assert(sizeof(Group) == 1040, "hpccoll/_driver.py mirrors Group: change both");
+
 // ---- element types ----
 #define HC_F64 0
 #define HC_F32 1

@@ -84,6 +84,64 @@ extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_prims_ld(const 
 }
 extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_full(const Args a, u64* out) {
   const u64 t0 = globaltimer();
-  allreduceOneShot<Sentinel, HC_SUM>(a);
+  allreduceOneShot<Sentinel, HC_SUM>(a, Flat{a});
   if (threadIdx.x == 0) out[0] = globaltimer() - t0;
+}
+
+// LL variants (session 11): the library's one-shot LL loop sends collective i+1 right after
+// collective i's pack arrived, and still took 1.07-1.49 us per op in-kernel against a ping-pong
+// one-way trip of 0.70 (2xH200, 257172a).  The same loop stripped: `ll_min` (poll without timer,
+// early send), `ll_timer` (+ the bounded poll's timer and abort checks every 256 spins),
+// `ll_late` (min, the next send after the reduction and the result's store).  On hpccoll's
+// one-shot LL region; epochs from `base` (the host passes a fresh range per launch, far from
+// the library's own epochs, so a stale slot never carries a flag of this launch).
+template <int TIMER, int EARLY>
+__device__ __forceinline__ void labLL(const Args& a, u64* out, u64 base) {
+  const int peer = a.rank ^ 1;
+  const u64 p = threadIdx.x;
+  const u64 packs = a.count / 4;
+  const u64 t0 = globaltimer();
+  auto to = [&](u64 e) { return a.peers[peer] + a.region + ((e & 1) * 2 + a.rank) * a.sub + LL::kBytesPerPack * p; };
+  auto from = [&](u64 e) { return a.peers[a.rank] + a.region + ((e & 1) * 2 + peer) * a.sub + LL::kBytesPerPack * p; };
+  if (p < packs) {
+    const Pack x = ldPack((const float*)a.in + 4 * p);
+    LL::write(to(base), x, llFlag(base));
+    for (int it = 0; it < a.iters; ++it) {
+      const u64 e = base + it;
+      char* next = to(e + 1);
+      const u32 nf = llFlag(e + 1), f = llFlag(e);
+      const char* mine = from(e);
+      const bool more = it + 1 < a.iters;
+      Pack v;
+      u32 n = 0;
+      u64 tStart = 0;
+      for (;;) {
+        if (LL::readOnce(mine, f, v)) break;
+        if (++n >= (1u << 27)) { out[1] = 1; break; }
+        if (TIMER && (n & 255u) == 0) {
+          const u64 now = globaltimer();
+          if (tStart == 0) tStart = now;
+          if (now - tStart > a.timeoutNs || aborted(a)) {
+            out[1] = 1;
+            break;
+          }
+        }
+      }
+      if (EARLY && more) LL::write(next, x, nf);
+      const Pack y = a.rank == 0 ? combinePack<HC_SUM>(x, v) : combinePack<HC_SUM>(v, x);
+      stPack((float*)a.out + 4 * p, y);
+      if (!EARLY && more) LL::write(next, x, nf);
+    }
+  }
+  if (threadIdx.x == 0) out[0] = globaltimer() - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(512) hc_lab_ll_min(const Args a, u64* out, u64 base) {
+  labLL<0, 1>(a, out, base);
+}
+extern "C" __global__ void __launch_bounds__(512) hc_lab_ll_timer(const Args a, u64* out, u64 base) {
+  labLL<1, 1>(a, out, base);
+}
+extern "C" __global__ void __launch_bounds__(512) hc_lab_ll_late(const Args a, u64* out, u64 base) {
+  labLL<0, 0>(a, out, base);
 }

@@ -97,9 +97,10 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
 
 template <int OP>
 __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
-  const u64 packs = packsOf(a.count);
-  const Pack first = loadFirst(a, packs);
-  return allreduceOneShotFrom<LL, OP>(a, packs, first, e, ok);
+  const Flat io{a};
+  const u64 packs = io.packs();
+  const Pack first = loadFirst(io, packs);
+  return allreduceOneShotFrom<LL, OP>(a, io, packs, first, e, ok);
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {

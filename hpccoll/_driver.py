@@ -32,6 +32,21 @@ class Args(ctypes.Structure):
     ]
 
 
+GROUP_MAX = 32  # HC_GROUP_MAX in cuda/hc_common.cuh
+
+
+class Group(ctypes.Structure):
+    """Mirror of `struct Group` (cuda/hc_common.cuh): the calls of one group launch."""
+
+    _fields_ = [
+        ("start", ctypes.c_uint64 * (GROUP_MAX + 1)),
+        ("in_", ctypes.c_void_p * GROUP_MAX),
+        ("out", ctypes.c_void_p * GROUP_MAX),
+        ("count", ctypes.c_uint64 * GROUP_MAX),
+        ("n", ctypes.c_int),
+    ]
+
+
 _cuda = None
 
 
@@ -100,10 +115,12 @@ class Launcher:
     scheduled while the stream's previous kernel still runs; the kernel itself waits for it
     (griddepcontrol.wait, cuda/collectives.cu) before touching memory."""
 
-    def __init__(self, fn, args: Args, pdl: bool = False):
+    def __init__(self, fn, args: Args, pdl: bool = False, extra=None):
         self.fn = fn
         self.args = args
-        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        self.extra = extra  # a second by-value parameter (a Group), kept alive here
+        blocks = (args,) if extra is None else (args, extra)
+        self._params = (ctypes.c_void_p * len(blocks))(*[ctypes.addressof(b) for b in blocks])
         self.pdl = pdl
         if pdl:
             self._attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)

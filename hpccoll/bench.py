@@ -49,7 +49,7 @@ BASELINES = ("nccl", "torch_one_shot", "torch_two_shot", "mpi")
 COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "Allgather",
                    "reduce_scatter": "Reduce_scatter_block"}
 ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "eager_persistent_us",
-            "graph_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
+            "graph_us", "graph_group_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
 
 
 # -- command line ------------------------------------------------------------------------
@@ -346,13 +346,14 @@ def _time_events(mpi_comm, stream, launch, ops_per_launch: int, launches: int) -
     return _max(mpi_comm, statistics.median(per))
 
 
-def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None) -> float:
-    """Per-op µs of a graph of GRAPH_OPS calls, replayed max(1, iters // GRAPH_OPS) times.
+def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None, calls: int = GRAPH_OPS) -> float:
+    """Per-op µs of a graph of GRAPH_OPS ops (`calls` calls of fn_on_stream: one call may issue
+    several ops, a group all of them), replayed max(1, iters // GRAPH_OPS) times.
     check(g, s), if given, runs after capture on every rank and raises when the replay is wrong."""
     g = s = None
     why = None
     try:
-        g, s = _cupy_graph(fn_on_stream, GRAPH_OPS)
+        g, s = _cupy_graph(fn_on_stream, calls)
         if check is not None:
             check(g, s)
     except Exception as exc:  # noqa: BLE001
@@ -361,6 +362,41 @@ def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None) -> float:
     if any(whys):
         raise Skip("graph capture failed: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
     return _time_events(mpi_comm, s, lambda: g.launch(s), GRAPH_OPS, max(1, iters // GRAPH_OPS))
+
+
+GROUP_MAX_BYTES = 4 << 20  # the group mode's largest size (20 outputs of it are allocated)
+
+
+def time_graph_group(comm, case, iters: int, **kw) -> float:
+    """graph_group_us: per-op µs of a graph holding ONE group (Communicator.group) of GRAPH_OPS
+    Allreduce calls, each from the case's input into an output of its own (a group's calls must
+    not overlap each other's outputs).  hpccoll fuses them into launches of up to 32 calls; NCCL
+    runs them as an NCCL group.  Checked after capture: every output of one replay."""
+    if case.collective != "allreduce" or case.nbytes > GROUP_MAX_BYTES:
+        raise Skip(f"allreduce up to {fmt_bytes(GROUP_MAX_BYTES)} only")
+    import cupy
+
+    mpi = comm.mpi_comm
+    outs = getattr(case, "group_outs", None)
+    if outs is None:
+        outs = case.group_outs = [cupy.empty_like(case.recv) for _ in range(GRAPH_OPS)]
+
+    def group(s):
+        with comm.group():
+            for out in outs:
+                comm.Allreduce(case.send, out, stream=s, **kw)
+
+    def check(g, s):
+        for out in outs:
+            out[...] = 0
+        cupy.cuda.Device().synchronize()
+        g.launch(s)
+        s.synchronize()
+        oks = [case.check(mpi, case.host_result(out)) for out in outs]  # collective: every one
+        if not all(oks):
+            raise RuntimeError(f"wrong result in {oks.count(False)} of {len(oks)} outputs after a group replay")
+
+    return time_graph(mpi, group, iters, check=check, calls=1)
 
 
 # -- speed of light ------------------------------------------------------------------------
@@ -654,7 +690,7 @@ def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, 
 def _row(collective, algorithm, dtype, case, **kw) -> dict:
     row = {"collective": collective, "algorithm": algorithm, "dtype": dtype, "bytes": case.nbytes,
            "count": case.count, "eager_us": None, "eager_persistent_us": None, "graph_us": None,
-           "in_kernel_us": None,
+           "graph_group_us": None, "in_kernel_us": None,
            "blocking_us": None, "barrier_us": None, "ok": None}
     row.update(kw)
     return row
@@ -726,6 +762,9 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
     _mode(row, "graph_us", lambda: time_graph(
         mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters, check=graph_check), log)
+    if flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce":
+        _mode(row, "graph_group_us", lambda: time_graph_group(
+            comm, case, opts.iters, algorithm=algo, deterministic=det), log)
 
     def in_kernel():
         call = case.prepare()
@@ -817,6 +856,8 @@ def bench_nccl(nccl_comm, cuda_comm, case, opts, log) -> dict:
         return row
     _mode(row, "eager_us", lambda: time_eager(mpi, lambda: case.call(nccl_comm), sync, opts.iters, True), log)
     _mode(row, "graph_us", lambda: time_graph(mpi, lambda s: case.call(nccl_comm, stream=s), opts.iters), log)
+    if case.collective == "allreduce":
+        _mode(row, "graph_group_us", lambda: time_graph_group(nccl_comm, case, opts.iters), log)
     if cuda_comm is not None:
         _blocking(cuda_comm, row, lambda s: case.call(nccl_comm, stream=s), opts, log)
     return row
@@ -857,7 +898,7 @@ def bench_torch(ts: TorchSymm, which: str, comm, case, opts, log) -> dict:
 
 def _progress_line(r: dict) -> None:
     print(f"# {r['bytes']} B {r['algorithm']}: eager {r.get('eager_us')} graph {r.get('graph_us')} "
-          f"in-kernel {r.get('in_kernel_us')} ok {r.get('ok')}", flush=True)
+          f"group {r.get('graph_group_us')} in-kernel {r.get('in_kernel_us')} ok {r.get('ok')}", flush=True)
 
 
 def torch_baselines_first(opts, sizes, world, log) -> tuple[dict, str | None]:
@@ -1053,6 +1094,10 @@ def annotate(row: dict, result: dict, nranks: int) -> None:
     torch = graph_of("torch_one_shot") + graph_of("torch_two_shot")
     row["speedup_vs_nccl"] = (nccl[0] / g) if (g and nccl) else None
     row["speedup_vs_torch"] = (min(torch) / g) if (g and torch) else None
+    gg = row.get("graph_group_us")
+    nccl_group = [r["graph_group_us"] for r in result["rows"]
+                  if r["algorithm"] == "nccl" and r["bytes"] == b and r.get("graph_group_us")]
+    row["group_speedup_vs_nccl"] = (nccl_group[0] / gg) if (gg and nccl_group) else None
 
 
 # -- report -----------------------------------------------------------------------------
@@ -1066,7 +1111,7 @@ def _f(v, w: int = 8, p: int = 2) -> str:
 
 
 COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("eager*", 7),
-           ("graph", 8),
+           ("graph", 8), ("group", 7),
            ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
            ("ok", 3)]
 
@@ -1087,14 +1132,16 @@ def format_table(result: dict) -> str:
                      "peer store; +pdl: programmatic launch): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
-                 "engine running; graph: per op in a CUDA graph; in-kern: per op inside one launch; "
-                 "blocking: graph op + device barrier - barrier)")
+                 "engine running; graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
+                 f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
+                 "inside one launch; blocking: graph op + device barrier - barrier)")
     lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
     for r in result.get("rows", []):
         algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
-                 r.get("eager_us"), r.get("eager_persistent_us"), r.get("graph_us"), r.get("in_kernel_us"),
+                 r.get("eager_us"), r.get("eager_persistent_us"), r.get("graph_us"), r.get("graph_group_us"),
+                 r.get("in_kernel_us"),
                  r.get("blocking_us"),
                  r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),
                  r.get("speedup_vs_torch"), ok]

@@ -71,6 +71,7 @@ class Communicator:
         self._hier = None
         self._lock = threading.Lock()
         self._fast: dict = {}  # collective name -> _FastCall of its last device call
+        self._group: list | None = None  # the calls queued inside `with comm.group():`
         self._freed = False
         self._requested = backend
         layout = None if _flat else node_layout(self._comm)
@@ -179,6 +180,9 @@ class Communicator:
              deterministic=None, stream=None):
         algo = self.algorithm if algorithm is None else algorithm
         det = self.deterministic if deterministic is None else bool(deterministic)
+        if self._group is not None:
+            self._enqueue(name, sendbuf, recvbuf, op, root, algo, det, stream)
+            return
         fast = self._fast.get(name)  # (Free() empties it: a freed communicator never matches)
         repeat = fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det)
         if repeat and fast.plan is not None:
@@ -199,19 +203,80 @@ class Communicator:
         if not self._lock.acquire(blocking=False):
             raise _in_flight(name)
         try:
-            if self._hier is not None:
-                self._hier.run(call, det, algo, stream)
-            elif call.recv.is_device and self._device is not None:
-                self._device.run(call, det, algo, stream)
+            if self._dispatch(call, det, algo, stream):
                 self._remember(name, call, sendbuf, recvbuf, op, root, algo, det, repeat)
-            else:
-                if algo not in ("auto", "mpi", "host"):
-                    if self._device is None:
-                        raise ValueError(f"{name}: algorithm={algo!r} needs device buffers on the "
-                                         f"cuda backend; this call runs on the host backend: use 'auto'")
-                getattr(self._host, _METHOD[name])(call, det, algo)
         finally:
             self._lock.release()
+
+    def _dispatch(self, call, det, algo, stream) -> bool:
+        """Run one validated call on the backend it belongs to; True when that was the device
+        backend (the fast path may then remember it)."""
+        if self._hier is not None:
+            self._hier.run(call, det, algo, stream)
+            return False
+        if call.recv.is_device and self._device is not None:
+            self._device.run(call, det, algo, stream)
+            return True
+        self._host_call(call, det, algo)
+        return False
+
+    def _host_call(self, call, det, algo) -> None:
+        if algo not in ("auto", "mpi", "host") and self._device is None:
+            raise ValueError(f"{call.name}: algorithm={algo!r} needs device buffers on the cuda backend; "
+                             "this call runs on the host backend: use 'auto'")
+        getattr(self._host, _METHOD[call.name])(call, det, algo)
+
+    # -- groups ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def group(self):
+        """`with comm.group():` the collectives called inside are validated at once, queued, and
+        issued in order when the block exits, as NCCL's ncclGroupStart/ncclGroupEnd do (their
+        results exist only after the block, on the stream of each call).  On the cuda backend,
+        consecutive Allreduce calls of one dtype, op, policy and stream whose buffers do not
+        overlap each other's outputs share ONE one-shot launch, their buffers laid end to end
+        (up to 32 calls and the one-shot's bytes per launch): one epoch and one round trip for
+        all of them, bitwise what each call alone gives.  Other calls run as usual, in order.
+        On the nccl backend the block is an NCCL group; on the host backend the calls run in
+        order at exit.  Collective: every rank, the same calls.  If the block raises, nothing
+        queued is issued.  Groups do not nest; Barrier and the engine's start/stop are not
+        allowed inside one."""
+        if self._freed:
+            raise HpccollError("group: this communicator was freed")
+        if self._group is not None:
+            raise HpccollError("group: groups do not nest (this communicator is already in one)")
+        self._group = []
+        try:
+            yield self
+        except BaseException:
+            self._group = None
+            raise
+        items, self._group = self._group, None
+        if items:
+            with self._exclusive("group"):
+                self._issue(items)
+
+    def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
+        if self._freed:
+            raise HpccollError(f"{name}: this communicator was freed")
+        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
+        if self.check:
+            check_agreement(self._comm, call)
+        self._group.append((call, det, algo, stream))
+
+    def _issue(self, items) -> None:
+        """A group's calls in order: runs of device calls through the backend's run_group."""
+        run_group = getattr(self._device, "run_group", None) if self._hier is None else None
+        pending: list = []
+        for item in items + [None]:
+            if item is not None and run_group is not None and item[0].recv.is_device:
+                pending.append(item)
+                continue
+            if pending:
+                run_group(pending)
+                pending = []
+            if item is not None:
+                call, det, algo, stream = item
+                self._dispatch(call, det, algo, stream)
 
     def _remember(self, name, call, sendbuf, recvbuf, op, root, algo, det, repeat: bool) -> None:
         """Note this call as a candidate for the fast path; on its first repeat, prepare the
@@ -247,6 +312,9 @@ class Communicator:
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
+        if self._group is not None:
+            raise HpccollError("Barrier: not allowed inside a group (its calls are issued when the "
+                               "block exits): call it after the block")
         if self._hier is not None:
             self._hier.barrier()
         elif self._device is not None:
@@ -278,6 +346,8 @@ class Communicator:
         256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32)."""
         if self._freed:
             raise HpccollError("start_persistent: this communicator was freed")
+        if self._group is not None:
+            raise HpccollError("start_persistent: not allowed inside a group: call it before the block")
         name = dtype_name(dtype)
         from ._engine import MAX_BLOCKS
         from .backends.cuda import S_ENGINE
@@ -298,6 +368,8 @@ class Communicator:
         """Stop the eager engine of `dtype`, or every engine when None (collective)."""
         if self._freed or not hasattr(self._device, "stop_engine"):
             return
+        if self._group is not None:
+            raise HpccollError("stop_persistent: not allowed inside a group: call it after the block")
         with self._exclusive("stop_persistent"):
             self._fast.clear()
             if dtype is None:

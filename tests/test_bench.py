@@ -84,6 +84,7 @@ def fake_result(nranks=2):
                                 "count": b // 4, "eager_us": eager,
                                 "eager_persistent_us": 5.5 if algo == "auto" else None,
                                 "graph_us": graph, "in_kernel_us": ik,
+                                "graph_group_us": {"oneshot_sentinel": 0.25, "auto": 0.26, "nccl": 1.0}.get(algo),
                                 "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
     for r in res["rows"]:
         bench.annotate(r, res, nranks)
@@ -98,6 +99,7 @@ def test_annotate():
     assert r["busbw_GBps"] == pytest.approx(1024 * 2 * 1 / 2 / 2000)
     assert r["sol_us"] == pytest.approx(0.88 + 1024 / 400.0 / 1e3)
     assert r["ratio_to_sol"] == pytest.approx(1.0 / r["sol_us"])
+    assert r["group_speedup_vs_nccl"] == pytest.approx(4.0)
     mpi = next(r for r in res["rows"] if r["algorithm"] == "mpi")
     assert mpi["ratio_to_sol"] is None and mpi["busbw_GBps"] > 0  # eager time when no graph
 
@@ -119,6 +121,7 @@ def test_format_table():
     auto = data[1].split()
     assert auto[3].startswith("auto") and auto[4:6] == ["9.10", "5.50"]  # eager, eager* (engine)
     assert first[4:6] == ["9.00", "-"]  # no engine row: eager* empty
+    assert first[6:8] == ["2.00", "0.25"]  # graph, group
 
 
 def test_json_schema(tmp_path):

@@ -39,3 +39,102 @@ def test_engine_blocks_for_matches_the_kernels_rule():
     assert [eng.blocks_for(n) for n in (4096, 4097, 1 << 20)] == [1, 2, 4]
     eng.blocks = 1
     assert eng.blocks_for(1 << 20) == 1
+
+
+def test_group_struct_mirrors_the_kernels():
+    """_driver.Group is the second by-value parameter of the group kernels: the same layout
+    as hc_common.cuh's struct Group (whose size a static_assert pins to 1040 bytes)."""
+    import ctypes
+
+    from hpccoll._driver import GROUP_MAX, Group
+
+    assert GROUP_MAX == 32
+    assert ctypes.sizeof(Group) == 1040
+    assert Group.in_.offset == 33 * 8 and Group.out.offset == 65 * 8 and Group.count.offset == 97 * 8
+    assert Group.n.offset == 129 * 8
+
+
+class _Arr:
+    """The parts of a CuPy array the group rule reads."""
+
+    def __init__(self, ptr: int, nbytes: int, itemsize: int = 4):
+        self.data = type("D", (), {"ptr": ptr})()
+        self.nbytes, self.itemsize, self.size = nbytes, itemsize, nbytes // itemsize
+
+
+def _call(send_ptr, recv_ptr, nbytes, op="SUM", dtype="float32"):
+    from hpccoll._validate import Call
+    from hpccoll.ops import as_op
+
+    class B:
+        def __init__(self, ptr):
+            self.flat = _Arr(ptr, nbytes)
+            self.dtype, self.count, self.device, self.is_device = dtype, nbytes // 4, 0, True
+
+    recv = B(recv_ptr)
+    send = recv if send_ptr is None else B(send_ptr)
+    return Call("Allreduce", send, recv, as_op(op), None, send_ptr is None)
+
+
+def _backend(picks=lambda nbytes: "oneshot_sentinel"):
+    from hpccoll.backends.cuda import CudaBackend, Layout
+
+    b = object.__new__(CudaBackend)  # no GPU: only the grouping rule
+    b.device_id, b.layout = 0, Layout(2)
+    b.resolve = lambda coll, dtype, op, nbytes, det, algorithm: algorithm if algorithm != "auto" else picks(nbytes)
+    return b
+
+
+def _items(calls, algorithm="auto", stream=0):
+    return [(c, True, algorithm, stream) for c in calls]
+
+
+MiB = 1 << 20
+
+
+def test_group_run_takes_independent_calls_up_to_32():
+    b = _backend()
+    calls = [_call(1 * MiB + 4096 * k, 100 * MiB + 4096 * k, 4096) for k in range(40)]
+    assert b._group_run(_items(calls), 0) == (32, "oneshot_sentinel")
+    assert b._group_run(_items(calls), 32) == (40, "oneshot_sentinel")
+    assert b._group_run(_items(calls), 39) == (40, None)  # one call alone: launched as usual
+
+
+def test_group_run_stops_where_calls_depend_on_each_other():
+    b = _backend()
+    a = _call(0x100000, 0x200000, 4096)
+    reads_a = _call(0x200000 + 1024, 0x300000, 4096)  # its input overlaps a's output
+    writes_a_input = _call(0x400000, 0x100000 + 16, 64)  # its output overlaps a's input
+    same_out = _call(0x500000, 0x200000, 4096)
+    shared_input = _call(0x100000, 0x600000, 4096)  # reading a's input too is fine
+    in_place = _call(None, 0x700000, 4096)
+    for dep in (reads_a, writes_a_input, same_out):
+        assert b._group_run(_items([a, dep]), 0) == (1, None)
+    assert b._group_run(_items([a, shared_input, in_place, reads_a]), 0) == (3, "oneshot_sentinel")
+
+
+def test_group_run_needs_one_dtype_op_policy_stream_and_alignment():
+    b = _backend()
+    a = _call(0x100000, 0x200000, 4096)
+    assert b._group_run(_items([a, _call(0x300000, 0x400000, 4096, op="MAX")]), 0) == (1, None)
+    assert b._group_run(_items([a, _call(0x300000, 0x400000, 4096, dtype="float64")]), 0) == (1, None)
+    assert b._group_run([(a, True, "auto", 0), (_call(0x300000, 0x400000, 4096), False, "auto", 0)], 0) == (1, None)
+    assert b._group_run([(a, True, "auto", 0), (_call(0x300000, 0x400000, 4096), True, "auto", 7)], 0) == (1, None)
+    assert b._group_run(_items([a, _call(0x300008, 0x400000, 4096)]), 0) == (1, None)  # unaligned input
+    assert b._group_run(_items([a, _call(0x300000, 0x400000, 4096)], "twoshot_sentinel"), 0) == (1, None)
+
+
+def test_group_run_fits_the_launch_of_the_algorithm_chosen_for_its_total():
+    # auto: one-shot LL up to 64 KiB, sentinel beyond, two-shot from 2 MiB (a made-up table)
+    b = _backend(lambda n: "oneshot_ll" if n <= 64 * 1024 else "oneshot_sentinel" if n < 2 * MiB else "twoshot_sentinel")
+    small = [_call(MiB * k, 200 * MiB + MiB * k, 4096) for k in range(10)]
+    assert b._group_run(_items(small), 0) == (10, "oneshot_ll")
+    big = [_call(MiB * k, 200 * MiB + MiB * k, 512 * 1024) for k in range(8)]
+    assert b._group_run(_items(big), 0) == (3, "oneshot_sentinel")  # 4 x 512 KiB would pick two-shot
+    # an explicit one-shot LL carries at most its 256 KiB per launch
+    assert b._group_run(_items(big[:2], "oneshot_ll"), 0) == (1, None)
+    assert b._group_run(_items(small, "oneshot_ll"), 0) == (10, "oneshot_ll")
+    # the sentinel one-shot's 4 MiB: 8 x 512 KiB fit, a ninth does not
+    b = _backend()
+    nine = [_call(MiB * k, 200 * MiB + MiB * k, 512 * 1024) for k in range(9)]
+    assert b._group_run(_items(nine), 0) == (8, "oneshot_sentinel")

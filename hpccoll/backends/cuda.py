@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import _env, select
-from .._driver import MAX_RANKS, Args, Launcher, Module, p2p_native_atomics
+from .._driver import GROUP_MAX, MAX_RANKS, Args, Group, Launcher, Module, p2p_native_atomics
 from .._engine import CMD_OF_OP, HOST_BYTES, Engine
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
@@ -30,6 +30,7 @@ S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 S_ENGINE = 256 * KiB     # most payload of one eager-engine call (hpccoll/_engine.py)
 ENGINES = 2              # engines (dtypes) one communicator can run at once: a region each
 ENGINE_ALGOS = ("auto", "oneshot_ll")  # the calls an engine takes (it runs the one-shot LL)
+GROUP_ALGOS = ("oneshot_sentinel", "oneshot_ll")  # the algorithms a group launch runs
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
 log = logging.getLogger("hpccoll")
@@ -46,6 +47,7 @@ def kernel_names(dtype: str) -> set[str]:
         if dtype not in ("int32", "int64"):
             names |= {f"hc_allreduce_oneshot_sentinel_{op}", f"hc_allreduce_twoshot_sentinel_{op}",
                       f"hc_reduce_scatter_sentinel_{op}"}
+    names |= {f"{n}_group" for n in names if n.startswith("hc_allreduce_oneshot_")}
     if dtype not in ("int32", "int64"):
         names.add("hc_allreduce_twoshot_ll128_sum")
     return names
@@ -523,6 +525,79 @@ class CudaBackend:
         else:
             region, cap = (L.ll, L.sub_ll), S_LL
         self._blockwise(call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, gather=False)
+
+    # -- groups (Communicator.group) ----------------------------------------------------
+    def run_group(self, items) -> None:
+        """A group's calls, in order: every run of consecutive Allreduce calls that can share a
+        launch (_group_run) as one one-shot launch over their buffers laid end to end, any other
+        call as usual.  items: (call, deterministic, algorithm, stream) tuples."""
+        i = 0
+        while i < len(items):
+            j, algo = self._group_run(items, i)
+            if algo is None:
+                self.run(*items[i])
+            else:
+                self._launch_group(items[i:j], algo)
+            i = j
+
+    def _groupable(self, call: Call, algorithm: str) -> bool:
+        return (call.name == "Allreduce" and algorithm in ("auto",) + GROUP_ALGOS and call.recv.count > 0
+                and call.recv.device == self.device_id
+                and self._aligned(call.send.flat) and self._aligned(call.recv.flat))
+
+    def _group_run(self, items, i: int) -> tuple[int, str | None]:
+        """(j, algorithm): items[i:j] share one launch, or (i + 1, None).  They share it when
+        they are Allreduce calls with the same dtype, op, policy, algorithm argument and stream,
+        16-byte-aligned, at most GROUP_MAX, independent (no call's recvbuf overlaps another
+        call's sendbuf or recvbuf), and the algorithm chosen for their total bytes is a
+        one-shot that carries them in one launch."""
+        call, det, algorithm, stream = items[i]
+        if not self._groupable(call, algorithm):
+            return i + 1, None
+        key = (call.recv.dtype, call.op.name, det, algorithm, _stream_ptr(stream))
+        spans: list[tuple[int, int, bool]] = []  # (lo, hi, written) of the run's buffers
+        sizes: list[int] = []  # padded bytes of each call
+        for c, d, a, st in items[i:i + GROUP_MAX]:
+            if sizes and not (self._groupable(c, a) and (c.recv.dtype, c.op.name, d, a, _stream_ptr(st)) == key):
+                break
+            nbytes = -(-c.recv.flat.nbytes // PACK) * PACK
+            if sum(sizes) + nbytes > S_ONESHOT:
+                break
+            out = (c.recv.flat.data.ptr, c.recv.flat.data.ptr + c.recv.flat.nbytes)
+            inp = (c.send.flat.data.ptr, c.send.flat.data.ptr + c.send.flat.nbytes)
+            if any(lo < out[1] and out[0] < hi for lo, hi, _ in spans) or \
+                    any(w and lo < inp[1] and inp[0] < hi for lo, hi, w in spans):
+                break  # not independent of the calls before it
+            spans += [(*out, True), (*inp, False)]
+            sizes.append(nbytes)
+        while len(sizes) >= 2:
+            total = sum(sizes)
+            algo = self.resolve("Allreduce", call.recv.dtype, call.op.name, total, det, algorithm)
+            if algo in GROUP_ALGOS and total <= self.layout.allreduce[algo][0]:
+                return i + len(sizes), algo
+            sizes.pop()
+        return i + 1, None
+
+    def _launch_group(self, calls, algo: str) -> None:
+        """One launch of hc_allreduce_<algo>_<op>_group over these calls (_group_run's run)."""
+        call, _det, _algorithm, stream = calls[0]
+        self.check_error()
+        s = _stream_ptr(stream)
+        dtype, op = call.recv.dtype, call.op.name
+        base, _cap = self._allreduce_launcher(dtype, algo, op)
+        a = Args.from_buffer_copy(base.args)
+        a.in_ = a.out = None
+        a.count, a.iters = 0, 1
+        g = Group(n=len(calls))
+        packs = 0
+        for j, (c, *_rest) in enumerate(calls):
+            g.start[j], g.in_[j], g.out[j], g.count[j] = packs, c.send.flat.data.ptr, c.recv.flat.data.ptr, c.recv.count
+            packs += -(-c.recv.flat.nbytes // PACK)
+        g.start[len(calls)] = packs
+        fn = self._module(dtype).fn(f"hc_allreduce_{algo}_{OPS[op]}_group")
+        Launcher(fn, a, pdl=self.pdl, extra=g)(*self._grid(packs), s)
+        if self._engines:
+            self._pending.add(s)
 
     # -- the eager engines (hpccoll/_engine.py, cuda/persistent.cu) ------------------
     def _engine_for(self, call: Call, algorithm: str):

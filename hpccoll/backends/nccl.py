@@ -71,6 +71,15 @@ class NcclBackend:
                 n = recv.size // self.mpi.Get_size() if call.in_place else recv.size
                 self.comm.reduceScatter(send.data.ptr, recv.data.ptr, n, t, self.ops[call.op.name], s)
 
+    def run_group(self, items) -> None:
+        """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
+        self.nccl.groupStart()
+        try:
+            for item in items:
+                self.run(*item)
+        finally:
+            self.nccl.groupEnd()
+
     def synchronize(self, stream=None) -> None:
         import cupy
 

@@ -163,3 +163,42 @@ def test_persistent_engine_arguments_and_backend(comm):
         out = np.empty_like(x)
         comm.Allreduce(x, out)  # the communicator is still usable
         assert np.array_equal(out, sum(np.arange(5.0) + r for r in range(comm.size)))
+
+
+def test_group_issues_its_calls_in_order_at_exit(comm):
+    """Inside `with comm.group():` calls are validated at once and run when the block exits (on
+    the host backend one by one, in order); results only exist after the block."""
+    rng = np.random.default_rng([comm.rank, 31])
+    xs = [rng.standard_normal(n) for n in (1, 7, 1000)]
+    outs = [np.zeros_like(x) for x in xs]
+    b = np.array([comm.rank + 1.0])
+    with comm.group() as g:
+        assert g is comm
+        for x, out in zip(xs, outs):
+            comm.Allreduce(x, out)
+        comm.Bcast(b, root=comm.size - 1)
+        comm.Allreduce(hpccoll.IN_PLACE, outs[0])  # depends on the first call's result: order kept
+        assert not outs[1].any(), "a queued call ran before the block exited"
+    for x, out in zip(xs[1:], outs[1:]):
+        assert np.allclose(out, sum(WORLD.allgather(x)))
+    assert np.allclose(outs[0], comm.size * sum(WORLD.allgather(xs[0])))
+    assert b[0] == comm.size
+
+
+def test_group_misuse_raises_and_a_raising_block_issues_nothing(comm):
+    x, out = np.ones(4), np.zeros(4)
+    with pytest.raises(ValueError, match="recvbuf has 3 elements"):
+        with comm.group():
+            comm.Allreduce(x, np.zeros(3))  # validated at the call, inside the block
+    with comm.group():
+        with pytest.raises(HpccollError, match="groups do not nest"):
+            with comm.group():
+                pass
+        with pytest.raises(HpccollError, match="Barrier: not allowed inside a group"):
+            comm.Barrier()
+    with pytest.raises(RuntimeError, match="boom"):
+        with comm.group():
+            comm.Allreduce(x, out)
+            raise RuntimeError("boom")
+    assert not out.any(), "a call queued in a block that raised was issued"
+    assert allreduce_sum(comm, 1) == comm.size  # and the communicator is usable after it

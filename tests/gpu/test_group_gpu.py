@@ -1,0 +1,222 @@
+"""GPU tests of groups (Communicator.group; hpccoll/backends/cuda.py run_group, the one-shot's
+Segments in cuda/collectives.cu), on the GPU machine:
+
+    mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_group_gpu.py
+
+Fresh random data for every group, compared BITWISE with the fixed-rank-order host reference,
+and each test checks how the calls were launched (which ran fused, which alone)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from _gpu_checks import bits as _bits
+from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
+from _gpu_checks import random_data as _random
+from _gpu_checks import world as _world
+
+import hpccoll
+from hpccoll.ops import OPS, reduce_in_rank_order
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
+
+
+def _check(got, ref, what):
+    bad = np.flatnonzero(_bits(got) != _bits(ref))
+    assert bad.size == 0, f"{what}: {bad.size} elements differ (first: {bad[:5]})"
+    digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
+    assert len(set(_world().allgather(digest))) == 1, f"{what}: results differ across ranks"
+
+
+@pytest.fixture
+def launches(cc, monkeypatch):
+    """[(calls, algorithm)] of every group launch made while the test runs."""
+    seen = []
+    dev = cc._device
+    real = dev._launch_group
+
+    def spy(calls, algo):
+        seen.append((len(calls), algo))
+        real(calls, algo)
+
+    monkeypatch.setattr(dev, "_launch_group", spy)
+    return seen
+
+
+CASES = [("float32", "auto"), ("float32", "oneshot_ll"), ("float32", "oneshot_sentinel"),
+         ("bfloat16", "auto"), ("float64", "oneshot_sentinel"), ("int32", "auto")]
+
+
+@pytest.mark.parametrize("dtype,algo", CASES)
+def test_group_is_bitwise_each_call_alone(cc, launches, dtype, algo):
+    """Calls of odd sizes (one element, partial packs, more packs than a block), in place and
+    not, sharing an input: one launch, and every result bitwise the rank-order reduction."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 41, CASES.index((dtype, algo))])
+    counts = [1, 7, 8, 1023, 4099, 3, 9000, 2]
+    for op in ("SUM", "MAX"):
+        for rep in range(3):
+            xs = [_random(rng, dtype, n, op) for n in counts]
+            refs = [reduce_in_rank_order(OPS[op], _world().allgather(x)) for x in xs]
+            dxs = [cp.asarray(x) for x in xs]
+            outs = [cp.asarray(np.zeros_like(x)) for x in xs]
+            shared = cp.empty_like(dxs[3])  # a second call on call 3's input: inputs may be shared
+            with cc.group():
+                for k, (dx, out) in enumerate(zip(dxs, outs)):
+                    if k % 3 == 2:
+                        out[...] = dx
+                        cc.Allreduce(hpccoll.IN_PLACE, out, op=OPS[op], algorithm=algo)
+                    else:
+                        cc.Allreduce(dx, out, op=OPS[op], algorithm=algo)
+                cc.Allreduce(dxs[3], shared, op=OPS[op], algorithm=algo)
+            cc.synchronize()
+            for k, (out, ref) in enumerate(zip(outs, refs)):
+                _check(cp.asnumpy(out), ref, f"{dtype} {algo} {op} call {k} (n={counts[k]}) rep {rep}")
+            _check(cp.asnumpy(shared), refs[3], f"{dtype} {algo} {op} shared input")
+    assert launches == [(len(counts) + 1, launches[0][1])] * 6, launches
+    assert launches[0][1] in ("oneshot_ll", "oneshot_sentinel")
+
+
+def test_group_keeps_order_where_calls_depend_on_each_other(cc, launches):
+    """A call whose input is an earlier call's output (and one that overwrites an earlier call's
+    input) ends a fused run: the next run starts after it, in stream order."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 43])
+    n = 1000
+    for rep in range(5):
+        x = _random(rng, "float32", n, "SUM")
+        xs = _world().allgather(x)
+        r1 = reduce_in_rank_order(OPS["SUM"], xs)
+        r2 = reduce_in_rank_order(OPS["SUM"], [r1] * cc.size)
+        y = _random(rng, "float32", n, "SUM")
+        ry = reduce_in_rank_order(OPS["SUM"], _world().allgather(y))
+        dx, dy = cp.asarray(x), cp.asarray(y)
+        a, b, c, d = (cp.empty(n, cp.float32) for _ in range(4))
+        with cc.group():
+            cc.Allreduce(dx, a)          # run 1
+            cc.Allreduce(dy, b)          # run 1
+            cc.Allreduce(a, c)           # reads a: run 2
+            cc.Allreduce(dy, d)          # run 2
+            cc.Allreduce(dx, dy)         # overwrites run 2's input: alone
+        cc.synchronize()
+        _check(cp.asnumpy(a), r1, f"a rep {rep}")
+        _check(cp.asnumpy(b), ry, f"b rep {rep}")
+        _check(cp.asnumpy(c), r2, f"c rep {rep}")
+        _check(cp.asnumpy(d), ry, f"d rep {rep}")
+        _check(cp.asnumpy(dy), r1, f"dy rep {rep}")
+    assert [k for k, _ in launches] == [2, 2] * 5, launches
+
+
+def test_group_of_many_calls_and_ops(cc, launches):
+    """70 calls, the op changing every 25: runs of at most 32 calls, split where the op
+    changes; the calls between groups and plain calls after them keep the epochs right."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 47])
+    ops = ["SUM"] * 25 + ["MAX"] * 25 + ["MIN"] * 20
+    for rep in range(3):
+        sizes = np.random.default_rng([47, rep]).integers(1, 3000, len(ops))  # the same on every rank
+        xs = [_random(rng, "float32", int(n), op) for n, op in zip(sizes, ops)]
+        refs = [reduce_in_rank_order(OPS[op], _world().allgather(x)) for x, op in zip(xs, ops)]
+        outs = [cp.empty(x.size, cp.float32) for x in xs]
+        with cc.group():
+            for x, out, op in zip(xs, outs, ops):
+                cc.Allreduce(cp.asarray(x), out, op=OPS[op])
+        z = _random(rng, "float32", 333, "SUM")
+        zo = cp.empty(333, cp.float32)
+        cc.Allreduce(cp.asarray(z), zo)
+        cc.synchronize()
+        for k, (out, ref) in enumerate(zip(outs, refs)):
+            _check(cp.asnumpy(out), ref, f"call {k} ({ops[k]}) rep {rep}")
+        _check(cp.asnumpy(zo), reduce_in_rank_order(OPS["SUM"], _world().allgather(z)), f"after rep {rep}")
+    assert [k for k, _ in launches] == [25, 25, 20] * 3, launches
+
+
+def test_group_in_a_graph(cc, launches):
+    """A group of 20 calls captured into a CUDA graph is one kernel node; 50 replays, each after
+    a kernel that rewrote the inputs on the same stream, every result checked on the GPU."""
+    import cupy as cp
+
+    n, k, replays = 1027, 20, 50
+    s = cp.cuda.Stream(non_blocking=True)
+    seed = cp.zeros(1, cp.float32)
+    idx = cp.arange(n, dtype=cp.float32)
+    xs = [cp.empty(n, cp.float32) for _ in range(k)]
+    outs = [cp.empty(n, cp.float32) for _ in range(k)]
+
+    def refill():  # every rank's input j: sin(idx * (0.5 + 0.01 j) + seed + rank)
+        for j, x in enumerate(xs):
+            cp.sin(idx * (0.5 + 0.01 * j) + seed + float(cc.rank), out=x)
+
+    def group():
+        with cc.group():
+            for x, out in zip(xs, outs):
+                cc.Allreduce(x, out, stream=s)
+
+    with s:
+        refill()
+        group()  # once before capture: loads the group kernel
+        s.synchronize()
+        s.begin_capture()
+        group()
+        g = s.end_capture()
+    bad = cp.zeros(1, cp.int64)
+    with s:
+        for r in range(replays):
+            seed[...] = r * 0.37
+            refill()
+            g.launch(s)
+            for j, out in enumerate(outs):
+                ref = None
+                for q in range(cc.size):  # rank-order float32 sum, as the kernel does
+                    v = cp.sin(idx * (0.5 + 0.01 * j) + seed + float(q))
+                    ref = v if ref is None else ref + v
+                bad += (out.view(cp.uint32) != ref.view(cp.uint32)).sum()
+        s.synchronize()
+    cc.synchronize(s)
+    assert int(bad.get()[0]) == 0
+    assert launches == [(k, launches[0][1])] * 2, launches
+
+
+def test_group_with_an_engine_running(cc, launches):
+    """A group's launch while the eager engine runs: synchronize() must wait for it."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 53])
+    xs = [_random(rng, "float32", n, "SUM") for n in (5, 700, 4096)]
+    refs = [reduce_in_rank_order(OPS["SUM"], _world().allgather(x)) for x in xs]
+    dxs = [cp.asarray(x) for x in xs]
+    outs = [cp.asarray(np.zeros_like(x)) for x in xs]
+    with cc.persistent("float32"):
+        with cc.group():
+            for dx, out in zip(dxs, outs):
+                cc.Allreduce(dx, out)
+        cc.synchronize()
+        for k, (out, ref) in enumerate(zip(outs, refs)):
+            _check(cp.asnumpy(out), ref, f"call {k}")
+    assert [k for k, _ in launches] == [3], launches
+
+
+def test_group_on_the_nccl_backend(cc):
+    """backend='nccl': the block is an NCCL group (the bench's grouped baseline)."""
+    import cupy as cp
+
+    if cc._device.ranks_per_gpu > 1:
+        pytest.skip("NCCL refuses two ranks on one GPU")
+    c = hpccoll.Communicator(backend="nccl")
+    try:
+        rng = np.random.default_rng([c.rank, 59])
+        xs = [_random(rng, "float32", n, "SUM") for n in (1, 1000, 4099)]
+        refs = [np.sum(_world().allgather(x), axis=0) for x in xs]
+        outs = [cp.empty(x.size, cp.float32) for x in xs]
+        with c.group():
+            for x, out in zip(xs, outs):
+                c.Allreduce(cp.asarray(x), out)
+        c.synchronize()
+        for out, ref in zip(outs, refs):
+            assert np.allclose(cp.asnumpy(out), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        c.Free()
