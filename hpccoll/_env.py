@@ -32,6 +32,16 @@ def pdl_mode() -> bool:
     return raw in ("1", "true", "yes", "on")
 
 
+def small_block() -> int:
+    """HPCCOLL_SMALL_BLOCK: threads per block of launches small enough to use blocks that size
+    (the grid spreads them over more SMs); 512, the default, keeps one rule for every size.
+    Must be the same on every rank (the backend checks)."""
+    raw = os.environ.get("HPCCOLL_SMALL_BLOCK", "512").strip()
+    if raw not in ("32", "64", "128", "256", "512"):
+        raise ValueError(f"HPCCOLL_SMALL_BLOCK={raw!r}: use 32, 64, 128, 256 or 512 (the default)")
+    return int(raw)
+
+
 def check_mode(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return bool(explicit)

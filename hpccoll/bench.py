@@ -14,7 +14,10 @@ the MPI barrier (tens of µs) lands in the first op and inflates per-op figures)
   eager_persistent  (--persistent) the same with the eager engine running (hpccoll/_engine.py):
                   Allreduce rows of 'auto' / 'oneshot_ll' up to the engine's 256 KiB
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
-  in_kernel       K collectives inside one kernel launch (hpccoll algorithms only)
+  graph_group     one group (Communicator.group) of G Allreduce calls into G outputs, captured
+                  in a CUDA graph (hpccoll fuses them; NCCL: an NCCL group), up to 4 MiB
+  in_kernel       collectives inside one kernel launch (hpccoll algorithms only): the slope
+                  between launches of K and 4K of them, so the launch's own cost drops out
   blocking        graph of (op, device barrier) minus a graph of barriers alone (`barrier_us`)
 
 Without a GPU (host backend) only `eager` runs, algorithm "mpi".  Every GPU-only piece
@@ -344,6 +347,17 @@ def _time_events(mpi_comm, stream, launch, ops_per_launch: int, launches: int) -
         e1.synchronize()
         per.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / (launches * ops_per_launch))
     return _max(mpi_comm, statistics.median(per))
+
+
+def in_kernel_slope(mpi_comm, stream, launch_k, k: int) -> float:
+    """Per-op µs inside one launch without the launch's own cost: loops of K and 4K collectives,
+    timed like every mode (_time_events), and the slope (T(4K) - T(K)) / 3K.  Divided by K
+    alone, one launch of K = 100 carried the host's launch call and the kernel's set-up, start
+    and end: 0.1-0.15 us per op more than the slope (2xH200, 7910a12: one-shot LL 1.02-1.11 us
+    at 128 B-4 KiB in the bench, 0.86-0.93 with K = 1000 in bench/latency_lab.py)."""
+    t1 = _time_events(mpi_comm, stream, lambda: launch_k(k), k, 1) * k
+    t4 = _time_events(mpi_comm, stream, lambda: launch_k(4 * k), 4 * k, 1) * 4 * k
+    return (t4 - t1) / (3 * k)
 
 
 def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None, calls: int = GRAPH_OPS) -> float:
@@ -770,8 +784,7 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         call = case.prepare()
         s = cupy.cuda.Stream(non_blocking=True)
         _guarded(mpi, lambda: (comm._device.run(call, det, algo, s, iters=1), comm.synchronize(s)))
-        t = _time_events(mpi, s, lambda: comm._device.run(call, det, algo, s, iters=opts.iters),
-                         opts.iters, 1)
+        t = in_kernel_slope(mpi, s, lambda k: comm._device.run(call, det, algo, s, iters=k), opts.iters)
         comm.synchronize(s)
         # one more loop into a zeroed output, checked (every collective of it reads the same input)
         case.reset(full=True)
@@ -1134,7 +1147,8 @@ def format_table(result: dict) -> str:
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
                  "engine running; graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
                  f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
-                 "inside one launch; blocking: graph op + device barrier - barrier)")
+                 "inside one launch, the slope between loops of K and 4K ops; blocking: graph op + "
+                 "device barrier - barrier)")
     lines.append("".join(h.rjust(w + 1) for h, w in COLUMNS))
     for r in result.get("rows", []):
         algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")

@@ -138,3 +138,28 @@ def test_group_run_fits_the_launch_of_the_algorithm_chosen_for_its_total():
     b = _backend()
     nine = [_call(MiB * k, 200 * MiB + MiB * k, 512 * 1024) for k in range(9)]
     assert b._group_run(_items(nine), 0) == (8, "oneshot_sentinel")
+
+
+def test_grid_small_blocks():
+    """HPCCOLL_SMALL_BLOCK: launches that fit the block cap in blocks of that many threads use
+    them (spread over more SMs); larger ones keep 512-thread blocks; 512 is the old rule."""
+    from hpccoll.backends.cuda import CudaBackend
+
+    b = object.__new__(CudaBackend)
+    b.grid_cap, b.small_block = 128, 512
+    assert [b._grid(n) for n in (1, 64, 512, 513, 20000, 1 << 20)] == \
+        [(1, 32), (1, 64), (1, 512), (2, 512), (40, 512), (128, 512)]
+    b.small_block = 128
+    assert [b._grid(n) for n in (1, 64, 512, 513, 16384, 16385, 1 << 20)] == \
+        [(1, 32), (1, 64), (4, 128), (5, 128), (128, 128), (33, 512), (128, 512)]
+    assert b._grid(100, 8) == (7, 128)  # LL128: 8 threads per line
+
+
+def test_small_block_env(monkeypatch):
+    from hpccoll import _env
+
+    monkeypatch.setenv("HPCCOLL_SMALL_BLOCK", "128")
+    assert _env.small_block() == 128
+    monkeypatch.setenv("HPCCOLL_SMALL_BLOCK", "100")
+    with pytest.raises(ValueError, match="HPCCOLL_SMALL_BLOCK='100'"):
+        _env.small_block()

@@ -201,6 +201,9 @@ class CudaBackend:
         # alone on its GPU 128 blocks and the others 64: a Bcast's blocks 64-127 waited for
         # arrivals that never came (CollectiveTimeout, a32dcd6).
         self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, sms)
+        self.small_block = _env.small_block()
+        if len(set(mpi_comm.allgather(self.small_block))) > 1:
+            raise ValueError("HPCCOLL_SMALL_BLOCK differs between ranks: set the same value on every rank")
         self._base_cap, self._min_sms = self.grid_cap, min(sms)
         self.peer_atomics = self._agree(all(
             d == self.device_id or p2p_native_atomics(self.device_id, d)
@@ -283,9 +286,11 @@ class CudaBackend:
         return lau
 
     def _grid(self, work_items: int, threads_per_item: int = 1) -> tuple[int, int]:
-        """(blocks, threads): one thread per 16-byte pack up to the block cap, then loop."""
+        """(blocks, threads): one thread per 16-byte pack up to the block cap, then loop.
+        Launches that fit the block cap in blocks of small_block threads use those."""
         threads_needed = max(32, work_items * threads_per_item)
-        block = min(512, (threads_needed + 31) // 32 * 32)
+        limit = self.small_block if threads_needed <= self.grid_cap * self.small_block else 512
+        block = min(limit, (threads_needed + 31) // 32 * 32)
         blocks = min(self.grid_cap, (threads_needed + block - 1) // block)
         return blocks, block
 
