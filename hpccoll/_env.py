@@ -33,12 +33,12 @@ def pdl_mode() -> bool:
 
 
 def small_block() -> int:
-    """HPCCOLL_SMALL_BLOCK: threads per block of launches small enough to use blocks that size
-    (the grid spreads them over more SMs); 512, the default, keeps one rule for every size.
-    Must be the same on every rank (the backend checks)."""
-    raw = os.environ.get("HPCCOLL_SMALL_BLOCK", "512").strip()
+    """HPCCOLL_SMALL_BLOCK: threads per block of launches small enough to fit the block cap in
+    blocks that size, so that they spread over more SMs (CudaBackend._grid).  Default 128; 512
+    gives every size the same 512-thread blocks.  Must be the same on every rank (checked)."""
+    raw = os.environ.get("HPCCOLL_SMALL_BLOCK", "128").strip()
     if raw not in ("32", "64", "128", "256", "512"):
-        raise ValueError(f"HPCCOLL_SMALL_BLOCK={raw!r}: use 32, 64, 128, 256 or 512 (the default)")
+        raise ValueError(f"HPCCOLL_SMALL_BLOCK={raw!r}: use 32, 64, 128 (the default), 256 or 512")
     return int(raw)
 
 
