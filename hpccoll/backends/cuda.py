@@ -290,7 +290,7 @@ class CudaBackend:
         Launches that fit the block cap in blocks of small_block threads (128) use those, on
         more SMs: 2xH200, one run with 512 and with 128 (bf86d70), per op at 8-64 KiB in a
         graph 2.77/2.84/2.97 -> 2.55/2.65/2.83 us, in-kernel one-shot LL at 8 KiB 0.97 -> 0.94,
-        sentinel at 8-256 KiB 1.43-1.54 -> 1.29-1.41; the same at <= 4 KiB (one block either way)."""
+        sentinel at 8-256 KiB 1.43-1.54 -> 1.29-1.41; the same within noise at <= 4 KiB."""
         threads_needed = max(32, work_items * threads_per_item)
         limit = self.small_block if threads_needed <= self.grid_cap * self.small_block else 512
         block = min(limit, (threads_needed + 31) // 32 * 32)
