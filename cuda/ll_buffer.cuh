@@ -9,11 +9,13 @@
 //   send(peer, slot, v)        store v into peer's sub-buffer for src = me
 //   bcast(slot, v)             send to every peer with unicast stores (there is deliberately
 //                              no NVLink-multicast path: multicast is forbidden on our machines)
-//   recv(src, slot, v)         poll my sub-buffer of src until valid, then re-arm it
-//   recvReduce<OP>(slot, own, acc)
+//   recv(src, slot, v[, then]) poll my sub-buffer of src until valid, then re-arm it
+//   recvReduce<OP>(slot, own, acc[, then])
 //                              receive from every peer and reduce in FIXED RANK ORDER
 //                              (own contribution taken at position `rank`): every rank computes
-//                              the same expression tree, so every rank gets the same bits
+//                              the same expression tree, so every rank gets the same bits;
+//                              `then()` runs once the data is in and re-armed, before the
+//                              reduction (where a loop sends its next collective early)
 //   reset(src, slot) / resetRange(src, start, count, stride)
 //                              re-arm slots (the protocol's clear)
 //   epoch / advance: see epochBegin / epochEnd
