@@ -132,3 +132,17 @@ def test_dup_keeps_check_mode(checked):
         op = hpccoll.MIN if d.rank == 0 else hpccoll.PROD
         with pytest.raises(MismatchError):
             d.Allreduce(np.ones(3), np.empty(3), op=op)
+
+
+def test_mismatch_inside_a_group_raises_at_the_call_and_issues_nothing(checked):
+    """In a group the arguments are compared when each call is queued, so the mismatch raises
+    there, on every rank; the block then raises out and nothing queued is issued."""
+    r = checked.rank
+    done = np.zeros(3)
+    with pytest.raises(MismatchError, match="Allreduce: ranks disagree on count"):
+        with checked.group():
+            checked.Allreduce(np.ones(3), done)  # agreed: queued
+            n = 8 + (r == 1)
+            checked.Allreduce(np.ones(n), np.empty(n))
+    assert not done.any(), "a call queued before the mismatch was issued"
+    assert_still_works(checked)
