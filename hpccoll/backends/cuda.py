@@ -57,6 +57,11 @@ def _align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a
 
 
+def _packs(flat) -> int:
+    """16-byte packs of a buffer (the last one partial): its slots in a one-shot launch."""
+    return (flat.nbytes + PACK - 1) // PACK
+
+
 class Layout:
     """Byte offsets of the regions in every rank's workspace (identical on all ranks)."""
 
@@ -194,15 +199,15 @@ class CudaBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
-        devices, sms = zip(*mpi_comm.allgather((self.device_id, self.sms)))  # per rank
+        self.small_block = _env.small_block()
+        devices, sms, small = zip(*mpi_comm.allgather((self.device_id, self.sms, self.small_block)))  # per rank
         # Launch configurations must be the same on every rank (the same thread handles pack p,
         # and Bcast's block b waits for block b of every peer): so the most ranks any GPU
         # serves and the fewest SMs, not this rank's own.  3 ranks on 2 GPUs once gave the rank
         # alone on its GPU 128 blocks and the others 64: a Bcast's blocks 64-127 waited for
         # arrivals that never came (CollectiveTimeout, a32dcd6).
         self.ranks_per_gpu, self.grid_cap = grid_block_cap(devices, sms)
-        self.small_block = _env.small_block()
-        if len(set(mpi_comm.allgather(self.small_block))) > 1:
+        if len(set(small)) > 1:
             raise ValueError("HPCCOLL_SMALL_BLOCK differs between ranks: set the same value on every rank")
         self._base_cap, self._min_sms = self.grid_cap, min(sms)
         self.peer_atomics = self._agree(all(
@@ -564,12 +569,13 @@ class CudaBackend:
             return i + 1, None
         key = (call.recv.dtype, call.op.name, det, algorithm, _stream_ptr(stream))
         spans: list[tuple[int, int, bool]] = []  # (lo, hi, written) of the run's buffers
-        sizes: list[int] = []  # padded bytes of each call
+        sizes: list[int] = []  # bytes each call takes in the launch (whole packs)
+        total = 0
         for c, d, a, st in items[i:i + GROUP_MAX]:
             if sizes and not (self._groupable(c, a) and (c.recv.dtype, c.op.name, d, a, _stream_ptr(st)) == key):
                 break
-            nbytes = -(-c.recv.flat.nbytes // PACK) * PACK
-            if sum(sizes) + nbytes > S_ONESHOT:
+            nbytes = _packs(c.recv.flat) * PACK
+            if total + nbytes > S_ONESHOT:
                 break
             out = (c.recv.flat.data.ptr, c.recv.flat.data.ptr + c.recv.flat.nbytes)
             inp = (c.send.flat.data.ptr, c.send.flat.data.ptr + c.send.flat.nbytes)
@@ -578,12 +584,12 @@ class CudaBackend:
                 break  # not independent of the calls before it
             spans += [(*out, True), (*inp, False)]
             sizes.append(nbytes)
+            total += nbytes
         while len(sizes) >= 2:
-            total = sum(sizes)
             algo = self.resolve("Allreduce", call.recv.dtype, call.op.name, total, det, algorithm)
             if algo in GROUP_ALGOS and total <= self.layout.allreduce[algo][0]:
                 return i + len(sizes), algo
-            sizes.pop()
+            total -= sizes.pop()
         return i + 1, None
 
     def _launch_group(self, calls, algo: str) -> None:
@@ -600,7 +606,7 @@ class CudaBackend:
         packs = 0
         for j, (c, *_rest) in enumerate(calls):
             g.start[j], g.in_[j], g.out[j], g.count[j] = packs, c.send.flat.data.ptr, c.recv.flat.data.ptr, c.recv.count
-            packs += -(-c.recv.flat.nbytes // PACK)
+            packs += _packs(c.recv.flat)
         g.start[len(calls)] = packs
         fn = self._module(dtype).fn(f"hc_allreduce_{algo}_{OPS[op]}_group")
         Launcher(fn, a, pdl=self.pdl, extra=g)(*self._grid(packs), s)
@@ -712,9 +718,10 @@ class CudaBackend:
         self.check_error()
         lau = self._launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
         lau.args.iters = iters
-        lau(1, 32, _stream_ptr(stream))
+        s = _stream_ptr(stream)
+        lau(1, 32, s)
         if self._engines:
-            self._pending.add(_stream_ptr(stream))
+            self._pending.add(s)
         if sync:
             self.synchronize(stream)
 
