@@ -383,6 +383,23 @@ def time_graph(mpi_comm, fn_on_stream, iters: int, *, check=None, calls: int = G
     return _time_events(mpi_comm, s, lambda: g.launch(s), GRAPH_OPS, max(1, iters // GRAPH_OPS))
 
 
+def _rerun_checks(mpi_comm, case, rerun, wait, outs=None) -> list:
+    """Zero the outputs (the case's own, or `outs`), rerun(), wait(), then check each output
+    against the reference; this rank's results (collective: every output is checked on every
+    rank)."""
+    import cupy
+
+    if outs is None:
+        case.reset(full=True)
+    else:
+        for out in outs:
+            out[...] = 0
+    cupy.cuda.Device().synchronize()
+    rerun()
+    wait()
+    return [case.check(mpi_comm, case.host_result(out)) for out in (outs or [None])]
+
+
 GROUP_MAX_BYTES = 4 << 20  # the group mode's largest size (20 outputs of it are allocated)
 
 
@@ -406,12 +423,7 @@ def time_graph_group(comm, case, iters: int, **kw) -> float:
                 comm.Allreduce(case.send, out, stream=s, **kw)
 
     def check(g, s):
-        for out in outs:
-            out[...] = 0
-        cupy.cuda.Device().synchronize()
-        g.launch(s)
-        s.synchronize()
-        oks = [case.check(mpi, case.host_result(out)) for out in outs]  # collective: every one
+        oks = _rerun_checks(mpi, case, lambda: g.launch(s), s.synchronize, outs)
         if not all(oks):
             raise RuntimeError(f"wrong result in {oks.count(False)} of {len(oks)} outputs after a group replay")
 
@@ -772,11 +784,7 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
     def graph_check(g, s):
         """One replay into a zeroed output, checked like the eager result."""
-        case.reset(full=True)
-        cupy.cuda.Device().synchronize()
-        g.launch(s)
-        s.synchronize()
-        if not case.check(mpi, case.host_result()):
+        if not all(_rerun_checks(mpi, case, lambda: g.launch(s), s.synchronize)):
             raise RuntimeError("wrong result after a graph replay")
 
     _mode(row, "graph_us", lambda: time_graph(
@@ -792,11 +800,9 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         t = in_kernel_slope(mpi, s, lambda k: comm._device.run(call, det, algo, s, iters=k), opts.iters)
         comm.synchronize(s)
         # one more loop into a zeroed output, checked (every collective of it reads the same input)
-        case.reset(full=True)
-        cupy.cuda.Device().synchronize()
-        comm._device.run(call, det, algo, s, iters=opts.iters)
-        comm.synchronize(s)
-        if not all(mpi.allgather(case.check(mpi, case.host_result()))):
+        ok = all(_rerun_checks(mpi, case, lambda: comm._device.run(call, det, algo, s, iters=opts.iters),
+                               lambda: comm.synchronize(s)))
+        if not all(mpi.allgather(ok)):
             row["ok"] = False
             raise Skip("wrong result after an in-kernel loop")
         return t
@@ -1103,9 +1109,9 @@ def annotate(row: dict, result: dict, nranks: int) -> None:
     row["sol_us"] = sol
     row["ratio_to_sol"] = (row["in_kernel_us"] / sol) if (sol and row.get("in_kernel_us")) else None
 
-    def graph_of(name):
-        return [r["graph_us"] for r in result["rows"]
-                if r["algorithm"] == name and r["bytes"] == b and r.get("graph_us")]
+    def graph_of(name, key="graph_us"):
+        return [r[key] for r in result["rows"]
+                if r["algorithm"] == name and r["bytes"] == b and r.get(key)]
 
     g = row.get("graph_us")
     nccl = graph_of("nccl")
@@ -1113,8 +1119,7 @@ def annotate(row: dict, result: dict, nranks: int) -> None:
     row["speedup_vs_nccl"] = (nccl[0] / g) if (g and nccl) else None
     row["speedup_vs_torch"] = (min(torch) / g) if (g and torch) else None
     gg = row.get("graph_group_us")
-    nccl_group = [r["graph_group_us"] for r in result["rows"]
-                  if r["algorithm"] == "nccl" and r["bytes"] == b and r.get("graph_group_us")]
+    nccl_group = graph_of("nccl", "graph_group_us")
     row["group_speedup_vs_nccl"] = (nccl_group[0] / gg) if (gg and nccl_group) else None
 
 
