@@ -67,49 +67,38 @@ def main() -> int:
         x, y = cp.asarray(h), cp.empty(n, cp.float32)
         row = {"bytes": n * 4, "iters": K}
         call = prepare("Allreduce", 2, x, y, op=hpccoll.SUM)
-        dev.run(call, True, "oneshot_sentinel", s, iters=2)
-        comm.synchronize(s)
-        row["hpccoll_us"] = bench._time_events(mpi, s, lambda: dev.run(call, True, "oneshot_sentinel", s,
-                                                                        iters=K), K, 1)
-        comm.synchronize(s)
-        row["hpccoll_ok"] = bool(mpi.allreduce(int(np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))),
-                                               op=_min()))
-        y.fill(0)
-        dev.run(call, True, "oneshot_ll", s, iters=2)
-        comm.synchronize(s)
-        row["hpccoll_ll_us"] = bench._time_events(mpi, s, lambda: dev.run(call, True, "oneshot_ll", s, iters=K), K, 1)
-        comm.synchronize(s)
-        row["hpccoll_ll_ok"] = bool(mpi.allreduce(int(np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))),
-                                                  op=_min()))
+
+        def everywhere_right(own_ok: bool = True) -> bool:
+            good = own_ok and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
+            return bool(mpi.allreduce(int(good), op=_min()))
+
+        for name, algo in (("hpccoll", "oneshot_sentinel"), ("hpccoll_ll", "oneshot_ll")):
+            y.fill(0)
+            dev.run(call, True, algo, s, iters=2)
+            comm.synchronize(s)
+            row[f"{name}_us"] = bench._time_events(mpi, s, lambda algo=algo: dev.run(call, True, algo, s, iters=K),
+                                                   K, 1)
+            comm.synchronize(s)
+            row[f"{name}_ok"] = everywhere_right()
         a = Args()
         ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base), ctypes.sizeof(Args))
         a.in_, a.out, a.count, a.iters = x.data.ptr, y.data.ptr, n, K
         a.region, a.sub = region
         block = (n // 4 + 31) // 32 * 32
-        for name, f in variants.items():
-            y.fill(0)
-            out.fill(0)
-            cp.cuda.runtime.deviceSynchronize()
-            mpi.Barrier()
-            t = bench._time_events(mpi, s, lambda f=f: launch_raw(f, 1, block, s.ptr, a, ctypes.c_void_p(out.data.ptr)),
-                                   K, 1)
-            s.synchronize()
-            good = int(out[1].get()) == 0 and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
-            row[f"{name}_us"] = t
-            row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
         a_ll = Args.from_buffer_copy(a)
         a_ll.region, a_ll.sub = ll_region
-        for name, f in ll_variants.items():
+        out_ptr = ctypes.c_void_p(out.data.ptr)
+        launches = [(name, lambda f=f: launch_raw(f, 1, block, s.ptr, a, out_ptr)) for name, f in variants.items()]
+        launches += [(name, lambda f=f: launch_raw(f, 1, block, s.ptr, a_ll, out_ptr, ll_base()))
+                     for name, f in ll_variants.items()]
+        for name, launch in launches:
             y.fill(0)
             out.fill(0)
             cp.cuda.runtime.deviceSynchronize()
             mpi.Barrier()
-            t = bench._time_events(mpi, s, lambda f=f: launch_raw(f, 1, block, s.ptr, a_ll, ctypes.c_void_p(out.data.ptr),
-                                                                  ll_base()), K, 1)
+            row[f"{name}_us"] = bench._time_events(mpi, s, launch, K, 1)
             s.synchronize()
-            good = int(out[1].get()) == 0 and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
-            row[f"{name}_us"] = t
-            row[f"{name}_ok"] = bool(mpi.allreduce(int(good), op=_min()))
+            row[f"{name}_ok"] = everywhere_right(int(out[1].get()) == 0)
         rows.append(row)
         say(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     cols = ("hpccoll",) + names + ("hpccoll_ll",) + ll_names
