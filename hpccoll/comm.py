@@ -255,6 +255,11 @@ class Communicator:
             with self._exclusive("group"):
                 self._issue(items)
 
+    def _outside_group(self, name: str, where: str) -> None:
+        if self._group is not None:
+            raise HpccollError(f"{name}: not allowed inside a group (its calls are issued when the "
+                               f"block exits): call it {where} the block")
+
     def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
         if self._freed:
             raise HpccollError(f"{name}: this communicator was freed")
@@ -312,9 +317,7 @@ class Communicator:
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
-        if self._group is not None:
-            raise HpccollError("Barrier: not allowed inside a group (its calls are issued when the "
-                               "block exits): call it after the block")
+        self._outside_group("Barrier", "after")
         if self._hier is not None:
             self._hier.barrier()
         elif self._device is not None:
@@ -346,8 +349,7 @@ class Communicator:
         256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32)."""
         if self._freed:
             raise HpccollError("start_persistent: this communicator was freed")
-        if self._group is not None:
-            raise HpccollError("start_persistent: not allowed inside a group: call it before the block")
+        self._outside_group("start_persistent", "before")
         name = dtype_name(dtype)
         from ._engine import MAX_BLOCKS
         from .backends.cuda import S_ENGINE
@@ -368,8 +370,7 @@ class Communicator:
         """Stop the eager engine of `dtype`, or every engine when None (collective)."""
         if self._freed or not hasattr(self._device, "stop_engine"):
             return
-        if self._group is not None:
-            raise HpccollError("stop_persistent: not allowed inside a group: call it after the block")
+        self._outside_group("stop_persistent", "after")
         with self._exclusive("stop_persistent"):
             self._fast.clear()
             if dtype is None:
