@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import HpccollError
 
 DTYPE_CODES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
-SOURCES = ("collectives.cu", "persistent.cu", "sol.cu", "lab_latency.cu", "lab_push.cu", "lab_engine.cu")
+SOURCES = ("collectives.cu", "persistent.cu", "sol.cu", "lab_latency.cu", "lab_push.cu", "lab_engine.cu", "lab_pull.cu")
 
 
 def cuda_dir() -> Path:

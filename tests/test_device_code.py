@@ -45,6 +45,7 @@ def cubins(tmp_path_factory):
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")
         out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
         out["push"] = compile_module("lab_push.cu", "float32", "sm_90")
+        out["pull"] = compile_module("lab_pull.cu", "float32", "sm_90")
         out["enginelab"] = compile_module("lab_engine.cu", "float32", "sm_90")
         out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_LOOP_FENCE=1",))
         for dt in ("float32", "bfloat16", "int64"):
