@@ -23,6 +23,9 @@ Variants (name: defines, grid: blocks -> blocks); each names its defines, whatev
               work without waiting for the peer
   nowait_norearm   timing only: nowait + read slots not re-armed (HC_LAB_NO_REARM)
   nowait_bare timing only: nowait_norearm + noin + noout: the sends and the slot reads alone
+  nr2         HC_NRANKS=2: the rank count a compile-time constant (the kernels keep no code for
+              other counts: one-shot LL 4520 -> 1656 SASS lines, 124 -> 54 registers); 2 ranks only, as this lab
+  noabort     HC_LAB_NO_ABORT=1: the one-shot does not read the abort flag before its first send
   split       HC_ONESHOT_SPLIT=1: one-shot's first half of the blocks only send, the second half
               only receive; split256: the same on twice the library's blocks (at most 256)
 The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
@@ -51,6 +54,9 @@ VARIANTS = {
     "nowait": (("-DHC_LAB_NO_WAIT=1",), None),
     "nowait_norearm": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1"), None),
     "nowait_bare": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1", "-DHC_LAB_NO_INPUT=1", "-DHC_LAB_NO_OUTPUT=1"), None),
+    "nr2": (("-DHC_NRANKS=2",), None),
+    "noabort": (("-DHC_LAB_NO_ABORT=1",), None),
+    "nr2_noabort": (("-DHC_NRANKS=2", "-DHC_LAB_NO_ABORT=1"), None),
     "split": (("-DHC_ONESHOT_SPLIT=1",), None),
     "split256": (("-DHC_ONESHOT_SPLIT=1",), lambda b: min(256, 2 * b)),  # HC_MAX_BLOCKS; senders never wait
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -147,6 +147,11 @@ PYEOF
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     pushlab) CUPY_ACCELERATORS= timeout ${PUSHLAB_LIMIT:-200} "${MPIEXEC[@]}" -n 2 python3 bench/push_lab.py --sizes "${SIZES:-256K,1M,2M,4M}" \
              --json "$OUT/push-lab.json" 2>&1 | tee "$OUT/push-lab.txt" ;;
+    eagerbind)  # the eager engine's blocking call, processes unbound and bound to a core each, twice
+      { lscpu | grep -E "^(Thread|Core|Socket|CPU\(s\)|Model name)"; echo "cpu0 siblings $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list)";
+        for b in none core none core; do echo "## mpiexec --bind-to $b"
+          CUPY_ACCELERATORS= timeout 150 mpiexec --allow-run-as-root --oversubscribe --bind-to $b --report-bindings -n 2 hpccoll bench allreduce \
+            --sizes 1K,4K --algorithms auto,oneshot_ll --persistent 2>&1 | grep -E "^ +(1K|4K) |bound|binding|Error"; done; } | tee "$OUT/eager-bind.txt" ;;
     pulllab) CUPY_ACCELERATORS= timeout ${PULLLAB_LIMIT:-200} "${MPIEXEC[@]}" -n 2 python3 bench/pull_lab.py --sizes "${PULL_SIZES:-128,1K,4K,16K,64K}" \
              --json "$OUT/pull-lab.json" 2>&1 | grep -v Warning | tee "$OUT/pull-lab.txt" ;;
     bwlab) CUPY_ACCELERATORS= timeout ${BWLAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/bw_lab.py --sizes "${SIZES:-64K,256K,1M,2M,4M,8M}" \

@@ -285,7 +285,7 @@ __device__ void allreduceOneShot(const Args& a, const IO& io) {
   const u64 packs = io.packs();
   const Pack first = loadFirst(io, packs);
   const u64 e0 = epochBegin(a);
-  bool ok = !aborted(a);
+  bool ok = HC_LAB_NO_ABORT || !aborted(a);
 #if HC_ONESHOT_SPLIT
   if (gridDim.x >= 2) {
     allreduceOneShotSplit<Proto, OP>(a, io, packs, e0, ok);
@@ -308,7 +308,7 @@ __device__ void allreduceOneShot(const Args& a, const IO& io) {
 template <class Proto, int OP>
 __device__ void allreduceTwoShot(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
-  const u64 chunk = (packs + a.nranks - 1) / a.nranks;  // packs per owner
+  const u64 chunk = (packs + nranksOf(a) - 1) / nranksOf(a);  // packs per owner
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> rs(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
@@ -345,7 +345,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
   const int lane = threadIdx.x & 31, sub = lane & 7;
   const bool counterLane = sub == 7;
   const u64 lines = (a.count + LL128::kEPL - 1) / LL128::kEPL;
-  const u64 perOwner = (lines + a.nranks - 1) / a.nranks;
+  const u64 perOwner = (lines + nranksOf(a) - 1) / nranksOf(a);
   const u64 gwarp = tid() >> 5, nwarps = nthreads() >> 5;
   const int myElems = counterLane ? HC_EPP - 1 : HC_EPP;
   bool ok = !aborted(a);
@@ -380,7 +380,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       const u64 t0 = globaltimer();
       for (u32 n = 0;; ++n) {
         if (mine) v = ldVolatile(line);
-        const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)(a.nranks - 1);  // peers only; lane 7 holds it
+        const int full = toAcc(v.e[HC_EPP - 1]) == (Acc)(nranksOf(a) - 1);  // peers only; lane 7 holds it
         const int groupFull = __shfl_sync(0xffffffffu, full, (lane & ~7) | 7);  // every lane shuffles
         const bool have = !mine || groupFull;
         if (__all_sync(0xffffffffu, have)) break;
@@ -448,7 +448,7 @@ __device__ void bcastLL(const Args& a) {
   const u64 chunks = packs > per ? (packs + per - 1) / per : 1;
   bool ok = !aborted(a);
   const int r = threadIdx.x;
-  const bool signals = r < a.nranks && r != a.rank;  // thread r talks to rank r
+  const bool signals = r < nranksOf(a) && r != a.rank;  // thread r talks to rank r
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     // every chunk is an epoch of its own, in this one launch (a 512 MiB Bcast was 2048
     // Python-driven launches of 256 KiB: 0.05 s more than NCCL's in the eigensolver's stedc)
@@ -495,8 +495,8 @@ __device__ void allgatherLL(const Args& a) {
         buf.bcast(p, x);
         stPack((T*)a.out + (a.rank * a.count) + (p0 + p) * HC_EPP, x);
       }
-      for (int k = 1; ok && k < a.nranks; ++k) {
-        const int src = (a.rank + k) % a.nranks;
+      for (int k = 1; ok && k < nranksOf(a); ++k) {
+        const int src = (a.rank + k) % nranksOf(a);
         for (u64 p = tid(); ok && p < np; p += nthreads()) {
           Pack y;
           ok = buf.recv(src, p, y);
@@ -516,8 +516,8 @@ __device__ void reduceScatter(const Args& a) {
   bool ok = !aborted(a);
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_REDUCE_SCATTER);
-    for (int k = 1; k < a.nranks; ++k) {
-      const int dst = (a.rank + k) % a.nranks;
+    for (int k = 1; k < nranksOf(a); ++k) {
+      const int dst = (a.rank + k) % nranksOf(a);
       for (u64 p = tid(); p < packs; p += nthreads())
         buf.send(dst, p, ldPack((const T*)a.in + dst * a.count + p * HC_EPP));
     }
@@ -538,7 +538,7 @@ __device__ void barrier(const Args& a) {
   const int r = threadIdx.x;
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
     const u64 mark = e0 + it + 1;
-    if (r < a.nranks && r != a.rank) {  // one block: its row of arrival words is row 0
+    if (r < nranksOf(a) && r != a.rank) {  // one block: its row of arrival words is row 0
       arrive(a, HC_OFF_BARRIER, r, mark);
       ok = awaitArrival(a, HC_OFF_BARRIER, r, mark, HC_COLL_BARRIER, 0);
     }

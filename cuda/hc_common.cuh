@@ -57,6 +57,16 @@ struct Args {
   int rank, nranks, root, iters;
 };
 
+// The rank count.  HC_NRANKS (bench/bw_lab.py's variant "nr2" only) makes it a compile-time
+// constant, so that a module built for one rank count keeps none of the other counts' code.
+__device__ __forceinline__ int nranksOf(const Args& a) {
+#ifdef HC_NRANKS
+  return HC_NRANKS;
+#else
+  return a.nranks;
+#endif
+}
+
 // The calls of a group (Communicator.group): one one-shot launch carries up to HC_GROUP_MAX
 // Allreduce calls of one dtype and op, laid end to end from pack boundaries.  The second kernel
 // parameter of the hc_allreduce_oneshot_*_group kernels, by value (1 KiB).
@@ -162,6 +172,11 @@ __device__ __forceinline__ Pack combinePack(Pack a, Pack b) {
 // HC_LAB_NO_REARM   "nowait_norearm": read slots are not re-armed (LLBuffer::rearm); only
 //                   meaningful with HC_LAB_NO_WAIT, else a poll would pass on stale data
 // Their results are wrong by design: they measure what a part of a collective costs.
+// HC_LAB_NO_ABORT   "noabort": the one-shot does not read the abort flag before its first send
+//                   (its polls still do); correct unless a peer times out
+#ifndef HC_LAB_NO_ABORT
+#define HC_LAB_NO_ABORT 0
+#endif
 #ifndef HC_LAB_NO_INPUT
 #define HC_LAB_NO_INPUT 0
 #endif

@@ -135,7 +135,7 @@ struct LLBuffer {
 
   __device__ LLBuffer(const Args& args, u64 regionOff, u64 subBytes, u64 ep, int collective)
       : a(args), sub(subBytes), flag(llFlag(ep)), coll(collective) {
-    const u64 par = (ep & 1) * (u64)args.nranks;
+    const u64 par = (ep & 1) * (u64)nranksOf(args);
     mine = args.peers[args.rank] + regionOff + par * subBytes;
     sendOff = regionOff + (par + (u64)args.rank) * subBytes;
     pair = args.peers[args.rank ^ 1] + sendOff;  // (used only when nranks == 2)
@@ -151,15 +151,15 @@ struct LLBuffer {
   }
 
   __device__ __forceinline__ void bcast(u64 slot, Pack v) const {
-    if (a.nranks == 2) {  // the common case: one peer, no loop
+    if (nranksOf(a) == 2) {  // the common case: one peer, no loop
       Proto::write(pair + slot * Proto::kBytesPerPack, v, flag);
       return;
     }
 #pragma unroll
     for (int k = 1; k < HC_MAX_RANKS; ++k) {
-      if (k >= a.nranks) break;
+      if (k >= nranksOf(a)) break;
       int peer = a.rank + k;
-      peer -= peer >= a.nranks ? a.nranks : 0;  // stagger targets so ranks don't all hit rank 0 first
+      peer -= peer >= nranksOf(a) ? nranksOf(a) : 0;  // stagger targets so ranks don't all hit rank 0 first
       send(peer, slot, v);
     }
   }
@@ -196,7 +196,7 @@ struct LLBuffer {
   template <int OP, class Then>
   __device__ __forceinline__ bool recvReduce(u64 slot, Pack own, Pack& acc, Then then) const {
     const u32 f = flag;
-    if (a.nranks == 2) {
+    if (nranksOf(a) == 2) {
       const int peer = a.rank ^ 1;
       Pack v;
       if (!recv(peer, slot, v, then)) return false;
@@ -207,7 +207,7 @@ struct LLBuffer {
     u32 pending = 0;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
-      if (r < a.nranks && r != a.rank) pending |= 1u << r;
+      if (r < nranksOf(a) && r != a.rank) pending |= 1u << r;
     const char* base = mySlot(0, slot);
     auto sweep = [&] {
 #pragma unroll
@@ -219,12 +219,12 @@ struct LLBuffer {
     if (!boundedPoll(a, coll, [&] { return __ffs(pending) - 1; }, slot, sweep)) return false;
 #pragma unroll
     for (int r = 0; r < HC_MAX_RANKS; ++r)
-      if (r < a.nranks && r != a.rank) rearm(base + (u64)r * sub);
+      if (r < nranksOf(a) && r != a.rank) rearm(base + (u64)r * sub);
     then();
     acc = a.rank == 0 ? own : v[0];  // constant indices only: v stays in registers
 #pragma unroll
     for (int r = 1; r < HC_MAX_RANKS; ++r)
-      if (r < a.nranks) acc = combinePack<OP>(acc, r == a.rank ? own : v[r]);
+      if (r < nranksOf(a)) acc = combinePack<OP>(acc, r == a.rank ? own : v[r]);
     return true;
   }
   template <int OP>
