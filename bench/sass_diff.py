@@ -2,10 +2,12 @@
 from the [test] extra)?  A change to cuda/ that leaves every kernel's SASS identical to a
 GPU-tested commit needs no new GPU run; one that does not, does.
 
-    python bench/sass_diff.py REV [--dtypes float32,bfloat16,float64,int32] [--arch sm_90]
+    python bench/sass_diff.py REV [--dtypes float32,bfloat16,float64,int32] [--ranks 2,3] [--arch sm_90]
 
-Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per dtype,
-plus the float32 in-kernel-loop module) and per function; prints the functions that differ."""
+Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per dtype and
+rank count, plus the float32 in-kernel-loop modules) and per function; prints the functions that
+differ.  (cuda/ before 07d437e ignores HC_NRANKS: its modules are the generic build, so against
+such a REV every kernel of a specialized module shows as changed.)"""
 from __future__ import annotations
 
 import argparse
@@ -37,13 +39,17 @@ def main() -> int:
     ap.add_argument("rev")
     ap.add_argument("--dtypes", default="float32,bfloat16,float64,int32")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--ranks", default="2,3", help="rank counts the modules are built for (HC_NRANKS)")
     opts = ap.parse_args()
     sys.path.insert(0, str(HERE / "tests"))
     from test_device_code import _sass_by_function  # noqa: E402  (the SASS parser the tests use)
 
     from hpccoll import _nvrtc
 
-    modules = [(dt, ()) for dt in opts.dtypes.split(",") if dt] + [("float32", ("-DHC_LOOP_FENCE=1",))]
+    # the library builds every module for its rank count (HC_NRANKS, backends/cuda.py _rank_define)
+    ranks = [f"-DHC_NRANKS={n}" for n in opts.ranks.split(",") if n]
+    modules = ([(dt, (r,)) for dt in opts.dtypes.split(",") if dt for r in ranks]
+               + [("float32", (r, "-DHC_LOOP_FENCE=1")) for r in ranks])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         trees = {"here": HERE / "cuda", opts.rev: _tree_at(opts.rev, tmp / "rev")}
@@ -58,7 +64,7 @@ def main() -> int:
     for key in sass["here"]:
         a, b = sass["here"][key], sass[opts.rev][key]
         diff = sorted(set(a) ^ set(b)) + sorted(n for n in set(a) & set(b) if a[n] != b[n])
-        name = key[0] + (" (in-kernel loop module)" if key[1] else "")
+        name = f"{key[0]} {key[1][0][3:]}" + (" (in-kernel loop module)" if len(key[1]) > 1 else "")
         print(f"{name}: {'identical' if not diff else f'{len(diff)} of {len(a)} functions differ: ' + ', '.join(diff)}")
         changed += bool(diff)
     return 1 if changed else 0

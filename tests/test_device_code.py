@@ -47,7 +47,11 @@ def cubins(tmp_path_factory):
         out["push"] = compile_module("lab_push.cu", "float32", "sm_90")
         out["pull"] = compile_module("lab_pull.cu", "float32", "sm_90")
         out["enginelab"] = compile_module("lab_engine.cu", "float32", "sm_90")
-        out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_LOOP_FENCE=1",))
+        out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_NRANKS=2", "-DHC_LOOP_FENCE=1"))
+        # the library's own builds: one per rank count (backends/cuda.py _rank_define)
+        for n in (2, 3):
+            out[f"float32-nr{n}"] = compile_module("collectives.cu", "float32", "sm_90", (f"-DHC_NRANKS={n}",))
+        out["engine-float32-nr2"] = compile_module("persistent.cu", "float32", "sm_90", ("-DHC_NRANKS=2",))
         for dt in ("float32", "bfloat16", "int64"):
             out[f"engine-{dt}"] = compile_module("persistent.cu", dt, "sm_90")
     finally:
@@ -75,10 +79,10 @@ def _sass_by_function(cubin: bytes, tmp_path) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-@pytest.mark.parametrize("dtype", list(DTYPE_CODES))
+@pytest.mark.parametrize("dtype", list(DTYPE_CODES) + ["float32-nr2", "float32-nr3"])
 def test_collective_kernels_are_barrier_free(cubins, dtype, tmp_path):
     funcs = _sass_by_function(cubins[dtype], tmp_path)
-    assert set(funcs) == expected_kernels(dtype)
+    assert set(funcs) == expected_kernels(dtype.split("-")[0])
     for name, body in funcs.items():
         hits = [line.strip() for line in body.splitlines() if BARRIERS.search(line)]
         assert not hits, f"{dtype} {name}: memory barrier in SASS: {hits[:3]}"
@@ -106,7 +110,7 @@ def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
             assert fenced, f"{name}: no fence in the loop module"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "float32-nr2"])
 def test_the_engine_module_holds_only_the_engine_and_its_three_fences(cubins, dtype, tmp_path):
     """persistent.cu includes collectives.cu for its device code but none of its entry points;
     the engine fences exactly three times (block 0's releases of the relayed call and of the
