@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -147,6 +147,11 @@ PYEOF
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     pushlab) CUPY_ACCELERATORS= timeout ${PUSHLAB_LIMIT:-200} "${MPIEXEC[@]}" -n 2 python3 bench/push_lab.py --sizes "${SIZES:-256K,1M,2M,4M}" \
              --json "$OUT/push-lab.json" 2>&1 | tee "$OUT/push-lab.txt" ;;
+    abmods)  # the collectives built per rank count (default) against the generic modules, twice each
+      for m in 1 0 1 0; do echo "## HPCCOLL_RANK_MODULES=$m"
+        HPCCOLL_RANK_MODULES=$m CUPY_ACCELERATORS= timeout 150 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_RANK_MODULES hpccoll bench allreduce \
+          --sizes "${AB_SIZES:-128,1K,4K,8K,64K,1M}" --algorithms oneshot_ll,oneshot_sentinel 2>&1 | grep -E "^ +[0-9]+[KM]? |SoL|rror"
+      done | tee "$OUT/ab-rank-modules.txt" ;;
     eagerbind)  # the eager engine's blocking call, processes unbound and bound to a core each, twice
       { lscpu | grep -E "^(Thread|Core|Socket|CPU\(s\)|Model name)"; echo "cpu0 siblings $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list)";
         for b in none core none core; do echo "## mpiexec --bind-to $b"

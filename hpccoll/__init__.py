@@ -7,6 +7,7 @@ from ._buffers import IN_PLACE
 from .comm import Communicator
 from .errors import CollectiveTimeout, HpccollError, MismatchError
 from .ops import MAX, MIN, PROD, SUM, Op
+from .request import Request
 
-__all__ = ["Communicator", "IN_PLACE", "SUM", "PROD", "MAX", "MIN", "Op",
+__all__ = ["Communicator", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN", "Op",
            "CollectiveTimeout", "HpccollError", "MismatchError", "__version__"]

@@ -24,12 +24,22 @@ def timeout_s(explicit: float | None = None) -> float:
     return float(val)
 
 
+def _switch(name: str) -> bool:
+    raw = os.environ.get(name, "1").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"{name}={raw!r}: use 1 (on, the default) or 0 (off)")
+    return raw in ("1", "true", "yes", "on")
+
+
 def pdl_mode() -> bool:
     """Programmatic dependent launch of the collective kernels (Hopper+): HPCCOLL_PDL, default on."""
-    raw = os.environ.get("HPCCOLL_PDL", "1").strip().lower()
-    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise ValueError(f"HPCCOLL_PDL={raw!r}: use 1 (on, the default) or 0 (off)")
-    return raw in ("1", "true", "yes", "on")
+    return _switch("HPCCOLL_PDL")
+
+
+def rank_specialized() -> bool:
+    """HPCCOLL_RANK_MODULES: kernels built for the communicator's rank count (default on); 0
+    builds the generic modules, which serve any count (for comparing the two)."""
+    return _switch("HPCCOLL_RANK_MODULES")
 
 
 def small_block() -> int:

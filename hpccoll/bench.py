@@ -13,6 +13,8 @@ the MPI barrier (tens of µs) lands in the first op and inflates per-op figures)
   eager           one Python call + stream synchronize per iteration (perf_counter)
   eager_persistent  (--persistent) the same with the eager engine running (hpccoll/_engine.py):
                   Allreduce rows of 'auto' / 'oneshot_ll' up to the engine's 256 KiB
+  eager_request   (--persistent) the same call as a persistent request (Allreduce_init once,
+                  then Start + Wait per iteration: MPI-4's persistent collectives), engine running
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
   graph_group     one group (Communicator.group) of G Allreduce calls into G outputs, captured
                   in a CUDA graph (hpccoll fuses them; NCCL: an NCCL group), up to 4 MiB
@@ -52,6 +54,7 @@ BASELINES = ("nccl", "torch_one_shot", "torch_two_shot", "mpi")
 COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "Allgather",
                    "reduce_scatter": "Reduce_scatter_block"}
 ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "eager_persistent_us",
+            "eager_request_us",
             "graph_us", "graph_group_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
 
 
@@ -735,7 +738,7 @@ def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, 
 
 def _row(collective, algorithm, dtype, case, **kw) -> dict:
     row = {"collective": collective, "algorithm": algorithm, "dtype": dtype, "bytes": case.nbytes,
-           "count": case.count, "eager_us": None, "eager_persistent_us": None, "graph_us": None,
+           "count": case.count, "eager_us": None, "eager_persistent_us": None, "eager_request_us": None, "graph_us": None,
            "graph_group_us": None, "in_kernel_us": None,
            "blocking_us": None, "barrier_us": None, "ok": None}
     row.update(kw)
@@ -794,7 +797,7 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     import cupy
 
     if getattr(opts, "persistent", False) and flat and _engine_takes(opts, algo, case):
-        _mode(row, "eager_persistent_us", lambda: _eager_persistent(comm, case, algo, det, opts), log)
+        _mode(row, "eager_persistent_us", lambda: _eager_persistent(comm, case, algo, det, opts, row, log), log)
 
     def graph_check(g, s):
         """One replay into a zeroed output, checked like the eager result."""
@@ -835,9 +838,10 @@ def _engine_takes(opts, algo: str, case) -> bool:
     return opts.collective == "allreduce" and algo in ENGINE_ALGOS and 0 < case.nbytes <= S_ENGINE
 
 
-def _eager_persistent(comm, case, algo, det, opts) -> float:
+def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     """eager_us with the eager engine running: checked once, then timed the same way; the
-    engine must have served every call.  Up to the engine's largest call (256 KiB), beyond
+    engine must have served every call.  Then, with the engine still up, the same call as a
+    persistent request (row's eager_request_us), checked and counted the same way.  Up to the engine's largest call (256 KiB), beyond
     start_persistent's default (64 KiB), to show where it stops paying."""
     from .backends.cuda import S_ENGINE
     from .ops import dtype_name
@@ -855,9 +859,31 @@ def _eager_persistent(comm, case, algo, det, opts) -> float:
         served = _max(mpi, eng.calls - before)
         if served != opts.iters + min(EAGER_WARMUP, opts.iters):
             raise Skip(f"the engine served {served} of the timed calls")
+        _mode(row, "eager_request_us", lambda: _eager_request(comm, case, algo, det, opts, eng), log)
         return t
     finally:
         comm.stop_persistent()
+
+
+def _eager_request(comm, case, algo, det, opts, eng) -> float:
+    """One blocking call as Start + Wait of a persistent request (Communicator.Allreduce_init):
+    checked once into a cleared output, then timed like eager_us; the engine must serve it."""
+    mpi = comm.mpi_comm
+    req = comm.Allreduce_init(case.send, case.recv, algorithm=algo, deterministic=det)
+    try:
+        case.reset(full=True)
+        comm.synchronize()
+        _guarded(mpi, lambda: (req.Start(), req.Wait()))
+        if not case.check(mpi, case.host_result()):
+            raise Skip("wrong result through a persistent request")
+        before = eng.calls
+        t = time_eager(mpi, req.Start, req.Wait, opts.iters, True, device_wide=False)
+        served = _max(mpi, eng.calls - before)
+        if served != opts.iters + min(EAGER_WARMUP, opts.iters):
+            raise Skip(f"the engine served {served} of the timed Starts")
+        return t
+    finally:
+        req.Free()
 
 
 def _barrier_graph_us(comm, opts):
@@ -1146,7 +1172,7 @@ def _f(v, w: int = 8, p: int = 2) -> str:
     return str(v).rjust(w)
 
 
-COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("eager*", 7),
+COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("eager*", 7), ("req*", 6),
            ("graph", 8), ("group", 7),
            ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
            ("ok", 3)]
@@ -1168,7 +1194,7 @@ def format_table(result: dict) -> str:
                      "peer store; +pdl: programmatic launch): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
-                 "engine running; graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
+                 "engine running; req*: Start + Wait of a persistent request, engine running; graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
                  f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
                  "inside one launch, the slope between loops of K and 4K ops; blocking: graph op + "
                  "device barrier - barrier)")
@@ -1177,7 +1203,8 @@ def format_table(result: dict) -> str:
         algo = r["algorithm"] + (f"({r['resolved']})" if r.get("resolved") else "")
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
-                 r.get("eager_us"), r.get("eager_persistent_us"), r.get("graph_us"), r.get("graph_group_us"),
+                 r.get("eager_us"), r.get("eager_persistent_us"), r.get("eager_request_us"), r.get("graph_us"),
+                 r.get("graph_group_us"),
                  r.get("in_kernel_us"),
                  r.get("blocking_us"),
                  r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),

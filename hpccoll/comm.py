@@ -21,6 +21,7 @@ from .backends.host import HostBackend
 from .errors import HpccollError
 from .hier import Hierarchical, node_layout
 from .ops import SUM, dtype_name
+from .request import Request
 
 log = logging.getLogger("hpccoll")
 
@@ -71,6 +72,7 @@ class Communicator:
         self._hier = None
         self._lock = threading.Lock()
         self._fast: dict = {}  # collective name -> _FastCall of its last device call
+        self._plan_gen = 0  # bumped whenever prepared launches go stale (requests re-plan)
         self._group: list | None = None  # the calls queued inside `with comm.group():`
         self._freed = False
         self._requested = backend
@@ -157,7 +159,7 @@ class Communicator:
         if self._freed:
             return
         self._freed = True
-        self._fast.clear()
+        self._invalidate_plans()
         if self._hier is not None:
             self._hier.free()
         if self._device is not None:
@@ -315,6 +317,85 @@ class Communicator:
         self._run("Allgather", sendbuf, recvbuf, algorithm=algorithm,
                   deterministic=deterministic, stream=stream)
 
+    # -- persistent collectives (MPI-4; hpccoll/request.py) ---------------------------
+    def Allreduce_init(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None,
+                       stream=None) -> Request:
+        """A persistent Allreduce: validated now, issued by every `Start()`, finished by `Wait()`."""
+        return Request(self, "Allreduce", sendbuf, recvbuf, op, None, algorithm, deterministic, stream)
+
+    def Bcast_init(self, buf, root: int = 0, *, algorithm=None, deterministic=None, stream=None) -> Request:
+        """A persistent Bcast (see Allreduce_init)."""
+        return Request(self, "Bcast", None, buf, None, root, algorithm, deterministic, stream)
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None,
+                                  stream=None) -> Request:
+        """A persistent Reduce_scatter_block (see Allreduce_init)."""
+        return Request(self, "Reduce_scatter_block", sendbuf, recvbuf, op, None, algorithm, deterministic, stream)
+
+    def Allgather_init(self, sendbuf, recvbuf, *, algorithm=None, deterministic=None, stream=None) -> Request:
+        """A persistent Allgather (see Allreduce_init)."""
+        return Request(self, "Allgather", sendbuf, recvbuf, None, None, algorithm, deterministic, stream)
+
+    @staticmethod
+    def _busy(name: str) -> HpccollError:
+        return _in_flight(name)
+
+    def _invalidate_plans(self) -> None:
+        self._fast.clear()
+        self._plan_gen += 1
+
+    def _validate_persistent(self, req: Request) -> None:
+        """A request's arguments, checked once (local: no communication) and its launch
+        prepared where one launch serves it (check mode: never, so every Start checks)."""
+        if self._freed:
+            raise HpccollError(f"{req._name}_init: this communicator was freed")
+        call = prepare(req._name, self.size, req._send, req._recv, op=req._op, root=req._root)
+        _check_stream(req._name, req._stream)
+        op = call.op.name if call.op else None
+        device = self._device if self._hier is None and call.recv.is_device else None
+        if device is None:
+            if self._hier is None and req._algo not in ("auto", "mpi", "host"):
+                raise ValueError(f"{req._name}_init: algorithm={req._algo!r} needs device buffers on the "
+                                 "cuda backend; this call runs on the host backend: use 'auto'")
+            return
+        resolve = getattr(device, "resolve", None)
+        if resolve is not None:  # unknown or unfit algorithm names raise here
+            resolve(call.name, call.recv.dtype, op, call.send.nbytes, req._det, req._algo)
+        req._call = call
+        self._plan_request(req)
+
+    def _plan_request(self, req: Request) -> None:
+        eligible = (req._call is not None and not self.check and hasattr(self._device, "plan")
+                    and _FastCall.eligible(req._send, req._recv))
+        req._plan = self._device.plan(req._call, req._det, req._algo) if eligible else None
+        req._gen = self._plan_gen
+
+    def _start_persistent_request(self, req: Request) -> None:
+        """Start's slow path: in a group, after the prepared launch went stale, or where none
+        serves the call (staging, several launches, host backend, check mode)."""
+        if self._freed:
+            raise HpccollError(f"{req._name}_init request: Start after the communicator was freed")
+        if self._group is None and req._gen != self._plan_gen and req._call is not None:
+            self._plan_request(req)
+            if req._plan is not None:
+                with self._exclusive(req._name):
+                    req._plan.launch(req._stream)
+                return
+        self._run(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det, req._stream)
+
+    def _stream_idle(self, stream) -> bool:
+        """Has every operation queued on `stream` finished?  (Host backend: always.)"""
+        if self._device is None and self._hier is None:
+            return True
+        import cupy
+
+        from .backends.cuda import _stream_ptr
+
+        try:
+            return cupy.cuda.runtime.streamQuery(_stream_ptr(stream)) == 0
+        except cupy.cuda.runtime.CUDARuntimeError:  # cudaErrorNotReady
+            return False
+
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
         self._outside_group("Barrier", "after")
@@ -363,7 +444,7 @@ class Communicator:
             raise HpccollError(f"start_persistent: needs the single-node cuda backend; this communicator's "
                                f"backend is {self.backend!r} (open it with backend='cuda' on one node)")
         with self._exclusive("start_persistent"):
-            self._fast.clear()  # prepared launches: the grid cap may change
+            self._invalidate_plans()  # prepared launches: the grid cap may change
             self._device.start_engine(name, blocks, max_bytes)
 
     def stop_persistent(self, dtype=None) -> None:
@@ -372,7 +453,7 @@ class Communicator:
             return
         self._outside_group("stop_persistent", "after")
         with self._exclusive("stop_persistent"):
-            self._fast.clear()
+            self._invalidate_plans()
             if dtype is None:
                 self._device.stop_engines()
             else:
@@ -401,6 +482,13 @@ class Communicator:
         out = _empty_like(x)
         self.Allreduce(x, out, op=op, **kw)
         return out
+
+
+def _check_stream(name: str, stream) -> None:
+    if stream is None or isinstance(stream, int) or any(hasattr(stream, a) for a in ("ptr", "cuda_stream", "handle")):
+        return
+    raise TypeError(f"{name}_init: stream must be a CuPy/torch stream or a raw handle (int), "
+                    f"not {type(stream).__name__}")
 
 
 def _in_flight(name: str) -> HpccollError:

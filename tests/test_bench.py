@@ -83,6 +83,7 @@ def fake_result(nranks=2):
             res["rows"].append({"collective": "allreduce", "algorithm": algo, "dtype": "float32", "bytes": b,
                                 "count": b // 4, "eager_us": eager,
                                 "eager_persistent_us": 5.5 if algo == "auto" else None,
+                                "eager_request_us": 4.5 if algo == "auto" else None,
                                 "graph_us": graph, "in_kernel_us": ik,
                                 "graph_group_us": {"oneshot_sentinel": 0.25, "auto": 0.26, "nccl": 1.0}.get(algo),
                                 "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
@@ -119,9 +120,9 @@ def test_format_table():
     assert first[:4] == ["1K", "256", "float32", "oneshot_sentinel"] and first[-1] == "yes"
     assert "5.00" in data[0]  # x vs NCCL
     auto = data[1].split()
-    assert auto[3].startswith("auto") and auto[4:6] == ["9.10", "5.50"]  # eager, eager* (engine)
-    assert first[4:6] == ["9.00", "-"]  # no engine row: eager* empty
-    assert first[6:8] == ["2.00", "0.25"]  # graph, group
+    assert auto[3].startswith("auto") and auto[4:7] == ["9.10", "5.50", "4.50"]  # eager, eager*, req*
+    assert first[4:7] == ["9.00", "-", "-"]  # no engine row: eager* and req* empty
+    assert first[7:9] == ["2.00", "0.25"]  # graph, group
 
 
 def test_json_schema(tmp_path):

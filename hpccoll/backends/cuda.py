@@ -199,6 +199,7 @@ class CudaBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
+        self.rank_modules = _env.rank_specialized()
         self.small_block = _env.small_block()
         devices, sms, small = zip(*mpi_comm.allgather((self.device_id, self.sms, self.small_block)))  # per rank
         # Launch configurations must be the same on every rank (the same thread handles pack p,
@@ -273,7 +274,7 @@ class CudaBackend:
         # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
         # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
         # is written atomically.  Loaded modules are shared by the process's communicators.
-        key = (self.device_id, dtype, loop, self.size)
+        key = (self.device_id, dtype, loop, self._rank_define())
         mod = _MODULES.get(key)
         if mod is None:
             extra = self._rank_define() + (("-DHC_LOOP_FENCE=1",) if loop else ())
@@ -285,8 +286,9 @@ class CudaBackend:
         nranksOf): the kernels then keep no code for other counts (2 ranks: one-shot LL 4520 ->
         1656 SASS lines, 124 -> 54 registers).  2xH200, bench/bw_lab.py at 07d437e, one run:
         one-shot sentinel per op in a graph 0.04-0.09 us faster at every size from 128 B to
-        1 MiB (2.47 -> 2.42 at 128 B, 2.84 -> 2.75 at 64 KiB, 5.76 -> 5.67 at 1 MiB)."""
-        return (f"-DHC_NRANKS={self.size}",)
+        1 MiB (2.47 -> 2.42 at 128 B, 2.84 -> 2.75 at 64 KiB, 5.76 -> 5.67 at 1 MiB).
+        HPCCOLL_RANK_MODULES=0: the generic modules instead."""
+        return (f"-DHC_NRANKS={self.size}",) if self.rank_modules else ()
 
     def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0), loop: bool = False) -> Launcher:
         key = (dtype, kernel, loop)
@@ -716,7 +718,7 @@ class CudaBackend:
         return {d: e for d, (e, _) in self._engines.items()}
 
     def _engine_module(self, dtype: str) -> Module:
-        key = (self.device_id, dtype, "engine", self.size)
+        key = (self.device_id, dtype, "engine", self._rank_define())
         mod = _MODULES.get(key)
         if mod is None:
             mod = _MODULES[key] = Module(compile_module("persistent.cu", dtype, self.arch, self._rank_define()))
