@@ -44,6 +44,16 @@ def bits(a):
     return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
+def check_bitwise(got, ref, what):
+    """got == ref bit for bit, and the same bits on every rank (a digest compared across them)."""
+    import hashlib
+
+    bad = np.flatnonzero(bits(got) != bits(ref))
+    assert bad.size == 0, f"{what}: {bad.size} elements differ (first: {bad[:5]})"
+    digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
+    assert len(set(world().allgather(digest))) == 1, f"{what}: results differ across ranks"
+
+
 def world():
     from mpi4py import MPI
 

@@ -7,11 +7,10 @@ Fresh random data for every group, compared BITWISE with the fixed-rank-order ho
 and each test checks how the calls were launched (which ran fused, which alone)."""
 from __future__ import annotations
 
-import hashlib
 
 import numpy as np
 import pytest
-from _gpu_checks import bits as _bits
+from _gpu_checks import check_bitwise as _check
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
@@ -20,13 +19,6 @@ import hpccoll
 from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
-
-
-def _check(got, ref, what):
-    bad = np.flatnonzero(_bits(got) != _bits(ref))
-    assert bad.size == 0, f"{what}: {bad.size} elements differ (first: {bad[:5]})"
-    digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
-    assert len(set(_world().allgather(digest))) == 1, f"{what}: results differ across ranks"
 
 
 @pytest.fixture
