@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -26,6 +27,8 @@ def _info(args) -> int:
 
         nccl_why = nccl_unavailable_reason()
     print(f"  nccl: {'available' if nccl_why is None else 'unavailable: ' + nccl_why}")
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("HPCCOLL_"))
+    print("environment: " + (" ".join(f"{k}={v}" for k, v in env) if env else "no HPCCOLL_* variables set"))
     if why is not None:
         print(f"GPUs: no GPU ({why})")
         return 0

@@ -1,6 +1,7 @@
 """The `hpccoll` command line (hpccoll/cli.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -18,6 +19,17 @@ def test_info_in_process(capsys):
     assert "  host: available" in out
     assert "  cuda: " in out and "  nccl: " in out
     assert "GPUs: " in out
+
+
+def test_info_lists_the_hpccoll_variables_set(capsys, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("HPCCOLL_")]:
+        monkeypatch.delenv(k)
+    main(["info"])
+    assert "environment: no HPCCOLL_* variables set" in capsys.readouterr().out
+    monkeypatch.setenv("HPCCOLL_TIMEOUT", "7")
+    monkeypatch.setenv("HPCCOLL_PDL", "0")
+    main(["info"])
+    assert "environment: HPCCOLL_PDL=0 HPCCOLL_TIMEOUT=7" in capsys.readouterr().out
 
 
 def test_info_reports_why_there_is_no_gpu(capsys):
