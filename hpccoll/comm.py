@@ -189,19 +189,9 @@ class Communicator:
         repeat = fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det)
         if repeat and fast.plan is not None:
             # the eager fast path: the same buffers, arguments and policy as the last call
-            lock = self._lock
-            if not lock.acquire(blocking=False):
-                raise _in_flight(name)
-            try:
-                fast.plan.launch(stream)
-            finally:
-                lock.release()
+            self._launch_plan(fast.plan, stream, name)
             return
-        if self._freed:
-            raise HpccollError(f"{name}: this communicator was freed")
-        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
-        if self.check:
-            check_agreement(self._comm, call)
+        call = self._prepare(name, sendbuf, recvbuf, op, root)
         if not self._lock.acquire(blocking=False):
             raise _in_flight(name)
         try:
@@ -209,6 +199,26 @@ class Communicator:
                 self._remember(name, call, sendbuf, recvbuf, op, root, algo, det, repeat)
         finally:
             self._lock.release()
+
+    def _prepare(self, name, sendbuf, recvbuf, op, root):
+        """A call validated (and in check mode, agreed across ranks) on a live communicator."""
+        if self._freed:
+            raise HpccollError(f"{name}: this communicator was freed")
+        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
+        if self.check:
+            check_agreement(self._comm, call)
+        return call
+
+    def _launch_plan(self, plan, stream, name) -> None:
+        """A prepared launch (FastLaunch / EnginePlan), one collective at a time (the fast
+        paths of repeated calls and of persistent requests)."""
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            raise _in_flight(name)
+        try:
+            plan.launch(stream)
+        finally:
+            lock.release()
 
     def _dispatch(self, call, det, algo, stream) -> bool:
         """Run one validated call on the backend it belongs to; True when that was the device
@@ -223,9 +233,8 @@ class Communicator:
         return False
 
     def _host_call(self, call, det, algo) -> None:
-        if algo not in ("auto", "mpi", "host") and self._device is None:
-            raise ValueError(f"{call.name}: algorithm={algo!r} needs device buffers on the cuda backend; "
-                             "this call runs on the host backend: use 'auto'")
+        if self._device is None:
+            _check_host_algorithm(call.name, algo)
         getattr(self._host, _METHOD[call.name])(call, det, algo)
 
     # -- groups ------------------------------------------------------------------
@@ -263,12 +272,7 @@ class Communicator:
                                f"block exits): call it {where} the block")
 
     def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
-        if self._freed:
-            raise HpccollError(f"{name}: this communicator was freed")
-        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
-        if self.check:
-            check_agreement(self._comm, call)
-        self._group.append((call, det, algo, stream))
+        self._group.append((self._prepare(name, sendbuf, recvbuf, op, root), det, algo, stream))
 
     def _issue(self, items) -> None:
         """A group's calls in order: runs of device calls through the backend's run_group."""
@@ -336,10 +340,6 @@ class Communicator:
         """A persistent Allgather (see Allreduce_init)."""
         return Request(self, "Allgather", sendbuf, recvbuf, None, None, algorithm, deterministic, stream)
 
-    @staticmethod
-    def _busy(name: str) -> HpccollError:
-        return _in_flight(name)
-
     def _invalidate_plans(self) -> None:
         self._fast.clear()
         self._plan_gen += 1
@@ -350,13 +350,15 @@ class Communicator:
         if self._freed:
             raise HpccollError(f"{req._name}_init: this communicator was freed")
         call = prepare(req._name, self.size, req._send, req._recv, op=req._op, root=req._root)
-        _check_stream(req._name, req._stream)
+        if req._stream is not None:
+            from .backends.cuda import _stream_ptr
+
+            _stream_ptr(req._stream)  # a stream of the wrong type raises here
         op = call.op.name if call.op else None
         device = self._device if self._hier is None and call.recv.is_device else None
         if device is None:
-            if self._hier is None and req._algo not in ("auto", "mpi", "host"):
-                raise ValueError(f"{req._name}_init: algorithm={req._algo!r} needs device buffers on the "
-                                 "cuda backend; this call runs on the host backend: use 'auto'")
+            if self._hier is None:
+                _check_host_algorithm(f"{req._name}_init", req._algo)
             return
         resolve = getattr(device, "resolve", None)
         if resolve is not None:  # unknown or unfit algorithm names raise here
@@ -378,8 +380,7 @@ class Communicator:
         if self._group is None and req._gen != self._plan_gen and req._call is not None:
             self._plan_request(req)
             if req._plan is not None:
-                with self._exclusive(req._name):
-                    req._plan.launch(req._stream)
+                self._launch_plan(req._plan, req._stream, req._name)
                 return
         self._run(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det, req._stream)
 
@@ -484,11 +485,10 @@ class Communicator:
         return out
 
 
-def _check_stream(name: str, stream) -> None:
-    if stream is None or isinstance(stream, int) or any(hasattr(stream, a) for a in ("ptr", "cuda_stream", "handle")):
-        return
-    raise TypeError(f"{name}_init: stream must be a CuPy/torch stream or a raw handle (int), "
-                    f"not {type(stream).__name__}")
+def _check_host_algorithm(name: str, algo: str) -> None:
+    if algo not in ("auto", "mpi", "host"):
+        raise ValueError(f"{name}: algorithm={algo!r} needs device buffers on the cuda backend; "
+                         "this call runs on the host backend: use 'auto'")
 
 
 def _in_flight(name: str) -> HpccollError:

@@ -45,13 +45,7 @@ class Request:
             raise HpccollError(f"{self._name}_init request: Start on an active request: call Wait() first")
         comm = self._comm
         if comm._group is None and self._gen == comm._plan_gen and self._plan is not None:
-            lock = comm._lock
-            if not lock.acquire(blocking=False):
-                raise comm._busy(self._name)
-            try:
-                self._plan.launch(self._stream)
-            finally:
-                lock.release()
+            comm._launch_plan(self._plan, self._stream, self._name)
         else:
             comm._start_persistent_request(self)
         self._active = True
