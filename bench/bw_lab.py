@@ -26,7 +26,7 @@ Variants (name: defines, grid: blocks -> blocks); each names its defines, whatev
   nr2         HC_NRANKS=2: the rank count a compile-time constant (the kernels keep no code for
               other counts: one-shot LL 4520 -> 1656 SASS lines, 124 -> 54 registers); 2 ranks
               only, as this lab.  Since its run (07d437e) the library builds every module so
-              (backends/cuda.py _rank_define): "library" is this variant now
+              (backends/cuda.py rank_defines): "library" is this variant now
   noabort     HC_LAB_NO_ABORT=1: the one-shot does not read the abort flag before its first send
   split       HC_ONESHOT_SPLIT=1: one-shot's first half of the blocks only send, the second half
               only receive; split256: the same on twice the library's blocks (at most 256)

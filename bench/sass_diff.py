@@ -46,7 +46,7 @@ def main() -> int:
 
     from hpccoll import _nvrtc
 
-    # the library builds every module for its rank count (HC_NRANKS, backends/cuda.py _rank_define)
+    # the library builds every module for its rank count (HC_NRANKS, backends/cuda.py rank_defines)
     ranks = [f"-DHC_NRANKS={n}" for n in opts.ranks.split(",") if n]
     modules = ([(dt, (r,)) for dt in opts.dtypes.split(",") if dt for r in ranks]
                + [("float32", (r, "-DHC_LOOP_FENCE=1")) for r in ranks])

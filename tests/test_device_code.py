@@ -48,7 +48,7 @@ def cubins(tmp_path_factory):
         out["pull"] = compile_module("lab_pull.cu", "float32", "sm_90")
         out["enginelab"] = compile_module("lab_engine.cu", "float32", "sm_90")
         out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_NRANKS=2", "-DHC_LOOP_FENCE=1"))
-        # the library's own builds: one per rank count (backends/cuda.py _rank_define)
+        # the library's own builds: one per rank count (backends/cuda.py rank_defines)
         for n in (2, 3):
             out[f"float32-nr{n}"] = compile_module("collectives.cu", "float32", "sm_90", (f"-DHC_NRANKS={n}",))
         out["engine-float32-nr2"] = compile_module("persistent.cu", "float32", "sm_90", ("-DHC_NRANKS=2",))

@@ -36,7 +36,7 @@ COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_blo
 log = logging.getLogger("hpccoll")
 OPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
 SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see proto_sentinel.cuh)
-_MODULES: dict[tuple, Module] = {}  # (device, dtype, loop or "engine", ranks) -> loaded kernels
+_MODULES: dict[tuple, Module] = {}  # (device, source, dtype, compile defines) -> loaded kernels
 
 
 def kernel_names(dtype: str) -> set[str]:
@@ -199,7 +199,13 @@ class CudaBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         self.pdl = _env.pdl_mode() and int(props["major"]) >= 9
-        self.rank_modules = _env.rank_specialized()
+        # Every module is built for this communicator's rank count (HC_NRANKS, hc_common.cuh's
+        # nranksOf): the kernels then keep no code for other counts (2 ranks: one-shot LL 4520 ->
+        # 1656 SASS lines, 124 -> 54 registers).  2xH200, bench/bw_lab.py at 07d437e, one run:
+        # one-shot sentinel per op in a graph 0.04-0.09 us faster at every size from 128 B to
+        # 1 MiB (2.47 -> 2.42 at 128 B, 2.84 -> 2.75 at 64 KiB, 5.76 -> 5.67 at 1 MiB).
+        # HPCCOLL_RANK_MODULES=0: the generic modules instead.
+        self.rank_defines = (f"-DHC_NRANKS={self.size}",) if _env.rank_specialized() else ()
         self.small_block = _env.small_block()
         devices, sms, small = zip(*mpi_comm.allgather((self.device_id, self.sms, self.small_block)))  # per rank
         # Launch configurations must be the same on every rank (the same thread handles pack p,
@@ -274,21 +280,17 @@ class CudaBackend:
         # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
         # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
         # is written atomically.  Loaded modules are shared by the process's communicators.
-        key = (self.device_id, dtype, loop, self._rank_define())
+        return self._load("collectives.cu", dtype, self.rank_defines + (("-DHC_LOOP_FENCE=1",) if loop else ()))
+
+    def _engine_module(self, dtype: str) -> Module:
+        return self._load("persistent.cu", dtype, self.rank_defines)
+
+    def _load(self, source: str, dtype: str, extra: tuple[str, ...]) -> Module:
+        key = (self.device_id, source, dtype, extra)
         mod = _MODULES.get(key)
         if mod is None:
-            extra = self._rank_define() + (("-DHC_LOOP_FENCE=1",) if loop else ())
-            mod = _MODULES[key] = Module(compile_module("collectives.cu", dtype, self.arch, extra))
+            mod = _MODULES[key] = Module(compile_module(source, dtype, self.arch, extra))
         return mod
-
-    def _rank_define(self) -> tuple[str, ...]:
-        """Every module is built for this communicator's rank count (HC_NRANKS, hc_common.cuh's
-        nranksOf): the kernels then keep no code for other counts (2 ranks: one-shot LL 4520 ->
-        1656 SASS lines, 124 -> 54 registers).  2xH200, bench/bw_lab.py at 07d437e, one run:
-        one-shot sentinel per op in a graph 0.04-0.09 us faster at every size from 128 B to
-        1 MiB (2.47 -> 2.42 at 128 B, 2.84 -> 2.75 at 64 KiB, 5.76 -> 5.67 at 1 MiB).
-        HPCCOLL_RANK_MODULES=0: the generic modules instead."""
-        return (f"-DHC_NRANKS={self.size}",) if self.rank_modules else ()
 
     def _launcher(self, dtype: str, kernel: str, region, region2=(0, 0), loop: bool = False) -> Launcher:
         key = (dtype, kernel, loop)
@@ -678,9 +680,9 @@ class CudaBackend:
 
     def _preload(self) -> None:
         """cuModuleGetFunction (which loads a kernel) of every kernel of every module loaded here."""
-        for key, mod in list(_MODULES.items()):
-            if key[0] == self.device_id:
-                for name in (("hc_engine",) if key[2] == "engine" else kernel_names(key[1])):
+        for (device, source, dtype, _extra), mod in list(_MODULES.items()):
+            if device == self.device_id:
+                for name in (("hc_engine",) if source == "persistent.cu" else kernel_names(dtype)):
                     mod.fn(name)
 
     def _launch_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
@@ -716,13 +718,6 @@ class CudaBackend:
 
     def engines(self) -> dict[str, Engine]:
         return {d: e for d, (e, _) in self._engines.items()}
-
-    def _engine_module(self, dtype: str) -> Module:
-        key = (self.device_id, dtype, "engine", self._rank_define())
-        mod = _MODULES.get(key)
-        if mod is None:
-            mod = _MODULES[key] = Module(compile_module("persistent.cu", dtype, self.arch, self._rank_define()))
-        return mod
 
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
