@@ -225,15 +225,7 @@ class Case:
         return prepare(COLLECTIVE_CALL[self.collective], self.size, self.send, self.recv, op=op)
 
     def call(self, comm, algorithm=None, deterministic=None, stream=None):
-        kw = {"algorithm": algorithm, "deterministic": deterministic, "stream": stream}
-        if self.collective == "allreduce":
-            comm.Allreduce(self.send, self.recv, **kw)
-        elif self.collective == "bcast":
-            comm.Bcast(self.recv, root=0, **kw)
-        elif self.collective == "allgather":
-            comm.Allgather(self.send, self.recv, **kw)
-        else:
-            comm.Reduce_scatter_block(self.send, self.recv, **kw)
+        self.bound(comm, algorithm, deterministic)(stream=stream)
 
     def bound(self, comm, algorithm=None, deterministic=None):
         """The blocking call as a user writes it, bound once: comm.Allreduce(send, recv), with
@@ -738,9 +730,7 @@ def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, 
 
 def _row(collective, algorithm, dtype, case, **kw) -> dict:
     row = {"collective": collective, "algorithm": algorithm, "dtype": dtype, "bytes": case.nbytes,
-           "count": case.count, "eager_us": None, "eager_persistent_us": None, "eager_request_us": None, "graph_us": None,
-           "graph_group_us": None, "in_kernel_us": None,
-           "blocking_us": None, "barrier_us": None, "ok": None}
+           "count": case.count, **dict.fromkeys(k for k in ROW_KEYS if k.endswith("_us")), "ok": None}
     row.update(kw)
     return row
 
@@ -841,8 +831,9 @@ def _engine_takes(opts, algo: str, case) -> bool:
 def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     """eager_us with the eager engine running: checked once, then timed the same way; the
     engine must have served every call.  Then, with the engine still up, the same call as a
-    persistent request (row's eager_request_us), checked and counted the same way.  Up to the engine's largest call (256 KiB), beyond
-    start_persistent's default (64 KiB), to show where it stops paying."""
+    persistent request (row's eager_request_us), checked and counted the same way.  Up to the
+    engine's largest call (256 KiB), beyond start_persistent's default (64 KiB), to show where
+    it stops paying."""
     from .backends.cuda import S_ENGINE
     from .ops import dtype_name
 
@@ -854,11 +845,7 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
         _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
         if not case.check(mpi, case.host_result()):
             raise Skip("wrong result through the eager engine")
-        before = eng.calls
-        t = time_eager(mpi, case.bound(comm, algo, det), comm.synchronize, opts.iters, True, device_wide=False)
-        served = _max(mpi, eng.calls - before)
-        if served != opts.iters + min(EAGER_WARMUP, opts.iters):
-            raise Skip(f"the engine served {served} of the timed calls")
+        t = _time_on_engine(mpi, eng, case.bound(comm, algo, det), comm.synchronize, opts, "calls")
         _mode(row, "eager_request_us", lambda: _eager_request(comm, case, algo, det, opts, eng), log)
         return t
     finally:
@@ -876,14 +863,19 @@ def _eager_request(comm, case, algo, det, opts, eng) -> float:
         _guarded(mpi, lambda: (req.Start(), req.Wait()))
         if not case.check(mpi, case.host_result()):
             raise Skip("wrong result through a persistent request")
-        before = eng.calls
-        t = time_eager(mpi, req.Start, req.Wait, opts.iters, True, device_wide=False)
-        served = _max(mpi, eng.calls - before)
-        if served != opts.iters + min(EAGER_WARMUP, opts.iters):
-            raise Skip(f"the engine served {served} of the timed Starts")
-        return t
+        return _time_on_engine(mpi, eng, req.Start, req.Wait, opts, "Starts")
     finally:
         req.Free()
+
+
+def _time_on_engine(mpi, eng, fn, sync, opts, what: str) -> float:
+    """time_eager of blocking calls the running engine `eng` must serve, every one of them."""
+    before = eng.calls
+    t = time_eager(mpi, fn, sync, opts.iters, True, device_wide=False)
+    served = _max(mpi, eng.calls - before)
+    if served != opts.iters + min(EAGER_WARMUP, opts.iters):
+        raise Skip(f"the engine served {served} of the timed {what}")
+    return t
 
 
 def _barrier_graph_us(comm, opts):
@@ -917,7 +909,7 @@ def bench_nccl(nccl_comm, cuda_comm, case, opts, log) -> dict:
         row["ok"] = False
         row.setdefault("skipped", {})["all"] = str(exc)
         return row
-    _mode(row, "eager_us", lambda: time_eager(mpi, lambda: case.call(nccl_comm), sync, opts.iters, True), log)
+    _mode(row, "eager_us", lambda: time_eager(mpi, case.bound(nccl_comm), sync, opts.iters, True), log)
     _mode(row, "graph_us", lambda: time_graph(mpi, lambda s: case.call(nccl_comm, stream=s), opts.iters), log)
     if case.collective == "allreduce":
         _mode(row, "graph_group_us", lambda: time_graph_group(nccl_comm, case, opts.iters), log)
@@ -1194,7 +1186,8 @@ def format_table(result: dict) -> str:
                      "peer store; +pdl: programmatic launch): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
-                 "engine running; req*: Start + Wait of a persistent request, engine running; graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
+                 "engine running; req*: Start + Wait of a persistent request, engine running; "
+                 "graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
                  f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
                  "inside one launch, the slope between loops of K and 4K ops; blocking: graph op + "
                  "device barrier - barrier)")
