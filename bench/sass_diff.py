@@ -64,7 +64,7 @@ def main() -> int:
     for key in sass["here"]:
         a, b = sass["here"][key], sass[opts.rev][key]
         diff = sorted(set(a) ^ set(b)) + sorted(n for n in set(a) & set(b) if a[n] != b[n])
-        name = f"{key[0]} {key[1][0][3:]}" + (" (in-kernel loop module)" if len(key[1]) > 1 else "")
+        name = f"{key[0]} {key[1][0][2:]}" + (" (in-kernel loop module)" if len(key[1]) > 1 else "")
         print(f"{name}: {'identical' if not diff else f'{len(diff)} of {len(a)} functions differ: ' + ', '.join(diff)}")
         changed += bool(diff)
     return 1 if changed else 0
