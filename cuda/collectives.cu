@@ -268,8 +268,8 @@ __device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, const IO& io
   return ok;
 }
 
-// The same, choosing the kept-pack path where it applies: the eager engine's entry
-// (persistent.cu), which keeps its own epochs.
+// The same, choosing the kept-pack path where it applies: the launched one-shot's body, and the
+// eager engine's entry (persistent.cu), which keeps its own epochs.
 template <class Proto, int OP, class IO>
 __device__ __forceinline__ bool allreduceOneShotFrom(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
                                                      bool ok) {
@@ -293,14 +293,7 @@ __device__ void allreduceOneShot(const Args& a, const IO& io) {
     return;
   }
 #endif
-#if HC_ONESHOT_KEEP > 0
-  if (packs <= HC_ONESHOT_KEEP * nthreads()) {  // grid-uniform
-    allreduceOneShotKept<Proto, OP>(a, io, packs, first, e0, ok);
-    epochEnd(a, e0, a.iters);
-    return;
-  }
-#endif
-  allreduceOneShotLoop<Proto, OP>(a, io, packs, first, e0, ok);
+  allreduceOneShotFrom<Proto, OP>(a, io, packs, first, e0, ok);
   epochEnd(a, e0, a.iters);
 }
 

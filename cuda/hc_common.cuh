@@ -57,8 +57,9 @@ struct Args {
   int rank, nranks, root, iters;
 };
 
-// The rank count.  HC_NRANKS (bench/bw_lab.py's variant "nr2" only) makes it a compile-time
-// constant, so that a module built for one rank count keeps none of the other counts' code.
+// The rank count.  HC_NRANKS makes it a compile-time constant, so that a module built for one
+// rank count keeps none of the other counts' code (the library builds every module so:
+// backends/cuda.py rank_defines).
 __device__ __forceinline__ int nranksOf(const Args& a) {
 #ifdef HC_NRANKS
   return HC_NRANKS;
