@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|mpson|mpsoff|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -69,9 +69,14 @@ PYEOF
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
     elab) timeout 150 "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" 2>&1 \
             | grep -v Warning | tail -25 | tee "$OUT/engine-lab.txt" ;;
-    pbench) timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
-             --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --json "$OUT/bench-persistent-${DTYPE:-float32}.json" \
-             2>&1 | tee "$OUT/bench-persistent-${DTYPE:-float32}.txt" ;;
+    pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
+              i=$((i + 1))
+              timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
+               --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --engine-order $order \
+               --json "$OUT/bench-persistent-${DTYPE:-float32}-$i-$order.json" 2>&1 | tee -a "$OUT/bench-persistent-${DTYPE:-float32}.txt"
+            done ;;
+    mpson) mps_on ;;    # every later stage's ranks share the GPUs through MPS (e.g. 2 ranks on ONE GPU)
+    mpsoff) mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --persistent --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;

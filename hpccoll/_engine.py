@@ -24,7 +24,7 @@ import ctypes
 import time
 
 from ._driver import Args, check, host_device_pointer, libcuda
-from .errors import CollectiveTimeout
+from .errors import CollectiveTimeout, HpccollError
 
 HOST_BYTES = 256  # mapped host memory per engine: bell [0, 8), desc [64, 96), done [128, 192)
 MAX_BLOCKS = 8
@@ -54,7 +54,7 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error, host: int, doorbell: str = "host", esize: int = 4):
+                 host_error, host: int, doorbell: str = "host", esize: int = 4, verify: bool = False):
         """host: HOST_BYTES of mapped host memory, owned by the caller (freeing pinned memory
         synchronizes the device, so it must outlive every engine).
         doorbell: how a call is posted and ordered after the caller's stream.
@@ -63,7 +63,12 @@ class Engine:
                     over PCIe;
           "stream": the host enqueues the doorbell's store on the caller's stream
                     (cuStreamWriteValue64): the GPU writes it into device memory once the
-                    stream's earlier work is done, and block 0 polls device memory."""
+                    stream's earlier work is done, and block 0 polls device memory;
+          "caller": as "host", without the stream query: the caller has finished the work that
+                    writes or reads the call's buffers (Communicator.start_persistent's
+                    order="caller", CUDA-aware MPI's contract).  verify: query anyway, and raise
+                    when the stream still had work (the communicator's check mode).
+        Every doorbell but "stream" orders the call after the caller's stream on the host."""
         import cupy
 
         self.blocks, self.max_bytes = blocks, max_bytes
@@ -80,7 +85,10 @@ class Engine:
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
         self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
-        self._host_doorbell = doorbell == "host"
+        self._host_doorbell = doorbell != "stream"
+        self._ordered = doorbell == "host"  # "caller": no stream query (see above)
+        self._verify = verify and doorbell == "caller"
+        self.order, self.verify = ("caller" if doorbell == "caller" else "stream"), verify
         self._query = cupy.cuda.runtime.streamQuery
         self._bell_dev = self._relay.data.ptr + 48
         self._capturing = ctypes.c_int()
@@ -119,12 +127,14 @@ class Engine:
     def call_cmd(self, call: tuple, stream: int, nb: int) -> bool:
         """`call` with its fields ready: (in, out, count, cmd), on `nb` blocks (the hot path:
         EnginePlan prepares them once)."""
-        if self._host_doorbell:
+        if self._ordered:
             res = self._query(stream)  # CuPy's binding: a direct C call (ctypes costs ~0.3 us more)
             if res:
                 if res != _NOT_READY:
                     check(res, "cuStreamQuery")
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        elif self._verify:
+            self._check_idle(stream)
         seq = self._post(call, stream)
         for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
             for _ in range(2000):
@@ -139,6 +149,17 @@ class Engine:
             return False
         self.calls += 1
         return True
+
+    def _check_idle(self, stream: int) -> None:
+        """order="caller" under the check mode: the caller's stream must have no work left."""
+        res = self._query(stream)
+        if res == _NOT_READY:
+            raise HpccollError(
+                "start_persistent(order='caller'): a call was made while its stream still had "
+                "unfinished work, which may write or read the call's buffers: synchronize the stream "
+                "before the call (as CUDA-aware MPI requires), or start the engine with order='stream'")
+        if res:
+            check(res, "cuStreamQuery")
 
     def _post(self, call: tuple, stream: int) -> int:
         """Post the next call (in, out, count, cmd); its sequence number."""

@@ -15,6 +15,8 @@ the MPI barrier (tens of µs) lands in the first op and inflates per-op figures)
                   Allreduce rows of 'auto' / 'oneshot_ll' up to the engine's 256 KiB
   eager_request   (--persistent) the same call as a persistent request (Allreduce_init once,
                   then Start + Wait per iteration: MPI-4's persistent collectives), engine running
+                  (--engine-order caller: the engine skips its stream query, the bench having
+                  synchronized before every call: start_persistent's order="caller")
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
   graph_group     one group (Communicator.group) of G Allreduce calls into G outputs, captured
                   in a CUDA graph (hpccoll fuses them; NCCL: an NCCL group), up to 4 MiB
@@ -117,6 +119,10 @@ def add_parsers(sub) -> None:
     b.add_argument("--persistent", action="store_true",
                    help="also time eager calls with the eager engine running (Allreduce, 'auto' and "
                         "'oneshot_ll' rows up to 256 KiB): column eager*")
+    b.add_argument("--engine-order", choices=("stream", "caller"), default="stream",
+                   help="the engine's call order (Communicator.start_persistent's order): stream (each "
+                        "call waits for its stream; the default) or caller (the bench synchronizes "
+                        "before every call, as CUDA-aware MPI requires; no stream query)")
     b.add_argument("--json", default=None, help="write results here (rank 0)")
     b.add_argument("--plot", default=None, help="write a latency plot (PNG) here (rank 0)")
     t = sub.add_parser("tune", help="measure the allreduce algorithms (graph mode) at this rank count "
@@ -839,7 +845,8 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
 
     mpi = comm.mpi_comm
     case.reset(full=True)  # its kernel runs now, loaded before the engine starts (see _engine.py)
-    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, max_bytes=S_ENGINE))
+    order = getattr(opts, "engine_order", "stream")
+    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, max_bytes=S_ENGINE, order=order))
     try:
         eng = comm._device.engines()[dtype_name(opts.dtype)]
         _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
@@ -1018,6 +1025,7 @@ def run_sweep(opts, log=None) -> dict:
     result = {"machine": machine_info(comm), "commit": git_commit(), "date": _now(), "ranks": n,
               "backend": comm.backend, "collective": opts.collective, "dtype": opts.dtype,
               "deterministic": bool(opts.deterministic), "iters": opts.iters, "graph_ops": GRAPH_OPS,
+              "engine_order": getattr(opts, "engine_order", "stream"),
               "command": getattr(opts, "command", None) or " ".join(["hpccoll"] + sys.argv[1:]),
               "sol_us": None, "sol": {}, "rows": [], "skipped": skipped}
     if not gpu:
@@ -1187,6 +1195,7 @@ def format_table(result: dict) -> str:
                      + ", ".join(f"{k} {v:.2f}" for k, v in floors))
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
                  "engine running; req*: Start + Wait of a persistent request, engine running; "
+                 f"engine order: {result.get('engine_order', 'stream')}; "
                  "graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
                  f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
                  "inside one launch, the slope between loops of K and 4K ops; blocking: graph op + "

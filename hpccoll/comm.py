@@ -416,7 +416,8 @@ class Communicator:
             engine.synchronize(stream)
 
     # -- the eager engine (hpccoll/_engine.py) -------------------------------------
-    def start_persistent(self, dtype="float32", *, blocks: int = 4, max_bytes: int = 64 * 1024) -> None:
+    def start_persistent(self, dtype="float32", *, blocks: int = 4, max_bytes: int = 64 * 1024,
+                         order: str = "stream") -> None:
         """Start the eager engine for `dtype` (collective: every rank, the same arguments).
 
         A resident kernel on `blocks` SMs then runs every Allreduce of that dtype of at most
@@ -428,7 +429,14 @@ class Communicator:
         At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.
         max_bytes: at most 256 KiB.  The default, 64 KiB, is where the engine stops paying on
         2xH200 (615aa1e, eager per call with the engine vs launched: 64 KiB 14.0 vs 17.6 us,
-        256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32)."""
+        256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32).
+        order: how an engine call is ordered after the work that writes its input or still reads
+        its output.  "stream" (the default): the call asks whether its stream has finished, and
+        synchronizes it if not (cuStreamQuery, about 2 us of every call).  "caller": the caller
+        has finished that work before the call, as CUDA-aware MPI requires of device buffers
+        (e.g. `stream.synchronize()`, or the previous blocking call); the call skips the query.
+        With the check mode (`check=True`, HPCCOLL_CHECK=1) every call queries anyway and raises
+        HpccollError when the stream had work left.  Launched calls are stream-ordered either way."""
         if self._freed:
             raise HpccollError("start_persistent: this communicator was freed")
         self._outside_group("start_persistent", "before")
@@ -441,12 +449,15 @@ class Communicator:
 
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
             raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")
+        if order not in ("stream", "caller"):
+            raise ValueError(f"start_persistent: order={order!r}: pass 'stream' (each call waits for its "
+                             "stream) or 'caller' (the caller synchronizes before each call)")
         if self.backend != "cuda" or not hasattr(self._device, "start_engine"):
             raise HpccollError(f"start_persistent: needs the single-node cuda backend; this communicator's "
                                f"backend is {self.backend!r} (open it with backend='cuda' on one node)")
         with self._exclusive("start_persistent"):
             self._invalidate_plans()  # prepared launches: the grid cap may change
-            self._device.start_engine(name, blocks, max_bytes)
+            self._device.start_engine(name, blocks, max_bytes, order, self.check)
 
     def stop_persistent(self, dtype=None) -> None:
         """Stop the eager engine of `dtype`, or every engine when None (collective)."""

@@ -646,13 +646,16 @@ class CudaBackend:
         used = {k for _, k in self._engines.values()}
         return [k for k in range(ENGINES) if k not in used]
 
-    def start_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
-        """Start the eager engine for `dtype` (collective; arguments validated by the caller)."""
+    def start_engine(self, dtype: str, blocks: int, max_bytes: int, order: str = "stream",
+                     verify: bool = False) -> None:
+        """Start the eager engine for `dtype` (collective; arguments validated by the caller).
+        order: "stream" (every call waits for its stream first) or "caller" (the caller has;
+        verify: check that it has, on every call)."""
         self.check_error()
-        mine = (dtype, blocks, max_bytes)
+        mine = (dtype, blocks, max_bytes, order)
         theirs = self.comm.allgather(mine)
         if any(t != mine for t in theirs):
-            raise ValueError("start_persistent: ranks passed different (dtype, blocks, max_bytes): "
+            raise ValueError("start_persistent: ranks passed different (dtype, blocks, max_bytes, order): "
                              + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs)))
         if dtype in self._engines:
             raise ValueError(f"start_persistent: an engine for {dtype} already runs on this communicator")
@@ -669,14 +672,14 @@ class CudaBackend:
         # synchronize the context, which would wait for a running engine forever.  So every
         # kernel hpccoll may launch while engines run is loaded now, with no engine running:
         # the running ones are stopped and restarted around it (the same on every rank).
-        running = [(d, e.blocks, e.max_bytes) for d, (e, _) in self._engines.items()]
+        running = [(d, e.blocks, e.max_bytes, e.order, e.verify) for d, (e, _) in self._engines.items()]
         self.stop_engines()
         self._module(dtype)
         self._engine_module(dtype)
         self._preload()  # (hc_engine included)
         self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
-        for d, b, m in running + [mine]:
-            self._launch_engine(d, b, m)
+        for spec in running + [(dtype, blocks, max_bytes, order, verify)]:
+            self._launch_engine(*spec)
 
     def _preload(self) -> None:
         """cuModuleGetFunction (which loads a kernel) of every kernel of every module loaded here."""
@@ -685,7 +688,7 @@ class CudaBackend:
                 for name in (("hc_engine",) if source == "persistent.cu" else kernel_names(dtype)):
                     mod.fn(name)
 
-    def _launch_engine(self, dtype: str, blocks: int, max_bytes: int) -> None:
+    def _launch_engine(self, dtype: str, blocks: int, max_bytes: int, order: str, verify: bool) -> None:
         k = self._free_regions()[0]
         a = self.ws.kernel_args(self.timeout_ns)
         a.region, a.sub = self.layout.engine[k], self.layout.sub_engine
@@ -695,7 +698,8 @@ class CudaBackend:
             self._engine_host = cupy.cuda.runtime.hostAlloc(HOST_BYTES * ENGINES, 2)  # mapped; freed in free()
         eng = Engine(self._engine_module(dtype).fn("hc_engine"), a, blocks, self._engine_epochs[k], max_bytes,
                      self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + HOST_BYTES * k,
-                     _env.engine_doorbell(), np_dtype(dtype).itemsize)
+                     "caller" if order == "caller" else _env.engine_doorbell(), np_dtype(dtype).itemsize,
+                     verify)
         self._engines[dtype] = (eng, k)
         self._set_cap()
 

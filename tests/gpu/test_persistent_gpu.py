@@ -200,3 +200,69 @@ def test_engine_blocks_skip_and_rejoin(cc):
             cc.Allreduce(dx, out)
             _check(cp.asnumpy(out), ref, f"call {i} n={n} ({eng.blocks_for(n)} block(s))")
         assert eng.calls - before == 300
+
+
+_SPIN = r"""extern "C" __global__ void hc_test_spin(long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while ((long long)(t - t0) < ns);
+}"""
+
+
+def test_engine_caller_order(cc):
+    """order='caller': the engine skips its stream query, the caller synchronizes before each
+    call.  100 calls, each on input a kernel rewrote just before (then synchronized), checked
+    bitwise.  Then, in the check mode, a call made while a 200 ms kernel still runs on its
+    stream raises on every rank (so none posts), and the engine serves the next call."""
+    import cupy as cp
+
+    n = 3001
+    rng = np.random.default_rng([cc.rank, 31])
+    base = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    bases = _world().allgather(cp.asnumpy(base))
+    x, out = cp.empty_like(base), cp.empty_like(base)
+    spin = cp.RawKernel(_SPIN, "hc_test_spin")
+    stream = cp.cuda.get_current_stream()
+    cp.multiply(base, np.float32(1), out=x)  # every kernel loaded before the engine starts
+    x += np.float32(0)
+    spin((1,), (1,), (np.int64(0),))
+    stream.synchronize()
+
+    rng_shared = np.random.default_rng(17)  # the same factors on every rank
+
+    def expect(i):
+        k = np.float32(rng_shared.integers(1, 9))
+        return k, reduce_in_rank_order(OPS["SUM"], [b * k + np.float32(i) for b in bases])
+
+    with cc.persistent("float32", order="caller"):
+        eng = _engine(cc, "float32")
+        assert eng.order == "caller"
+        before = eng.calls
+        for i in range(100):
+            k, ref = expect(i)
+            cp.multiply(base, k, out=x)
+            x += np.float32(i)
+            stream.synchronize()  # the caller's part of the contract
+            cc.Allreduce(x, out)
+            _check(cp.asnumpy(out), ref, f"call {i}")
+        assert eng.calls - before == 100
+
+    cc.check = True
+    try:
+        with cc.persistent("float32", order="caller"):
+            eng = _engine(cc, "float32")
+            assert eng.verify
+            spin((1,), (1,), (np.int64(200_000_000),))
+            with pytest.raises(hpccoll.HpccollError, match="order='caller'.*synchronize the stream"):
+                cc.Allreduce(x, out)
+            stream.synchronize()
+            k, ref = expect(100)
+            cp.multiply(base, k, out=x)
+            x += np.float32(100)
+            stream.synchronize()
+            before = eng.calls
+            cc.Allreduce(x, out)
+            assert eng.calls - before == 1
+            _check(cp.asnumpy(out), ref, "after the refused call")
+    finally:
+        cc.check = False

@@ -152,6 +152,8 @@ def test_persistent_engine_arguments_and_backend(comm):
         comm.start_persistent("float32", blocks=True)
     with pytest.raises(ValueError, match="max_bytes=8: pass an int from 16 to 262144"):
         comm.start_persistent("float32", max_bytes=8)
+    with pytest.raises(ValueError, match="order='host': pass 'stream' .* or 'caller'"):
+        comm.start_persistent("float32", order="host")
     if comm.backend == "host":
         with pytest.raises(HpccollError, match="needs the single-node cuda backend"):
             comm.start_persistent("float32")
