@@ -78,7 +78,7 @@ PYEOF
     mpson) mps_on ;;    # every later stage's ranks share the GPUs through MPS (e.g. 2 ranks on ONE GPU)
     mpsoff) mps_off ;;
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
-             --algorithms all --baselines --persistent --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
+             --algorithms all --baselines --persistent --engine-order "${ENGINE_ORDER:-stream}" --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;
     profile) { echo "## HPCCOLL_PDL=1 (default)"; timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1;
                echo "## HPCCOLL_PDL=0"; HPCCOLL_PDL=0 timeout 120 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL python3 bench/profile_eager.py 2>&1;
