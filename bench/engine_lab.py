@@ -12,7 +12,8 @@ MAX over ranks), in one run:
 - engine:    Engine.call directly with count 0 (no collective) and 1 KiB, and
              Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
-             for each doorbell ("host", "stream") and for order="caller" (no stream query)."""
+             for each doorbell ("host", "stream") and for order="caller" (no stream query);
+- sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks."""
 from __future__ import annotations
 
 import argparse
@@ -156,6 +157,29 @@ def main() -> int:
             ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
             record("engine", f"{doorbell} doorbell: result correct: {ok}", 0.0)
     os.environ.pop("HPCCOLL_ENGINE_DOORBELL")
+
+    # sizes: Engine.call (order="caller") from 4 KiB to 256 KiB on engines of 1, 2, 4 and 8
+    # blocks.  A call of more than one block's packs (8 KiB) is relayed by block 0 to the others
+    # through device memory; one block takes it all with more packs per thread.  Every size's
+    # result is checked bitwise against the rank-order sum once per engine.
+    big = 64 * 1024  # floats: 256 KiB
+    xb = cp.asarray(np.random.default_rng([comm.rank, 5]).standard_normal(big).astype(np.float32))
+    yb = cp.empty_like(xb)
+    ref_all = mpi.allgather(cp.asnumpy(xb))
+    for blocks in (1, 2, 4, 8):
+        with comm.persistent("float32", blocks=blocks, max_bytes=big * 4, order="caller"):
+            eng = dev.engines()["float32"]
+            for kib in (4, 8, 16, 32, 64, 128, 256):
+                n = kib * 256
+                eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0)
+                ref = ref_all[0][:n].copy()
+                for r in ref_all[1:]:
+                    ref += r[:n]
+                ok = bool(np.array_equal(cp.asnumpy(yb[:n]).view(np.uint32), ref.view(np.uint32)))
+                ok = all(mpi.allgather(ok))
+                record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
+                       f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
+                       blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
     rt.freeHost(host)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")
