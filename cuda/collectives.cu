@@ -12,7 +12,12 @@
 #include "proto_sentinel.cuh"
 
 __device__ __forceinline__ u64 tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ u64 nthreads() { return (u64)gridDim.x * blockDim.x; }
+// The blocks a collective runs on: the grid's, or, in the eager engine (persistent.cu), the
+// blocks the current call needs (a shared variable set per call).
+#ifndef HC_CALL_BLOCKS
+#define HC_CALL_BLOCKS gridDim.x
+#endif
+__device__ __forceinline__ u64 nthreads() { return (u64)(HC_CALL_BLOCKS) * blockDim.x; }
 __device__ __forceinline__ u64 packsOf(u64 count) { return (count + HC_EPP - 1) / HC_EPP; }
 
 // Between the collectives of an in-kernel loop (`iters` > 1: the benchmark's in-kernel mode

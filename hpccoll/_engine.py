@@ -31,6 +31,7 @@ MAX_BLOCKS = 8
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
 BLOCK = 512
+PACKS_PER_THREAD = 2  # before a call takes another block (cuda/persistent.cu HC_ENGINE_PPT)
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
@@ -116,7 +117,8 @@ class Engine:
 
     def blocks_for(self, count: int) -> int:
         """The blocks a call of `count` elements needs (cuda/persistent.cu, blocksFor)."""
-        need = ((count * self.esize + 15) // 16 + BLOCK - 1) // BLOCK
+        per = PACKS_PER_THREAD * BLOCK
+        need = ((count * self.esize + 15) // 16 + per - 1) // per
         return min(self.blocks, max(1, need))
 
     def call(self, in_ptr: int, out_ptr: int, count: int, op: str, stream: int) -> bool:

@@ -27,16 +27,22 @@ def test_grid_cap_fewest_sms_and_at_least_one_block():
 
 
 def test_engine_blocks_for_matches_the_kernels_rule():
-    """Engine.blocks_for must agree with persistent.cu's blocksFor (ceil(packs / 512), at least
-    one, at most the engine's blocks): the host waits for exactly those blocks' words."""
-    from hpccoll._engine import Engine
+    """Engine.blocks_for must agree with persistent.cu's blocksFor (ceil(packs / (2 * 512)), at
+    least one, at most the engine's blocks): the host waits for exactly those blocks' words."""
+    import re
+    from pathlib import Path
 
+    from hpccoll._engine import BLOCK, PACKS_PER_THREAD, Engine
+
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "persistent.cu").read_text()
+    assert int(re.search(r"#define HC_ENGINE_PPT (\d+)", src).group(1)) == PACKS_PER_THREAD == 2
+    assert BLOCK == 512
     eng = object.__new__(Engine)  # no GPU: only the arithmetic
-    eng.blocks, eng.esize = 4, 4
-    assert [eng.blocks_for(n) for n in (0, 1, 2048, 2049, 4096, 4097, 6144, 6145, 65536)] == \
+    eng.blocks, eng.esize = 4, 4  # fp32: 4 elements per 16-byte pack, 4096 per block
+    assert [eng.blocks_for(n) for n in (0, 1, 4096, 4097, 8192, 8193, 12288, 12289, 65536)] == \
         [1, 1, 1, 2, 2, 3, 3, 4, 4]
     eng.esize = 2  # bf16: 8 elements per 16-byte pack
-    assert [eng.blocks_for(n) for n in (4096, 4097, 1 << 20)] == [1, 2, 4]
+    assert [eng.blocks_for(n) for n in (8192, 8193, 1 << 20)] == [1, 2, 4]
     eng.blocks = 1
     assert eng.blocks_for(1 << 20) == 1
 

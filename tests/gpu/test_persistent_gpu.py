@@ -179,14 +179,17 @@ def test_engine_peer_that_never_calls_times_out():
 
 
 def test_engine_blocks_skip_and_rejoin(cc):
-    """Calls of <= 8 KiB run on block 0 alone, larger ones on more blocks: 300 calls of random
-    sizes switch between the two, so blocks skip calls and rejoin later (their epochs come from
-    the call's sequence number), every result checked bitwise."""
+    """Calls of <= 16 KiB run on block 0 alone (2 packs per thread), larger ones on more blocks,
+    over the threads of those blocks only: 300 calls of random sizes switch between them, so
+    blocks skip calls and rejoin later (their epochs come from the call's sequence number), a
+    pack's thread changes between calls, and a block's relayed fields change while it skips;
+    every result checked bitwise."""
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, 21])
     pick = np.random.default_rng(5)  # the same sizes on every rank
-    bufs = {n: (cp.empty(n, np.float32), cp.empty(n, np.float32)) for n in (3, 700, 2048, 2049, 6000, 65536)}
+    bufs = {n: (cp.empty(n, np.float32), cp.empty(n, np.float32))
+            for n in (3, 700, 2049, 4096, 4097, 9000, 12289, 65536)}
     sizes = list(bufs)
     with cc.persistent("float32", max_bytes=256 * 1024):
         eng = _engine(cc, "float32")
