@@ -30,7 +30,7 @@ mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/
 mps_off() { echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS off"; }
 gpu_tests() {  # gpu_tests NRANKS: one job per test file, so a failure aborts only its own job
   for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
-    CUPY_ACCELERATORS= HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" -n "$1" python3 -m pytest -q -rs --with-mpi \
+    CUPY_ACCELERATORS= HPCCOLL_TIMEOUT=10 timeout ${TEST_LIMIT:-420} "${MPIEXEC[@]}" ${MPI_ARGS:-} -n "$1" python3 -m pytest -q -rs --with-mpi \
       -p no:cacheprovider ${PYTEST_ARGS:-} "$f" 2>&1
   done
 }
@@ -68,7 +68,7 @@ PYEOF
     persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
     elab) timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" 2>&1 \
-            | grep -v Warning | tail -70 | tee "$OUT/engine-lab.txt" ;;
+            | grep -v Warning | tail -110 | tee "$OUT/engine-lab.txt" ;;
     pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
               i=$((i + 1))
               timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
