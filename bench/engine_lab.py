@@ -13,8 +13,7 @@ MAX over ranks), in one run:
              Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
              for each doorbell ("host", "stream") and for order="caller" (no stream query);
-- sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
-- relay:     the same at 8-128 KiB with either relay build (HPCCOLL_ENGINE_RELAY), alternating."""
+- sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks."""
 from __future__ import annotations
 
 import argparse
@@ -181,27 +180,6 @@ def main() -> int:
                 record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
                        f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
                        blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
-    # relay: who relays a call to blocks 1..nb-1 (cuda/persistent.cu HC_ENGINE_RELAY0), the two
-    # builds alternating twice, on engines of 4 and 8 blocks; bitwise checked once per engine
-    for rep in range(2):
-        for relay in ("threads", "thread0"):
-            os.environ["HPCCOLL_ENGINE_RELAY"] = relay
-            for blocks in (4, 8):
-                with comm.persistent("float32", blocks=blocks, max_bytes=big * 4, order="caller"):
-                    eng = dev.engines()["float32"]
-                    for kib in (8, 32, 64, 128):
-                        n = kib * 256
-                        eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0)
-                        ref = ref_all[0][:n].copy()
-                        for r in ref_all[1:]:
-                            ref += r[:n]
-                        ok = all(mpi.allgather(bool(np.array_equal(cp.asnumpy(yb[:n]).view(np.uint32),
-                                                                   ref.view(np.uint32)))))
-                        record("relay", f"{relay:7s} (pass {rep}) {blocks}-block engine: {kib} KiB "
-                               f"({eng.blocks_for(n)} used), bitwise {ok}",
-                               _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
-                               relay=relay, rep=rep, blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
-    os.environ.pop("HPCCOLL_ENGINE_RELAY")
     rt.freeHost(host)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")

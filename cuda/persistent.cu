@@ -123,38 +123,6 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
   field[5] = descSeq;
 }
 
-// Who relays a call to blocks 1..nb-1.  HC_ENGINE_RELAY0 = 0: thread b of block 0, after the
-// block's barrier, with a release store each.  HC_ENGINE_RELAY0 = 1: thread 0 of block 0, before
-// the barrier, with one fence for all of them: block 0's other threads are still waiting at the
-// barrier then, so none of the block's NVLink stores are in flight, which a fence after the
-// barrier (racing the block's first sends) may have to wait for.
-#define HC_ENGINE_BLOCKS 8  // hpccoll/_engine.py MAX_BLOCKS
-#ifndef HC_ENGINE_RELAY0
-#define HC_ENGINE_RELAY0 0
-#endif
-
-__device__ __forceinline__ void stRelaxedGpu(u64* p, u64 v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-// Thread 0 of block 0 (HC_ENGINE_RELAY0): relay call field[] to blocks 1..nb-1; relayedDesc[b]:
-// the descSeq last relayed to block b.  The fields, where they changed for b, then one fence,
-// then the relay words (seq * 2 + changed).
-__device__ __forceinline__ void relayAll(const EngineArgs& g, const u64 field[6], u64* relayedDesc, unsigned nb) {
-  unsigned changed = 0;
-  for (unsigned b = 1; b < nb; ++b) {
-    if (relayedDesc[b] != field[5]) {
-      relayedDesc[b] = field[5];
-      u64* slot = g.relay + 8 * b;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) slot[i] = field[i];
-      changed |= 1u << b;
-    }
-  }
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  for (unsigned b = 1; b < nb; ++b) stRelaxedGpu(g.relay + 8 * b + 4, field[4] * 2 + ((changed >> b) & 1u));
-}
-
 template <int OP>
 __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
   const Flat io{a};
@@ -173,13 +141,9 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
   u64 cur[4] = {0, 0, 0, 0};  // thread 0: this block's copy of the call's fields (awaitCall)
   u64 descSeq = 0;            // block 0's thread 0: the call whose desc it read last
   u64 relayed = ~0ull;        // block 0's thread b: the descSeq it last relayed to block b
-  __shared__ u64 relayedDesc[HC_ENGINE_BLOCKS];  // the same, HC_ENGINE_RELAY0 (thread 0's)
   u64 last = g.seq0;          // the last call this block ran
   u64* done = (u64*)(g.host + 16);
-  if (threadIdx.x == 0) {
-    a = a0;  // iters is 1
-    for (int b = 0; b < HC_ENGINE_BLOCKS; ++b) relayedDesc[b] = ~0ull;
-  }
+  if (threadIdx.x == 0) a = a0;  // iters is 1
   for (;;) {
     if (threadIdx.x == 0) {
       awaitCall(g, last, cur, descSeq, field);
@@ -187,11 +151,10 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
       a.out = (void*)field[1];
       a.count = field[2];
       hcCallBlocks = (unsigned)blocksFor(field[2], field[3]);
-      if (HC_ENGINE_RELAY0 && blockIdx.x == 0 && hcCallBlocks > 1) relayAll(g, field, relayedDesc, hcCallBlocks);
     }
     __syncthreads();
     const u64 cmd = field[3], seq = field[4];
-    if (!HC_ENGINE_RELAY0 && blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
+    if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
       u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
       const bool changed = field[5] != relayed;
       if (changed) {

@@ -87,13 +87,3 @@ def engine_doorbell() -> str:
     if raw not in ("host", "stream"):
         raise ValueError(f"HPCCOLL_ENGINE_DOORBELL={raw!r}: use host (the default) or stream")
     return raw
-
-
-def engine_relay_defines() -> tuple[str, ...]:
-    """Who relays an engine call to its other blocks (cuda/persistent.cu HC_ENGINE_RELAY0):
-    HPCCOLL_ENGINE_RELAY "threads" (thread b of block 0, after the block's barrier) or "thread0"
-    (thread 0, before it); for bench/engine_lab.py's comparison."""
-    raw = os.environ.get("HPCCOLL_ENGINE_RELAY", "threads").strip().lower()
-    if raw not in ("threads", "thread0"):
-        raise ValueError(f"HPCCOLL_ENGINE_RELAY={raw!r}: use threads (the default) or thread0")
-    return ("-DHC_ENGINE_RELAY0=1",) if raw == "thread0" else ()

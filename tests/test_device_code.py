@@ -52,8 +52,6 @@ def cubins(tmp_path_factory):
         for n in (2, 3):
             out[f"float32-nr{n}"] = compile_module("collectives.cu", "float32", "sm_90", (f"-DHC_NRANKS={n}",))
         out["engine-float32-nr2"] = compile_module("persistent.cu", "float32", "sm_90", ("-DHC_NRANKS=2",))
-        out["engine-float32-nr2-relay0"] = compile_module("persistent.cu", "float32", "sm_90",
-                                                          ("-DHC_NRANKS=2", "-DHC_ENGINE_RELAY0=1"))
         for dt in ("float32", "bfloat16", "int64"):
             out[f"engine-{dt}"] = compile_module("persistent.cu", dt, "sm_90")
     finally:
@@ -112,12 +110,12 @@ def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
             assert fenced, f"{name}: no fence in the loop module"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "float32-nr2", "float32-nr2-relay0"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "float32-nr2"])
 def test_the_engine_module_holds_only_the_engine_and_its_three_fences(cubins, dtype, tmp_path):
     """persistent.cu includes collectives.cu for its device code but none of its entry points;
-    the engine fences exactly three times (block 0's release of the relayed call, by thread b
-    or, HC_ENGINE_RELAY0, by thread 0 for all blocks; the dead mark's; every block's release
-    before its completion word: cuda/persistent.cu), nothing inside the Allreduce."""
+    the engine fences exactly three times (block 0's releases of the relayed call and of the
+    dead mark, and every block's release before its completion byte: cuda/persistent.cu),
+    nothing inside the Allreduce."""
     funcs = _sass_by_function(cubins[f"engine-{dtype}"], tmp_path)
     assert set(funcs) == {"hc_engine"}
     membars = [line for line in funcs["hc_engine"].splitlines() if "MEMBAR" in line]

@@ -283,7 +283,7 @@ class CudaBackend:
         return self._load("collectives.cu", dtype, self.rank_defines + (("-DHC_LOOP_FENCE=1",) if loop else ()))
 
     def _engine_module(self, dtype: str) -> Module:
-        return self._load("persistent.cu", dtype, self.rank_defines + _env.engine_relay_defines())
+        return self._load("persistent.cu", dtype, self.rank_defines)
 
     def _load(self, source: str, dtype: str, extra: tuple[str, ...]) -> Module:
         key = (self.device_id, source, dtype, extra)
