@@ -88,8 +88,8 @@ class Engine:
         self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
         self._host_doorbell = doorbell != "stream"
         self._ordered = doorbell == "host"  # "caller": no stream query (see above)
-        self._verify = verify and doorbell == "caller"
-        self.order, self.verify = ("caller" if doorbell == "caller" else "stream"), verify
+        self.order = "caller" if doorbell == "caller" else "stream"  # start_persistent's order
+        self.verify = verify and self.order == "caller"
         self._query = cupy.cuda.runtime.streamQuery
         self._bell_dev = self._relay.data.ptr + 48
         self._capturing = ctypes.c_int()
@@ -135,7 +135,7 @@ class Engine:
                 if res != _NOT_READY:
                     check(res, "cuStreamQuery")
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
-        elif self._verify:
+        elif self.verify:
             self._check_idle(stream)
         seq = self._post(call, stream)
         for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
