@@ -55,7 +55,8 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error, host: int, doorbell: str = "host", esize: int = 4, verify: bool = False):
+                 host_error, host: int, doorbell: str = "host", esize: int = 4, order: str = "stream",
+                 verify: bool = False):
         """host: HOST_BYTES of mapped host memory, owned by the caller (freeing pinned memory
         synchronizes the device, so it must outlive every engine).
         doorbell: how a call is posted and ordered after the caller's stream.
@@ -64,12 +65,11 @@ class Engine:
                     over PCIe;
           "stream": the host enqueues the doorbell's store on the caller's stream
                     (cuStreamWriteValue64): the GPU writes it into device memory once the
-                    stream's earlier work is done, and block 0 polls device memory;
-          "caller": as "host", without the stream query: the caller has finished the work that
-                    writes or reads the call's buffers (Communicator.start_persistent's
-                    order="caller", CUDA-aware MPI's contract).  verify: query anyway, and raise
-                    when the stream still had work (the communicator's check mode).
-        Every doorbell but "stream" orders the call after the caller's stream on the host."""
+                    stream's earlier work is done, and block 0 polls device memory.
+        order: Communicator.start_persistent's.  "caller": the caller has finished the work that
+        writes or reads the call's buffers (CUDA-aware MPI's contract), so the call is posted
+        through the host doorbell without the stream query.  verify (caller order only): query
+        anyway, and raise when the stream still had work (the communicator's check mode)."""
         import cupy
 
         self.blocks, self.max_bytes = blocks, max_bytes
@@ -86,10 +86,11 @@ class Engine:
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
         self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
-        self._host_doorbell = doorbell != "stream"
-        self._ordered = doorbell == "host"  # "caller": no stream query (see above)
-        self.order = "caller" if doorbell == "caller" else "stream"  # start_persistent's order
-        self.verify = verify and self.order == "caller"
+        self.order, self.verify = order, verify and order == "caller"
+        if order == "caller":
+            doorbell = "host"  # the "stream" doorbell is an ordering through the stream
+        self._host_doorbell = doorbell == "host"
+        self._ordered = self._host_doorbell and order == "stream"  # the stream query before posting
         self._query = cupy.cuda.runtime.streamQuery
         self._bell_dev = self._relay.data.ptr + 48
         self._capturing = ctypes.c_int()
