@@ -392,10 +392,7 @@ class Communicator:
 
         from .backends.cuda import _stream_ptr
 
-        try:
-            return cupy.cuda.runtime.streamQuery(_stream_ptr(stream)) == 0
-        except cupy.cuda.runtime.CUDARuntimeError:  # cudaErrorNotReady
-            return False
+        return cupy.cuda.runtime.streamQuery(_stream_ptr(stream)) == 0  # the status, never raises
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
