@@ -23,9 +23,8 @@
 // Which blocks a call needs: ceil(packs / (HC_ENGINE_PPT * blockDim)) of them (at least block
 // 0), and the call's packs are spread over those blocks' threads only (hcCallBlocks); a call of
 // <= 16 KiB is block 0's alone.  Block 0 relays a call to each block b it needs through b's own
-// relay slot in device memory, { in, out, count, cmd, seq * 2 + changed }: thread b of block 0
-// writes the fields when they changed for block b and releases the last word; block b acquires
-// it (and re-reads the fields only when `changed`).  A slot is written only for
+// relay slot in device memory, { in, out, count, cmd, seq }: thread b of block 0 writes the call
+// and releases seq; block b acquires it.  A slot is written only for
 // calls its block takes part in, and the host posts call s+1 only after every block of call s
 // has finished it, so a slot is never rewritten while its block reads it.  The host waits for
 // the blocks the call needs only (it computes the same count).  Block 0 leaving on a timeout
@@ -56,6 +55,7 @@ __shared__ unsigned hcCallBlocks;
 
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
 #define HC_RELAY_DEAD (~0ull)
+
 // Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD).
 // 2xH200, bench/engine_lab.py at 7c79ef0, Engine.call (order "caller"): 16 KiB on one block
 // (2 packs per thread) 7.37 us, on two blocks (the relay) 8.08-8.09; 32 KiB on one block 9.58,
@@ -69,7 +69,7 @@ struct EngineArgs {
   const u64* bell;       // the doorbell block 0 polls: host + 0 (mapped host memory, written by
                          // the host), or a word of device memory written by the caller's stream
                          // (cuStreamWriteValue64: hpccoll/_engine.py, doorbell "stream")
-  u64* relay;            // device memory: 8 u64 per block, { in, out, count, cmd, seq * 2 + changed }
+  u64* relay;            // device memory: 8 u64 per block, { in, out, count, cmd, seq }
                          // (block 0's unused, but for the "stream" doorbell's word at [6])
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
@@ -83,44 +83,33 @@ __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
   return need < 1 ? 1 : (need > gridDim.x ? gridDim.x : need);
 }
 
-// Thread 0: the next call this block takes part in, into field[0..5] = { in, out, count, cmd,
-// seq, descSeq }.  `cur`: this block's copy of the call's fields (block 0: the last desc read
-// from the host; block b: the last relayed); `last`: the last call this block ran; `descSeq`
-// (block 0): the call whose desc block 0 read last.
-// A relay word is seq * 2 + changed, as the host's doorbell: `changed` when the fields differ
-// from those last relayed to that block (the relaying thread of block 0 keeps which), so a
-// block re-reads the fields only then: one L2 round trip less per relayed call of an eager loop.
-__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[4], u64& descSeq,
-                                          u64 field[6]) {
-  u64 seq;
+// Thread 0: the next call this block takes part in, into field[0..4] = { in, out, count, cmd,
+// seq }.  `cur`: block 0's copy of the last desc; `last`: the last call this block ran.
+__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[4], u64 field[5]) {
   if (blockIdx.x == 0) {
-    seq = last + 1;  // block 0 takes part in every call
+    const u64 seq = last + 1;  // block 0 takes part in every call
     u64 w;
     do w = ldAcquireSys(g.bell); while ((w >> 1) != seq);
     if (w & 1) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + 8 + i);  // desc, in flight together
-      descSeq = seq;
     }
-  } else {
-    const u64* slot = g.relay + 8 * blockIdx.x;
-    u64 w;
-    while (((w = ldAcquireGpu(slot + 4)) >> 1) == last) {
-    }
-    if (w == HC_RELAY_DEAD) {
-      field[3] = HC_ENGINE_STOP;
-      return;
-    }
-    if (w & 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cur[i] = *(const volatile u64*)(slot + i);
-    }
-    seq = w >> 1;
+    for (int i = 0; i < 4; ++i) field[i] = cur[i];
+    field[4] = seq;
+    return;
+  }
+  const u64* slot = g.relay + 8 * blockIdx.x;
+  u64 v;
+  while ((v = ldAcquireGpu(slot + 4)) == last) {
+  }
+  if (v == HC_RELAY_DEAD) {
+    field[3] = HC_ENGINE_STOP;
+    return;
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) field[i] = cur[i];
-  field[4] = seq;
-  field[5] = descSeq;
+  for (int i = 0; i < 4; ++i) field[i] = *(const volatile u64*)(slot + i);
+  field[4] = v;
 }
 
 template <int OP>
@@ -132,21 +121,19 @@ __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
-  __shared__ u64 field[6];
+  __shared__ u64 field[5];
   // The call's Args in shared memory: in, out, count change per call, and the collective reads
   // peers[] with a run-time index.  A copy in registers would go to local memory (that index),
   // which lives in L1, and every call begins with an acquire that invalidates L1: each of those
   // reads would be an L2 trip on the critical path.  Shared memory is not invalidated.
   __shared__ Args a;
-  u64 cur[4] = {0, 0, 0, 0};  // thread 0: this block's copy of the call's fields (awaitCall)
-  u64 descSeq = 0;            // block 0's thread 0: the call whose desc it read last
-  u64 relayed = ~0ull;        // block 0's thread b: the descSeq it last relayed to block b
+  u64 cur[4] = {0, 0, 0, 0};  // block 0's thread 0: the last desc read from the host
   u64 last = g.seq0;          // the last call this block ran
   u64* done = (u64*)(g.host + 16);
   if (threadIdx.x == 0) a = a0;  // iters is 1
   for (;;) {
     if (threadIdx.x == 0) {
-      awaitCall(g, last, cur, descSeq, field);
+      awaitCall(g, last, cur, field);
       a.in = (const void*)field[0];
       a.out = (void*)field[1];
       a.count = field[2];
@@ -156,13 +143,9 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     const u64 cmd = field[3], seq = field[4];
     if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
       u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
-      const bool changed = field[5] != relayed;
-      if (changed) {
-        relayed = field[5];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) slot[i] = field[i];
-      }
-      stReleaseGpu(slot + 4, seq * 2 + changed);
+      for (int i = 0; i < 4; ++i) slot[i] = field[i];
+      stReleaseGpu(slot + 4, seq);
     }
     if (cmd == HC_ENGINE_STOP) return;
     last = seq;
