@@ -67,8 +67,9 @@ PYEOF
     tests3) mps_on; gpu_tests 3 | tee "$OUT/gpu-tests-3ranks.txt"; mps_off ;;
     persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
-    elab) timeout 240 "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" 2>&1 \
-            | grep -v Warning | tail -110 | tee "$OUT/engine-lab.txt" ;;
+    elab) timeout ${ELAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" \
+            ${ELAB_PARTS:+--parts "$ELAB_PARTS"} ${ELAB_VARIANTS:+--variants "$ELAB_VARIANTS"} 2>&1 \
+            | grep -v Warning | tail -250 | tee "$OUT/engine-lab.txt" ;;
     pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
               i=$((i + 1))
               timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \

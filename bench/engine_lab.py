@@ -13,7 +13,15 @@ MAX over ranks), in one run:
              Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
              for each doorbell ("host", "stream") and for order="caller" (no stream query);
-- sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks."""
+- sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
+- variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
+             interleaved, two passes:
+  library   the library's engine (2 packs per thread before another block, the loop path)
+  llwarp    HC_LL_WARP=1: LL slots laid out per 32 packs, so a warp's store covers 512 contiguous
+            bytes (proto_ll.cuh)
+  bK[w][r]  HC_ENGINE_BATCH=K and HC_ENGINE_PPT=K (K = 2, 4, 8): a thread's up to K packs loaded,
+            sent and polled together (persistent.cu engineBatched); w: + HC_LL_WARP=1;
+            r: + HC_ENGINE_LLRELAY=1 (the relay as LL words, no release fence)"""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +42,20 @@ def _median_us(fn, n: int) -> float:
     return statistics.median(ts[n // 10:]) * 1e6
 
 
+def variant_defines(name: str) -> tuple[tuple[str, ...], int]:
+    """(compile defines, packs per thread before another block) of a --variants name."""
+    if name == "library":
+        return (), 2
+    if name == "llwarp":
+        return ("-DHC_LL_WARP=1",), 2
+    if len(name) >= 2 and name[0] == "b" and name[1] in "248" and set(name[2:]) <= {"w", "r"}:
+        k = int(name[1])
+        defs = (f"-DHC_ENGINE_BATCH={k}", f"-DHC_ENGINE_PPT={k}")
+        defs += ("-DHC_LL_WARP=1",) * ("w" in name[2:]) + ("-DHC_ENGINE_LLRELAY=1",) * ("r" in name[2:])
+        return defs, k
+    raise SystemExit(f"engine_lab: unknown variant {name!r}: library, llwarp, bK[w][r] with K in 2, 4, 8")
+
+
 def main() -> int:
     import cupy as cp
 
@@ -46,7 +68,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--parts", default="sysread,host,echo,engine,sizes",
+                    help="sections to run, of sysread,host,echo,engine,sizes,variants")
+    ap.add_argument("--variants", default="library,llwarp,b2w,b4,b4w,b8w,b2wr,b4wr")
+    ap.add_argument("--variant-blocks", default="1,4")
+    ap.add_argument("--variant-kib", default="4,8,16,32,64,128")
     opts = ap.parse_args()
+    parts = set(opts.parts.split(","))
     comm, say, sol = bench.open_lab("engine_lab")
     mpi, dev = comm.mpi_comm, comm._device
     lib = _driver_fns()
@@ -67,119 +95,166 @@ def main() -> int:
     out = cp.zeros(2, dtype=cp.uint64)
     s = cp.cuda.Stream(non_blocking=True)
 
-    # sysread: ns per dependent load of host memory by one GPU thread
-    launch_raw(mod.fn("hc_lab_sysread"), 1, 1, s.ptr, ctypes.c_void_p(hdev), ctypes.c_int(2000),
-               ctypes.c_void_p(out.data.ptr))
-    s.synchronize()
-    record("sysread", "GPU load of mapped host memory (dependent, 1 thread)", int(out[0].get()) / 1e3)
-
-    # host-side costs
-    cap = ctypes.c_int()
-    record("host", "cuStreamIsCapturing(legacy stream)", _median_us(lambda: lib.cuStreamIsCapturing(0, ctypes.byref(cap)), opts.n))
-    record("host", "cuStreamQuery(legacy stream), idle", _median_us(lambda: lib.cuStreamQuery(0), opts.n))
-    record("host", "cuStreamQuery(non-blocking stream), idle", _median_us(lambda: lib.cuStreamQuery(s.ptr), opts.n))
-    wv = cp.zeros(1, dtype=cp.uint64)
-    lib.cuStreamWriteValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
-    record("host", "cuStreamWriteValue64 (non-blocking stream), host call",
-           _median_us(lambda: lib.cuStreamWriteValue64_v2(s.ptr, wv.data.ptr, 1, 0), opts.n))
-    s.synchronize()
-
-    def bare():
-        words[0] = 1
-        words[1] = 1
-        words[2] = 1
-        words[3] = 1
-        return done.value & 0xFF == 0
-    record("host", "4 mapped stores + 1 mapped load (Python)", _median_us(bare, opts.n))
-
-    # echo: the signalling round trip, GPU already polling
-    for blocks, loads, fence, nb in ((1, 1, 0, 8), (1, 4, 0, 8), (1, 4, 1, 8), (1, 4, 1, 1), (4, 4, 1, 1)):
-        ctypes.memset(host, 0, 4096)
-        n = opts.n
-        launch_raw(mod.fn("hc_lab_echo"), blocks, 32, s.ptr, ctypes.c_void_p(hdev), ctypes.c_void_p(hdev + 256),
-                   ctypes.c_int(n), ctypes.c_int(loads), ctypes.c_int(fence), ctypes.c_int(nb))
-        mask = (1 << (8 * blocks)) - 1 if nb == 1 else (1 << 64) - 1
-        ones = 0x0101010101010101 & mask
-        ts = []
-        for i in range(1, n + 1):
-            want = ((i & 0xFF) * ones) & mask if nb == 1 else i
-            t0 = time.perf_counter()
-            for k in range(loads):
-                words[k] = i
-            while done.value & mask != want:
-                pass
-            ts.append(time.perf_counter() - t0)
-        s.synchronize()
-        record("echo", f"{blocks} block(s), {loads} doorbell word(s), fence {fence}, {nb}-byte completion",
-               statistics.median(ts[n // 10:]) * 1e6, blocks=blocks, loads=loads, fence=fence, done_bytes=nb)
-
-    # the engine itself
-    x = cp.asarray(np.random.default_rng(comm.rank).standard_normal(256).astype(np.float32))
-    y = cp.empty_like(x)
-    comm.Allreduce(x, y)
-    comm.synchronize()
-    record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
-           _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
-    y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
-    for doorbell in ("host", "stream", "caller"):
-        # "caller": the host doorbell without the stream query (start_persistent's order="caller";
-        # every timed call here follows a finished one, so the caller's contract holds)
-        os.environ["HPCCOLL_ENGINE_DOORBELL"] = "host" if doorbell == "caller" else doorbell
-        order = "caller" if doorbell == "caller" else "stream"
-        with comm.persistent("float32", blocks=1, order=order):
-            eng = dev.engines()["float32"]
-            record("engine", f"{doorbell} doorbell, 1 block: Engine.call 1 KiB",
-                   _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
-        with comm.persistent("float32", order=order):
-            eng = dev.engines()["float32"]
-            record("engine", f"{doorbell} doorbell: Engine.call count 0 (signalling only)",
-                   _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
-            record("engine", f"{doorbell} doorbell: Engine.call 1 KiB",
-                   _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
-            y.fill(0)
-            record("engine", f"{doorbell} doorbell: Allreduce 1 KiB + synchronize",
-                   _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
-            plan = comm._fast["Allreduce"].plan
-            record("engine", f"{doorbell} doorbell: the prepared call alone ({type(plan).__name__}.launch)",
-                   _median_us(lambda: plan.launch(None), opts.n))
-            record("engine", f"{doorbell} doorbell: synchronize alone",
-                   _median_us(comm.synchronize, opts.n))
-            fast, op = comm._fast["Allreduce"], hpccoll.SUM
-            record("python", "the fast path's argument match (_FastCall.matches)",
-                   _median_us(lambda: fast.matches(x, y, op, None, "auto", False), opts.n))
-            record("python", "an empty call (the timer's own cost)", _median_us(lambda: None, opts.n))
-            record("engine", f"{doorbell} doorbell: Allreduce 1 KiB, no synchronize",
-                   _median_us(lambda: comm.Allreduce(x, y), opts.n))
-            req = comm.Allreduce_init(x, y)
-            record("engine", f"{doorbell} doorbell: request Start + Wait 1 KiB",
-                   _median_us(lambda: (req.Start(), req.Wait()), opts.n))
-            req.Free()
-            ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
-            record("engine", f"{doorbell} doorbell: result correct: {ok}", 0.0)
-    os.environ.pop("HPCCOLL_ENGINE_DOORBELL")
-
-    # sizes: Engine.call (order="caller") from 4 KiB to 256 KiB on engines of 1, 2, 4 and 8
-    # blocks.  A call of more than one block's packs (8 KiB) is relayed by block 0 to the others
-    # through device memory; one block takes it all with more packs per thread.  Every size's
-    # result is checked bitwise against the rank-order sum once per engine.
+    # sizes and variants: every size's result is checked bitwise against the rank-order sum
     big = 64 * 1024  # floats: 256 KiB
     xb = cp.asarray(np.random.default_rng([comm.rank, 5]).standard_normal(big).astype(np.float32))
     yb = cp.empty_like(xb)
+    yb.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
+    cp.cuda.get_current_stream().synchronize()
     ref_all = mpi.allgather(cp.asnumpy(xb))
-    for blocks in (1, 2, 4, 8):
-        with comm.persistent("float32", blocks=blocks, max_bytes=big * 4, order="caller"):
-            eng = dev.engines()["float32"]
-            for kib in (4, 8, 16, 32, 64, 128, 256):
-                n = kib * 256
-                eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0)
-                ref = ref_all[0][:n].copy()
-                for r in ref_all[1:]:
-                    ref += r[:n]
-                ok = bool(np.array_equal(cp.asnumpy(yb[:n]).view(np.uint32), ref.view(np.uint32)))
-                ok = all(mpi.allgather(ok))
-                record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
-                       f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
-                       blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
+
+    def checked_call(eng, n: int) -> bool:
+        yb.fill(0)
+        s.synchronize()
+        cp.cuda.get_current_stream().synchronize()
+        eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0)
+        ref = ref_all[0][:n].copy()
+        for r in ref_all[1:]:
+            ref += r[:n]
+        ok = bool(np.array_equal(cp.asnumpy(yb[:n]).view(np.uint32), ref.view(np.uint32)))
+        return all(mpi.allgather(ok))
+
+    if "sysread" in parts:
+        # sysread: ns per dependent load of host memory by one GPU thread
+        launch_raw(mod.fn("hc_lab_sysread"), 1, 1, s.ptr, ctypes.c_void_p(hdev), ctypes.c_int(2000),
+                   ctypes.c_void_p(out.data.ptr))
+        s.synchronize()
+        record("sysread", "GPU load of mapped host memory (dependent, 1 thread)", int(out[0].get()) / 1e3)
+
+    if "host" in parts:
+        # host-side costs
+        cap = ctypes.c_int()
+        record("host", "cuStreamIsCapturing(legacy stream)", _median_us(lambda: lib.cuStreamIsCapturing(0, ctypes.byref(cap)), opts.n))
+        record("host", "cuStreamQuery(legacy stream), idle", _median_us(lambda: lib.cuStreamQuery(0), opts.n))
+        record("host", "cuStreamQuery(non-blocking stream), idle", _median_us(lambda: lib.cuStreamQuery(s.ptr), opts.n))
+        wv = cp.zeros(1, dtype=cp.uint64)
+        lib.cuStreamWriteValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+        record("host", "cuStreamWriteValue64 (non-blocking stream), host call",
+               _median_us(lambda: lib.cuStreamWriteValue64_v2(s.ptr, wv.data.ptr, 1, 0), opts.n))
+        s.synchronize()
+
+        def bare():
+            words[0] = 1
+            words[1] = 1
+            words[2] = 1
+            words[3] = 1
+            return done.value & 0xFF == 0
+        record("host", "4 mapped stores + 1 mapped load (Python)", _median_us(bare, opts.n))
+
+    if "echo" in parts:
+        # echo: the signalling round trip, GPU already polling
+        for blocks, loads, fence, nb in ((1, 1, 0, 8), (1, 4, 0, 8), (1, 4, 1, 8), (1, 4, 1, 1), (4, 4, 1, 1)):
+            ctypes.memset(host, 0, 4096)
+            n = opts.n
+            launch_raw(mod.fn("hc_lab_echo"), blocks, 32, s.ptr, ctypes.c_void_p(hdev), ctypes.c_void_p(hdev + 256),
+                       ctypes.c_int(n), ctypes.c_int(loads), ctypes.c_int(fence), ctypes.c_int(nb))
+            mask = (1 << (8 * blocks)) - 1 if nb == 1 else (1 << 64) - 1
+            ones = 0x0101010101010101 & mask
+            ts = []
+            for i in range(1, n + 1):
+                want = ((i & 0xFF) * ones) & mask if nb == 1 else i
+                t0 = time.perf_counter()
+                for k in range(loads):
+                    words[k] = i
+                while done.value & mask != want:
+                    pass
+                ts.append(time.perf_counter() - t0)
+            s.synchronize()
+            record("echo", f"{blocks} block(s), {loads} doorbell word(s), fence {fence}, {nb}-byte completion",
+                   statistics.median(ts[n // 10:]) * 1e6, blocks=blocks, loads=loads, fence=fence, done_bytes=nb)
+
+    if "engine" in parts:
+        # the engine itself
+        x = cp.asarray(np.random.default_rng(comm.rank).standard_normal(256).astype(np.float32))
+        y = cp.empty_like(x)
+        comm.Allreduce(x, y)
+        comm.synchronize()
+        record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
+               _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+        y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
+        for doorbell in ("host", "stream", "caller"):
+            # "caller": the host doorbell without the stream query (start_persistent's order="caller";
+            # every timed call here follows a finished one, so the caller's contract holds)
+            os.environ["HPCCOLL_ENGINE_DOORBELL"] = "host" if doorbell == "caller" else doorbell
+            order = "caller" if doorbell == "caller" else "stream"
+            with comm.persistent("float32", blocks=1, order=order):
+                eng = dev.engines()["float32"]
+                record("engine", f"{doorbell} doorbell, 1 block: Engine.call 1 KiB",
+                       _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
+            with comm.persistent("float32", order=order):
+                eng = dev.engines()["float32"]
+                record("engine", f"{doorbell} doorbell: Engine.call count 0 (signalling only)",
+                       _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
+                record("engine", f"{doorbell} doorbell: Engine.call 1 KiB",
+                       _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
+                y.fill(0)
+                record("engine", f"{doorbell} doorbell: Allreduce 1 KiB + synchronize",
+                       _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
+                plan = comm._fast["Allreduce"].plan
+                record("engine", f"{doorbell} doorbell: the prepared call alone ({type(plan).__name__}.launch)",
+                       _median_us(lambda: plan.launch(None), opts.n))
+                record("engine", f"{doorbell} doorbell: synchronize alone",
+                       _median_us(comm.synchronize, opts.n))
+                fast, op = comm._fast["Allreduce"], hpccoll.SUM
+                record("python", "the fast path's argument match (_FastCall.matches)",
+                       _median_us(lambda: fast.matches(x, y, op, None, "auto", False), opts.n))
+                record("python", "an empty call (the timer's own cost)", _median_us(lambda: None, opts.n))
+                record("engine", f"{doorbell} doorbell: Allreduce 1 KiB, no synchronize",
+                       _median_us(lambda: comm.Allreduce(x, y), opts.n))
+                req = comm.Allreduce_init(x, y)
+                record("engine", f"{doorbell} doorbell: request Start + Wait 1 KiB",
+                       _median_us(lambda: (req.Start(), req.Wait()), opts.n))
+                req.Free()
+                ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
+                record("engine", f"{doorbell} doorbell: result correct: {ok}", 0.0)
+        os.environ.pop("HPCCOLL_ENGINE_DOORBELL")
+
+    if "sizes" in parts:
+        # sizes: Engine.call (order="caller") from 4 KiB to 256 KiB on engines of 1, 2, 4 and 8
+        # blocks.  A call of more than one block's packs (8 KiB) is relayed by block 0 to the others
+        # through device memory; one block takes it all with more packs per thread.  Every size's
+        # result is checked bitwise against the rank-order sum once per engine.
+        for blocks in (1, 2, 4, 8):
+            with comm.persistent("float32", blocks=blocks, max_bytes=big * 4, order="caller"):
+                eng = dev.engines()["float32"]
+                for kib in (4, 8, 16, 32, 64, 128, 256):
+                    n = kib * 256
+                    ok = checked_call(eng, n)
+                    record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
+                           f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
+                           blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
+
+    if "variants" in parts:
+        # The same calls on engines compiled with variant defines, interleaved (for each engine
+        # size and pass: every variant), so that the machine's drift hits every variant alike.
+        import hpccoll._engine as engine_mod
+
+        base_module = dev._engine_module
+        names = [v for v in opts.variants.split(",") if v]
+        specs = {v: variant_defines(v) for v in names}
+        for pass_ in (0, 1):
+            for blocks in (int(b) for b in opts.variant_blocks.split(",")):
+                for v in names:
+                    defs, ppt = specs[v]
+                    batch = any(d.startswith("-DHC_ENGINE_BATCH") for d in defs)
+                    dev._engine_module = lambda dtype, defs=defs: dev._load("persistent.cu", dtype, dev.rank_defines + defs)
+                    engine_mod.PACKS_PER_THREAD = ppt
+                    # a batched engine has no loop path: at most ppt packs per thread of its grid
+                    cap = min(big * 4, ppt * engine_mod.BLOCK * blocks * 16) if batch else big * 4
+                    with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
+                        eng = dev.engines()["float32"]
+                        for kib in (int(k) for k in opts.variant_kib.split(",")):
+                            n = kib * 256
+                            if n * 4 > cap:
+                                continue
+                            ok = checked_call(eng, n)
+                            record("variants", f"pass {pass_} {v:8s} {blocks}-block engine: {kib:4d} KiB "
+                                   f"({eng.blocks_for(n)} used), bitwise {ok}",
+                                   _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
+                                   variant=v, defines=list(defs), ppt=ppt, blocks=blocks, bytes=n * 4,
+                                   used=eng.blocks_for(n), ok=ok, pass_=pass_)
+        dev._engine_module = base_module
+        engine_mod.PACKS_PER_THREAD = 2
     rt.freeHost(host)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")

@@ -3,10 +3,11 @@ from the [test] extra)?  A change to cuda/ that leaves every kernel's SASS ident
 GPU-tested commit needs no new GPU run; one that does not, does.
 
     python bench/sass_diff.py REV [--dtypes float32,bfloat16,float64,int32] [--ranks 2,3] [--arch sm_90]
+                                  [--sources collectives.cu,persistent.cu]
 
-Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per dtype and
-rank count, plus the float32 in-kernel-loop modules) and per function; prints the functions that
-differ.  (cuda/ before 07d437e ignores HC_NRANKS: its modules are the generic build, so against
+Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per source,
+dtype and rank count, plus collectives.cu's float32 in-kernel-loop modules; persistent.cu is the
+eager engine) and per function; prints the functions that differ.  (cuda/ before 07d437e ignores HC_NRANKS: its modules are the generic build, so against
 such a REV every kernel of a specialized module shows as changed.)"""
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16,float64,int32")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--ranks", default="2,3", help="rank counts the modules are built for (HC_NRANKS)")
+    ap.add_argument("--sources", default="collectives.cu,persistent.cu")
     opts = ap.parse_args()
     sys.path.insert(0, str(HERE / "tests"))
     from test_device_code import _sass_by_function  # noqa: E402  (the SASS parser the tests use)
@@ -48,8 +50,10 @@ def main() -> int:
 
     # the library builds every module for its rank count (HC_NRANKS, backends/cuda.py rank_defines)
     ranks = [f"-DHC_NRANKS={n}" for n in opts.ranks.split(",") if n]
-    modules = ([(dt, (r,)) for dt in opts.dtypes.split(",") if dt for r in ranks]
-               + [("float32", (r, "-DHC_LOOP_FENCE=1")) for r in ranks])
+    sources = [s for s in opts.sources.split(",") if s]
+    modules = [(src, dt, (r,)) for src in sources for dt in opts.dtypes.split(",") if dt for r in ranks]
+    if "collectives.cu" in sources:
+        modules += [("collectives.cu", "float32", (r, "-DHC_LOOP_FENCE=1")) for r in ranks]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         trees = {"here": HERE / "cuda", opts.rev: _tree_at(opts.rev, tmp / "rev")}
@@ -57,14 +61,13 @@ def main() -> int:
         for label, cuda in trees.items():
             _nvrtc.cuda_dir = lambda cuda=cuda: cuda
             os.environ["HPCCOLL_CACHE_DIR"] = str(tmp / f"cache-{len(sass)}")
-            sass[label] = {(dt, defs): _sass_by_function(_nvrtc.compile_module("collectives.cu", dt, opts.arch, defs),
-                                                         tmp)
-                           for dt, defs in modules}
+            sass[label] = {(src, dt, defs): _sass_by_function(_nvrtc.compile_module(src, dt, opts.arch, defs), tmp)
+                           for src, dt, defs in modules}
     changed = 0
     for key in sass["here"]:
         a, b = sass["here"][key], sass[opts.rev][key]
         diff = sorted(set(a) ^ set(b)) + sorted(n for n in set(a) & set(b) if a[n] != b[n])
-        name = f"{key[0]} {key[1][0][2:]}" + (" (in-kernel loop module)" if len(key[1]) > 1 else "")
+        name = f"{key[0]} {key[1]} {key[2][0][2:]}" + (" (in-kernel loop module)" if len(key[2]) > 1 else "")
         print(f"{name}: {'identical' if not diff else f'{len(diff)} of {len(a)} functions differ: ' + ', '.join(diff)}")
         changed += bool(diff)
     return 1 if changed else 0

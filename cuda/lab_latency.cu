@@ -101,8 +101,8 @@ __device__ __forceinline__ void labLL(const Args& a, u64* out, u64 base) {
   const u64 p = threadIdx.x;
   const u64 packs = a.count / 4;
   const u64 t0 = globaltimer();
-  auto to = [&](u64 e) { return a.peers[peer] + a.region + ((e & 1) * 2 + a.rank) * a.sub + LL::kBytesPerPack * p; };
-  auto from = [&](u64 e) { return a.peers[a.rank] + a.region + ((e & 1) * 2 + peer) * a.sub + LL::kBytesPerPack * p; };
+  auto to = [&](u64 e) { return a.peers[peer] + a.region + ((e & 1) * 2 + a.rank) * a.sub + LL::at(p); };
+  auto from = [&](u64 e) { return a.peers[a.rank] + a.region + ((e & 1) * 2 + peer) * a.sub + LL::at(p); };
   if (p < packs) {
     const Pack x = ldPack((const float*)a.in + 4 * p);
     LL::write(to(base), x, llFlag(base));

@@ -38,10 +38,10 @@ __device__ __forceinline__ void labOneShotLL(const Args& a) {
     const u32 f = llFlag(e);
     char* put = (PULL ? mineBase : peerBase) + (par * 2 + a.rank) * a.sub;
     const char* get = (PULL ? peerBase : mineBase) + (par * 2 + peer) * a.sub;
-    for (u64 p = p0; p < packs; p += T) LL::write(put + 32 * p, p == p0 ? first : ldPack(in + 4 * p), f);
+    for (u64 p = p0; p < packs; p += T) LL::write(put + LL::at(p), p == p0 ? first : ldPack(in + 4 * p), f);
     for (u64 p = p0; ok && p < packs; p += T) {
       Pack v;
-      const char* s = get + 32 * p;
+      const char* s = get + LL::at(p);
       ok = boundedPoll(a, HC_COLL_ALLREDUCE, [&] { return peer; }, p, [&] { return LL::readOnce(s, f, v); });
       if (!ok) break;
       const Pack own = p == p0 ? first : ldPack(in + 4 * p);

@@ -123,7 +123,7 @@ struct LLBuffer {
   int coll;
   // Computed once per buffer, outside every loop and poll: my sub-buffers of this parity
   // (src 0's slot 0) and the offset of my sub-buffer in every peer.  My slot of src =
-  // mine + src * sub + slot * bytes; peer's slot of mine = peers[peer] + sendOff + slot * bytes.
+  // mine + src * sub + at(slot); peer's slot of mine = peers[peer] + sendOff + at(slot).
   // Why: the loop on the earlier primitives (peers[] indexed with a runtime rank inside every
   // poll sweep, an 8-way predicated sweep even for 2 ranks) took 1.65-3.4 us per op in-kernel
   // where a stripped loop took 0.83-0.88 (bench/results/2026-11-30-h200x2-*-latency-lab*).
@@ -143,16 +143,16 @@ struct LLBuffer {
   }
 
   __device__ __forceinline__ char* mySlot(int src, u64 slot) const {
-    return mine + (u64)src * sub + slot * Proto::kBytesPerPack;
+    return mine + (u64)src * sub + Proto::at(slot);
   }
 
   __device__ __forceinline__ void send(int peer, u64 slot, Pack v) const {
-    Proto::write(a.peers[peer] + sendOff + slot * Proto::kBytesPerPack, v, flag);
+    Proto::write(a.peers[peer] + sendOff + Proto::at(slot), v, flag);
   }
 
   __device__ __forceinline__ void bcast(u64 slot, Pack v) const {
     if (nranksOf(a) == 2) {  // the common case: one peer, no loop
-      Proto::write(pair + slot * Proto::kBytesPerPack, v, flag);
+      Proto::write(pair + Proto::at(slot), v, flag);
       return;
     }
 #pragma unroll

@@ -56,6 +56,14 @@ __shared__ unsigned hcCallBlocks;
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
 #define HC_RELAY_DEAD (~0ull)
 
+// HC_ENGINE_LLRELAY (bench/engine_lab.py variants; 0 in the library): the relay as LL words, six
+// u64 of (seq32 << 32 | 32 bits of a field) in three relaxed 16-byte stores, without the
+// release's fence on block 0's side; block b polls all six and fences after.  (The dead marker
+// is written the same way by both builds: word 5 = HC_RELAY_DEAD.)  count < 2^32 (max_bytes).
+#ifndef HC_ENGINE_LLRELAY
+#define HC_ENGINE_LLRELAY 0
+#endif
+
 // Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD).
 // 2xH200, bench/engine_lab.py at 7c79ef0, Engine.call (order "caller"): 16 KiB on one block
 // (2 packs per thread) 7.37 us, on two blocks (the relay) 8.08-8.09; 32 KiB on one block 9.58,
@@ -100,6 +108,33 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
     return;
   }
   const u64* slot = g.relay + 8 * blockIdx.x;
+#if HC_ENGINE_LLRELAY
+  // Six words (seq32 << 32 | 32 bits of a field), each single-copy atomic: polled until all
+  // carry one seq that is not `last`'s; then a fence makes the relaxed polls an acquire.
+  u64 w[6];
+  for (;;) {
+#pragma unroll
+    for (int i = 0; i < 6; i += 2)
+      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[i]), "=l"(w[i + 1]) : "l"(slot + i) : "memory");
+    if (w[5] == HC_RELAY_DEAD) {
+      field[3] = HC_ENGINE_STOP;
+      return;
+    }
+    const u32 s = (u32)(w[5] >> 32);
+    bool same = s != (u32)last;
+#pragma unroll
+    for (int i = 0; i < 5; ++i) same = same && (u32)(w[i] >> 32) == s;
+    if (same) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      field[0] = (w[0] & 0xFFFFFFFFull) | (w[1] << 32);
+      field[1] = (w[2] & 0xFFFFFFFFull) | (w[3] << 32);
+      field[2] = w[4] & 0xFFFFFFFFull;
+      field[3] = w[5] & 0xFFFFFFFFull;
+      field[4] = last + (u32)(s - (u32)last);
+      return;
+    }
+  }
+#else
   u64 v;
   while ((v = ldAcquireGpu(slot + 4)) == last) {
   }
@@ -110,14 +145,71 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
 #pragma unroll
   for (int i = 0; i < 4; ++i) field[i] = *(const volatile u64*)(slot + i);
   field[4] = v;
+#endif
 }
+
+// HC_ENGINE_BATCH = K > 0 (bench/engine_lab.py variants; 0 in the library): with two ranks, a
+// call of up to K packs per thread keeps them all in registers: loaded together, sent back to
+// back, and polled in one sweep over all of them, so that their load and poll latencies overlap.
+// The library's loop (allreduceOneShotLoop) loads and polls pack after pack: 2xH200, engine_lab
+// at 7c79ef0, one block, 4 KiB (1 pack per thread) 5.6-5.8 us, 16 KiB (2) 7.4, 32 KiB (4) 9.6,
+// 64 KiB (8) 14.1: about 1.1 us per pack per thread.
+#ifndef HC_ENGINE_BATCH
+#define HC_ENGINE_BATCH 0
+#endif
+
+#if HC_ENGINE_BATCH > 0
+template <int OP>
+__device__ __forceinline__ bool engineBatched(const Args& a, const Flat& io, u64 packs, Pack first, u64 e) {
+  constexpr int K = HC_ENGINE_BATCH;
+  const u64 T = nthreads(), p0 = tid();
+  const LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_ALLREDUCE);
+  Pack x[K];  // the own packs, then their results
+  x[0] = first;
+#pragma unroll
+  for (int k = 1; k < K; ++k)
+    if (p0 + k * T < packs) x[k] = io.load(p0 + k * T);
+  u32 pending = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (p0 + k * T < packs) {
+      buf.bcast(p0 + k * T, x[k]);
+      pending |= 1u << k;
+    }
+  const int peer = a.rank ^ 1;
+  const char* slot = buf.mySlot(peer, p0);  // pack p0 + k * T at slot + at(k * T): T is a multiple of 32
+  const u32 f = buf.flag;
+  auto sweep = [&] {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (pending & (1u << k)) {
+        Pack y;
+        if (LL::readOnce(slot + LL::at(k * T), f, y)) {  // reduced at once, in rank order
+          x[k] = a.rank == 0 ? combinePack<OP>(x[k], y) : combinePack<OP>(y, x[k]);
+          pending &= ~(1u << k);
+        }
+      }
+    return pending == 0;
+  };
+  if (!boundedPoll(a, HC_COLL_ALLREDUCE, [&] { return peer; }, p0, sweep)) return false;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (p0 + k * T < packs) io.store(p0 + k * T, x[k]);
+  return true;
+}
+#endif
 
 template <int OP>
 __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
   const Flat io{a};
   const u64 packs = io.packs();
   const Pack first = loadFirst(io, packs);
+#if HC_ENGINE_BATCH > 0 && HC_NRANKS == 2
+  // (the host keeps max_bytes within HC_ENGINE_BATCH packs per thread of the whole grid)
+  return engineBatched<OP>(a, io, packs, first, e);
+#else
   return allreduceOneShotFrom<LL, OP>(a, io, packs, first, e, ok);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
@@ -143,9 +235,18 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     const u64 cmd = field[3], seq = field[4];
     if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
       u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
+#if HC_ENGINE_LLRELAY
+      const u64 hi = (u64)(u32)seq << 32;
+      const u64 w[6] = {hi | (u32)field[0], hi | (u32)(field[0] >> 32), hi | (u32)field[1],
+                        hi | (u32)(field[1] >> 32), hi | (u32)field[2], hi | (u32)field[3]};
+#pragma unroll
+      for (int i = 0; i < 6; i += 2)
+        asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + i), "l"(w[i]), "l"(w[i + 1]) : "memory");
+#else
 #pragma unroll
       for (int i = 0; i < 4; ++i) slot[i] = field[i];
       stReleaseGpu(slot + 4, seq);
+#endif
     }
     if (cmd == HC_ENGINE_STOP) return;
     last = seq;
@@ -162,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
     if (!ok) {                   // a poll timed out (or the communicator was aborted)
       if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
-        stReleaseGpu(g.relay + 8 * threadIdx.x + 4, HC_RELAY_DEAD);
+        stReleaseGpu(g.relay + 8 * threadIdx.x + (HC_ENGINE_LLRELAY ? 5 : 4), HC_RELAY_DEAD);
       return;
     }
     if (threadIdx.x == 0) {

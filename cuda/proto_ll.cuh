@@ -14,24 +14,42 @@
 // fresh when its flags equal this epoch's flag.  A slot left unwritten for exactly
 // k*(2^32-1) collectives of its parity could pass as fresh (>= 71 min at 1 us per op).
 // LL moves raw bits (no sanitizing): it carries integers, Bcast and Allgather.
+//
+// Where a pack's two slots lie (`at`, `kHalf`):
+//   HC_LL_WARP=0 (the library): slot p at p * 32, its second half right after it (+16).  A
+//     warp's store instruction then writes every other 16 bytes of a 1 KiB span.
+//   HC_LL_WARP=1 (bench/bw_lab.py and bench/engine_lab.py variants "llwarp"): packs in groups
+//     of 32, a group's first halves in 512 contiguous bytes and its second halves in the next
+//     512, so that a warp's store (and poll) instruction covers 512 contiguous bytes.  The same
+//     bytes per pack; sub-buffers are multiples of 1 KiB (backends/cuda.py Layout).
 #pragma once
 #include "hc_common.cuh"
+
+#ifndef HC_LL_WARP
+#define HC_LL_WARP 0
+#endif
 
 struct LL {
   static constexpr bool kRearms = false;  // flags are epochs: slots are never re-armed
   static constexpr int kBytesPerPack = 32;  // a 16-byte pack takes two 16-byte slots
+  static constexpr int kHalf = HC_LL_WARP ? 512 : 16;  // from a pack's first slot to its second
+
+  // Byte offset of pack `slot`'s first 16-byte slot in a sub-buffer.
+  __device__ static u64 at(u64 slot) {
+    return HC_LL_WARP ? (slot >> 5) * 1024 + (slot & 31) * 16 : slot * kBytesPerPack;
+  }
 
   __device__ static void write(char* slot, Pack v, u32 flag) {
     const u64 f = (u64)flag << 32;
     const u32* w = (const u32*)&v.u;
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(f | w[0]), "l"(f | w[1]) : "memory");
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + 16), "l"(f | w[2]), "l"(f | w[3]) : "memory");
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + kHalf), "l"(f | w[2]), "l"(f | w[3]) : "memory");
   }
 
   __device__ static bool readOnce(const char* slot, u32 flag, Pack& v) {
     u64 a, b, c, d;
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(slot) : "memory");
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(slot + 16) : "memory");
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(slot + kHalf) : "memory");
     v.u = make_uint4((u32)a, (u32)b, (u32)c, (u32)d);
     return (u32)(a >> 32) == flag && (u32)(b >> 32) == flag && (u32)(c >> 32) == flag && (u32)(d >> 32) == flag;
   }

@@ -19,6 +19,7 @@
 struct Sentinel {
   static constexpr bool kRearms = true;  // read slots are re-armed with the sentinel
   static constexpr int kBytesPerPack = 16;  // receive-buffer bytes per 16-byte pack
+  __device__ static u64 at(u64 slot) { return slot * kBytesPerPack; }  // a pack's slot in a sub-buffer
 #if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
   static constexpr u64 kWord = 0xFFFAFFFAFFFAFFFAull;  // fill pattern of the receive buffer
   static constexpr u64 kCanon = 0x7FF8000000000000ull;
