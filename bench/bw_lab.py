@@ -28,8 +28,9 @@ Variants (name: defines, grid: blocks -> blocks); each names its defines, whatev
               only, as this lab.  Since its run (07d437e) the library builds every module so
               (backends/cuda.py rank_defines): "library" is this variant now
   noabort     HC_LAB_NO_ABORT=1: the one-shot does not read the abort flag before its first send
-  llwarp      HC_LL_WARP=1: LL slots laid out per 32 packs, so that a warp's store and poll
-              instructions cover 512 contiguous bytes (proto_ll.cuh); LL algorithms only
+  llpair      HC_LL_WARP=0: a pack's two LL slots side by side, where a warp's store writes
+              every other 16 bytes of 1 KiB (the layout before 69d8881's run, whose variant
+              "llwarp" was today's library); LL algorithms only
   split       HC_ONESHOT_SPLIT=1: one-shot's first half of the blocks only send, the second half
               only receive; split256: the same on twice the library's blocks (at most 256)
 The first bw_lab run (d8ca22e, where keep = keep4burst) is in bench/NOTES.md, session 8.
@@ -60,7 +61,7 @@ VARIANTS = {
     "nowait_bare": (("-DHC_LAB_NO_WAIT=1", "-DHC_LAB_NO_REARM=1", "-DHC_LAB_NO_INPUT=1", "-DHC_LAB_NO_OUTPUT=1"), None),
     "nr2": (("-DHC_NRANKS=2",), None),
     "noabort": (("-DHC_LAB_NO_ABORT=1",), None),
-    "llwarp": (("-DHC_LL_WARP=1",), None),
+    "llpair": (("-DHC_LL_WARP=0",), None),
     "nr2_noabort": (("-DHC_NRANKS=2", "-DHC_LAB_NO_ABORT=1"), None),
     "split": (("-DHC_ONESHOT_SPLIT=1",), None),
     "split256": (("-DHC_ONESHOT_SPLIT=1",), lambda b: min(256, 2 * b)),  # HC_MAX_BLOCKS; senders never wait

@@ -16,12 +16,12 @@ MAX over ranks), in one run:
 - sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
 - variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
              interleaved, two passes:
-  library   the library's engine (2 packs per thread before another block, the loop path)
-  llwarp    HC_LL_WARP=1: LL slots laid out per 32 packs, so a warp's store covers 512 contiguous
-            bytes (proto_ll.cuh)
-  bK[w][r]  HC_ENGINE_BATCH=K and HC_ENGINE_PPT=K (K = 2, 4, 8): a thread's up to K packs loaded,
-            sent and polled together (persistent.cu engineBatched); w: + HC_LL_WARP=1;
-            r: + HC_ENGINE_LLRELAY=1 (the relay as LL words, no release fence)"""
+  library   the library's engine
+  llpair    HC_LL_WARP=0: a pack's two LL slots side by side (proto_ll.cuh), the layout before
+  nofence   HC_ENGINE_RELAY_FENCE=0: the relay's stores without the release fence before them
+  ppt1, ppt4  HC_ENGINE_PPT=1 / 4: another block after 1 / 4 packs per thread (the library: 2)
+  (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
+  engine before them: bench/NOTES.md, session 14.)"""
 from __future__ import annotations
 
 import argparse
@@ -42,18 +42,20 @@ def _median_us(fn, n: int) -> float:
     return statistics.median(ts[n // 10:]) * 1e6
 
 
+VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before another block)
+    "library": ((), 2),
+    "llpair": (("-DHC_LL_WARP=0",), 2),
+    "nofence": (("-DHC_ENGINE_RELAY_FENCE=0",), 2),
+    "ppt1": (("-DHC_ENGINE_PPT=1",), 1),
+    "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
+}
+
+
 def variant_defines(name: str) -> tuple[tuple[str, ...], int]:
     """(compile defines, packs per thread before another block) of a --variants name."""
-    if name == "library":
-        return (), 2
-    if name == "llwarp":
-        return ("-DHC_LL_WARP=1",), 2
-    if len(name) >= 2 and name[0] == "b" and name[1] in "248" and set(name[2:]) <= {"w", "r"}:
-        k = int(name[1])
-        defs = (f"-DHC_ENGINE_BATCH={k}", f"-DHC_ENGINE_PPT={k}")
-        defs += ("-DHC_LL_WARP=1",) * ("w" in name[2:]) + ("-DHC_ENGINE_LLRELAY=1",) * ("r" in name[2:])
-        return defs, k
-    raise SystemExit(f"engine_lab: unknown variant {name!r}: library, llwarp, bK[w][r] with K in 2, 4, 8")
+    if name not in VARIANTS:
+        raise SystemExit(f"engine_lab: unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
+    return VARIANTS[name]
 
 
 def main() -> int:
@@ -62,7 +64,7 @@ def main() -> int:
     import hpccoll
     from hpccoll import bench
     from hpccoll._driver import Module, launch_raw
-    from hpccoll._engine import _driver_fns
+    from hpccoll._engine import BYTES_PER_BLOCK, _driver_fns
     from hpccoll._nvrtc import compile_module
 
     ap = argparse.ArgumentParser()
@@ -70,7 +72,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", default="sysread,host,echo,engine,sizes",
                     help="sections to run, of sysread,host,echo,engine,sizes,variants")
-    ap.add_argument("--variants", default="library,llwarp,b2w,b4,b4w,b8w,b2wr,b4wr")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--variant-blocks", default="1,4")
     ap.add_argument("--variant-kib", default="4,8,16,32,64,128")
     opts = ap.parse_args()
@@ -177,7 +179,7 @@ def main() -> int:
             # every timed call here follows a finished one, so the caller's contract holds)
             os.environ["HPCCOLL_ENGINE_DOORBELL"] = "host" if doorbell == "caller" else doorbell
             order = "caller" if doorbell == "caller" else "stream"
-            with comm.persistent("float32", blocks=1, order=order):
+            with comm.persistent("float32", blocks=1, max_bytes=32 * 1024, order=order):
                 eng = dev.engines()["float32"]
                 record("engine", f"{doorbell} doorbell, 1 block: Engine.call 1 KiB",
                        _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
@@ -215,10 +217,13 @@ def main() -> int:
         # through device memory; one block takes it all with more packs per thread.  Every size's
         # result is checked bitwise against the rank-order sum once per engine.
         for blocks in (1, 2, 4, 8):
-            with comm.persistent("float32", blocks=blocks, max_bytes=big * 4, order="caller"):
+            cap = min(big * 4, blocks * BYTES_PER_BLOCK)
+            with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
                 eng = dev.engines()["float32"]
                 for kib in (4, 8, 16, 32, 64, 128, 256):
                     n = kib * 256
+                    if n * 4 > cap:
+                        continue
                     ok = checked_call(eng, n)
                     record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
                            f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
@@ -236,11 +241,9 @@ def main() -> int:
             for blocks in (int(b) for b in opts.variant_blocks.split(",")):
                 for v in names:
                     defs, ppt = specs[v]
-                    batch = any(d.startswith("-DHC_ENGINE_BATCH") for d in defs)
                     dev._engine_module = lambda dtype, defs=defs: dev._load("persistent.cu", dtype, dev.rank_defines + defs)
                     engine_mod.PACKS_PER_THREAD = ppt
-                    # a batched engine has no loop path: at most ppt packs per thread of its grid
-                    cap = min(big * 4, ppt * engine_mod.BLOCK * blocks * 16) if batch else big * 4
+                    cap = min(big * 4, blocks * engine_mod.BYTES_PER_BLOCK)
                     with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
                         eng = dev.engines()["float32"]
                         for kib in (int(k) for k in opts.variant_kib.split(",")):

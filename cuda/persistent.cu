@@ -22,23 +22,28 @@
 //
 // Which blocks a call needs: ceil(packs / (HC_ENGINE_PPT * blockDim)) of them (at least block
 // 0), and the call's packs are spread over those blocks' threads only (hcCallBlocks); a call of
-// <= 16 KiB is block 0's alone.  Block 0 relays a call to each block b it needs through b's own
-// relay slot in device memory, { in, out, count, cmd, seq }: thread b of block 0 writes the call
-// and releases seq; block b acquires it.  A slot is written only for
+// <= 16 KiB is block 0's alone.  Past every block's HC_ENGINE_PPT packs, a call takes more packs
+// per thread, up to HC_ENGINE_KEEP (start_persistent keeps max_bytes within that: 32 KiB a block).
+// Block 0 relays a call to each block b it needs through b's own relay slot in device memory:
+// six LL words (seq32 << 32 | 32 bits of a field: in, out, count, cmd), so that one word read
+// says which call its half-field belongs to and the words need no order among themselves.
+// Thread b of block 0 writes them after a fence (the release), block b polls all six until they
+// carry one new seq, then fences (the acquire).  A slot is written only for
 // calls its block takes part in, and the host posts call s+1 only after every block of call s
 // has finished it, so a slot is never rewritten while its block reads it.  The host waits for
 // the blocks the call needs only (it computes the same count).  Block 0 leaving on a timeout
-// releases HC_RELAY_DEAD into every slot, so that the other blocks (and the host's stop) do not
-// wait for it forever; a block whose poll timed out writes nothing more and leaves: the host
-// sees the mapped error word instead.
+// releases HC_RELAY_DEAD into word 5 of every slot, so that the other blocks (and the host's
+// stop) do not wait for it forever; a block whose poll timed out writes nothing more and leaves:
+// the host sees the mapped error word instead.
 // Blocks that skip calls stay correct: the epoch comes from the call's seq, and the LL slot reuse
 // argument holds across skipped calls (block 0 takes part in every call, so the host cannot post
 // call s+2 before every block of call s has finished it, on both ranks).
 //
 // Memory ordering.  All data stays in device memory; the host only signals.
 // - Before posting, the host waits until the caller's stream has completed (its kernels wrote
-//   the input).  The acquire loads (doorbell, relay) invalidate the SM's L1 (no stale input
-//   lines from an earlier call), and the block barrier orders every thread's loads after them.
+//   the input).  The doorbell's acquire load and the relay's acquire fence invalidate the SM's
+//   L1 (no stale input lines from an earlier call), and the block barrier orders every thread's
+//   loads after them.
 // - After the Allreduce, the block barrier and a release fence by thread 0 make the block's
 //   output stores performed in device memory before its completion word leaves; later work
 //   that reads the output (kernels, copies) reads device memory.
@@ -56,28 +61,30 @@ __shared__ unsigned hcCallBlocks;
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
 #define HC_RELAY_DEAD (~0ull)
 
-// HC_ENGINE_LLRELAY (bench/engine_lab.py variants; 0 in the library): the relay as LL words, six
-// u64 of (seq32 << 32 | 32 bits of a field) in three relaxed 16-byte stores, without the
-// release's fence on block 0's side; block b polls all six and fences after.  (The dead marker
-// is written the same way by both builds: word 5 = HC_RELAY_DEAD.)  count < 2^32 (max_bytes).
-#ifndef HC_ENGINE_LLRELAY
-#define HC_ENGINE_LLRELAY 0
+// HC_ENGINE_RELAY_FENCE=0 (bench/engine_lab.py variant "nofence"; 1 in the library): the relay
+// without the release fence before its stores (formally unordered; the lab's measure of the fence).
+#ifndef HC_ENGINE_RELAY_FENCE
+#define HC_ENGINE_RELAY_FENCE 1
 #endif
 
-// Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD).
-// 2xH200, bench/engine_lab.py at 7c79ef0, Engine.call (order "caller"): 16 KiB on one block
-// (2 packs per thread) 7.37 us, on two blocks (the relay) 8.08-8.09; 32 KiB on one block 9.58,
-// on two or four 8.63-8.71; 64 KiB on four or eight blocks 9.42 / 9.31.
+// Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD), and
+// the most a thread keeps (PACKS_KEPT).  2xH200, bench/engine_lab.py at 69d8881 (the kept path,
+// LL slots per warp, the LL-word relay; Engine.call, order "caller"), 4-block engine: 4 KiB
+// 4.9-5.1 us, 16 KiB 5.9-6.1 (one block), 32 KiB 7.0-7.1 (two), 64 KiB 7.5-7.6 (four); 2 packs
+// per thread before another block beat 4 at 64 KiB (8.1 on two blocks) and tied at 32 KiB.
+// The loop before (pack after pack, about 1.1 us per pack per thread on one block; 32-byte
+// strided LL slots; a released seq word) took 5.4, 6.2-6.3, 7.5 and 8.5 us in the same run.
 #ifndef HC_ENGINE_PPT
 #define HC_ENGINE_PPT 2
 #endif
+#define HC_ENGINE_KEEP 4
 
 struct EngineArgs {
   const u64* host;       // device address of the engine's mapped host memory (bell, desc, done)
   const u64* bell;       // the doorbell block 0 polls: host + 0 (mapped host memory, written by
                          // the host), or a word of device memory written by the caller's stream
                          // (cuStreamWriteValue64: hpccoll/_engine.py, doorbell "stream")
-  u64* relay;            // device memory: 8 u64 per block, { in, out, count, cmd, seq }
+  u64* relay;            // device memory: 8 u64 per block, six LL words of the call
                          // (block 0's unused, but for the "stream" doorbell's word at [6])
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
@@ -108,9 +115,8 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
     return;
   }
   const u64* slot = g.relay + 8 * blockIdx.x;
-#if HC_ENGINE_LLRELAY
   // Six words (seq32 << 32 | 32 bits of a field), each single-copy atomic: polled until all
-  // carry one seq that is not `last`'s; then a fence makes the relaxed polls an acquire.
+  // carry one seq that is not `last`'s; the fence after the relaxed loads is the acquire.
   u64 w[6];
   for (;;) {
 #pragma unroll
@@ -130,38 +136,20 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
       field[1] = (w[2] & 0xFFFFFFFFull) | (w[3] << 32);
       field[2] = w[4] & 0xFFFFFFFFull;
       field[3] = w[5] & 0xFFFFFFFFull;
-      field[4] = last + (u32)(s - (u32)last);
+      field[4] = last + (u32)(s - (u32)last);  // seq: the 64-bit value after `last` with these low bits
       return;
     }
   }
-#else
-  u64 v;
-  while ((v = ldAcquireGpu(slot + 4)) == last) {
-  }
-  if (v == HC_RELAY_DEAD) {
-    field[3] = HC_ENGINE_STOP;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) field[i] = *(const volatile u64*)(slot + i);
-  field[4] = v;
-#endif
 }
 
-// HC_ENGINE_BATCH = K > 0 (bench/engine_lab.py variants; 0 in the library): with two ranks, a
-// call of up to K packs per thread keeps them all in registers: loaded together, sent back to
-// back, and polled in one sweep over all of them, so that their load and poll latencies overlap.
-// The library's loop (allreduceOneShotLoop) loads and polls pack after pack: 2xH200, engine_lab
-// at 7c79ef0, one block, 4 KiB (1 pack per thread) 5.6-5.8 us, 16 KiB (2) 7.4, 32 KiB (4) 9.6,
-// 64 KiB (8) 14.1: about 1.1 us per pack per thread.
-#ifndef HC_ENGINE_BATCH
-#define HC_ENGINE_BATCH 0
-#endif
-
-#if HC_ENGINE_BATCH > 0
+// Two ranks: a thread's up to HC_ENGINE_KEEP packs stay in registers, loaded together, sent
+// back to back, and polled in one sweep over all of them, so that their load and poll latencies
+// overlap (collectives.cu's loop loads, sends and polls pack after pack: fine for a launch of a
+// pack or two per thread, about 1.1 us per pack per thread here).  Each arrival is reduced at
+// once, in rank order.
 template <int OP>
-__device__ __forceinline__ bool engineBatched(const Args& a, const Flat& io, u64 packs, Pack first, u64 e) {
-  constexpr int K = HC_ENGINE_BATCH;
+__device__ __forceinline__ bool engineKept(const Args& a, const Flat& io, u64 packs, Pack first, u64 e) {
+  constexpr int K = HC_ENGINE_KEEP;
   const u64 T = nthreads(), p0 = tid();
   const LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_ALLREDUCE);
   Pack x[K];  // the own packs, then their results
@@ -197,19 +185,15 @@ __device__ __forceinline__ bool engineBatched(const Args& a, const Flat& io, u64
     if (p0 + k * T < packs) io.store(p0 + k * T, x[k]);
   return true;
 }
-#endif
 
 template <int OP>
 __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
   const Flat io{a};
   const u64 packs = io.packs();
   const Pack first = loadFirst(io, packs);
-#if HC_ENGINE_BATCH > 0 && HC_NRANKS == 2
-  // (the host keeps max_bytes within HC_ENGINE_BATCH packs per thread of the whole grid)
-  return engineBatched<OP>(a, io, packs, first, e);
-#else
+  // (start_persistent keeps a call within HC_ENGINE_KEEP packs per thread of the whole grid)
+  if (nranksOf(a) == 2) return engineKept<OP>(a, io, packs, first, e);
   return allreduceOneShotFrom<LL, OP>(a, io, packs, first, e, ok);
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {
@@ -235,18 +219,13 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     const u64 cmd = field[3], seq = field[4];
     if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
       u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
-#if HC_ENGINE_LLRELAY
       const u64 hi = (u64)(u32)seq << 32;
       const u64 w[6] = {hi | (u32)field[0], hi | (u32)(field[0] >> 32), hi | (u32)field[1],
                         hi | (u32)(field[1] >> 32), hi | (u32)field[2], hi | (u32)field[3]};
+      if (HC_ENGINE_RELAY_FENCE) asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the release
 #pragma unroll
       for (int i = 0; i < 6; i += 2)
         asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + i), "l"(w[i]), "l"(w[i + 1]) : "memory");
-#else
-#pragma unroll
-      for (int i = 0; i < 4; ++i) slot[i] = field[i];
-      stReleaseGpu(slot + 4, seq);
-#endif
     }
     if (cmd == HC_ENGINE_STOP) return;
     last = seq;
@@ -263,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
     if (!ok) {                   // a poll timed out (or the communicator was aborted)
       if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
-        stReleaseGpu(g.relay + 8 * threadIdx.x + (HC_ENGINE_LLRELAY ? 5 : 4), HC_RELAY_DEAD);
+        stReleaseGpu(g.relay + 8 * threadIdx.x + 5, HC_RELAY_DEAD);
       return;
     }
     if (threadIdx.x == 0) {

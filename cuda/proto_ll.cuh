@@ -15,18 +15,19 @@
 // k*(2^32-1) collectives of its parity could pass as fresh (>= 71 min at 1 us per op).
 // LL moves raw bits (no sanitizing): it carries integers, Bcast and Allgather.
 //
-// Where a pack's two slots lie (`at`, `kHalf`):
-//   HC_LL_WARP=0 (the library): slot p at p * 32, its second half right after it (+16).  A
-//     warp's store instruction then writes every other 16 bytes of a 1 KiB span.
-//   HC_LL_WARP=1 (bench/bw_lab.py and bench/engine_lab.py variants "llwarp"): packs in groups
-//     of 32, a group's first halves in 512 contiguous bytes and its second halves in the next
-//     512, so that a warp's store (and poll) instruction covers 512 contiguous bytes.  The same
-//     bytes per pack; sub-buffers are multiples of 1 KiB (backends/cuda.py Layout).
+// Where a pack's two slots lie (`at`, `kHalf`): packs in groups of 32, a group's first halves
+// in 512 contiguous bytes and its second halves in the next 512, so that a warp's store (and
+// poll) instruction covers 512 contiguous bytes (sub-buffers are multiples of 1 KiB: backends/
+// cuda.py Layout).  HC_LL_WARP=0 (bench/bw_lab.py and engine_lab.py variant "llpair") puts a
+// pack's halves side by side at p * 32 instead, where a warp's instruction writes every other
+// 16 bytes of a 1 KiB span: 2xH200, bw_lab at 69d8881, graph per op, one-shot LL 128 KiB 4.34 ->
+// 3.49 us and 256 KiB 5.78 -> 4.31 with the groups, two-shot LL 256 KiB 5.84 -> 4.78; equal at
+// 1-8 KiB.
 #pragma once
 #include "hc_common.cuh"
 
 #ifndef HC_LL_WARP
-#define HC_LL_WARP 0
+#define HC_LL_WARP 1
 #endif
 
 struct LL {

@@ -32,6 +32,8 @@ CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
 BLOCK = 512
 PACKS_PER_THREAD = 2  # before a call takes another block (cuda/persistent.cu HC_ENGINE_PPT)
+PACKS_KEPT = 4  # the most a thread takes (HC_ENGINE_KEEP): max_bytes <= blocks * BYTES_PER_BLOCK
+BYTES_PER_BLOCK = PACKS_KEPT * BLOCK * 16  # 32 KiB
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 

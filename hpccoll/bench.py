@@ -840,13 +840,15 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     persistent request (row's eager_request_us), checked and counted the same way.  Up to the
     engine's largest call (256 KiB), beyond start_persistent's default (64 KiB), to show where
     it stops paying."""
+    from ._engine import BYTES_PER_BLOCK
     from .backends.cuda import S_ENGINE
     from .ops import dtype_name
 
     mpi = comm.mpi_comm
     case.reset(full=True)  # its kernel runs now, loaded before the engine starts (see _engine.py)
     order = getattr(opts, "engine_order", "stream")
-    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, max_bytes=S_ENGINE, order=order))
+    blocks = S_ENGINE // BYTES_PER_BLOCK  # the fewest that take S_ENGINE (a call uses what it needs)
+    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=S_ENGINE, order=order))
     try:
         eng = comm._device.engines()[dtype_name(opts.dtype)]
         _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))

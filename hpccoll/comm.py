@@ -424,7 +424,7 @@ class Communicator:
         every rank.  While an engine runs, device-wide synchronization (cudaDeviceSynchronize,
         cudaFree) waits for it: synchronize streams instead, and stop it first.
         At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.
-        max_bytes: at most 256 KiB.  The default, 64 KiB, is where the engine stops paying on
+        max_bytes: at most 256 KiB, and 32 KiB per block.  The default, 64 KiB, is where the engine stops paying on
         2xH200 (615aa1e, eager per call with the engine vs launched: 64 KiB 14.0 vs 17.6 us,
         256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32).
         order: how an engine call is ordered after the work that writes its input or still reads
@@ -438,7 +438,7 @@ class Communicator:
             raise HpccollError("start_persistent: this communicator was freed")
         self._outside_group("start_persistent", "before")
         name = dtype_name(dtype)
-        from ._engine import MAX_BLOCKS
+        from ._engine import BYTES_PER_BLOCK, MAX_BLOCKS
         from .backends.cuda import S_ENGINE
 
         if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
@@ -446,6 +446,10 @@ class Communicator:
 
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
             raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")
+        if max_bytes > blocks * BYTES_PER_BLOCK:
+            need = -(-max_bytes // BYTES_PER_BLOCK)
+            raise ValueError(f"start_persistent: max_bytes={max_bytes} needs blocks >= {need} (a block takes "
+                             f"{BYTES_PER_BLOCK // 1024} KiB of a call): pass blocks={need} or a smaller max_bytes")
         if order not in ("stream", "caller"):
             raise ValueError(f"start_persistent: order={order!r}: pass 'stream' (each call waits for its "
                              "stream) or 'caller' (the caller synchronizes before each call)")

@@ -32,11 +32,12 @@ def test_engine_blocks_for_matches_the_kernels_rule():
     import re
     from pathlib import Path
 
-    from hpccoll._engine import BLOCK, PACKS_PER_THREAD, Engine
+    from hpccoll._engine import BLOCK, BYTES_PER_BLOCK, PACKS_KEPT, PACKS_PER_THREAD, Engine
 
     src = (Path(__file__).resolve().parents[1] / "cuda" / "persistent.cu").read_text()
     assert int(re.search(r"#define HC_ENGINE_PPT (\d+)", src).group(1)) == PACKS_PER_THREAD == 2
-    assert BLOCK == 512
+    assert int(re.search(r"#define HC_ENGINE_KEEP (\d+)", src).group(1)) == PACKS_KEPT == 4
+    assert BLOCK == 512 and BYTES_PER_BLOCK == 32 * 1024
     eng = object.__new__(Engine)  # no GPU: only the arithmetic
     eng.blocks, eng.esize = 4, 4  # fp32: 4 elements per 16-byte pack, 4096 per block
     assert [eng.blocks_for(n) for n in (0, 1, 4096, 4097, 8192, 8193, 12288, 12289, 65536)] == \

@@ -84,6 +84,8 @@ class Layout:
         for _ in range(ENGINES):
             self.engine.append(off); off += 2 * n * self.sub_engine
         self.total = _align(off, 2 * MiB)
+        # LL slots lie in groups of 32 packs, 1 KiB each (cuda/proto_ll.cuh, LL::at)
+        assert self.sub_ll % KiB == self.sub_llb % KiB == self.sub_engine % KiB == 0
         # allreduce algorithm -> (bytes per launch, (region, sub), (region2, sub2))
         self.allreduce = {
             "oneshot_sentinel": (S_ONESHOT, (self.oneshot, self.sub_oneshot), (0, 0)),

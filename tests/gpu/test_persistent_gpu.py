@@ -39,7 +39,7 @@ def test_engine_allreduce_is_bitwise_rank_order(cc, pair):
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, hash(pair) & 0xFFFF, 7])
-    with cc.persistent(pair[0], max_bytes=256 * 1024), cc.persistent(pair[1], max_bytes=256 * 1024):
+    with cc.persistent(pair[0], blocks=8, max_bytes=256 * 1024), cc.persistent(pair[1], blocks=8, max_bytes=256 * 1024):
         served = {d: _engine(cc, d).calls for d in pair}
         expected = {d: 0 for d in pair}
         for dtype in pair:
@@ -191,7 +191,7 @@ def test_engine_blocks_skip_and_rejoin(cc):
     bufs = {n: (cp.empty(n, np.float32), cp.empty(n, np.float32))
             for n in (3, 700, 2049, 4096, 4097, 9000, 12289, 65536)}
     sizes = list(bufs)
-    with cc.persistent("float32", max_bytes=256 * 1024):
+    with cc.persistent("float32", blocks=8, max_bytes=256 * 1024):
         eng = _engine(cc, "float32")
         before = eng.calls
         for i in range(300):

@@ -152,6 +152,10 @@ def test_persistent_engine_arguments_and_backend(comm):
         comm.start_persistent("float32", blocks=True)
     with pytest.raises(ValueError, match="max_bytes=8: pass an int from 16 to 262144"):
         comm.start_persistent("float32", max_bytes=8)
+    with pytest.raises(ValueError, match=r"max_bytes=131072 needs blocks >= 4 .*: pass blocks=4 or a smaller max_bytes"):
+        comm.start_persistent("float32", blocks=3, max_bytes=128 * 1024)
+    with pytest.raises(ValueError, match="max_bytes=32769 needs blocks >= 2"):
+        comm.start_persistent("float32", blocks=1, max_bytes=32 * 1024 + 1)
     with pytest.raises(ValueError, match="order='host': pass 'stream' .* or 'caller'"):
         comm.start_persistent("float32", order="host")
     if comm.backend == "host":
