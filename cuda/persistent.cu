@@ -147,11 +147,27 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
 // overlap (collectives.cu's loop loads, sends and polls pack after pack: fine for a launch of a
 // pack or two per thread, about 1.1 us per pack per thread here).  Each arrival is reduced at
 // once, in rank order.
+// HC_ENGINE_SENTINEL=1 (bench/engine_lab.py variant "sentinel"; 0 in the library; floating
+// types only): the engine's slots are sentinel slots (payload only, 16 B a pack instead of LL's
+// 32), re-armed after reading.  The host fills the engine's region with the sentinel first.  A
+// re-arm is ordered before the peer's next write to its slot (two calls later) by the host's
+// round trip: the block's barrier and release before its completion word, the host's next
+// post, and that call's sends, which the peer must receive before it writes the slot again.
+#ifndef HC_ENGINE_SENTINEL
+#define HC_ENGINE_SENTINEL 0
+#endif
+#if HC_ENGINE_SENTINEL && HC_IS_FLOAT
+using EngineProto = Sentinel;
+#else
+using EngineProto = LL;
+#endif
+
 template <int OP>
 __device__ __forceinline__ bool engineKept(const Args& a, const Flat& io, u64 packs, Pack first, u64 e) {
+  using P = EngineProto;
   constexpr int K = HC_ENGINE_KEEP;
   const u64 T = nthreads(), p0 = tid();
-  const LLBuffer<LL> buf(a, a.region, a.sub, e, HC_COLL_ALLREDUCE);
+  const LLBuffer<P> buf(a, a.region, a.sub, e, HC_COLL_ALLREDUCE);
   Pack x[K];  // the own packs, then their results
   x[0] = first;
 #pragma unroll
@@ -172,7 +188,9 @@ __device__ __forceinline__ bool engineKept(const Args& a, const Flat& io, u64 pa
     for (int k = 0; k < K; ++k)
       if (pending & (1u << k)) {
         Pack y;
-        if (LL::readOnce(slot + LL::at(k * T), f, y)) {  // reduced at once, in rank order
+        const char* s = slot + P::at(k * T);
+        if (P::readOnce(s, f, y)) {  // reduced at once, in rank order
+          LLBuffer<P>::rearm(s);
           x[k] = a.rank == 0 ? combinePack<OP>(x[k], y) : combinePack<OP>(y, x[k]);
           pending &= ~(1u << k);
         }
@@ -193,7 +211,7 @@ __device__ __forceinline__ bool engineAllreduce(const Args& a, u64 e, bool ok) {
   const Pack first = loadFirst(io, packs);
   // (start_persistent keeps a call within HC_ENGINE_KEEP packs per thread of the whole grid)
   if (nranksOf(a) == 2) return engineKept<OP>(a, io, packs, first, e);
-  return allreduceOneShotFrom<LL, OP>(a, io, packs, first, e, ok);
+  return allreduceOneShotFrom<EngineProto, OP>(a, io, packs, first, e, ok);
 }
 
 extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Args a0, const EngineArgs g) {

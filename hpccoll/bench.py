@@ -839,16 +839,18 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     engine must have served every call.  Then, with the engine still up, the same call as a
     persistent request (row's eager_request_us), checked and counted the same way.  Up to the
     engine's largest call (256 KiB), beyond start_persistent's default (64 KiB), to show where
-    it stops paying."""
+    it stops paying.  The engine is start_persistent's default (4 blocks) where that takes the
+    call (<= 128 KiB), else the fewest blocks that do: idle engine blocks are not free (2xH200,
+    9718502's engine_lab: 64 KiB on 4 of 4 blocks 8.19 us, on 4 of 8 blocks 9.00)."""
     from ._engine import BYTES_PER_BLOCK
-    from .backends.cuda import S_ENGINE
     from .ops import dtype_name
 
     mpi = comm.mpi_comm
     case.reset(full=True)  # its kernel runs now, loaded before the engine starts (see _engine.py)
     order = getattr(opts, "engine_order", "stream")
-    blocks = S_ENGINE // BYTES_PER_BLOCK  # the fewest that take S_ENGINE (a call uses what it needs)
-    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=S_ENGINE, order=order))
+    blocks = max(4, -(-case.nbytes // BYTES_PER_BLOCK))
+    _guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=blocks * BYTES_PER_BLOCK,
+                                                order=order))
     try:
         eng = comm._device.engines()[dtype_name(opts.dtype)]
         _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
