@@ -73,7 +73,7 @@ PYEOF
     pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
               i=$((i + 1))
               timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
-               --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --engine-order $order \
+               --algorithms "${ALGOS:-auto,oneshot_ll}" --persistent --engine-order $order ${BENCH_ITERS:+--iters $BENCH_ITERS} \
                --json "$OUT/bench-persistent-${DTYPE:-float32}-$i-$order.json" 2>&1 | tee -a "$OUT/bench-persistent-${DTYPE:-float32}.txt"
             done ;;
     mpson) mps_on ;;    # every later stage's ranks share the GPUs through MPS (e.g. 2 ranks on ONE GPU)
