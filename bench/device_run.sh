@@ -68,7 +68,8 @@ PYEOF
     persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
     elab) timeout ${ELAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" \
-            ${ELAB_PARTS:+--parts "$ELAB_PARTS"} ${ELAB_VARIANTS:+--variants "$ELAB_VARIANTS"} 2>&1 \
+            ${ELAB_PARTS:+--parts "$ELAB_PARTS"} ${ELAB_VARIANTS:+--variants "$ELAB_VARIANTS"} \
+            ${ELAB_BLOCKS:+--variant-blocks "$ELAB_BLOCKS"} ${ELAB_KIB:+--variant-kib "$ELAB_KIB"} 2>&1 \
             | grep -v Warning | tail -250 | tee "$OUT/engine-lab.txt" ;;
     pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
               i=$((i + 1))

@@ -21,7 +21,8 @@ MAX over ranks), in one run:
   nofence   HC_ENGINE_RELAY_FENCE=0: the relay's stores without the release fence before them
   ppt1, ppt4  HC_ENGINE_PPT=1 / 4: another block after 1 / 4 packs per thread (the library: 2)
   sentinel  HC_ENGINE_SENTINEL=1: sentinel slots (16 B a pack, re-armed) instead of LL's (32 B);
-            the lab fills the engine regions with the sentinel before such an engine starts
+            the lab fills the engine regions with the sentinel before such an engine starts;
+            sentp1: the same with another block after every pack per thread
   (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
   engine before them: bench/NOTES.md, session 14.)"""
 from __future__ import annotations
@@ -51,6 +52,7 @@ VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before
     "ppt1": (("-DHC_ENGINE_PPT=1",), 1),
     "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
     "sentinel": (("-DHC_ENGINE_SENTINEL=1",), 2),
+    "sentp1": (("-DHC_ENGINE_SENTINEL=1", "-DHC_ENGINE_PPT=1"), 1),
 }
 
 
