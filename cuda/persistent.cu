@@ -4,9 +4,10 @@
 // Why: on the 2xH200 machine a blocking call made of a launch and a stream synchronize costs
 // 13-14 us before any work is done (bench/NOTES.md), where the collective itself takes ~1.3 us.
 // Here the kernel is already running.  The host posts a call (the doorbell); thread 0 of block 0
-// polls it, relays it to the other blocks the call needs, the blocks run a one-shot LL
-// Allreduce (collectives.cu, the same device code as the library's kernel), and each writes its
-// completion into mapped host memory, where the host spins.
+// polls it, relays it to the other blocks the call needs, the blocks run a one-shot Allreduce
+// (on sentinel slots for floating types, LL for integers; with two ranks a thread's packs kept
+// in registers, else collectives.cu's loop), and each writes its completion into mapped host
+// memory, where the host spins.
 //
 // Mapped host memory of one engine (written by the host, except `done`), three cache lines:
 //   bell  [0, 8):     seq * 2 + changed        the doorbell ("host" doorbell): call seq is posted
@@ -35,9 +36,10 @@
 // releases HC_RELAY_DEAD into word 5 of every slot, so that the other blocks (and the host's
 // stop) do not wait for it forever; a block whose poll timed out writes nothing more and leaves:
 // the host sees the mapped error word instead.
-// Blocks that skip calls stay correct: the epoch comes from the call's seq, and the LL slot reuse
-// argument holds across skipped calls (block 0 takes part in every call, so the host cannot post
-// call s+2 before every block of call s has finished it, on both ranks).
+// Blocks that skip calls stay correct: the epoch comes from the call's seq, and the slot reuse
+// argument (LL's epoch flags, the sentinel's re-arms) holds across skipped calls (block 0 takes
+// part in every call, so the host cannot post call s+2 before every block of call s has
+// finished it, on both ranks).
 //
 // Memory ordering.  All data stays in device memory; the host only signals.
 // - Before posting, the host waits until the caller's stream has completed (its kernels wrote
@@ -48,7 +50,8 @@
 //   output stores performed in device memory before its completion word leaves; later work
 //   that reads the output (kernels, copies) reads device memory.
 // - Between calls the LL slots need no fence: their flags are epochs, and one thread owns a slot
-//   across calls (collectives.cu, oneShotLoopFence), as in the in-kernel loop.
+//   across calls (collectives.cu, oneShotLoopFence), as in the in-kernel loop.  Sentinel
+//   re-arms are ordered by the host's round trip (EngineProto below).
 #define HC_NO_ENTRY_POINTS 1
 // The blocks of the current call (blocksFor): the collective's threads are theirs alone, so
 // that a call of up to HC_ENGINE_PPT packs per thread runs on fewer blocks.  Slot ownership may
@@ -147,14 +150,17 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
 // overlap (collectives.cu's loop loads, sends and polls pack after pack: fine for a launch of a
 // pack or two per thread, about 1.1 us per pack per thread here).  Each arrival is reduced at
 // once, in rank order.
-// HC_ENGINE_SENTINEL=1 (bench/engine_lab.py variant "sentinel"; 0 in the library; floating
-// types only): the engine's slots are sentinel slots (payload only, 16 B a pack instead of LL's
-// 32), re-armed after reading.  The host fills the engine's region with the sentinel first.  A
-// re-arm is ordered before the peer's next write to its slot (two calls later) by the host's
-// round trip: the block's barrier and release before its completion word, the host's next
-// post, and that call's sends, which the peer must receive before it writes the slot again.
+// The engine's slots: sentinel slots for floating types (payload only, 16 B a pack where LL
+// takes 32; re-armed after reading), LL for integers.  The host fills an engine's region for
+// its dtype before every start (backends/cuda.py start_engine).  A re-arm is ordered before the
+// peer's next write of its slot (two calls later, the same parity) by the host's round trip:
+// the block's barrier and release before its completion word, the host's next post, and that
+// call's sends, which the peer must receive before it writes the slot again.  2xH200, engine_lab
+// at 595677b (4-block engine, Engine.call, pass 0 / 1): sentinel 16 KiB 5.96 / 6.20 us, 32 KiB
+// 7.36 / 7.50, 64 KiB 7.61 / 8.18, 128 KiB 8.62 / 9.28; LL 6.42 / 7.03, 8.19 / 8.31, 8.55 / 8.53,
+// 9.85 / 9.88.  HC_ENGINE_SENTINEL=0 (engine_lab variant "ll") builds the LL engine for floats.
 #ifndef HC_ENGINE_SENTINEL
-#define HC_ENGINE_SENTINEL 0
+#define HC_ENGINE_SENTINEL 1
 #endif
 #if HC_ENGINE_SENTINEL && HC_IS_FLOAT
 using EngineProto = Sentinel;

@@ -6,8 +6,9 @@ One engine per (communicator, dtype), started and stopped collectively by
 runs, every eligible Allreduce (this dtype, 16-byte-aligned device buffers, at most
 `max_bytes`, algorithm 'auto' or 'oneshot_ll', the stream not capturing) is blocking: it waits
 until the caller's stream has completed, posts the call, and returns when every block of the
-engine has finished it.  Results are those of the one-shot LL kernel: reduced in rank order,
-bitwise identical on every rank.
+engine has finished it.  Results are the one-shot's: reduced in rank order, bitwise identical
+on every rank.  Floating types travel on sentinel slots (as in the launched sentinel kernels, an
+input NaN whose bits are the sentinel's arrives as the canonical NaN), integers on LL slots.
 
 What the engine costs the rest of the program: it keeps `blocks` SMs busy (the collective
 kernels' grid cap shrinks to leave them free where it must), and anything that synchronizes

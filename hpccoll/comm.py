@@ -420,8 +420,8 @@ class Communicator:
         A resident kernel on `blocks` SMs then runs every Allreduce of that dtype of at most
         `max_bytes` (16-byte-aligned device buffers, algorithm 'auto' or 'oneshot_ll', the stream
         not being captured) without a kernel launch: the call waits for the stream's earlier work,
-        runs, and returns finished (blocking).  Results: the one-shot LL's, bitwise identical on
-        every rank.  While an engine runs, device-wide synchronization (cudaDeviceSynchronize,
+        runs, and returns finished (blocking).  Results: the one-shot's, in rank order, bitwise
+        identical on every rank (floating types on sentinel slots, integers on LL's).  While an engine runs, device-wide synchronization (cudaDeviceSynchronize,
         cudaFree) waits for it: synchronize streams instead, and stop it first.
         At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.
         max_bytes: at most 256 KiB, and 32 KiB per block.  The default, 64 KiB, is where the engine stops paying on

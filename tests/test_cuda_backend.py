@@ -170,3 +170,14 @@ def test_small_block_env(monkeypatch):
     monkeypatch.setenv("HPCCOLL_SMALL_BLOCK", "100")
     with pytest.raises(ValueError, match="HPCCOLL_SMALL_BLOCK='100'"):
         _env.small_block()
+
+
+def test_engine_slots_rest_as_their_protocol():
+    """An engine's region is filled before every start with its slots' idle pattern
+    (cuda/persistent.cu EngineProto): the sentinel for floating types, zero for LL (integers)."""
+    from hpccoll.backends.cuda import SENTINEL_BYTE_PATTERN, engine_rest
+
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        assert engine_rest(dtype) == SENTINEL_BYTE_PATTERN
+    for dtype in ("int32", "int64"):
+        assert engine_rest(dtype) == 0

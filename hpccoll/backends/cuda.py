@@ -29,7 +29,7 @@ S_LLB = 2 * MiB          # Bcast's chunk (payload per LL sub-buffer of its own r
 S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
 S_ENGINE = 256 * KiB     # most payload of one eager-engine call (hpccoll/_engine.py)
 ENGINES = 2              # engines (dtypes) one communicator can run at once: a region each
-ENGINE_ALGOS = ("auto", "oneshot_ll")  # the calls an engine takes (it runs the one-shot LL)
+ENGINE_ALGOS = ("auto", "oneshot_ll")  # the calls an engine takes (its one-shot: engine_rest)
 GROUP_ALGOS = ("oneshot_sentinel", "oneshot_ll")  # the algorithms a group launch runs
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
@@ -51,6 +51,12 @@ def kernel_names(dtype: str) -> set[str]:
     if dtype not in ("int32", "int64"):
         names.add("hc_allreduce_twoshot_ll128_sum")
     return names
+
+
+def engine_rest(dtype: str) -> int:
+    """The u32 pattern of an engine's slots at rest (cuda/persistent.cu, EngineProto): the
+    sentinel for floating types, zero (LL) for integers."""
+    return 0 if dtype in ("int32", "int64") else SENTINEL_BYTE_PATTERN
 
 
 def _align(n: int, a: int = 256) -> int:
@@ -679,9 +685,16 @@ class CudaBackend:
         self._module(dtype)
         self._engine_module(dtype)
         self._preload()  # (hc_engine included)
-        self.comm.Barrier()  # every rank's earlier kernels were queued before any engine writes
-        for spec in running + [(dtype, blocks, max_bytes, order, verify)]:
-            self._launch_engine(*spec)
+        specs = running + [(dtype, blocks, max_bytes, order, verify)]
+        import cupy
+
+        for k, spec in enumerate(specs):  # engine k runs in region k, its slots at rest for its dtype
+            self.ws.view(self.layout.engine[k], 2 * self.size * self.layout.sub_engine,
+                         np.uint32).fill(engine_rest(spec[0]))
+        cupy.cuda.runtime.deviceSynchronize()  # (no engine runs now)
+        self.comm.Barrier()  # every rank's regions are at rest and its earlier kernels were queued
+        for k, spec in enumerate(specs):
+            self._launch_engine(k, *spec)
 
     def _preload(self) -> None:
         """cuModuleGetFunction (which loads a kernel) of every kernel of every module loaded here."""
@@ -690,8 +703,7 @@ class CudaBackend:
                 for name in (("hc_engine",) if source == "persistent.cu" else kernel_names(dtype)):
                     mod.fn(name)
 
-    def _launch_engine(self, dtype: str, blocks: int, max_bytes: int, order: str, verify: bool) -> None:
-        k = self._free_regions()[0]
+    def _launch_engine(self, k: int, dtype: str, blocks: int, max_bytes: int, order: str, verify: bool) -> None:
         a = self.ws.kernel_args(self.timeout_ns)
         a.region, a.sub = self.layout.engine[k], self.layout.sub_engine
         if self._engine_host == 0:
