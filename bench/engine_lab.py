@@ -14,6 +14,8 @@ MAX over ranks), in one run:
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
              for each doorbell ("host", "stream") and for order="caller" (no stream query);
 - sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
+- calls:     (--parts calls) per size on the default engine: Engine.call on the lab's buffers
+             and on arrays of the call's size, and Allreduce + synchronize on those arrays;
 - variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
              interleaved, two passes:
   library   the library's engine
@@ -76,7 +78,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", default="sysread,host,echo,engine,sizes",
-                    help="sections to run, of sysread,host,echo,engine,sizes,variants")
+                    help="sections to run, of sysread,host,echo,engine,sizes,calls,variants")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--variant-blocks", default="1,4")
     ap.add_argument("--variant-kib", default="4,8,16,32,64,128")
@@ -233,6 +235,32 @@ def main() -> int:
                     record("sizes", f"{blocks}-block engine: Engine.call {kib} KiB ({eng.blocks_for(n)} used), "
                            f"bitwise {ok}", _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
                            blocks=blocks, bytes=n * 4, used=eng.blocks_for(n), ok=ok)
+
+    if "calls" in parts:
+        # calls: on the default engine (4 blocks, order "caller"), per size, the same Allreduce
+        # three ways, interleaved: Engine.call on the lab's 256 KiB buffers, Engine.call on arrays
+        # of exactly the call's size (as the bench allocates them), and Allreduce + synchronize on
+        # those arrays (the bench's eager* call): where does the bench's extra time come from?
+        arrays = {kib: cp.asarray(np.random.default_rng([comm.rank, kib]).standard_normal(kib * 256).astype(np.float32))
+                  for kib in (1, 4, 16, 32, 64, 128)}  # (allocated before the engine starts)
+        outs = {kib: cp.zeros_like(x) for kib, x in arrays.items()}
+        cp.cuda.get_current_stream().synchronize()
+        with comm.persistent("float32", max_bytes=4 * BYTES_PER_BLOCK, order="caller"):
+            eng = dev.engines()["float32"]
+            for kib in arrays:
+                n = kib * 256
+                xs, ys = arrays[kib], outs[kib]
+                comm.Allreduce(xs, ys)
+                comm.synchronize()
+                ok = bool(np.array_equal(cp.asnumpy(ys).view(np.uint32), sum(mpi.allgather(cp.asnumpy(xs))).view(np.uint32)))
+                ok = all(mpi.allgather(ok))
+                for rep in range(2):
+                    record("calls", f"{kib:4d} KiB Engine.call, lab buffers (rep {rep})",
+                           _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n), bytes=n * 4)
+                    record("calls", f"{kib:4d} KiB Engine.call, own arrays (rep {rep})",
+                           _median_us(lambda: eng.call(xs.data.ptr, ys.data.ptr, n, "SUM", 0), opts.n), bytes=n * 4)
+                    record("calls", f"{kib:4d} KiB Allreduce + synchronize, own arrays, bitwise {ok} (rep {rep})",
+                           _median_us(lambda: (comm.Allreduce(xs, ys), comm.synchronize()), opts.n), bytes=n * 4, ok=ok)
 
     if "variants" in parts:
         # The same calls on engines compiled with variant defines, interleaved (for each engine
