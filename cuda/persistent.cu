@@ -26,8 +26,9 @@
 // <= 16 KiB is block 0's alone.  Past every block's HC_ENGINE_PPT packs, a call takes more packs
 // per thread, up to HC_ENGINE_KEEP (start_persistent keeps max_bytes within that: 32 KiB a block).
 // Block 0 relays a call to each block b it needs through b's own relay slot in device memory:
-// six LL words (seq32 << 32 | 32 bits of a field: in, out, count, cmd), so that one word read
-// says which call its half-field belongs to and the words need no order among themselves.
+// six LL words (seq32 << 32 | 32 bits of a field: in, out, count (< 2^32: max_bytes <= 256 KiB),
+// cmd), so that each word says which call its half-field belongs to and the words need no order
+// among themselves.
 // Thread b of block 0 writes them after a fence (the release), block b polls all six until they
 // carry one new seq, then fences (the acquire).  A slot is written only for
 // calls its block takes part in, and the host posts call s+1 only after every block of call s
