@@ -71,7 +71,7 @@ def main() -> int:
     import hpccoll
     from hpccoll import bench
     from hpccoll._driver import Module, launch_raw
-    from hpccoll._engine import BYTES_PER_BLOCK, _driver_fns
+    from hpccoll._engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS, _driver_fns
     from hpccoll._nvrtc import compile_module
 
     ap = argparse.ArgumentParser()
@@ -245,7 +245,7 @@ def main() -> int:
                   for kib in (1, 4, 16, 32, 64, 128)}  # (allocated before the engine starts)
         outs = {kib: cp.zeros_like(x) for kib, x in arrays.items()}
         cp.cuda.get_current_stream().synchronize()
-        with comm.persistent("float32", max_bytes=4 * BYTES_PER_BLOCK, order="caller"):
+        with comm.persistent("float32", max_bytes=DEFAULT_BLOCKS * BYTES_PER_BLOCK, order="caller"):
             eng = dev.engines()["float32"]
             for kib in arrays:
                 n = kib * 256

@@ -29,6 +29,7 @@ from .errors import CollectiveTimeout, HpccollError
 
 HOST_BYTES = 256  # mapped host memory per engine: bell [0, 8), desc [64, 96), done [128, 192)
 MAX_BLOCKS = 8
+DEFAULT_BLOCKS = 4  # Communicator.start_persistent's blocks
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
 BLOCK = 512

@@ -842,13 +842,13 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     it stops paying.  The engine is start_persistent's default (4 blocks) where that takes the
     call (<= 128 KiB), else the fewest blocks that do: idle engine blocks are not free (2xH200,
     9718502's engine_lab: 64 KiB on 4 of 4 blocks 8.19 us, on 4 of 8 blocks 9.00)."""
-    from ._engine import BYTES_PER_BLOCK
+    from ._engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS
     from .ops import dtype_name
 
     mpi = comm.mpi_comm
     case.reset(full=True)  # its kernel runs now, loaded before the engine starts (see _engine.py)
     order = getattr(opts, "engine_order", "stream")
-    blocks = max(4, -(-case.nbytes // BYTES_PER_BLOCK))
+    blocks = max(DEFAULT_BLOCKS, -(-case.nbytes // BYTES_PER_BLOCK))
     _guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=blocks * BYTES_PER_BLOCK,
                                                 order=order))
     try:

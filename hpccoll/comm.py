@@ -16,6 +16,7 @@ from mpi4py import MPI
 from . import _env
 from ._buffers import _cupy as _cupy_module
 from ._buffers import is_in_place as _is_in_place
+from ._engine import DEFAULT_BLOCKS as DEFAULT_ENGINE_BLOCKS
 from ._validate import check_agreement, prepare
 from .backends.host import HostBackend
 from .errors import HpccollError
@@ -413,7 +414,7 @@ class Communicator:
             engine.synchronize(stream)
 
     # -- the eager engine (hpccoll/_engine.py) -------------------------------------
-    def start_persistent(self, dtype="float32", *, blocks: int = 4, max_bytes: int = 64 * 1024,
+    def start_persistent(self, dtype="float32", *, blocks: int = DEFAULT_ENGINE_BLOCKS, max_bytes: int = 64 * 1024,
                          order: str = "stream") -> None:
         """Start the eager engine for `dtype` (collective: every rank, the same arguments).
 
