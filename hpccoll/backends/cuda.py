@@ -85,10 +85,11 @@ class Layout:
         self.ts1 = off; off += 2 * n * self.sub_twoshot          # sentinel (reduce-scatter)
         self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
         self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
-        self.sub_engine = 2 * S_ENGINE                           # LL (the eager engines)
+        self.sub_engine = 2 * S_ENGINE                           # the eager engines (engine_rest)
+        self.engine_bytes = 2 * n * self.sub_engine              # one engine's region
         self.engine = []
         for _ in range(ENGINES):
-            self.engine.append(off); off += 2 * n * self.sub_engine
+            self.engine.append(off); off += self.engine_bytes
         self.total = _align(off, 2 * MiB)
         # LL slots lie in groups of 32 packs, 1 KiB each (cuda/proto_ll.cuh, LL::at)
         assert self.sub_ll % KiB == self.sub_llb % KiB == self.sub_engine % KiB == 0
@@ -689,8 +690,7 @@ class CudaBackend:
         import cupy
 
         for k, spec in enumerate(specs):  # engine k runs in region k, its slots at rest for its dtype
-            self.ws.view(self.layout.engine[k], 2 * self.size * self.layout.sub_engine,
-                         np.uint32).fill(engine_rest(spec[0]))
+            self.ws.view(self.layout.engine[k], self.layout.engine_bytes, np.uint32).fill(engine_rest(spec[0]))
         cupy.cuda.runtime.deviceSynchronize()  # (no engine runs now)
         self.comm.Barrier()  # every rank's regions are at rest and its earlier kernels were queued
         for k, spec in enumerate(specs):
