@@ -15,7 +15,8 @@ MAX over ranks), in one run:
              for each doorbell ("host", "stream") and for order="caller" (no stream query);
 - sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
 - calls:     (--parts calls) per size on the default engine: Engine.call on the lab's buffers
-             and on arrays of the call's size, and Allreduce + synchronize on those arrays;
+             and on arrays of the call's size, Allreduce + synchronize on those arrays, and a
+             persistent request's Start + Wait on them;
 - variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
              interleaved, two passes:
   library   the library's engine
@@ -26,6 +27,8 @@ MAX over ranks), in one run:
   ll        HC_ENGINE_SENTINEL=0: LL slots (32 B a pack) instead of the sentinel's (16 B,
             re-armed), as the library's float engine had until 595677b's run (start_persistent
             fills the region with the sentinel, whose high words no LL flag of these epochs equals)
+  bells     HC_ENGINE_BELLS=1: every block polls a doorbell of its own in mapped host memory,
+            rung by the host for the blocks a call needs (no relay from block 0)
   (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
   engine before them: bench/NOTES.md, session 14.)"""
 from __future__ import annotations
@@ -55,6 +58,7 @@ VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before
     "ppt1": (("-DHC_ENGINE_PPT=1",), 1),
     "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
     "ll": (("-DHC_ENGINE_SENTINEL=0",), 2),
+    "bells": (("-DHC_ENGINE_BELLS=1",), 2),
 }
 
 
@@ -254,6 +258,7 @@ def main() -> int:
                 comm.synchronize()
                 ok = bool(np.array_equal(cp.asnumpy(ys).view(np.uint32), sum(mpi.allgather(cp.asnumpy(xs))).view(np.uint32)))
                 ok = all(mpi.allgather(ok))
+                req = comm.Allreduce_init(xs, ys)
                 for rep in range(2):
                     record("calls", f"{kib:4d} KiB Engine.call, lab buffers (rep {rep})",
                            _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n), bytes=n * 4)
@@ -261,6 +266,9 @@ def main() -> int:
                            _median_us(lambda: eng.call(xs.data.ptr, ys.data.ptr, n, "SUM", 0), opts.n), bytes=n * 4)
                     record("calls", f"{kib:4d} KiB Allreduce + synchronize, own arrays, bitwise {ok} (rep {rep})",
                            _median_us(lambda: (comm.Allreduce(xs, ys), comm.synchronize()), opts.n), bytes=n * 4, ok=ok)
+                    record("calls", f"{kib:4d} KiB request Start + Wait, own arrays (rep {rep})",
+                           _median_us(lambda: (req.Start(), req.Wait()), opts.n), bytes=n * 4)
+                req.Free()
 
     if "variants" in parts:
         # The same calls on engines compiled with variant defines, interleaved (for each engine
@@ -276,6 +284,7 @@ def main() -> int:
                     defs, ppt = specs[v]
                     dev._engine_module = lambda dtype, defs=defs: dev._load("persistent.cu", dtype, dev.rank_defines + defs)
                     engine_mod.PACKS_PER_THREAD = ppt
+                    engine_mod.BELLS = "-DHC_ENGINE_BELLS=1" in defs
                     cap = min(big * 4, blocks * engine_mod.BYTES_PER_BLOCK)
                     with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
                         eng = dev.engines()["float32"]
@@ -291,6 +300,7 @@ def main() -> int:
                                    used=eng.blocks_for(n), ok=ok, pass_=pass_)
         dev._engine_module = base_module
         engine_mod.PACKS_PER_THREAD = 2
+        engine_mod.BELLS = False
     rt.freeHost(host)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")

@@ -9,11 +9,14 @@
 // in registers, else collectives.cu's loop), and each writes its completion into mapped host
 // memory, where the host spins.
 //
-// Mapped host memory of one engine (written by the host, except `done`), three cache lines:
+// Mapped host memory of one engine (written by the host, except `done`), one line per part:
 //   bell  [0, 8):     seq * 2 + changed        the doorbell ("host" doorbell): call seq is posted
-//   desc  [64, 96):   { in, out, count, cmd }  the call, rewritten only when it differs from the
+//   (bells [64 b, 64 b + 8), b < 8:            HC_ENGINE_BELLS, a lab variant: a doorbell per
+//                     seq32 << 32 | dseq32     block, rung for the blocks the call needs; dseq:
+//                                              the call at which desc was last rewritten)
+//   desc  [512, 544): { in, out, count, cmd }  the call, rewritten only when it differs from the
 //                                              last one (then changed = 1)
-//   done  [128, 192): u64 per block            the last call the block finished
+//   done  [576, 640): u64 per block            the last call the block finished
 // ("stream" doorbell: the bell word is in device memory, written by the caller's stream.)
 // One poller and one polled word: bench/engine_lab.py measured a host-to-GPU-to-host round trip
 // of 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a
@@ -81,6 +84,14 @@ __shared__ unsigned hcCallBlocks;
 #ifndef HC_ENGINE_PPT
 #define HC_ENGINE_PPT 2
 #endif
+// HC_ENGINE_BELLS=1 (bench/engine_lab.py variant "bells"; 0 in the library): every block polls a
+// doorbell of its own (its own line of mapped host memory, one poller per line), which the host
+// rings for the blocks a call needs: no relay through device memory.  Host doorbell only.
+#ifndef HC_ENGINE_BELLS
+#define HC_ENGINE_BELLS 0
+#endif
+#define HC_DESC 64  // u64 offsets into the engine's host memory (the layout above)
+#define HC_DONE 72
 #define HC_ENGINE_KEEP 4
 
 struct EngineArgs {
@@ -103,15 +114,32 @@ __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
 }
 
 // Thread 0: the next call this block takes part in, into field[0..4] = { in, out, count, cmd,
-// seq }.  `cur`: block 0's copy of the last desc; `last`: the last call this block ran.
-__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[4], u64 field[5]) {
+// seq }.  `cur`: the block's copy of the last desc it read (block 0's, or with HC_ENGINE_BELLS
+// every block's, cur[4]: that desc's dseq32); `last`: the last call this block ran.
+__device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[5], u64 field[5]) {
+  if (HC_ENGINE_BELLS) {
+    // Its own bell: a new seq32 is a call for this block (the host rings only the blocks a call
+    // needs, and posts the next call after they all finished); desc is re-read when its dseq32
+    // differs from the copy's.  The acquire orders the desc loads after the bell's.
+    u64 w;
+    do w = ldAcquireSys(g.bell + 8 * blockIdx.x); while ((u32)(w >> 32) == (u32)last);
+    if ((u32)w != (u32)cur[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);
+      cur[4] = (u32)w;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) field[i] = cur[i];
+    field[4] = last + (u32)((u32)(w >> 32) - (u32)last);
+    return;
+  }
   if (blockIdx.x == 0) {
     const u64 seq = last + 1;  // block 0 takes part in every call
     u64 w;
     do w = ldAcquireSys(g.bell); while ((w >> 1) != seq);
     if (w & 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + 8 + i);  // desc, in flight together
+      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);  // in flight together
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) field[i] = cur[i];
@@ -228,9 +256,9 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
   // which lives in L1, and every call begins with an acquire that invalidates L1: each of those
   // reads would be an L2 trip on the critical path.  Shared memory is not invalidated.
   __shared__ Args a;
-  u64 cur[4] = {0, 0, 0, 0};  // block 0's thread 0: the last desc read from the host
-  u64 last = g.seq0;          // the last call this block ran
-  u64* done = (u64*)(g.host + 16);
+  u64 cur[5] = {0, 0, 0, 0, 0};  // thread 0: the last desc read from the host (block 0's)
+  u64 last = g.seq0;             // the last call this block ran
+  u64* done = (u64*)(g.host + HC_DONE);
   if (threadIdx.x == 0) a = a0;  // iters is 1
   for (;;) {
     if (threadIdx.x == 0) {
@@ -242,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     }
     __syncthreads();
     const u64 cmd = field[3], seq = field[4];
-    if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
+    if (!HC_ENGINE_BELLS && blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
       u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
       const u64 hi = (u64)(u32)seq << 32;
       const u64 w[6] = {hi | (u32)field[0], hi | (u32)(field[0] >> 32), hi | (u32)field[1],
@@ -266,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     }
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
     if (!ok) {                   // a poll timed out (or the communicator was aborted)
-      if (blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
+      if (!HC_ENGINE_BELLS && blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
         stReleaseGpu(g.relay + 8 * threadIdx.x + 5, HC_RELAY_DEAD);
       return;
     }

@@ -27,8 +27,11 @@ import time
 from ._driver import Args, check, host_device_pointer, libcuda
 from .errors import CollectiveTimeout, HpccollError
 
-HOST_BYTES = 256  # mapped host memory per engine: bell [0, 8), desc [64, 96), done [128, 192)
+HOST_BYTES = 1024  # mapped host memory per engine (cuda/persistent.cu): bell(s) [0, 512), one per
+                   # 64-byte line, desc [512, 544), done [576, 640)
+DESC, DONE = 512, 576
 MAX_BLOCKS = 8
+BELLS = False  # a doorbell per block (persistent.cu HC_ENGINE_BELLS; bench/engine_lab.py variant "bells")
 DEFAULT_BLOCKS = 4  # Communicator.start_persistent's blocks
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
@@ -85,8 +88,11 @@ class Engine:
         self._host = host
         ctypes.memset(self._host, 0, HOST_BYTES)
         self._bell = ctypes.c_uint64.from_address(self._host)
-        self._desc = (ctypes.c_uint64 * 4).from_address(self._host + 64)
-        self._done = [ctypes.c_uint64.from_address(self._host + 128 + 8 * b) for b in range(MAX_BLOCKS)]
+        self._bells = [ctypes.c_uint64.from_address(self._host + 64 * b) for b in range(MAX_BLOCKS)]
+        self._per_block = BELLS
+        self._dseq = 0  # (per-block bells) the call at which desc was last written
+        self._desc = (ctypes.c_uint64 * 4).from_address(self._host + DESC)
+        self._done = [ctypes.c_uint64.from_address(self._host + DONE + 8 * b) for b in range(MAX_BLOCKS)]
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
         self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
@@ -94,8 +100,11 @@ class Engine:
         if order == "caller":
             doorbell = "host"  # the "stream" doorbell is an ordering through the stream
         self._host_doorbell = doorbell == "host"
+        if self._per_block and not self._host_doorbell:
+            raise HpccollError("the engine's per-block doorbells (HC_ENGINE_BELLS) need the host doorbell")
         self._ordered = self._host_doorbell and order == "stream"  # the stream query before posting
         self._query = cupy.cuda.runtime.streamQuery
+        self._is_capturing = getattr(cupy.cuda.runtime, "streamIsCapturing", None)  # (ctypes: ~1 us)
         self._bell_dev = self._relay.data.ptr + 48
         self._capturing = ctypes.c_int()
         self._capturing_ref = ctypes.byref(self._capturing)
@@ -117,6 +126,8 @@ class Engine:
     def capturing(self, stream: int) -> bool:
         if not stream:
             return False  # the legacy default stream cannot be captured (and asking costs 1 us)
+        if self._is_capturing is not None:  # CuPy's binding: a direct C call
+            return self._is_capturing(stream) != 0
         check(self._lib.cuStreamIsCapturing(stream, self._capturing_ref), "cuStreamIsCapturing")
         return self._capturing.value != 0
 
@@ -142,18 +153,16 @@ class Engine:
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
         elif self.verify:
             self._check_idle(stream)
-        seq = self._post(call, stream)
+        seq = self._post(call, stream, nb)
         for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
-            for _ in range(2000):
-                if d.value == seq:
-                    break
-            else:
-                break
-        else:
-            self.calls += 1
-            return True
-        if not self._wait(nb):
-            return False
+            if d.value != seq:
+                n = 2000
+                while d.value != seq:
+                    n -= 1
+                    if not n:
+                        if not self._wait(nb):
+                            return False
+                        break
         self.calls += 1
         return True
 
@@ -168,8 +177,8 @@ class Engine:
         if res:
             check(res, "cuStreamQuery")
 
-    def _post(self, call: tuple, stream: int) -> int:
-        """Post the next call (in, out, count, cmd); its sequence number."""
+    def _post(self, call: tuple, stream: int, nb: int) -> int:
+        """Post the next call (in, out, count, cmd) for blocks 0..nb-1; its sequence number."""
         self.seq += 1
         seq = self.seq
         changed = call != self._last
@@ -177,7 +186,12 @@ class Engine:
             d = self._desc
             d[0], d[1], d[2], d[3] = call
             self._last = call
-        if self._host_doorbell:
+            self._dseq = seq & 0xFFFFFFFF
+        if self._per_block:  # x86: each bell seen after the desc stores
+            w = (seq & 0xFFFFFFFF) << 32 | self._dseq
+            for b in self._bells[:nb]:
+                b.value = w
+        elif self._host_doorbell:
             self._bell.value = seq * 2 + changed  # x86: seen after the desc stores
         else:  # written by the GPU after the stream's earlier work (the default flag: after a fence)
             check(self._lib.cuStreamWriteValue64_v2(stream, self._bell_dev, seq * 2 + changed, 0),
@@ -208,7 +222,7 @@ class Engine:
     def stop(self) -> int:
         """Stop the kernel (waits for it to leave); the epochs it consumed."""
         if self._host:
-            self._post((0, 0, 0, CMD_STOP), self._control and self._control.ptr)
+            self._post((0, 0, 0, CMD_STOP), self._control and self._control.ptr, self.blocks)
             self.stream.synchronize()  # every block leaves at STOP, or left at a timeout
             self._host = 0
         self.running = False

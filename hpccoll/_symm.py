@@ -55,7 +55,7 @@ class Workspace:
         self.host_err = rt.hostAlloc(64, 2)  # cudaHostAllocMapped
         ctypes.memset(self.host_err, 0, 64)
         self.host_err_dev = host_device_pointer(self.host_err)
-        self._err_word = ctypes.c_int.from_address(self.host_err)  # read on every call: made once
+        self.err_word = ctypes.c_int.from_address(self.host_err)  # read on every call: made once
 
     def view(self, offset: int, nbytes: int, dtype=np.uint8):
         """A CuPy array over [offset, offset+nbytes) of my workspace."""
@@ -95,7 +95,7 @@ class Workspace:
         return a
 
     def host_error(self) -> int:
-        return self._err_word.value
+        return self.err_word.value
 
     def error_record(self) -> dict:
         """The ErrRec of cuda/hc_common.cuh: int code, collective, peer, pad; u64 slot, waitedNs."""
@@ -123,6 +123,6 @@ class Workspace:
         self.rt.deviceSynchronize()
         self._release()
         if getattr(self, "host_err", 0):
-            self._err_word = ctypes.c_int(0)  # no longer over the freed page
+            self.err_word = ctypes.c_int(0)  # no longer over the freed page
             self.rt.freeHost(self.host_err)
             self.host_err = 0
