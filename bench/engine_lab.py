@@ -28,7 +28,8 @@ MAX over ranks), in one run:
             re-armed), as the library's float engine had until 595677b's run (start_persistent
             fills the region with the sentinel, whose high words no LL flag of these epochs equals)
   bells     HC_ENGINE_BELLS=1: every block polls a doorbell of its own in mapped host memory,
-            rung by the host for the blocks a call needs (no relay from block 0)
+            rung by the host for the blocks a call needs (no relay from block 0); bells_s300,
+            bells_s1000: blocks other than 0 sleep 300 / 1000 ns between polls (HC_ENGINE_BELL_SLEEP)
   (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
   engine before them: bench/NOTES.md, session 14.)"""
 from __future__ import annotations
@@ -59,6 +60,8 @@ VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before
     "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
     "ll": (("-DHC_ENGINE_SENTINEL=0",), 2),
     "bells": (("-DHC_ENGINE_BELLS=1",), 2),
+    "bells_s300": (("-DHC_ENGINE_BELLS=1", "-DHC_ENGINE_BELL_SLEEP=300"), 2),
+    "bells_s1000": (("-DHC_ENGINE_BELLS=1", "-DHC_ENGINE_BELL_SLEEP=1000"), 2),
 }
 
 

@@ -90,6 +90,11 @@ __shared__ unsigned hcCallBlocks;
 #ifndef HC_ENGINE_BELLS
 #define HC_ENGINE_BELLS 0
 #endif
+// HC_ENGINE_BELL_SLEEP=ns (lab): blocks other than 0 sleep that long between polls of their bell
+// (fewer PCIe reads in flight from blocks a call may not need).
+#ifndef HC_ENGINE_BELL_SLEEP
+#define HC_ENGINE_BELL_SLEEP 0
+#endif
 #define HC_DESC 64  // u64 offsets into the engine's host memory (the layout above)
 #define HC_DONE 72
 #define HC_ENGINE_KEEP 4
@@ -122,7 +127,11 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
     // needs, and posts the next call after they all finished); desc is re-read when its dseq32
     // differs from the copy's.  The acquire orders the desc loads after the bell's.
     u64 w;
-    do w = ldAcquireSys(g.bell + 8 * blockIdx.x); while ((u32)(w >> 32) == (u32)last);
+    for (;;) {
+      w = ldAcquireSys(g.bell + 8 * blockIdx.x);
+      if ((u32)(w >> 32) != (u32)last) break;
+      if (HC_ENGINE_BELL_SLEEP && blockIdx.x) __nanosleep(HC_ENGINE_BELL_SLEEP);
+    }
     if ((u32)w != (u32)cur[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);

@@ -556,7 +556,8 @@ class _FastCall:
         elif (self.send() is not sendbuf or sendbuf.data.ptr != sig[0] or sendbuf.size != sig[1]
               or sendbuf.dtype is not sig[2]):
             return False
-        return self.args == (op, root, algo, det)  # (a tuple compares by identity, then ==)
+        a = self.args
+        return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
 
 
 def _sig(arr) -> tuple:
