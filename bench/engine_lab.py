@@ -12,7 +12,7 @@ MAX over ranks), in one run:
 - engine:    Engine.call directly with count 0 (no collective) and 1 KiB, and
              Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
-             for each doorbell ("host", "stream") and for order="caller" (no stream query);
+             for order="stream" (the stream query first) and order="caller" (none);
 - sizes:     Engine.call (order="caller") at 4-256 KiB on engines of 1, 2, 4 and 8 blocks;
 - calls:     (--parts calls) per size on the default engine: Engine.call on the lab's buffers
              and on arrays of the call's size, Allreduce + synchronize on those arrays, and a
@@ -22,21 +22,17 @@ MAX over ranks), in one run:
   library   the library's engine
   llpair    the ll variant with HC_LL_WARP=0: a pack's two LL slots side by side (proto_ll.cuh),
             the layout before
-  nofence   HC_ENGINE_RELAY_FENCE=0: the relay's stores without the release fence before them
   ppt1, ppt4  HC_ENGINE_PPT=1 / 4: another block after 1 / 4 packs per thread (the library: 2)
   ll        HC_ENGINE_SENTINEL=0: LL slots (32 B a pack) instead of the sentinel's (16 B,
             re-armed), as the library's float engine had until 595677b's run (start_persistent
             fills the region with the sentinel, whose high words no LL flag of these epochs equals)
-  bells     HC_ENGINE_BELLS=1: every block polls a doorbell of its own in mapped host memory,
-            rung by the host for the blocks a call needs (no relay from block 0); bells_s300,
-            bells_s1000: blocks other than 0 sleep 300 / 1000 ns between polls (HC_ENGINE_BELL_SLEEP)
   (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
-  engine before them: bench/NOTES.md, session 14.)"""
+  engine before them, and 5f384ed's and 1a99d78's a doorbell per block against the relay from
+  block 0 (variants "bells", "nofence" then): bench/NOTES.md, sessions 14 and 15.)"""
 from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
 import time
 
@@ -55,13 +51,9 @@ def _median_us(fn, n: int) -> float:
 VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before another block)
     "library": ((), 2),
     "llpair": (("-DHC_ENGINE_SENTINEL=0", "-DHC_LL_WARP=0"), 2),
-    "nofence": (("-DHC_ENGINE_RELAY_FENCE=0",), 2),
     "ppt1": (("-DHC_ENGINE_PPT=1",), 1),
     "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
     "ll": (("-DHC_ENGINE_SENTINEL=0",), 2),
-    "bells": (("-DHC_ENGINE_BELLS=1",), 2),
-    "bells_s300": (("-DHC_ENGINE_BELLS=1", "-DHC_ENGINE_BELL_SLEEP=300"), 2),
-    "bells_s1000": (("-DHC_ENGINE_BELLS=1", "-DHC_ENGINE_BELL_SLEEP=1000"), 2),
 }
 
 
@@ -188,42 +180,39 @@ def main() -> int:
         record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
                _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
         y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
-        for doorbell in ("host", "stream", "caller"):
-            # "caller": the host doorbell without the stream query (start_persistent's order="caller";
-            # every timed call here follows a finished one, so the caller's contract holds)
-            os.environ["HPCCOLL_ENGINE_DOORBELL"] = "host" if doorbell == "caller" else doorbell
-            order = "caller" if doorbell == "caller" else "stream"
+        for order in ("stream", "caller"):
+            # "caller": without the stream query (every timed call here follows a finished one,
+            # so the caller's contract holds)
             with comm.persistent("float32", blocks=1, max_bytes=32 * 1024, order=order):
                 eng = dev.engines()["float32"]
-                record("engine", f"{doorbell} doorbell, 1 block: Engine.call 1 KiB",
+                record("engine", f"order {order}, 1 block: Engine.call 1 KiB",
                        _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
             with comm.persistent("float32", order=order):
                 eng = dev.engines()["float32"]
-                record("engine", f"{doorbell} doorbell: Engine.call count 0 (signalling only)",
+                record("engine", f"order {order}: Engine.call count 0 (signalling only)",
                        _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
-                record("engine", f"{doorbell} doorbell: Engine.call 1 KiB",
+                record("engine", f"order {order}: Engine.call 1 KiB",
                        _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
                 y.fill(0)
-                record("engine", f"{doorbell} doorbell: Allreduce 1 KiB + synchronize",
+                record("engine", f"order {order}: Allreduce 1 KiB + synchronize",
                        _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
                 plan = comm._fast["Allreduce"].plan
-                record("engine", f"{doorbell} doorbell: the prepared call alone ({type(plan).__name__}.launch)",
+                record("engine", f"order {order}: the prepared call alone ({type(plan).__name__}.launch)",
                        _median_us(lambda: plan.launch(None), opts.n))
-                record("engine", f"{doorbell} doorbell: synchronize alone",
+                record("engine", f"order {order}: synchronize alone",
                        _median_us(comm.synchronize, opts.n))
                 fast, op = comm._fast["Allreduce"], hpccoll.SUM
                 record("python", "the fast path's argument match (_FastCall.matches)",
                        _median_us(lambda: fast.matches(x, y, op, None, "auto", False), opts.n))
                 record("python", "an empty call (the timer's own cost)", _median_us(lambda: None, opts.n))
-                record("engine", f"{doorbell} doorbell: Allreduce 1 KiB, no synchronize",
+                record("engine", f"order {order}: Allreduce 1 KiB, no synchronize",
                        _median_us(lambda: comm.Allreduce(x, y), opts.n))
                 req = comm.Allreduce_init(x, y)
-                record("engine", f"{doorbell} doorbell: request Start + Wait 1 KiB",
+                record("engine", f"order {order}: request Start + Wait 1 KiB",
                        _median_us(lambda: (req.Start(), req.Wait()), opts.n))
                 req.Free()
                 ok = bool(np.allclose(cp.asnumpy(y), sum(mpi.allgather(cp.asnumpy(x))), rtol=1e-5))
-                record("engine", f"{doorbell} doorbell: result correct: {ok}", 0.0)
-        os.environ.pop("HPCCOLL_ENGINE_DOORBELL")
+                record("engine", f"order {order}: result correct: {ok}", 0.0)
 
     if "sizes" in parts:
         # sizes: Engine.call (order="caller") from 4 KiB to 256 KiB on engines of 1, 2, 4 and 8
@@ -287,7 +276,6 @@ def main() -> int:
                     defs, ppt = specs[v]
                     dev._engine_module = lambda dtype, defs=defs: dev._load("persistent.cu", dtype, dev.rank_defines + defs)
                     engine_mod.PACKS_PER_THREAD = ppt
-                    engine_mod.BELLS = "-DHC_ENGINE_BELLS=1" in defs
                     cap = min(big * 4, blocks * engine_mod.BYTES_PER_BLOCK)
                     with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
                         eng = dev.engines()["float32"]
@@ -303,7 +291,6 @@ def main() -> int:
                                    used=eng.blocks_for(n), ok=ok, pass_=pass_)
         dev._engine_module = base_module
         engine_mod.PACKS_PER_THREAD = 2
-        engine_mod.BELLS = False
     rt.freeHost(host)
     bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")

@@ -3,43 +3,41 @@
 //
 // Why: on the 2xH200 machine a blocking call made of a launch and a stream synchronize costs
 // 13-14 us before any work is done (bench/NOTES.md), where the collective itself takes ~1.3 us.
-// Here the kernel is already running.  The host posts a call (the doorbell); thread 0 of block 0
-// polls it, relays it to the other blocks the call needs, the blocks run a one-shot Allreduce
-// (on sentinel slots for floating types, LL for integers; with two ranks a thread's packs kept
-// in registers, else collectives.cu's loop), and each writes its completion into mapped host
-// memory, where the host spins.
+// Here the kernel is already running.  The host posts a call by ringing the doorbells of the
+// blocks it needs; each block's thread 0 polls its own, the blocks run a one-shot Allreduce (on
+// sentinel slots for floating types, LL for integers; with two ranks a thread's packs kept in
+// registers, else collectives.cu's loop), and each writes its completion into mapped host memory,
+// where the host spins.
 //
 // Mapped host memory of one engine (written by the host, except `done`), one line per part:
-//   bell  [0, 8):     seq * 2 + changed        the doorbell ("host" doorbell): call seq is posted
-//   (bells [64 b, 64 b + 8), b < 8:            HC_ENGINE_BELLS, a lab variant: a doorbell per
-//                     seq32 << 32 | dseq32     block, rung for the blocks the call needs; dseq:
-//                                              the call at which desc was last rewritten)
-//   desc  [512, 544): { in, out, count, cmd }  the call, rewritten only when it differs from the
-//                                              last one (then changed = 1)
-//   done  [576, 640): u64 per block            the last call the block finished
-// ("stream" doorbell: the bell word is in device memory, written by the caller's stream.)
-// One poller and one polled word: bench/engine_lab.py measured a host-to-GPU-to-host round trip
-// of 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a
-// line the host was writing, and 27-42 us with four blocks doing so (the host's stores wait for
-// the line while the GPU's reads keep taking it).  The host writes desc before bell (x86 stores
-// are seen in order) and the poller's acquire load of bell orders its desc loads after it.
+//   bell b [64 b, 64 b + 8), b < 8:  seq32 << 32 | dseq32   block b's doorbell: call seq is
+//                                    posted to block b (dseq: the call at which desc was last
+//                                    rewritten)
+//   desc   [512, 544):  { in, out, count, cmd }  the call, rewritten only when it differs from
+//                                                the last one
+//   done   [576, 640):  u64 per block            the last call the block finished
+// One poller per polled line: bench/engine_lab.py measured a host-to-GPU-to-host round trip of
+// 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a line
+// the host was writing, and 27-42 us with four blocks doing so (the host's stores wait for the
+// line while the GPU's reads keep taking it).  The host writes desc before the bells (x86 stores
+// are seen in order) and a poller's acquire load of its bell orders its desc loads after it.
 //
 // Which blocks a call needs: ceil(packs / (HC_ENGINE_PPT * blockDim)) of them (at least block
 // 0), and the call's packs are spread over those blocks' threads only (hcCallBlocks); a call of
 // <= 16 KiB is block 0's alone.  Past every block's HC_ENGINE_PPT packs, a call takes more packs
 // per thread, up to HC_ENGINE_KEEP (start_persistent keeps max_bytes within that: 32 KiB a block).
-// Block 0 relays a call to each block b it needs through b's own relay slot in device memory:
-// six LL words (seq32 << 32 | 32 bits of a field: in, out, count (< 2^32: max_bytes <= 256 KiB),
-// cmd), so that each word says which call its half-field belongs to and the words need no order
-// among themselves.
-// Thread b of block 0 writes them after a fence (the release), block b polls all six until they
-// carry one new seq, then fences (the acquire).  A slot is written only for
-// calls its block takes part in, and the host posts call s+1 only after every block of call s
-// has finished it, so a slot is never rewritten while its block reads it.  The host waits for
-// the blocks the call needs only (it computes the same count).  Block 0 leaving on a timeout
-// releases HC_RELAY_DEAD into word 5 of every slot, so that the other blocks (and the host's
-// stop) do not wait for it forever; a block whose poll timed out writes nothing more and leaves:
-// the host sees the mapped error word instead.
+// The host rings the bells of those blocks only and waits for their completions only (it
+// computes the same count).  A bell is rung only for calls its block takes part in, and the host
+// posts call s+1 only after every block of call s has finished it, so no desc or bell is
+// rewritten while a block of the call still reads it.  A block whose poll timed out writes
+// nothing more and leaves (the host sees the mapped error word); the host's stop rings every
+// bell, so the blocks still waiting leave too.
+// Until session 15 block 0 alone polled the host and relayed each call to the other blocks through
+// device memory (six LL words a block): 2xH200, engine_lab at 5f384ed and 1a99d78 (4-block
+// engine, Engine.call, two passes each), a bell per block against that relay: 32 KiB (2 blocks)
+// 6.30-7.39 us against 7.12-7.94, 64 KiB (4) 6.40-7.50 against 7.28-8.66, 128 KiB 7.44-8.82
+// against 8.42-9.88; calls of block 0 alone 0.1-0.5 us slower or equal (4 KiB 5.21-6.56 against
+// 5.04-6.33).  Blocks other than 0 sleeping 300 or 1000 ns between polls did not help.
 // Blocks that skip calls stay correct: the epoch comes from the call's seq, and the slot reuse
 // argument (LL's epoch flags, the sentinel's re-arms) holds across skipped calls (block 0 takes
 // part in every call, so the host cannot post call s+2 before every block of call s has
@@ -47,9 +45,9 @@
 //
 // Memory ordering.  All data stays in device memory; the host only signals.
 // - Before posting, the host waits until the caller's stream has completed (its kernels wrote
-//   the input).  The doorbell's acquire load and the relay's acquire fence invalidate the SM's
-//   L1 (no stale input lines from an earlier call), and the block barrier orders every thread's
-//   loads after them.
+//   the input), or the caller did (order "caller").  The bell's acquire load invalidates the
+//   SM's L1 (no stale input lines from an earlier call), and the block barrier orders every
+//   thread's loads after it.
 // - After the Allreduce, the block barrier and a release fence by thread 0 make the block's
 //   output stores performed in device memory before its completion word leaves; later work
 //   that reads the output (kernels, copies) reads device memory.
@@ -66,13 +64,6 @@ __shared__ unsigned hcCallBlocks;
 #include "collectives.cu"
 
 #define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
-#define HC_RELAY_DEAD (~0ull)
-
-// HC_ENGINE_RELAY_FENCE=0 (bench/engine_lab.py variant "nofence"; 1 in the library): the relay
-// without the release fence before its stores (formally unordered; the lab's measure of the fence).
-#ifndef HC_ENGINE_RELAY_FENCE
-#define HC_ENGINE_RELAY_FENCE 1
-#endif
 
 // Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD), and
 // the most a thread keeps (PACKS_KEPT).  2xH200, bench/engine_lab.py at 69d8881 (the kept path,
@@ -84,28 +75,12 @@ __shared__ unsigned hcCallBlocks;
 #ifndef HC_ENGINE_PPT
 #define HC_ENGINE_PPT 2
 #endif
-// HC_ENGINE_BELLS=1 (bench/engine_lab.py variant "bells"; 0 in the library): every block polls a
-// doorbell of its own (its own line of mapped host memory, one poller per line), which the host
-// rings for the blocks a call needs: no relay through device memory.  Host doorbell only.
-#ifndef HC_ENGINE_BELLS
-#define HC_ENGINE_BELLS 0
-#endif
-// HC_ENGINE_BELL_SLEEP=ns (lab): blocks other than 0 sleep that long between polls of their bell
-// (fewer PCIe reads in flight from blocks a call may not need).
-#ifndef HC_ENGINE_BELL_SLEEP
-#define HC_ENGINE_BELL_SLEEP 0
-#endif
 #define HC_DESC 64  // u64 offsets into the engine's host memory (the layout above)
 #define HC_DONE 72
 #define HC_ENGINE_KEEP 4
 
 struct EngineArgs {
-  const u64* host;       // device address of the engine's mapped host memory (bell, desc, done)
-  const u64* bell;       // the doorbell block 0 polls: host + 0 (mapped host memory, written by
-                         // the host), or a word of device memory written by the caller's stream
-                         // (cuStreamWriteValue64: hpccoll/_engine.py, doorbell "stream")
-  u64* relay;            // device memory: 8 u64 per block, six LL words of the call
-                         // (block 0's unused, but for the "stream" doorbell's word at [6])
+  const u64* host;       // device address of the engine's mapped host memory (bells, desc, done)
   u64 seq0;              // the last call posted before this launch
   u64 epoch0;            // epochs of the engine's region consumed by earlier launches
 };
@@ -119,68 +94,21 @@ __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
 }
 
 // Thread 0: the next call this block takes part in, into field[0..4] = { in, out, count, cmd,
-// seq }.  `cur`: the block's copy of the last desc it read (block 0's, or with HC_ENGINE_BELLS
-// every block's, cur[4]: that desc's dseq32); `last`: the last call this block ran.
+// seq }.  `cur`: the block's copy of the last desc it read, cur[4] that desc's dseq32; `last`:
+// the last call this block ran.  A new seq32 in its bell is a call for this block; desc is
+// re-read when the bell's dseq32 differs from the copy's.  The acquire orders the desc loads
+// after the bell's.
 __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[5], u64 field[5]) {
-  if (HC_ENGINE_BELLS) {
-    // Its own bell: a new seq32 is a call for this block (the host rings only the blocks a call
-    // needs, and posts the next call after they all finished); desc is re-read when its dseq32
-    // differs from the copy's.  The acquire orders the desc loads after the bell's.
-    u64 w;
-    for (;;) {
-      w = ldAcquireSys(g.bell + 8 * blockIdx.x);
-      if ((u32)(w >> 32) != (u32)last) break;
-      if (HC_ENGINE_BELL_SLEEP && blockIdx.x) __nanosleep(HC_ENGINE_BELL_SLEEP);
-    }
-    if ((u32)w != (u32)cur[4]) {
+  u64 w;
+  do w = ldAcquireSys(g.host + 8 * blockIdx.x); while ((u32)(w >> 32) == (u32)last);
+  if ((u32)w != (u32)cur[4]) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);
-      cur[4] = (u32)w;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) field[i] = cur[i];
-    field[4] = last + (u32)((u32)(w >> 32) - (u32)last);
-    return;
+    for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);  // in flight together
+    cur[4] = (u32)w;
   }
-  if (blockIdx.x == 0) {
-    const u64 seq = last + 1;  // block 0 takes part in every call
-    u64 w;
-    do w = ldAcquireSys(g.bell); while ((w >> 1) != seq);
-    if (w & 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cur[i] = ldRelaxedSys(g.host + HC_DESC + i);  // in flight together
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) field[i] = cur[i];
-    field[4] = seq;
-    return;
-  }
-  const u64* slot = g.relay + 8 * blockIdx.x;
-  // Six words (seq32 << 32 | 32 bits of a field), each single-copy atomic: polled until all
-  // carry one seq that is not `last`'s; the fence after the relaxed loads is the acquire.
-  u64 w[6];
-  for (;;) {
-#pragma unroll
-    for (int i = 0; i < 6; i += 2)
-      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[i]), "=l"(w[i + 1]) : "l"(slot + i) : "memory");
-    if (w[5] == HC_RELAY_DEAD) {
-      field[3] = HC_ENGINE_STOP;
-      return;
-    }
-    const u32 s = (u32)(w[5] >> 32);
-    bool same = s != (u32)last;
-#pragma unroll
-    for (int i = 0; i < 5; ++i) same = same && (u32)(w[i] >> 32) == s;
-    if (same) {
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");
-      field[0] = (w[0] & 0xFFFFFFFFull) | (w[1] << 32);
-      field[1] = (w[2] & 0xFFFFFFFFull) | (w[3] << 32);
-      field[2] = w[4] & 0xFFFFFFFFull;
-      field[3] = w[5] & 0xFFFFFFFFull;
-      field[4] = last + (u32)(s - (u32)last);  // seq: the 64-bit value after `last` with these low bits
-      return;
-    }
-  }
+  for (int i = 0; i < 4; ++i) field[i] = cur[i];
+  field[4] = last + (u32)((u32)(w >> 32) - (u32)last);  // the 64-bit seq after `last` with these low bits
 }
 
 // Two ranks: a thread's up to HC_ENGINE_KEEP packs stay in registers, loaded together, sent
@@ -265,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
   // which lives in L1, and every call begins with an acquire that invalidates L1: each of those
   // reads would be an L2 trip on the critical path.  Shared memory is not invalidated.
   __shared__ Args a;
-  u64 cur[5] = {0, 0, 0, 0, 0};  // thread 0: the last desc read from the host (block 0's)
+  u64 cur[5] = {0, 0, 0, 0, 0};  // thread 0: the last desc read from the host, its dseq32
   u64 last = g.seq0;             // the last call this block ran
   u64* done = (u64*)(g.host + HC_DONE);
   if (threadIdx.x == 0) a = a0;  // iters is 1
@@ -279,16 +207,6 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     }
     __syncthreads();
     const u64 cmd = field[3], seq = field[4];
-    if (!HC_ENGINE_BELLS && blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < hcCallBlocks) {
-      u64* slot = g.relay + 8 * threadIdx.x;  // thread b relays the call to block b
-      const u64 hi = (u64)(u32)seq << 32;
-      const u64 w[6] = {hi | (u32)field[0], hi | (u32)(field[0] >> 32), hi | (u32)field[1],
-                        hi | (u32)(field[1] >> 32), hi | (u32)field[2], hi | (u32)field[3]};
-      if (HC_ENGINE_RELAY_FENCE) asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the release
-#pragma unroll
-      for (int i = 0; i < 6; i += 2)
-        asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + i), "l"(w[i]), "l"(w[i + 1]) : "memory");
-    }
     if (cmd == HC_ENGINE_STOP) return;
     last = seq;
     const u64 e = g.epoch0 + (seq - g.seq0 - 1);
@@ -302,11 +220,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
       default: ok = engineAllreduce<HC_MIN>(a, e, ok); break;
     }
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
-    if (!ok) {                   // a poll timed out (or the communicator was aborted)
-      if (!HC_ENGINE_BELLS && blockIdx.x == 0 && threadIdx.x >= 1 && threadIdx.x < gridDim.x)
-        stReleaseGpu(g.relay + 8 * threadIdx.x + 5, HC_RELAY_DEAD);
-      return;
-    }
+    if (!ok) return;             // a poll timed out (or the communicator was aborted)
     if (threadIdx.x == 0) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
       stRelaxedSys(done + blockIdx.x, seq);

@@ -27,11 +27,10 @@ import time
 from ._driver import Args, check, host_device_pointer, libcuda
 from .errors import CollectiveTimeout, HpccollError
 
-HOST_BYTES = 1024  # mapped host memory per engine (cuda/persistent.cu): bell(s) [0, 512), one per
-                   # 64-byte line, desc [512, 544), done [576, 640)
+HOST_BYTES = 1024  # mapped host memory per engine (cuda/persistent.cu): a bell per block, one per
+                   # 64-byte line [0, 512), desc [512, 544), done [576, 640)
 DESC, DONE = 512, 576
 MAX_BLOCKS = 8
-BELLS = False  # a doorbell per block (persistent.cu HC_ENGINE_BELLS; bench/engine_lab.py variant "bells")
 DEFAULT_BLOCKS = 4  # Communicator.start_persistent's blocks
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
@@ -45,8 +44,7 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 class EngineArgs(ctypes.Structure):
     """Mirror of `struct EngineArgs` in cuda/persistent.cu."""
 
-    _fields_ = [("host", ctypes.c_void_p), ("bell", ctypes.c_void_p), ("relay", ctypes.c_void_p),
-                ("seq0", ctypes.c_uint64), ("epoch0", ctypes.c_uint64)]
+    _fields_ = [("host", ctypes.c_void_p), ("seq0", ctypes.c_uint64), ("epoch0", ctypes.c_uint64)]
 
 
 def _driver_fns():
@@ -54,7 +52,6 @@ def _driver_fns():
     lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
     lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.cuStreamWriteValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
     return lib
 
 
@@ -62,21 +59,16 @@ class Engine:
     """One running engine kernel.  `call` is the hot path: a few driver calls and stores."""
 
     def __init__(self, fn, args: Args, blocks: int, epoch0: int, max_bytes: int, timeout_s: float,
-                 host_error, host: int, doorbell: str = "host", esize: int = 4, order: str = "stream",
-                 verify: bool = False):
+                 host_error, host: int, esize: int = 4, order: str = "stream", verify: bool = False):
         """host: HOST_BYTES of mapped host memory, owned by the caller (freeing pinned memory
-        synchronizes the device, so it must outlive every engine).
-        doorbell: how a call is posted and ordered after the caller's stream.
-          "host":   the host asks whether the stream has finished (cuStreamQuery, synchronizing if
-                    not), then stores the doorbell into mapped host memory, which block 0 polls
-                    over PCIe;
-          "stream": the host enqueues the doorbell's store on the caller's stream
-                    (cuStreamWriteValue64): the GPU writes it into device memory once the
-                    stream's earlier work is done, and block 0 polls device memory.
-        order: Communicator.start_persistent's.  "caller": the caller has finished the work that
-        writes or reads the call's buffers (CUDA-aware MPI's contract), so the call is posted
-        through the host doorbell without the stream query.  verify (caller order only): query
-        anyway, and raise when the stream still had work (the communicator's check mode)."""
+        synchronizes the device, so it must outlive every engine).  A call stores its fields
+        (when they changed) and then the doorbells of the blocks it needs into that memory; each
+        block polls its own over PCIe.
+        order: Communicator.start_persistent's.  "stream": the host first asks whether the
+        caller's stream has finished (cuStreamQuery, synchronizing if not).  "caller": the caller
+        has finished the work that writes or reads the call's buffers (CUDA-aware MPI's
+        contract), so the call is posted at once.  verify (caller order only): query anyway, and
+        raise when the stream still had work (the communicator's check mode)."""
         import cupy
 
         self.blocks, self.max_bytes = blocks, max_bytes
@@ -87,37 +79,23 @@ class Engine:
         self._lib = _driver_fns()
         self._host = host
         ctypes.memset(self._host, 0, HOST_BYTES)
-        self._bell = ctypes.c_uint64.from_address(self._host)
         self._bells = [ctypes.c_uint64.from_address(self._host + 64 * b) for b in range(MAX_BLOCKS)]
-        self._per_block = BELLS
-        self._dseq = 0  # (per-block bells) the call at which desc was last written
         self._desc = (ctypes.c_uint64 * 4).from_address(self._host + DESC)
         self._done = [ctypes.c_uint64.from_address(self._host + DONE + 8 * b) for b in range(MAX_BLOCKS)]
+        self._dseq = 0  # the call at which desc was last written (its low 32 bits)
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
-        self._relay = cupy.zeros(8 * MAX_BLOCKS, dtype=cupy.uint64)  # a slot per block; [6]: "stream" bell
         self.order, self.verify = order, verify and order == "caller"
-        if order == "caller":
-            doorbell = "host"  # the "stream" doorbell is an ordering through the stream
-        self._host_doorbell = doorbell == "host"
-        if self._per_block and not self._host_doorbell:
-            raise HpccollError("the engine's per-block doorbells (HC_ENGINE_BELLS) need the host doorbell")
-        self._ordered = self._host_doorbell and order == "stream"  # the stream query before posting
+        self._ordered = order == "stream"  # the stream query before posting
         self._query = cupy.cuda.runtime.streamQuery
         self._is_capturing = getattr(cupy.cuda.runtime, "streamIsCapturing", None)  # (ctypes: ~1 us)
-        self._bell_dev = self._relay.data.ptr + 48
         self._capturing = ctypes.c_int()
         self._capturing_ref = ctypes.byref(self._capturing)
         # non-blocking: the legacy default stream must never wait for this kernel
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._args = Args.from_buffer_copy(args)
         self._args.iters = 1
-        hdev = host_device_pointer(self._host)
-        self._eargs = EngineArgs(host=hdev, bell=self._bell_dev if doorbell == "stream" else hdev,
-                                 relay=self._relay.data.ptr, seq0=0, epoch0=epoch0)
-        # "stream" doorbell: STOP is written from a stream of its own (the "host" one ignores it)
-        self._control = None if self._host_doorbell else cupy.cuda.Stream(non_blocking=True)
-        cupy.cuda.get_current_stream().synchronize()  # the relay's zeros are written
+        self._eargs = EngineArgs(host=host_device_pointer(self._host), seq0=0, epoch0=epoch0)
         params = (ctypes.c_void_p * 2)(ctypes.addressof(self._args), ctypes.addressof(self._eargs))
         check(self._lib.cuLaunchKernel(fn, blocks, 1, 1, BLOCK, 1, 1, 0, self.stream.ptr, params, None),
               "cuLaunchKernel(hc_engine)")
@@ -153,7 +131,7 @@ class Engine:
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
         elif self.verify:
             self._check_idle(stream)
-        seq = self._post(call, stream, nb)
+        seq = self._post(call, nb)
         for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
             if d.value != seq:
                 n = 2000
@@ -177,25 +155,18 @@ class Engine:
         if res:
             check(res, "cuStreamQuery")
 
-    def _post(self, call: tuple, stream: int, nb: int) -> int:
-        """Post the next call (in, out, count, cmd) for blocks 0..nb-1; its sequence number."""
+    def _post(self, call: tuple, nb: int) -> int:
+        """Post the next call (in, out, count, cmd) to blocks 0..nb-1; its sequence number."""
         self.seq += 1
         seq = self.seq
-        changed = call != self._last
-        if changed:  # a line nobody polls: these stores do not wait for the GPU's reads
+        if call != self._last:  # a line nobody polls: these stores do not wait for the GPU's reads
             d = self._desc
             d[0], d[1], d[2], d[3] = call
             self._last = call
             self._dseq = seq & 0xFFFFFFFF
-        if self._per_block:  # x86: each bell seen after the desc stores
-            w = (seq & 0xFFFFFFFF) << 32 | self._dseq
-            for b in self._bells[:nb]:
-                b.value = w
-        elif self._host_doorbell:
-            self._bell.value = seq * 2 + changed  # x86: seen after the desc stores
-        else:  # written by the GPU after the stream's earlier work (the default flag: after a fence)
-            check(self._lib.cuStreamWriteValue64_v2(stream, self._bell_dev, seq * 2 + changed, 0),
-                  "cuStreamWriteValue64")
+        w = (seq & 0xFFFFFFFF) << 32 | self._dseq
+        for b in self._bells[:nb]:  # x86: each seen after the desc stores
+            b.value = w
         return seq
 
     def _finished(self, nb: int) -> bool:
@@ -222,7 +193,7 @@ class Engine:
     def stop(self) -> int:
         """Stop the kernel (waits for it to leave); the epochs it consumed."""
         if self._host:
-            self._post((0, 0, 0, CMD_STOP), self._control and self._control.ptr, self.blocks)
+            self._post((0, 0, 0, CMD_STOP), self.blocks)  # every block, waiting or not
             self.stream.synchronize()  # every block leaves at STOP, or left at a timeout
             self._host = 0
         self.running = False

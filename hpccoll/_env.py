@@ -78,12 +78,3 @@ def detect_singleton(world_size: int) -> None:
                 f"{var}={n} but MPI reports a world of size 1: mpi4py is linked against a different "
                 "MPI than the launcher's. Launch with the mpiexec of the MPI that mpi4py uses "
                 "(`python -c 'import mpi4py; print(mpi4py.get_config())'`).")
-
-
-def engine_doorbell() -> str:
-    """How the eager engine takes a call (hpccoll/_engine.py): HPCCOLL_ENGINE_DOORBELL, "host"
-    (the default) or "stream"."""
-    raw = os.environ.get("HPCCOLL_ENGINE_DOORBELL", "host").strip().lower()
-    if raw not in ("host", "stream"):
-        raise ValueError(f"HPCCOLL_ENGINE_DOORBELL={raw!r}: use host (the default) or stream")
-    return raw

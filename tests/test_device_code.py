@@ -111,12 +111,11 @@ def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "float32-nr2"])
-def test_the_engine_module_holds_only_the_engine_and_its_four_fences(cubins, dtype, tmp_path):
+def test_the_engine_module_holds_only_the_engine_and_its_one_fence(cubins, dtype, tmp_path):
     """persistent.cu includes collectives.cu for its device code but none of its entry points;
-    the engine fences exactly four times (block 0's releases of the relayed call and of the
-    dead mark, block b's acquire after reading the relayed call, and every block's release
-    before its completion word: cuda/persistent.cu), nothing inside the Allreduce."""
+    the engine fences exactly once (every block's release before its completion word:
+    cuda/persistent.cu; a block's acquire is its doorbell's load), nothing inside the Allreduce."""
     funcs = _sass_by_function(cubins[f"engine-{dtype}"], tmp_path)
     assert set(funcs) == {"hc_engine"}
     membars = [line for line in funcs["hc_engine"].splitlines() if "MEMBAR" in line]
-    assert len(membars) == 4, f"{dtype}: expected the engine's four fences, found {membars}"
+    assert len(membars) == 1, f"{dtype}: expected the engine's one fence, found {membars}"

@@ -719,7 +719,7 @@ class CudaBackend:
             self._engine_host = cupy.cuda.runtime.hostAlloc(HOST_BYTES * ENGINES, 2)  # mapped; freed in free()
         eng = Engine(self._engine_module(dtype).fn("hc_engine"), a, blocks, self._engine_epochs[k], max_bytes,
                      self.timeout_ns / 1e9, self.ws.host_error, self._engine_host + HOST_BYTES * k,
-                     _env.engine_doorbell(), np_dtype(dtype).itemsize, order, verify)
+                     np_dtype(dtype).itemsize, order, verify)
         self._engines[dtype] = (eng, k)
         self._set_cap()
 

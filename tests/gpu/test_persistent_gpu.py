@@ -182,7 +182,8 @@ def test_engine_blocks_skip_and_rejoin(cc):
     """Calls of <= 16 KiB run on block 0 alone (2 packs per thread), larger ones on more blocks,
     over the threads of those blocks only: 300 calls of random sizes switch between them, so
     blocks skip calls and rejoin later (their epochs come from the call's sequence number), a
-    pack's thread changes between calls, and a block's relayed fields change while it skips;
+    pack's thread changes between calls, and the call's fields change while a block skips (its
+    own copy of them is re-read when its doorbell says they changed);
     every result checked bitwise."""
     import cupy as cp
 
