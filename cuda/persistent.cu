@@ -10,9 +10,9 @@
 // where the host spins.
 //
 // Mapped host memory of one engine (written by the host, except `done`), one line per part:
-//   bell b [64 b, 64 b + 8), b < 8:  seq32 << 32 | dseq32   block b's doorbell: call seq is
-//                                    posted to block b (dseq: the call at which desc was last
-//                                    rewritten)
+//   bell b [64 b, 64 b + 8), b < 8:  seq32 << 32 | ver32    block b's doorbell: call seq is
+//                                    posted to block b (ver: the version of desc, counted by the
+//                                    host)
 //   desc   [512, 544):  { in, out, count, cmd }  the call, rewritten only when it differs from
 //                                                the last one
 //   done   [576, 640):  u64 per block            the last call the block finished
@@ -32,6 +32,10 @@
 // rewritten while a block of the call still reads it.  A block whose poll timed out writes
 // nothing more and leaves (the host sees the mapped error word); the host's stop rings every
 // bell, so the blocks still waiting leave too.
+// A block knows its last call (64 bits) and reads 32 bits of the next one's seq and of desc's
+// version: exact while it is rung at least once every 2^32 calls.  So the host rings every block
+// once every 2^30 calls (hpccoll/_engine.py FULL_RING); the blocks a call does not need do
+// nothing but read its fields and finish it.
 // Until session 15 block 0 alone polled the host and relayed each call to the other blocks through
 // device memory (six LL words a block): 2xH200, engine_lab at 5f384ed and 1a99d78 (4-block
 // engine, Engine.call, two passes each), a bell per block against that relay: 32 KiB (2 blocks)
@@ -94,9 +98,9 @@ __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
 }
 
 // Thread 0: the next call this block takes part in, into field[0..4] = { in, out, count, cmd,
-// seq }.  `cur`: the block's copy of the last desc it read, cur[4] that desc's dseq32; `last`:
+// seq }.  `cur`: the block's copy of the last desc it read, cur[4] that desc's ver32; `last`:
 // the last call this block ran.  A new seq32 in its bell is a call for this block; desc is
-// re-read when the bell's dseq32 differs from the copy's.  The acquire orders the desc loads
+// re-read when the bell's ver32 differs from the copy's.  The acquire orders the desc loads
 // after the bell's.
 __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur[5], u64 field[5]) {
   u64 w;
@@ -193,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
   // which lives in L1, and every call begins with an acquire that invalidates L1: each of those
   // reads would be an L2 trip on the critical path.  Shared memory is not invalidated.
   __shared__ Args a;
-  u64 cur[5] = {0, 0, 0, 0, 0};  // thread 0: the last desc read from the host, its dseq32
+  u64 cur[5] = {0, 0, 0, 0, 0};  // thread 0: the last desc read from the host, its ver32
   u64 last = g.seq0;             // the last call this block ran
   u64* done = (u64*)(g.host + HC_DONE);
   if (threadIdx.x == 0) a = a0;  // iters is 1
@@ -213,11 +217,13 @@ extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) hc_engine(const Arg
     // No abort check up front (an L2 trip per call): a running engine's polls see the flag
     // within 256 spins, and a block that timed out has left.
     bool ok = true;
-    switch ((int)cmd) {
-      case HC_SUM: ok = engineAllreduce<HC_SUM>(a, e, ok); break;
-      case HC_PROD: ok = engineAllreduce<HC_PROD>(a, e, ok); break;
-      case HC_MAX: ok = engineAllreduce<HC_MAX>(a, e, ok); break;
-      default: ok = engineAllreduce<HC_MIN>(a, e, ok); break;
+    if (blockIdx.x < hcCallBlocks) {  // (a block past them: rung by the host's periodic full ring)
+      switch ((int)cmd) {
+        case HC_SUM: ok = engineAllreduce<HC_SUM>(a, e, ok); break;
+        case HC_PROD: ok = engineAllreduce<HC_PROD>(a, e, ok); break;
+        case HC_MAX: ok = engineAllreduce<HC_MAX>(a, e, ok); break;
+        default: ok = engineAllreduce<HC_MIN>(a, e, ok); break;
+      }
     }
     ok = __syncthreads_and(ok);  // also: every thread of the block has stored its output and read `field`
     if (!ok) return;             // a poll timed out (or the communicator was aborted)

@@ -31,6 +31,7 @@ HOST_BYTES = 1024  # mapped host memory per engine (cuda/persistent.cu): a bell 
                    # 64-byte line [0, 512), desc [512, 544), done [576, 640)
 DESC, DONE = 512, 576
 MAX_BLOCKS = 8
+FULL_RING = (1 << 30) - 1  # every block takes part in one call of every 2**30 (cuda/persistent.cu)
 DEFAULT_BLOCKS = 4  # Communicator.start_persistent's blocks
 CMD_STOP = 0xFF
 CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
@@ -82,7 +83,8 @@ class Engine:
         self._bells = [ctypes.c_uint64.from_address(self._host + 64 * b) for b in range(MAX_BLOCKS)]
         self._desc = (ctypes.c_uint64 * 4).from_address(self._host + DESC)
         self._done = [ctypes.c_uint64.from_address(self._host + DONE + 8 * b) for b in range(MAX_BLOCKS)]
-        self._dseq = 0  # the call at which desc was last written (its low 32 bits)
+        self._ver = 0  # desc's version (low 32 bits; the blocks start holding version 0)
+        self.full_ring = FULL_RING  # (tests ring every block more often)
         self.esize = esize
         self._last = None  # the last call's (in, out, count, cmd): desc is rewritten only on change
         self.order, self.verify = order, verify and order == "caller"
@@ -131,6 +133,8 @@ class Engine:
                 check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
         elif self.verify:
             self._check_idle(stream)
+        if not (self.seq + 1) & self.full_ring:  # every block, now and then: its 32-bit reads stay exact
+            nb = self.blocks
         seq = self._post(call, nb)
         for d in self._done[:nb]:  # block by block: each a tight spin (done within microseconds)
             if d.value != seq:
@@ -163,8 +167,8 @@ class Engine:
             d = self._desc
             d[0], d[1], d[2], d[3] = call
             self._last = call
-            self._dseq = seq & 0xFFFFFFFF
-        w = (seq & 0xFFFFFFFF) << 32 | self._dseq
+            self._ver = (self._ver + 1) & 0xFFFFFFFF
+        w = (seq & 0xFFFFFFFF) << 32 | self._ver
         for b in self._bells[:nb]:  # x86: each seen after the desc stores
             b.value = w
         return seq

@@ -178,13 +178,15 @@ def test_engine_peer_that_never_calls_times_out():
         c.Free()
 
 
-def test_engine_blocks_skip_and_rejoin(cc):
+@pytest.mark.parametrize("full_ring", ["default", "every 4th call"])
+def test_engine_blocks_skip_and_rejoin(cc, full_ring):
     """Calls of <= 16 KiB run on block 0 alone (2 packs per thread), larger ones on more blocks,
     over the threads of those blocks only: 300 calls of random sizes switch between them, so
     blocks skip calls and rejoin later (their epochs come from the call's sequence number), a
     pack's thread changes between calls, and the call's fields change while a block skips (its
-    own copy of them is re-read when its doorbell says they changed);
-    every result checked bitwise."""
+    own copy of them is re-read when its doorbell says they changed); every result checked
+    bitwise.  "every 4th call": the host's periodic ring of every block (once every 2**30 calls
+    in the library) on every 4th call, so that blocks a call does not need take part in it."""
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, 21])
@@ -194,6 +196,8 @@ def test_engine_blocks_skip_and_rejoin(cc):
     sizes = list(bufs)
     with cc.persistent("float32", blocks=8, max_bytes=256 * 1024):
         eng = _engine(cc, "float32")
+        if full_ring != "default":
+            eng.full_ring = 3
         before = eng.calls
         for i in range(300):
             n = sizes[pick.integers(len(sizes))]
