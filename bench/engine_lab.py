@@ -260,6 +260,20 @@ def main() -> int:
                            _median_us(lambda: (comm.Allreduce(xs, ys), comm.synchronize()), opts.n), bytes=n * 4, ok=ok)
                     record("calls", f"{kib:4d} KiB request Start + Wait, own arrays (rep {rep})",
                            _median_us(lambda: (req.Start(), req.Wait()), opts.n), bytes=n * 4)
+                    # the Allreduce path in parts: which of them grows with the size?
+                    record("calls", f"{kib:4d} KiB Allreduce alone (rep {rep})",
+                           _median_us(lambda: comm.Allreduce(xs, ys), opts.n), bytes=n * 4)
+                    fast = comm._fast["Allreduce"]
+                    plan = fast.plan
+                    record("calls", f"{kib:4d} KiB its plan: {type(plan).__name__}.launch(None) + synchronize (rep {rep})",
+                           _median_us(lambda: (plan.launch(None), comm.synchronize()), opts.n), bytes=n * 4)
+                    record("calls", f"{kib:4d} KiB the request's plan: launch(None) + synchronize (rep {rep})",
+                           _median_us(lambda: (req._plan.launch(None), comm.synchronize()), opts.n), bytes=n * 4)
+                    record("calls", f"{kib:4d} KiB the match alone (rep {rep})",
+                           _median_us(lambda: fast.matches(xs, ys, hpccoll.SUM, None, "auto", False), opts.n),
+                           bytes=n * 4)
+                    record("calls", f"{kib:4d} KiB plans: Allreduce's {plan.call} nb {plan.nb}, the request's "
+                           f"{req._plan.call} nb {req._plan.nb} (rep {rep})", 0.0, bytes=n * 4)
                 req.Free()
 
     if "variants" in parts:
