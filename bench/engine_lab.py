@@ -17,6 +17,8 @@ MAX over ranks), in one run:
 - calls:     (--parts calls) per size on the default engine: Engine.call on the lab's buffers
              and on arrays of the call's size, Allreduce + synchronize on those arrays, and a
              persistent request's Start + Wait on them;
+- phase:     (--parts phase) Engine.call after the host spins 0-3 us first, minus the spin:
+             does the host's time before a post move the call in steps of a PCIe round trip?
 - variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
              interleaved, two passes:
   library   the library's engine
@@ -77,7 +79,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", default="sysread,host,echo,engine,sizes",
-                    help="sections to run, of sysread,host,echo,engine,sizes,calls,variants")
+                    help="sections to run, of sysread,host,echo,engine,sizes,calls,phase,variants")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--variant-blocks", default="1,4")
     ap.add_argument("--variant-kib", default="4,8,16,32,64,128")
@@ -275,6 +277,32 @@ def main() -> int:
                     record("calls", f"{kib:4d} KiB plans: Allreduce's {plan.call} nb {plan.nb}, the request's "
                            f"{req._plan.call} nb {req._plan.nb} (rep {rep})", 0.0, bytes=n * 4)
                 req.Free()
+
+    if "phase" in parts:
+        # phase: Engine.call 1 KiB and 32 KiB (default engine, order "caller") after the host
+        # spins X us first (X = 0 to 3 us), the call's time minus X.  A block polls its bell with
+        # dependent PCIe loads, one per round trip, the first issued as it writes its completion:
+        # if the host's own time between seeing that completion and posting decides which poll
+        # sees the post, the call's time rises in steps of a round trip as X grows (a sawtooth
+        # of the time minus X), instead of staying flat.
+        def spun(fn, x_s):
+            def call():
+                t_end = time.perf_counter() + x_s
+                while time.perf_counter() < t_end:
+                    pass
+                fn()
+            return call
+
+        with comm.persistent("float32", max_bytes=DEFAULT_BLOCKS * BYTES_PER_BLOCK, order="caller"):
+            eng = dev.engines()["float32"]
+            for kib in (1, 32):
+                n = kib * 256
+                ok = checked_call(eng, n)
+                for x_ns in range(0, 3001, 150):
+                    one = lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0)  # noqa: E731
+                    t = _median_us(spun(one, x_ns * 1e-9), opts.n) - x_ns / 1000
+                    record("phase", f"{kib:3d} KiB Engine.call after {x_ns:5d} ns of host spin, minus the spin, bitwise {ok}",
+                           t, bytes=n * 4, spin_ns=x_ns, ok=ok)
 
     if "variants" in parts:
         # The same calls on engines compiled with variant defines, interleaved (for each engine
