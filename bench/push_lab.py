@@ -8,7 +8,9 @@ where the copy engine reaches ~360; would bulk copies close that gap?
     mpiexec -n 2 python3 bench/push_lab.py [--sizes 256K,1M,2M,4M] [--blocks 128] [--json out.json]
 
 SM stores run on --blocks blocks of 512 threads (the library's grid at >= 1 MiB); bulk copies
-on at most that many, each block moving a whole number of 8 or 16 KiB steps.
+on at most that many, each block moving a whole number of 8 or 16 KiB steps.  st_ce35 / st_ce50
+split one push: the copy engine moves the first 35 / 50 % on a forked stream while the SM
+stores move the rest, joined again (session 15's question: do the two together beat either?).
 
 Per size and way: µs per push in a CUDA graph of bench.GRAPH_OPS pushes (the copy engine's as
 memcpy nodes), GB/s = bytes / time, and the pushed bytes checked against the peer's source."""
@@ -19,7 +21,8 @@ import ctypes
 
 import numpy as np
 
-WAYS = ("st", "st_blk", "tma8k", "tma16k", "copy_engine")
+WAYS = ("st", "st_blk", "tma8k", "tma16k", "copy_engine", "st_ce35", "st_ce50")
+SPLIT = {"st_ce35": 0.35, "st_ce50": 0.5}  # the copy engine's share of a split push (the rest: SM stores)
 CHUNK = {"tma8k": 8192, "tma16k": 16384}  # bytes per bulk-copy step (cuda/lab_push.cu pushTma<CH>)
 
 
@@ -41,7 +44,9 @@ def main() -> int:
     rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
     peer = 1 - rank
     mod = Module(compile_module("lab_push.cu", "float32", dev.arch))
-    fns = {w: mod.fn(f"hc_push_{w}") for w in WAYS if w != "copy_engine"}
+    fns = {w: mod.fn(f"hc_push_{w}") for w in WAYS if w != "copy_engine" and w not in SPLIT}
+    side = cp.cuda.Stream(non_blocking=True)  # the copy engine's branch of a split push
+    fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
     L = dev.layout
     region = L.oneshot  # 2 parities x 2 sources x 4 MiB: room for 4 MiB from each rank
     rng = np.random.default_rng([rank, 11])
@@ -63,10 +68,22 @@ def main() -> int:
             # have a whole number of CH-byte steps each
             ch = CHUNK.get(way)
             blocks = opts.blocks if ch is None else min(opts.blocks, nbytes // ch)
-            row = {"bytes": nbytes, "way": way, "blocks": None if way == "copy_engine" else blocks}
+            row = {"bytes": nbytes, "way": way, "blocks": None if way == "copy_engine" else blocks,
+                   "ce_share": SPLIT.get(way, 1.0 if way == "copy_engine" else 0.0)}
             if way == "copy_engine":
                 def push(st):
                     cp.cuda.runtime.memcpyAsync(dst, src.data.ptr, nbytes, 4, st.ptr)
+            elif way in SPLIT:
+                ce = int(nbytes * SPLIT[way]) // 16 * 16
+                rest = (ctypes.c_uint64(src.data.ptr + ce), ctypes.c_uint64(dst + ce), ctypes.c_uint64(nbytes - ce))
+
+                def push(st, ce=ce, rest=rest):
+                    fork.record(st)
+                    side.wait_event(fork)
+                    cp.cuda.runtime.memcpyAsync(dst, src.data.ptr, ce, 4, side.ptr)
+                    launch_raw(fns["st"], opts.blocks, 512, st.ptr, *rest)
+                    join.record(side)
+                    st.wait_event(join)
             else:
                 fn = fns[way]
 
