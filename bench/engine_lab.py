@@ -134,6 +134,7 @@ def main() -> int:
     if "host" in parts:
         # host-side costs
         cap = ctypes.c_int()
+        lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.c_void_p]  # (the library asks through CuPy)
         record("host", "cuStreamIsCapturing(legacy stream)", _median_us(lambda: lib.cuStreamIsCapturing(0, ctypes.byref(cap)), opts.n))
         record("host", "cuStreamQuery(legacy stream), idle", _median_us(lambda: lib.cuStreamQuery(0), opts.n))
         record("host", "cuStreamQuery(non-blocking stream), idle", _median_us(lambda: lib.cuStreamQuery(s.ptr), opts.n))

@@ -52,7 +52,6 @@ def _driver_fns():
     lib = libcuda()
     lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
     lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
-    lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -90,9 +89,7 @@ class Engine:
         self.order, self.verify = order, verify and order == "caller"
         self._ordered = order == "stream"  # the stream query before posting
         self._query = cupy.cuda.runtime.streamQuery
-        self._is_capturing = getattr(cupy.cuda.runtime, "streamIsCapturing", None)  # (ctypes: ~1 us)
-        self._capturing = ctypes.c_int()
-        self._capturing_ref = ctypes.byref(self._capturing)
+        self._is_capturing = cupy.cuda.runtime.streamIsCapturing  # CuPy's binding: a direct C call (ctypes: ~1 us)
         # non-blocking: the legacy default stream must never wait for this kernel
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._args = Args.from_buffer_copy(args)
@@ -106,10 +103,7 @@ class Engine:
     def capturing(self, stream: int) -> bool:
         if not stream:
             return False  # the legacy default stream cannot be captured (and asking costs 1 us)
-        if self._is_capturing is not None:  # CuPy's binding: a direct C call
-            return self._is_capturing(stream) != 0
-        check(self._lib.cuStreamIsCapturing(stream, self._capturing_ref), "cuStreamIsCapturing")
-        return self._capturing.value != 0
+        return self._is_capturing(stream) != 0
 
     def blocks_for(self, count: int) -> int:
         """The blocks a call of `count` elements needs (cuda/persistent.cu, blocksFor)."""
