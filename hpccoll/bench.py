@@ -840,8 +840,7 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     persistent request (row's eager_request_us), checked and counted the same way.  Up to the
     engine's largest call (256 KiB), beyond start_persistent's default (64 KiB), to show where
     it stops paying.  The engine is start_persistent's default (4 blocks) where that takes the
-    call (<= 128 KiB), else the fewest blocks that do: idle engine blocks are not free (2xH200,
-    9718502's engine_lab: 64 KiB on 4 of 4 blocks 8.19 us, on 4 of 8 blocks 9.00)."""
+    call (<= 128 KiB), else the fewest blocks that do: what a user of the defaults gets."""
     from ._engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS
     from .ops import dtype_name
 
