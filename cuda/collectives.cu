@@ -97,6 +97,15 @@ struct Segments {
   }
 };
 
+// Call j of a chain (hc_common.cuh's Chain).
+struct Chained {
+  const Chain& c;
+  int j;
+  __device__ u64 packs() const { return packsOf(c.count); }
+  __device__ Pack load(u64 p) const { return loadPack(c.in[j], c.count, p); }
+  __device__ void store(u64 p, Pack v) const { storePack(c.out[j], c.count, p, v); }
+};
+
 // This thread's first input pack (zeros past the end), loaded at kernel start before the
 // epoch and abort words: the three loads are then in flight together.  Loaded inside the
 // collective's loop instead, it would leave only after both words came back (the loop runs
@@ -300,6 +309,56 @@ __device__ void allreduceOneShot(const Args& a, const IO& io) {
 #endif
   allreduceOneShotFrom<Proto, OP>(a, io, packs, first, e0, ok);
   epochEnd(a, e0, a.iters);
+}
+
+// A chain (hc_common.cuh's Chain): its calls one after the other, each its own epoch, as the
+// in-kernel loop runs its iterations.  Only in the HC_LOOP_FENCE module, for its fence between
+// calls (sentinel re-arms, oneShotLoopFence).  The host sets iters = 1.  Between calls the
+// slots' reuse is ordered as in the loop: all calls have the same count, so the thread that
+// receives pack p of call j sends pack p of call j+1; and a call's input that an earlier call
+// wrote was written by this same thread (same pack, same thread), so program order suffices.
+template <class Proto, int OP>
+__device__ __forceinline__ void chainKept(const Args& a, const Chain& c, u64 packs, Pack x, u64 e0, bool ok) {
+  constexpr bool kEarly = !Proto::kRearms;  // LL: call j+1's pack may leave inside call j's poll
+  const u64 p = tid();
+  if (p >= packs) return;
+  bool sent = false;  // (this call's pack left early, in the previous call)
+  for (int j = 0; ok && j < c.n; ++j) {
+    const LLBuffer<Proto> buf(a, a.region, a.sub, e0 + j, HC_COLL_ALLREDUCE);
+    if (!sent) buf.bcast(p, x);
+    const LLBuffer<Proto> next(a, a.region, a.sub, e0 + j + 1, HC_COLL_ALLREDUCE);
+    const int src = j + 1 < c.n ? c.src[j + 1] : HC_SRC_LOAD;
+    Pack y;
+    ok = buf.template recvReduce<OP>(p, x, y, [&] {
+      if (kEarly && src == HC_SRC_KEEP) next.bcast(p, x);
+    });
+    if (!ok) break;
+    sent = kEarly && src != HC_SRC_LOAD && j + 1 < c.n;
+    if (kEarly && src == HC_SRC_FWD && j + 1 < c.n) next.bcast(p, y);
+    storePack(c.out[j], c.count, p, y);
+    if (j + 1 == c.n) break;
+    if (src == HC_SRC_FWD) x = y;
+    else if (src == HC_SRC_LOAD) x = loadPack(c.in[j + 1], c.count, p);
+    oneShotLoopFence<Proto>();
+  }
+}
+
+template <class Proto, int OP>
+__device__ void allreduceChain(const Args& a, const Chain& c) {
+  const u64 packs = packsOf(c.count);
+  const Pack first = loadFirst(Chained{c, 0}, packs);
+  const u64 e0 = epochBegin(a);
+  bool ok = !aborted(a);
+  if (packs <= nthreads()) {  // grid-uniform
+    chainKept<Proto, OP>(a, c, packs, first, e0, ok);
+  } else {
+    for (int j = 0; ok && j < c.n; ++j) {
+      if (j > 0) oneShotLoopFence<Proto>();
+      const Chained io{c, j};
+      ok = allreduceOneShotLoop<Proto, OP>(a, io, packs, j == 0 ? first : loadFirst(io, packs), e0 + j, ok);
+    }
+  }
+  epochEnd(a, e0, c.n);
 }
 
 // Allreduce, two-shot: reduce-scatter to chunk owners (region), then all-gather (region2).
@@ -561,11 +620,25 @@ __device__ void barrier(const Args& a) {
     body;                                                                                           \
   }
 
+// A chain (hpccoll/_fuse.py): only in the in-kernel loop module, whose fence it needs.
+#define HC_CHAIN_KERNEL(name, body)                                                                 \
+  extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a, const Chain c) { \
+    streamOrderBegin();                                                                             \
+    body;                                                                                           \
+  }
+#if HC_LOOP_FENCE
+#define HC_CHAINS(OPNAME, OP, PROTO, pname) \
+  HC_CHAIN_KERNEL(hc_allreduce_oneshot_##pname##_##OPNAME##_chain, (allreduceChain<PROTO, OP>(a, c)))
+#else
+#define HC_CHAINS(OPNAME, OP, PROTO, pname)
+#endif
+
 #define HC_REDUCING(OPNAME, OP)                                                               \
   HC_KERNEL(hc_allreduce_oneshot_ll_##OPNAME, (allreduceOneShot<LL, OP>(a, Flat{a})))         \
   HC_GROUP_KERNEL(hc_allreduce_oneshot_ll_##OPNAME##_group, (allreduceOneShot<LL, OP>(a, Segments{g}))) \
   HC_KERNEL(hc_allreduce_twoshot_ll_##OPNAME, (allreduceTwoShot<LL, OP>(a)))                  \
   HC_KERNEL(hc_reduce_scatter_ll_##OPNAME, (reduceScatter<LL, OP>(a)))                        \
+  HC_CHAINS(OPNAME, OP, LL, ll)                                                                 \
   HC_SENTINEL_KERNELS(OPNAME, OP)
 
 #if HC_IS_FLOAT
@@ -574,7 +647,8 @@ __device__ void barrier(const Args& a) {
   HC_GROUP_KERNEL(hc_allreduce_oneshot_sentinel_##OPNAME##_group,                             \
                   (allreduceOneShot<Sentinel, OP>(a, Segments{g})))                           \
   HC_KERNEL(hc_allreduce_twoshot_sentinel_##OPNAME, (allreduceTwoShot<Sentinel, OP>(a)))      \
-  HC_KERNEL(hc_reduce_scatter_sentinel_##OPNAME, (reduceScatter<Sentinel, OP>(a)))
+  HC_KERNEL(hc_reduce_scatter_sentinel_##OPNAME, (reduceScatter<Sentinel, OP>(a)))        \
+  HC_CHAINS(OPNAME, OP, Sentinel, sentinel)
 HC_KERNEL(hc_allreduce_twoshot_ll128_sum, allreduceTwoShotLL128(a))
 #else
 #define HC_SENTINEL_KERNELS(OPNAME, OP)

@@ -81,6 +81,23 @@ struct Group {
 };
 static_assert(sizeof(Group) == 1040, "hpccoll/_driver.py mirrors Group: change both");
 
+// A chain (hpccoll/_fuse.py): Allreduce calls captured back to back on one stream into a CUDA
+// graph, run one after the other by one kernel node.  Every call has the same element count, so
+// pack p of every call is handled by the same thread; buffers of different calls are the same or
+// disjoint.  src[j]: where call j's input pack comes from in the kept path (a pack per thread).
+#define HC_CHAIN_MAX 32
+#define HC_SRC_LOAD 0  // its input buffer
+#define HC_SRC_KEEP 1  // call j-1's input, still in the register (call j-1 did not write it)
+#define HC_SRC_FWD 2   // call j-1's result, still in the register (call j's input is its output)
+struct Chain {
+  const void* in[HC_CHAIN_MAX];
+  void* out[HC_CHAIN_MAX];
+  int src[HC_CHAIN_MAX];
+  u64 count;  // elements of every call
+  int n;
+};
+static_assert(sizeof(Chain) == 656, "hpccoll/_driver.py mirrors Chain: change both");
+
 // ---- element types ----
 #define HC_F64 0
 #define HC_F32 1

@@ -47,6 +47,22 @@ class Group(ctypes.Structure):
     ]
 
 
+CHAIN_MAX = 32  # HC_CHAIN_MAX in cuda/hc_common.cuh
+SRC_LOAD, SRC_KEEP, SRC_FWD = 0, 1, 2  # HC_SRC_*: where a chained call's input pack comes from
+
+
+class Chain(ctypes.Structure):
+    """Mirror of `struct Chain` (cuda/hc_common.cuh): the calls of one fused graph node."""
+
+    _fields_ = [
+        ("in_", ctypes.c_void_p * CHAIN_MAX),
+        ("out", ctypes.c_void_p * CHAIN_MAX),
+        ("src", ctypes.c_int * CHAIN_MAX),
+        ("count", ctypes.c_uint64),
+        ("n", ctypes.c_int),
+    ]
+
+
 _cuda = None
 
 
@@ -140,6 +156,51 @@ class Launcher:
             res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if res:
             check(res, "cuLaunchKernelEx" if self.pdl else "cuLaunchKernel")
+
+
+class _KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (cuGraphKernelNodeSetParams_v2)."""
+
+    _fields_ = [("func", ctypes.c_void_p),
+                ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("kernelParams", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+_CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+
+class CaptureInfo:
+    """cuStreamGetCaptureInfo_v3 (CUDA >= 12.3) and cuGraphKernelNodeSetParams_v2, for the
+    capture fusion (hpccoll/_fuse.py)."""
+
+    def __init__(self):
+        lib = libcuda()
+        self._info = lib.cuStreamGetCaptureInfo_v3
+        self._info.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                               ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p)),
+                               ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        self._set = lib.cuGraphKernelNodeSetParams_v2
+        self._set.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._status, self._id = ctypes.c_int(), ctypes.c_uint64()
+        self._deps, self._edges, self._ndeps = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
+
+    def query(self, stream: int) -> tuple[int, int | None]:
+        """(capture id, the stream's one dependency node, or None where it has several or none)
+        while `stream` is being captured; (0, None) otherwise."""
+        check(self._info(stream, ctypes.byref(self._status), ctypes.byref(self._id), None,
+                         ctypes.byref(self._deps), ctypes.byref(self._edges), ctypes.byref(self._ndeps)),
+              "cuStreamGetCaptureInfo")
+        if self._status.value != _CAPTURE_ACTIVE:
+            return 0, None
+        return self._id.value, (self._deps[0] if self._ndeps.value == 1 else None)
+
+    def set_kernel_params(self, node: int, fn, grid: int, block: int, params) -> None:
+        """Replace a captured kernel node's launch (the driver copies the parameter values)."""
+        p = _KernelNodeParams(func=fn, gridDimX=grid, gridDimY=1, gridDimZ=1, blockDimX=block, blockDimY=1,
+                              blockDimZ=1, sharedMemBytes=0, kernelParams=ctypes.cast(params, ctypes.c_void_p))
+        check(self._set(node, ctypes.byref(p)), "cuGraphKernelNodeSetParams")
 
 
 def launch_raw(fn, grid: int, block: int, stream: int, *cargs) -> None:

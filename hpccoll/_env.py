@@ -36,6 +36,12 @@ def pdl_mode() -> bool:
     return _switch("HPCCOLL_PDL")
 
 
+def fuse_mode() -> bool:
+    """HPCCOLL_FUSE: one-shot Allreduce calls captured back to back into a CUDA graph run as one
+    kernel node (hpccoll/_fuse.py); default on, 0 makes every captured call a node of its own."""
+    return _switch("HPCCOLL_FUSE")
+
+
 def rank_specialized() -> bool:
     """HPCCOLL_RANK_MODULES: kernels built for the communicator's rank count (default on); 0
     builds the generic modules, which serve any count (for comparing the two)."""

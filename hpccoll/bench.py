@@ -18,6 +18,9 @@ the MPI barrier (tens of µs) lands in the first op and inflates per-op figures)
                   (--engine-order caller: the engine skips its stream query, the bench having
                   synchronized before every call: start_persistent's order="caller")
   graph           G back-to-back calls captured in a CUDA graph, R replays timed with events
+                  (hpccoll: one-shot calls captured back to back run as one node: hpccoll/_fuse.py)
+  graph_unfused   (hpccoll one-shot rows) the same graph with the capture fusion off: a kernel
+                  node per call, as the baselines have
   graph_group     one group (Communicator.group) of G Allreduce calls into G outputs, captured
                   in a CUDA graph (hpccoll fuses them; NCCL: an NCCL group), up to 4 MiB
   in_kernel       collectives inside one kernel launch (hpccoll algorithms only): the slope
@@ -57,7 +60,7 @@ COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "All
                    "reduce_scatter": "Reduce_scatter_block"}
 ROW_KEYS = ("collective", "algorithm", "dtype", "bytes", "count", "eager_us", "eager_persistent_us",
             "eager_request_us",
-            "graph_us", "graph_group_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
+            "graph_us", "graph_unfused_us", "graph_group_us", "in_kernel_us", "blocking_us", "barrier_us", "ok")
 
 
 # -- command line ------------------------------------------------------------------------
@@ -802,6 +805,17 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
     _mode(row, "graph_us", lambda: time_graph(
         mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters, check=graph_check), log)
+    fuser = getattr(comm._device, "fuser", None) if flat else None
+    if fuser is not None and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce":
+        def unfused():
+            comm._device.fuser = None
+            try:
+                return time_graph(mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters,
+                                  check=graph_check)
+            finally:
+                comm._device.fuser = fuser
+
+        _mode(row, "graph_unfused_us", unfused, log)
     if flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce":
         _mode(row, "graph_group_us", lambda: time_graph_group(
             comm, case, opts.iters, algorithm=algo, deterministic=det), log)
@@ -1176,7 +1190,7 @@ def _f(v, w: int = 8, p: int = 2) -> str:
 
 
 COLUMNS = [("size", 8), ("count", 10), ("dtype", 8), ("algorithm", 17), ("eager", 8), ("eager*", 7), ("req*", 6),
-           ("graph", 8), ("group", 7),
+           ("graph", 8), ("unfused", 8), ("group", 7),
            ("in-kern", 8), ("blocking", 8), ("busbw", 7), ("xSoL", 6), ("vsNCCL", 6), ("vsTorch", 7),
            ("ok", 3)]
 
@@ -1199,7 +1213,8 @@ def format_table(result: dict) -> str:
     lines.append("# times: us per op (eager: blocking Python call; eager*: the same with the eager "
                  "engine running; req*: Start + Wait of a persistent request, engine running; "
                  f"engine order: {result.get('engine_order', 'stream')}; "
-                 "graph: per op in a CUDA graph; group: per op in a CUDA graph of one "
+                 f"graph: per op in a CUDA graph of {GRAPH_OPS} calls (hpccoll's one-shot calls "
+                 "captured back to back run as one node); unfused: the same, a node per call; group: per op in a CUDA graph of one "
                  f"group of {GRAPH_OPS} calls (comm.group(); NCCL: an NCCL group); in-kern: per op "
                  "inside one launch, the slope between loops of K and 4K ops; blocking: graph op + "
                  "device barrier - barrier)")
@@ -1209,7 +1224,7 @@ def format_table(result: dict) -> str:
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         cells = [fmt_bytes(r["bytes"]), r["count"], r["dtype"], algo[:17],
                  r.get("eager_us"), r.get("eager_persistent_us"), r.get("eager_request_us"), r.get("graph_us"),
-                 r.get("graph_group_us"),
+                 r.get("graph_unfused_us"), r.get("graph_group_us"),
                  r.get("in_kernel_us"),
                  r.get("blocking_us"),
                  r.get("busbw_GBps"), r.get("ratio_to_sol"), r.get("speedup_vs_nccl"),

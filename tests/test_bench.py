@@ -86,6 +86,7 @@ def fake_result(nranks=2):
                                 "eager_request_us": 4.5 if algo == "auto" else None,
                                 "graph_us": graph, "in_kernel_us": ik,
                                 "graph_group_us": {"oneshot_sentinel": 0.25, "auto": 0.26, "nccl": 1.0}.get(algo),
+                                "graph_unfused_us": {"oneshot_sentinel": 2.4, "auto": 2.5}.get(algo),
                                 "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
     for r in res["rows"]:
         bench.annotate(r, res, nranks)
@@ -109,7 +110,7 @@ def test_format_table():
     txt = bench.format_table(fake_result())
     lines = txt.splitlines()
     header = next(line for line in lines if "algorithm" in line)
-    for col in ("size", "count", "dtype", "eager", "graph", "in-kern", "blocking", "busbw", "xSoL",
+    for col in ("size", "count", "dtype", "eager", "graph", "unfused", "in-kern", "blocking", "busbw", "xSoL",
                 "vsNCCL", "vsTorch", "ok"):
         assert col in header
     data = [line for line in lines if not line.startswith("#") and line is not header]
@@ -122,7 +123,7 @@ def test_format_table():
     auto = data[1].split()
     assert auto[3].startswith("auto") and auto[4:7] == ["9.10", "5.50", "4.50"]  # eager, eager*, req*
     assert first[4:7] == ["9.00", "-", "-"]  # no engine row: eager* and req* empty
-    assert first[7:9] == ["2.00", "0.25"]  # graph, group
+    assert first[7:10] == ["2.00", "2.40", "0.25"]  # graph, unfused, group
 
 
 def test_json_schema(tmp_path):

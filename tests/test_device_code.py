@@ -31,8 +31,8 @@ def _tool(name: str) -> str:
     return found
 
 
-def expected_kernels(dtype: str) -> set[str]:
-    return kernel_names(dtype)
+def expected_kernels(dtype: str, loop: bool = False) -> set[str]:
+    return kernel_names(dtype, loop)
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +97,12 @@ def test_the_checker_sees_fences(cubins, tmp_path):
 def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
     """The benchmark's in-kernel loops (iters > 1) run from the HC_LOOP_FENCE module: there every
     collective kernel has its fence between iterations (collectives.cu, loopFence), except the
-    one-shot LL, which needs none; the library's module (checked above) has none."""
+    one-shot LL, which needs none; the library's module (checked above) has none.  The chains of
+    captured calls (hpccoll/_fuse.py) live here only, for the same fence between their calls."""
     funcs = _sass_by_function(cubins["loop"], tmp_path)
-    assert set(funcs) == expected_kernels("float32")
+    assert set(funcs) == expected_kernels("float32", loop=True)
+    assert {n for n in funcs if n.endswith("_chain")} == {
+        f"hc_allreduce_oneshot_{p}_{op}_chain" for p in ("ll", "sentinel") for op in ("sum", "prod", "max", "min")}
     for name, body in funcs.items():
         fenced = any(BARRIERS.search(line) for line in body.splitlines())
         if name.startswith("hc_allreduce_oneshot_ll_"):

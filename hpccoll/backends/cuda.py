@@ -13,6 +13,7 @@ import numpy as np
 from .. import _env, select
 from .._driver import GROUP_MAX, MAX_RANKS, Args, Group, Launcher, Module, p2p_native_atomics
 from .._engine import CMD_OF_OP, HOST_BYTES, Engine
+from .._fuse import Fuser
 from .._nvrtc import compile_module
 from .._symm import CTRL_BYTES, CudaUnavailable, Workspace
 from .._validate import Call
@@ -39,15 +40,22 @@ SENTINEL_BYTE_PATTERN = 0xFFFAFFFA  # the same bytes for every dtype width (see 
 _MODULES: dict[tuple, Module] = {}  # (device, source, dtype, compile defines) -> loaded kernels
 
 
-def kernel_names(dtype: str) -> set[str]:
-    """Every entry point of cuda/collectives.cu's module for dtype (sentinel and LL128 need floats)."""
+LOOP_FENCE = "-DHC_LOOP_FENCE=1"  # the define of the in-kernel loop module (CudaBackend._module)
+
+
+def kernel_names(dtype: str, loop: bool = False) -> set[str]:
+    """Every entry point of cuda/collectives.cu's module for dtype (sentinel and LL128 need
+    floats); loop: of the in-kernel loop module, which also holds the chains (hpccoll/_fuse.py)."""
     names = {"hc_bcast_ll", "hc_allgather_ll", "hc_barrier"}
     for op in OPS.values():
         names |= {f"hc_allreduce_oneshot_ll_{op}", f"hc_allreduce_twoshot_ll_{op}", f"hc_reduce_scatter_ll_{op}"}
         if dtype not in ("int32", "int64"):
             names |= {f"hc_allreduce_oneshot_sentinel_{op}", f"hc_allreduce_twoshot_sentinel_{op}",
                       f"hc_reduce_scatter_sentinel_{op}"}
-    names |= {f"{n}_group" for n in names if n.startswith("hc_allreduce_oneshot_")}
+    oneshots = [n for n in names if n.startswith("hc_allreduce_oneshot_")]
+    names |= {f"{n}_group" for n in oneshots}
+    if loop:
+        names |= {f"{n}_chain" for n in oneshots}
     if dtype not in ("int32", "int64"):
         names.add("hc_allreduce_twoshot_ll128_sum")
     return names
@@ -134,17 +142,22 @@ def _stream_ptr(stream) -> int:
 
 
 class FastLaunch:
-    """One prepared kernel launch: `launch(stream)` = error check + one driver call."""
+    """One prepared kernel launch: `launch(stream)` = error check + one driver call.  `fuse`:
+    CudaBackend._fused's arguments where the call may join a captured chain (hpccoll/_fuse.py)."""
 
-    __slots__ = ("backend", "launcher", "grid", "block")
+    __slots__ = ("backend", "launcher", "grid", "block", "fuse")
 
-    def __init__(self, backend, launcher: Launcher, grid: tuple[int, int]):
+    def __init__(self, backend, launcher: Launcher, grid: tuple[int, int], fuse=None):
         self.backend, self.launcher = backend, launcher
         self.grid, self.block = grid
+        self.fuse = fuse
 
     def launch(self, stream) -> None:
-        self.backend.check_error()
+        backend = self.backend
+        backend.check_error()
         s = _stream_ptr(stream)
+        if self.fuse is not None and s and backend._is_capturing(s) and backend._fused(s, *self.fuse):
+            return
         self.launcher(self.grid, self.block, s)
         if self.backend._engines:
             self.backend._pending.add(s)
@@ -251,6 +264,9 @@ class CudaBackend:
         self._engine_epochs = [0] * ENGINES  # epochs each engine region has consumed
         self._pending: set[int] = set()  # streams launched on while engines run, not yet synchronized
         self._engine_host = 0  # mapped host memory of the engines (HOST_BYTES each)
+        # capture fusion (hpccoll/_fuse.py): back-to-back captured one-shot Allreduce calls
+        self.fuser = Fuser(self.pdl) if _env.fuse_mode() else None
+        self._is_capturing = cupy.cuda.runtime.streamIsCapturing  # CuPy's binding: a direct C call
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
     def _open_nccl_fallback(self, mpi_comm):
@@ -294,7 +310,7 @@ class CudaBackend:
         # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
         # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
         # is written atomically.  Loaded modules are shared by the process's communicators.
-        return self._load("collectives.cu", dtype, self.rank_defines + (("-DHC_LOOP_FENCE=1",) if loop else ()))
+        return self._load("collectives.cu", dtype, self.rank_defines + ((LOOP_FENCE,) if loop else ()))
 
     def _engine_module(self, dtype: str) -> Module:
         return self._load("persistent.cu", dtype, self.rank_defines)
@@ -435,10 +451,33 @@ class CudaBackend:
     def _bcast_launcher(self, dtype: str, loop: bool = False) -> Launcher:
         return self._launcher(dtype, "hc_bcast_ll", (self.layout.llb, self.layout.sub_llb), loop=loop)
 
+    def _fusable(self, algo: str, nbytes: int, iters: int = 1) -> bool:
+        """Whether a captured Allreduce of `nbytes` may join a chain node (hpccoll/_fuse.py)."""
+        return (self.fuser is not None and iters == 1 and algo in GROUP_ALGOS
+                and 0 < nbytes <= self.layout.allreduce[algo][0])
+
+    def _fused(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int, count: int) -> bool:
+        """Capture this Allreduce into the stream's chain node (hpccoll/_fuse.py); False when
+        the stream is not capturing after all, or the fusion is off (the caller launches it)."""
+        if self.fuser is None:
+            return False
+        esize = np_dtype(dtype).itemsize
+        fn = self._module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{OPS[op]}_chain")
+        base, _cap = self._allreduce_launcher(dtype, algo, op)
+        if not self.fuser.capture(s, (dtype, algo, op, count), fn, base.args, self._allreduce_grid(algo, count, esize),
+                                  in_ptr, out_ptr, count, count * esize):
+            return False
+        if self._engines:
+            self._pending.add(s)
+        return True
+
     def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
         esize = send.itemsize
-        lau, cap = self._allreduce_launcher(dtype, algo, op, iters > 1)
         n = send.size
+        if s and self._fusable(algo, n * esize, iters) and self._is_capturing(s) and \
+                self._fused(s, dtype, algo, op, send.data.ptr, recv.data.ptr, n):
+            return
+        lau, cap = self._allreduce_launcher(dtype, algo, op, iters > 1)
         step = cap // esize
         a = lau.args
         a.iters = iters
@@ -462,11 +501,14 @@ class CudaBackend:
         if algo == "nccl":
             return None
         eng = self._engine_for(call, algorithm) if self._engines else None
+        fuse = None
         if call.name == "Allreduce":
             lau, cap = self._allreduce_launcher(call.recv.dtype, algo, op)
             if n * esize > cap:
                 return None
             grid = self._allreduce_grid(algo, n, esize)
+            if self._fusable(algo, n * esize):
+                fuse = (call.recv.dtype, algo, op, call.send.flat.data.ptr, flat.data.ptr, n)
         elif call.name == "Bcast":
             lau = self._bcast_launcher(call.recv.dtype)
             grid = self._bcast_grid(n * esize)
@@ -475,7 +517,7 @@ class CudaBackend:
         a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
         a.in_, a.out, a.count, a.iters = call.send.flat.data.ptr, flat.data.ptr, n, 1
         a.root = call.root or 0
-        fast = FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid)
+        fast = FastLaunch(self, Launcher(lau.fn, a, pdl=self.pdl), grid, fuse)
         if eng is not None:
             return EnginePlan(self, eng, call.send.flat.data.ptr, flat.data.ptr, n, op, fast)
         return fast
@@ -691,6 +733,8 @@ class CudaBackend:
         running = [(d, e.blocks, e.max_bytes, e.order, e.verify) for d, (e, _) in self._engines.items()]
         self.stop_engines()
         self._module(dtype)
+        if self.fuser is not None:
+            self._module(dtype, loop=True)  # the chains of captured calls (hpccoll/_fuse.py)
         self._engine_module(dtype)
         self._preload()  # (hc_engine included)
         specs = running + [(dtype, blocks, max_bytes, order, verify)]
@@ -705,9 +749,10 @@ class CudaBackend:
 
     def _preload(self) -> None:
         """cuModuleGetFunction (which loads a kernel) of every kernel of every module loaded here."""
-        for (device, source, dtype, _extra), mod in list(_MODULES.items()):
+        for (device, source, dtype, extra), mod in list(_MODULES.items()):
             if device == self.device_id:
-                for name in (("hc_engine",) if source == "persistent.cu" else kernel_names(dtype)):
+                names = ("hc_engine",) if source == "persistent.cu" else kernel_names(dtype, LOOP_FENCE in extra)
+                for name in names:
                     mod.fn(name)
 
     def _launch_engine(self, k: int, dtype: str, blocks: int, max_bytes: int, order: str, verify: bool) -> None:
