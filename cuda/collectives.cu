@@ -352,8 +352,7 @@ __device__ void allreduceChain(const Args& a, const Chain& c) {
   if (packs <= nthreads()) {  // grid-uniform
     chainKept<Proto, OP>(a, c, packs, first, e0, ok);
   } else {
-    for (int j = 0; ok && j < c.n; ++j) {
-      if (j > 0) oneShotLoopFence<Proto>();
+    for (int j = 0; ok && j < c.n; ++j) {  // (the loop fences after each call: iters = 1)
       const Chained io{c, j};
       ok = allreduceOneShotLoop<Proto, OP>(a, io, packs, j == 0 ? first : loadFirst(io, packs), e0 + j, ok);
     }

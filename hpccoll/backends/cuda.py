@@ -32,6 +32,11 @@ S_ENGINE = 256 * KiB     # most payload of one eager-engine call (hpccoll/_engin
 ENGINES = 2              # engines (dtypes) one communicator can run at once: a region each
 ENGINE_ALGOS = ("auto", "oneshot_ll")  # the calls an engine takes (its one-shot: engine_rest)
 GROUP_ALGOS = ("oneshot_sentinel", "oneshot_ll")  # the algorithms a group launch runs
+# The most bytes for which a captured chain of 'auto' calls runs the one-shot LL
+# (CudaBackend._chain_algo).  2xH200, one bench run (80b5074), fp32 graph per op fused: LL
+# 0.98-1.21 us at 128 B-16 KiB, 1.19/1.31 at 64/128 KiB, 2.02 at 256 KiB; sentinel 1.43-1.58,
+# 1.59/1.68, 1.66 (its re-arms need a fence between calls; LL's flags do not).
+FUSE_LL_MAX = 128 * KiB
 PACK = 16
 COLL_NAMES = {1: "Allreduce", 2: "Bcast", 3: "Allgather", 4: "Reduce_scatter_block", 5: "Barrier"}
 log = logging.getLogger("hpccoll")
@@ -402,6 +407,9 @@ class CudaBackend:
         if algo == "nccl":
             self._nccl.run(call, deterministic, "auto", stream, iters)
             return
+        if call.name == "Allreduce":
+            self._allreduce(call, algo, op, s, iters, self._chain_algo(algorithm, algo, call.send.nbytes, iters))
+            return
         getattr(self, "_" + call.name.lower())(call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
@@ -423,7 +431,7 @@ class CudaBackend:
     def _aligned(flat):
         return flat.data.ptr % PACK == 0
 
-    def _allreduce(self, call: Call, algo: str, op: str, s: int, iters: int) -> None:
+    def _allreduce(self, call: Call, algo: str, op: str, s: int, iters: int, chain: str | None = None) -> None:
         import cupy
 
         send, recv = call.send.flat, call.recv.flat
@@ -434,7 +442,7 @@ class CudaBackend:
             with cupy.cuda.ExternalStream(s):
                 recv[...] = tmp
             return
-        self._allreduce_aligned(send, recv, call.recv.dtype, algo, op, s, iters)
+        self._allreduce_aligned(send, recv, call.recv.dtype, algo, op, s, iters, chain)
 
     def _allreduce_grid(self, algo: str, count: int, esize: int) -> tuple[int, int]:
         if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
@@ -451,10 +459,16 @@ class CudaBackend:
     def _bcast_launcher(self, dtype: str, loop: bool = False) -> Launcher:
         return self._launcher(dtype, "hc_bcast_ll", (self.layout.llb, self.layout.sub_llb), loop=loop)
 
-    def _fusable(self, algo: str, nbytes: int, iters: int = 1) -> bool:
-        """Whether a captured Allreduce of `nbytes` may join a chain node (hpccoll/_fuse.py)."""
-        return (self.fuser is not None and iters == 1 and algo in GROUP_ALGOS
-                and 0 < nbytes <= self.layout.allreduce[algo][0])
+    def _chain_algo(self, requested: str, algo: str, nbytes: int, iters: int = 1) -> str | None:
+        """The one-shot that a captured Allreduce of `nbytes` runs in a chain node
+        (hpccoll/_fuse.py), or None where it cannot join one.  `algo` is the algorithm resolved
+        for the call; 'auto' calls run the LL up to FUSE_LL_MAX there (both one-shots reduce
+        in rank order: the same bits)."""
+        if self.fuser is None or iters != 1 or algo not in GROUP_ALGOS or nbytes <= 0:
+            return None
+        if requested == "auto" and nbytes <= FUSE_LL_MAX:
+            algo = "oneshot_ll"
+        return algo if nbytes <= self.layout.allreduce[algo][0] else None
 
     def _fused(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int, count: int) -> bool:
         """Capture this Allreduce into the stream's chain node (hpccoll/_fuse.py); False when
@@ -471,11 +485,12 @@ class CudaBackend:
             self._pending.add(s)
         return True
 
-    def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters) -> None:
+    def _allreduce_aligned(self, send, recv, dtype, algo, op, s, iters, chain=None) -> None:
+        """chain: the one-shot to capture the call into a chain node with (_chain_algo), or None."""
         esize = send.itemsize
         n = send.size
-        if s and self._fusable(algo, n * esize, iters) and self._is_capturing(s) and \
-                self._fused(s, dtype, algo, op, send.data.ptr, recv.data.ptr, n):
+        if chain is not None and s and self._is_capturing(s) and \
+                self._fused(s, dtype, chain, op, send.data.ptr, recv.data.ptr, n):
             return
         lau, cap = self._allreduce_launcher(dtype, algo, op, iters > 1)
         step = cap // esize
@@ -507,8 +522,9 @@ class CudaBackend:
             if n * esize > cap:
                 return None
             grid = self._allreduce_grid(algo, n, esize)
-            if self._fusable(algo, n * esize):
-                fuse = (call.recv.dtype, algo, op, call.send.flat.data.ptr, flat.data.ptr, n)
+            chain = self._chain_algo(algorithm, algo, n * esize)
+            if chain is not None:
+                fuse = (call.recv.dtype, chain, op, call.send.flat.data.ptr, flat.data.ptr, n)
         elif call.name == "Bcast":
             lau = self._bcast_launcher(call.recv.dtype)
             grid = self._bcast_grid(n * esize)

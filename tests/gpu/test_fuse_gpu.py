@@ -70,7 +70,9 @@ def _host_reference(inputs_by_rank, op, dtype):
 
 CASES = [("oneshot_sentinel", "float32", "SUM"), ("oneshot_sentinel", "bfloat16", "MAX"),
          ("oneshot_ll", "float32", "SUM"), ("oneshot_ll", "int32", "SUM"), ("oneshot_ll", "float64", "PROD"),
-         ("oneshot_sentinel", "float64", "MIN")]
+         ("oneshot_sentinel", "float64", "MIN"),
+         # auto: the LL in chains up to FUSE_LL_MAX, the sentinel above; eager calls: the sentinel
+         ("auto", "float32", "SUM"), ("auto", "bfloat16", "SUM")]
 # 7 elements: one thread; 4099: a partial last pack; 65537 fp32: 129 blocks of 128; 300001
 # fp32: more packs than threads (the chain's loop path)
 COUNTS = [7, 4099, 65537, 300001]
@@ -84,7 +86,7 @@ def test_chain_of_dependent_calls_is_one_node_and_exact(cc, algo, dtype, op, n):
     same calls launched one by one (not captured)."""
     import cupy as cp
 
-    if n * np_dtype(dtype).itemsize > cc._device.layout.allreduce[algo][0]:
+    if n * np_dtype(dtype).itemsize > cc._device.layout.allreduce["oneshot_sentinel" if algo == "auto" else algo][0]:
         pytest.skip(f"{n} elements are more than one {algo} launch carries (not fused)")
     rank = cc.rank
     rng = np.random.default_rng([rank, n, len(algo), len(dtype)])
