@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|mpson|mpsoff|bench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|mpson|mpsoff|bench|dbench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -82,6 +82,10 @@ PYEOF
     bench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
              --algorithms all --baselines --persistent --engine-order "${ENGINE_ORDER:-stream}" --json "$OUT/bench-allreduce-${DTYPE:-float32}.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}.png" \
              2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}.txt" ;;
+    dbench) timeout ${BENCH_LIMIT:-500} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:64M}" --dtype "${DTYPE:-float32}" \
+             --algorithms all --baselines --persistent --engine-order "${ENGINE_ORDER:-stream}" --deterministic \
+             --json "$OUT/bench-allreduce-${DTYPE:-float32}-det.json" --plot "$OUT/bench-allreduce-${DTYPE:-float32}-det.png" \
+             2>&1 | tee "$OUT/bench-allreduce-${DTYPE:-float32}-det.txt" ;;   # the bench under deterministic=True
     profile) { echo "## HPCCOLL_PDL=1 (default)"; timeout 120 "${MPIEXEC[@]}" -n 2 python3 bench/profile_eager.py 2>&1;
                echo "## HPCCOLL_PDL=0"; HPCCOLL_PDL=0 timeout 120 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_PDL python3 bench/profile_eager.py 2>&1;
              } | tee "$OUT/profile-eager.txt" ;;
