@@ -1356,10 +1356,12 @@ def tuning_rows(winners: list[tuple[int, str]]) -> list[list]:
 
 def winners_of(rows: list[dict], also=()) -> list[tuple[int, str]]:
     """Fastest algorithm per size (graph time, else eager) among hpccoll's and `also` (e.g.
-    "nccl" for the non-deterministic table: auto falls back to NCCL where it wins)."""
+    "nccl" for the non-deterministic table: auto falls back to NCCL where it wins).  The graph
+    time of one node per call where the row has it: the table serves calls alone, and the
+    captured chains choose their own one-shot (backends/cuda.py, FUSE_LL_MAX)."""
     best: dict[int, tuple[float, str]] = {}
     for r in rows:
-        t = r.get("graph_us") or r.get("eager_us")
+        t = r.get("graph_unfused_us") or r.get("graph_us") or r.get("eager_us")
         if r.get("ok") and t and (r["algorithm"] in HPCCOLL_ALLREDUCE or r["algorithm"] in also):
             if r["bytes"] not in best or t < best[r["bytes"]][0]:
                 best[r["bytes"]] = (t, r["algorithm"])

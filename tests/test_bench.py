@@ -156,6 +156,14 @@ def test_tuning_rows():
     assert bench.winners_of(rows) == [(1024, "oneshot_sentinel"), (4096, "oneshot_sentinel")]
 
 
+def test_winners_are_picked_by_one_node_per_call():
+    """A fused graph time (one-shot calls captured back to back) must not pick the table's
+    algorithm for calls alone: the unfused time does."""
+    rows = [{"algorithm": "oneshot_sentinel", "bytes": 8 << 20, "graph_us": 26.0, "graph_unfused_us": 30.5, "ok": True},
+            {"algorithm": "twoshot_sentinel", "bytes": 8 << 20, "graph_us": 27.6, "ok": True}]
+    assert bench.winners_of(rows) == [(8 << 20, "twoshot_sentinel")]
+
+
 def test_tuning_rows_work_with_choose():
     from hpccoll import select
 
