@@ -61,3 +61,15 @@ def test_other_keys_and_a_full_node_do_not_join():
         assert n.takes(KEY, B, B)
         n.add(B, B)
     assert n.chain.n == CHAIN_MAX and not n.takes(KEY, B, B)
+
+
+def test_the_switch(monkeypatch):
+    from hpccoll import _env
+
+    monkeypatch.delenv("HPCCOLL_FUSE", raising=False)
+    assert _env.fuse_mode()
+    monkeypatch.setenv("HPCCOLL_FUSE", "0")
+    assert not _env.fuse_mode()
+    monkeypatch.setenv("HPCCOLL_FUSE", "sometimes")
+    with pytest.raises(ValueError, match="HPCCOLL_FUSE"):
+        _env.fuse_mode()
