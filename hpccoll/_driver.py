@@ -136,7 +136,7 @@ class Launcher:
         self.args = args
         self.extra = extra  # a second by-value parameter (a Group), kept alive here
         blocks = (args,) if extra is None else (args, extra)
-        self._params = (ctypes.c_void_p * len(blocks))(*[ctypes.addressof(b) for b in blocks])
+        self._params = self.params = (ctypes.c_void_p * len(blocks))(*[ctypes.addressof(b) for b in blocks])
         self.pdl = pdl
         if pdl:
             self._attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)

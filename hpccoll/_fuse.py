@@ -90,7 +90,7 @@ class Fuser:
         if node is not None and node.cid == cid and dep is not None and dep == node.handle \
                 and node.takes(key, in_ptr, out_ptr):
             node.add(in_ptr, out_ptr)
-            self._info.set_kernel_params(node.handle, node.fn, node.grid, node.block, node.launcher._params)
+            self._info.set_kernel_params(node.handle, node.fn, node.grid, node.block, node.launcher.params)
             self.fused += 1
             return True
         node = Node(key, fn, args, grid, count, nbytes)

@@ -826,6 +826,8 @@ class CudaBackend:
                 self._engine_host = 0
             if self._nccl is not None:
                 self._nccl.free()
+            if self.fuser is not None:
+                self.fuser.forget()  # (its nodes' parameter blocks)
         finally:
             self.comm.Barrier()  # no peer may still be writing into a workspace we unmap
             self.ws.free()
