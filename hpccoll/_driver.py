@@ -136,7 +136,7 @@ class Launcher:
         self.args = args
         self.extra = extra  # a second by-value parameter (a Group), kept alive here
         blocks = (args,) if extra is None else (args, extra)
-        self._params = self.params = (ctypes.c_void_p * len(blocks))(*[ctypes.addressof(b) for b in blocks])
+        self.params = (ctypes.c_void_p * len(blocks))(*[ctypes.addressof(b) for b in blocks])
         self.pdl = pdl
         if pdl:
             self._attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
@@ -151,9 +151,9 @@ class Launcher:
         if self.pdl:
             cfg = self._cfg
             cfg.gridDimX, cfg.blockDimX, cfg.hStream = grid, block, stream
-            res = self._launch_ex(self._cfg_ref, self.fn, self._params, None)
+            res = self._launch_ex(self._cfg_ref, self.fn, self.params, None)
         else:
-            res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
+            res = self._launch(self.fn, grid, 1, 1, block, 1, 1, 0, stream, self.params, None)
         if res:
             check(res, "cuLaunchKernelEx" if self.pdl else "cuLaunchKernel")
 

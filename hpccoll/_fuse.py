@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ._driver import CHAIN_MAX, SRC_FWD, SRC_KEEP, SRC_LOAD, Args, CaptureInfo, Chain, Launcher
+from ._driver import CHAIN_MAX, SRC_FWD, SRC_KEEP, SRC_LOAD, Args, CaptureInfo, Chain, Launcher, check, libcuda
 
 
 class Node:
@@ -77,11 +77,11 @@ class Fuser:
         self._nodes: dict[int, Node] = {}  # stream -> its last chain node
         self.fused = 0  # calls appended to a node so far (the tests and the benchmark read it)
 
-    def capture(self, stream: int, key, fn, args: Args, grid: tuple[int, int], in_ptr: int, out_ptr: int,
-                count: int, nbytes: int) -> bool:
-        """Capture one Allreduce on `stream`: appended to the stream's chain node when it may
-        join, else launched as a new chain node.  False when the stream is not capturing (the
-        caller launches it as usual)."""
+    def capture(self, stream: int, key, in_ptr: int, out_ptr: int, node_spec) -> bool:
+        """Capture one Allreduce on `stream` (key: its (dtype, algorithm, op, count)): appended
+        to the stream's chain node when it may join, else launched as a new chain node, whose
+        (kernel, Args, grid, bytes per call) node_spec() gives.  False when the stream is not
+        capturing (the caller launches it as usual)."""
         cid, dep = self._info.query(stream)
         if not cid:
             self._nodes.pop(stream, None)
@@ -93,7 +93,8 @@ class Fuser:
             self._info.set_kernel_params(node.handle, node.fn, node.grid, node.block, node.launcher.params)
             self.fused += 1
             return True
-        node = Node(key, fn, args, grid, count, nbytes)
+        fn, args, grid, nbytes = node_spec()
+        node = Node(key, fn, args, grid, key[-1], nbytes)
         node.add(in_ptr, out_ptr)
         node.launcher = Launcher(fn, node.args, pdl=self._pdl, extra=node.chain)
         node.launcher(node.grid, node.block, stream)
@@ -111,8 +112,6 @@ class Fuser:
 
 def nodes_of(graph_ptr: int) -> int:
     """The node count of a CUDA graph (cuGraphGetNodes): the tests' proof that calls fused."""
-    from ._driver import check, libcuda
-
     n = ctypes.c_size_t()
     check(libcuda().cuGraphGetNodes(ctypes.c_void_p(graph_ptr), None, ctypes.byref(n)), "cuGraphGetNodes")
     return n.value

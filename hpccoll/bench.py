@@ -805,8 +805,9 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
     _mode(row, "graph_us", lambda: time_graph(
         mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters, check=graph_check), log)
-    fuser = getattr(comm._device, "fuser", None) if flat else None
-    if fuser is not None and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce":
+    one_shot = flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce"
+    fuser = comm._device.fuser if one_shot else None
+    if fuser is not None:
         def unfused():
             comm._device.fuser = None
             try:
@@ -816,7 +817,7 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
                 comm._device.fuser = fuser
 
         _mode(row, "graph_unfused_us", unfused, log)
-    if flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce":
+    if one_shot:
         _mode(row, "graph_group_us", lambda: time_graph_group(
             comm, case, opts.iters, algorithm=algo, deterministic=det), log)
 

@@ -475,11 +475,14 @@ class CudaBackend:
         the stream is not capturing after all, or the fusion is off (the caller launches it)."""
         if self.fuser is None:
             return False
-        esize = np_dtype(dtype).itemsize
-        fn = self._module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{OPS[op]}_chain")
-        base, _cap = self._allreduce_launcher(dtype, algo, op)
-        if not self.fuser.capture(s, (dtype, algo, op, count), fn, base.args, self._allreduce_grid(algo, count, esize),
-                                  in_ptr, out_ptr, count, count * esize):
+
+        def node_spec():  # (kernel, Args to copy, grid, bytes per call): only for a new node
+            esize = np_dtype(dtype).itemsize
+            base, _cap = self._allreduce_launcher(dtype, algo, op)
+            return (self._module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{OPS[op]}_chain"), base.args,
+                    self._allreduce_grid(algo, count, esize), count * esize)
+
+        if not self.fuser.capture(s, (dtype, algo, op, count), in_ptr, out_ptr, node_spec):
             return False
         if self._engines:
             self._pending.add(s)
