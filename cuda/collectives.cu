@@ -23,9 +23,9 @@ __device__ __forceinline__ u64 packsOf(u64 count) { return (count + HC_EPP - 1) 
 // Between the collectives of an in-kernel loop (`iters` > 1: the benchmark's in-kernel mode
 // only).  A re-arm (a plain local store) must be visible before the next collective's sends,
 // which are the peer's credit to write that slot again.  Between launches the kernel boundary
-// orders them; inside one launch nothing does, and at 1 MiB (65536 threads re-arming at once)
-// a late re-arm erased the peer's next data: both ranks timed out on the same slot (2xH200,
-// 379c1df). So the in-kernel loops run from a second module compiled with HC_LOOP_FENCE=1,
+// orders them; inside one launch nothing does, and with tens of thousands of threads re-arming
+// at once a late re-arm can erase the peer's next data (both ranks then time out on the same
+// slot).  So the in-kernel loops run from a second module compiled with HC_LOOP_FENCE=1,
 // where this is a gpu-scope fence (the re-arm is performed at our L2, where the peer's next
 // write lands, before the next send leaves).  In the library's module it is empty: its kernels
 // always run one collective per launch and stay barrier-free (tests/test_device_code.py).
@@ -47,20 +47,11 @@ __device__ __forceinline__ void oneShotLoopFence() {
 }
 
 // Pack p of a user buffer of `count` elements (the partial last pack padded with zeros).
-// (HC_LAB_NO_INPUT / HC_LAB_NO_OUTPUT: hc_common.cuh's lab-only switches.)
 __device__ __forceinline__ Pack loadPack(const void* base, u64 count, u64 p) {
-#if HC_LAB_NO_INPUT
-  Pack v;
-  v.u = make_uint4((u32)p & 0xFFFFu, 0, 0, 0);  // finite, not the sentinel
-  return v;
-#endif
   const T* x = (const T*)base + p * HC_EPP;
   return (p + 1) * HC_EPP <= count ? ldPack(x) : ldPartial(x, (int)(count - p * HC_EPP), (T)0);
 }
 __device__ __forceinline__ void storePack(void* base, u64 count, u64 p, Pack v) {
-#if HC_LAB_NO_OUTPUT
-  return;
-#endif
   T* y = (T*)base + p * HC_EPP;
   if ((p + 1) * HC_EPP <= count) stPack(y, v); else stPartial(y, v, (int)(count - p * HC_EPP));
 }
@@ -109,8 +100,7 @@ struct Chained {
 // This thread's first input pack (zeros past the end), loaded at kernel start before the
 // epoch and abort words: the three loads are then in flight together.  Loaded inside the
 // collective's loop instead, it would leave only after both words came back (the loop runs
-// under `ok`, so the compiler cannot hoist it): one more L2 round trip per launch, which is
-// what the graph column measured beyond the kernel boundary and the in-kernel time.
+// under `ok`, so the compiler cannot hoist it): one more L2 round trip per launch.
 template <class IO>
 __device__ __forceinline__ Pack loadFirst(const IO& io, u64 packs) {
   Pack x;
@@ -148,121 +138,50 @@ struct OthersPacks {
   __device__ __forceinline__ u64 operator()(u64 q) const { return q < lo ? q : q + (hi - lo); }
 };
 
-// Reduce-scatter's sends: each pack other ranks own to its owner, HC_SCATTER_BATCH loads in
-// flight per thread before their stores.  One: load, store, load, store.  2xH200, bench/bw_lab.py
-// (35c0130): batches of 4 (loads together, then the stores back to back) took two-shot 0.08-0.19
-// us longer than batches of 1 at every size from 64 KiB to 8 MiB (0.85 at 16 MiB), as bursts of
-// stores did in the one-shot (see allreduceOneShot).
-#ifndef HC_SCATTER_BATCH
-#define HC_SCATTER_BATCH 1
-#endif
+// Reduce-scatter's sends: each pack other ranks own to its owner, load then store, pack after
+// pack.  (Batching several loads before their stores made the two-shot slower over NVLink: stores
+// issued in bursts from the whole grid drain more slowly than stores paced by the loads.)
 template <class Proto>
 __device__ __forceinline__ void scatterToOwners(const LLBuffer<Proto>& rs, const Args& a, u64 chunk,
                                                 const OthersPacks& others) {
-  const u64 T = nthreads();
-  constexpr int B = HC_SCATTER_BATCH;
-  auto send = [&](u64 p, Pack x) {
+  for (u64 q = tid(); q < others.count; q += nthreads()) {
+    const u64 p = others(q);
     const int owner = (int)(p / chunk);
-    rs.send(owner, p - owner * chunk, x);
-  };
-  for (u64 q = tid(); q < others.count; q += B * T) {  // predicated: 2 or 3 per thread overlap too
-    Pack x[B];
-#pragma unroll
-    for (int k = 0; k < B; ++k)
-      if (q + k * T < others.count) x[k] = loadPack(a.in, a.count, others(q + k * T));
-#pragma unroll
-    for (int k = 0; k < B; ++k)
-      if (q + k * T < others.count) send(others(q + k * T), x[k]);
+    rs.send(owner, p - owner * chunk, loadPack(a.in, a.count, p));
   }
 }
 
 // ---------------------------------------------------------------------------------------
 // Allreduce, one-shot: every rank pushes its whole input to every peer, then reduces locally.
 //
-// Up to HC_ONESHOT_KEEP packs per thread stay in registers: loaded, sent, and reused as the own
-// contribution of the reduction, where the loop below re-reads the input after its sends.
-// 2xH200, bench/bw_lab.py (2026-11-30, d8ca22e): one kept pack per thread (<= 1 MiB on the full
-// grid) took 64 KiB-1 MiB from 3.12/3.62/5.88 to 2.97/3.53/5.79 us; four kept packs, loaded
-// together and then stored back to back, took 4 MiB from 15.36 to 17.54 us (and the loop's own
-// four-load batches at 64 blocks were as slow): stores issued in one burst from the whole grid
-// are slower over NVLink than the same stores paced by the loads between them.  So the kept
-// packs beyond the first are loaded and stored one after the other (HC_ONESHOT_BURST=1 loads
-// them together first, for bw_lab's comparison).
-#ifndef HC_ONESHOT_KEEP
-#define HC_ONESHOT_KEEP 1
-#endif
-#ifndef HC_ONESHOT_BURST
-#define HC_ONESHOT_BURST 0
-#endif
-
-// In an in-kernel loop (`iters` > 1) on LL, a kept pack of collective it+1 leaves as soon as
-// the same pack of collective it has arrived from every peer (recvReduce's `then`), before the
+// When the grid has a thread per pack, the thread's pack stays in a register: loaded once, sent,
+// and reused as the own contribution of the reduction (the loop below re-reads the input after
+// its sends).
+//
+// In an in-kernel loop (`iters` > 1) on LL, the pack of collective it+1 leaves as soon as the
+// same pack of collective it has arrived from every peer (recvReduce's `then`), before the
 // reduction and the result's store: the loop's critical path from one collective to the next
-// is then the poll and two stores, not the reduction, the store and this buffer's set-up
-// (2xH200, 615aa1e: one-shot LL took 1.21-1.29 us per op in-kernel, a bare send/poll loop
-// 0.75-0.88).  The credit holds as in oneShotLoopFence: the thread that received p at e sends
-// p at e+1.  Sentinel slots are re-armed, and the re-arm must be fenced before the next send,
-// so sentinel sends at the top of each iteration, after the fence.
+// is then the poll and two stores.  The credit holds as in oneShotLoopFence: the thread that
+// received p at e sends p at e+1.  Sentinel slots are re-armed, and the re-arm must be fenced
+// before the next send, so sentinel sends at the top of each iteration, after the fence.
 template <class Proto, int OP, class IO>
-__device__ __forceinline__ bool allreduceOneShotKept(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
+__device__ __forceinline__ bool allreduceOneShotKept(const Args& a, const IO& io, u64 packs, Pack x, u64 e0,
                                                      bool ok) {
   constexpr bool kEarly = !Proto::kRearms;
-  const u64 T = nthreads(), p0 = tid();
-  Pack x[HC_ONESHOT_KEEP];
-  x[0] = first;
-#if HC_ONESHOT_BURST
-#pragma unroll
-  for (int k = 1; k < HC_ONESHOT_KEEP; ++k)
-    if (p0 + k * T < packs) x[k] = io.load(p0 + k * T);
-#endif
+  const u64 p = tid();
+  if (p >= packs) return ok;
   for (int it = 0; ok && it < a.iters; ++it, oneShotLoopFence<Proto>()) {
     const LLBuffer<Proto> buf(a, a.region, a.sub, e0 + it, HC_COLL_ALLREDUCE);
-#pragma unroll
-    for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
-      const u64 p = p0 + k * T;
-      if (p >= packs || (kEarly && it > 0)) break;  // (LL: sent early by the previous iteration)
-      if (!HC_ONESHOT_BURST && k > 0 && it == 0) x[k] = io.load(p);
-      buf.bcast(p, x[k]);
-    }
+    if (!(kEarly && it > 0)) buf.bcast(p, x);  // (LL: sent early by the previous iteration)
     const LLBuffer<Proto> next(a, a.region, a.sub, e0 + it + 1, HC_COLL_ALLREDUCE);  // (set up during the poll)
     const bool more = kEarly && it + 1 < a.iters;
-#pragma unroll
-    for (int k = 0; k < HC_ONESHOT_KEEP; ++k) {
-      const u64 p = p0 + k * T;
-      if (!ok || p >= packs) break;
-      Pack y;
-      ok = buf.template recvReduce<OP>(p, x[k], y, [&] {
-        if (more) next.bcast(p, x[k]);
-      });
-      if (ok) io.store(p, y);
-    }
-  }
-  return ok;
-}
-
-// HC_ONESHOT_SPLIT (bench/bw_lab.py's variants "split", "split256"; 0 in the library): the
-// first half of the blocks only send, the second half only receive, reduce and store, so that
-// an SM's local loads and stores never queue behind its NVLink stores.  One collective per
-// launch only (blocks of different roles are not ordered inside a launch).
-#ifndef HC_ONESHOT_SPLIT
-#define HC_ONESHOT_SPLIT 0
-#endif
-
-template <class Proto, int OP, class IO>
-__device__ __forceinline__ void allreduceOneShotSplit(const Args& a, const IO& io, u64 packs, u64 e0, bool ok) {
-  const u64 half = gridDim.x / 2, T = half * blockDim.x;
-  const bool sender = blockIdx.x < half;
-  const u64 t = (sender ? blockIdx.x : blockIdx.x - half) * (u64)blockDim.x + threadIdx.x;
-  LLBuffer<Proto> buf(a, a.region, a.sub, e0, HC_COLL_ALLREDUCE);
-  if (sender) {
-    for (u64 p = t; p < packs; p += T) buf.bcast(p, io.load(p));
-    return;
-  }
-  for (u64 p = t; ok && p < packs; p += T) {
     Pack y;
-    ok = buf.template recvReduce<OP>(p, io.load(p), y);
+    ok = buf.template recvReduce<OP>(p, x, y, [&] {
+      if (more) next.bcast(p, x);
+    });
     if (ok) io.store(p, y);
   }
+  return ok;
 }
 
 // The one-shot's `iters` collectives from epoch e0 on the grid-stride loop (`first`: loadFirst's
@@ -287,10 +206,8 @@ __device__ __forceinline__ bool allreduceOneShotLoop(const Args& a, const IO& io
 template <class Proto, int OP, class IO>
 __device__ __forceinline__ bool allreduceOneShotFrom(const Args& a, const IO& io, u64 packs, Pack first, u64 e0,
                                                      bool ok) {
-#if HC_ONESHOT_KEEP > 0
-  if (packs <= HC_ONESHOT_KEEP * nthreads())  // grid-uniform
+  if (packs <= nthreads())  // grid-uniform
     return allreduceOneShotKept<Proto, OP>(a, io, packs, first, e0, ok);
-#endif
   return allreduceOneShotLoop<Proto, OP>(a, io, packs, first, e0, ok);
 }
 
@@ -299,14 +216,7 @@ __device__ void allreduceOneShot(const Args& a, const IO& io) {
   const u64 packs = io.packs();
   const Pack first = loadFirst(io, packs);
   const u64 e0 = epochBegin(a);
-  bool ok = HC_LAB_NO_ABORT || !aborted(a);
-#if HC_ONESHOT_SPLIT
-  if (gridDim.x >= 2) {
-    allreduceOneShotSplit<Proto, OP>(a, io, packs, e0, ok);
-    epochEnd(a, e0, a.iters);
-    return;
-  }
-#endif
+  bool ok = !aborted(a);
   allreduceOneShotFrom<Proto, OP>(a, io, packs, first, e0, ok);
   epochEnd(a, e0, a.iters);
 }
@@ -452,7 +362,7 @@ __device__ void allreduceTwoShotLL128(const Args& a) {
       if (!ok || !mine) continue;
       LL128::clear(line);
 #pragma unroll
-      for (int i = 0; i < HC_EPP; ++i) v.e[i] = fromAcc(toAcc(v.e[i]) + toAcc(own.e[i]));
+      for (int i = 0; i < HC_EPP; ++i) v.e[i] = combine<HC_SUM>(v.e[i], own.e[i]);
       if (counterLane) v.e[HC_EPP - 1] = (T)0;
       ag.bcast((l - lo) * 8 + sub, v);
       stPartial((T*)a.out + elem0(l), v, nElems(l));
@@ -492,12 +402,11 @@ __device__ __forceinline__ bool awaitArrival(const Args& a, u64 off, int peer, u
 // one collective ahead", ll_buffer.cuh) needs every rank that finishes collective e to know
 // that every peer has finished e-1.  Without that, at >= 3 ranks a receiver S of Bcast e
 // could start Allreduce e+1 and overwrite its slot in a slow peer D that was still reading
-// Allreduce e-1 in the same parity (4 ranks on 2xH200 under MPS hung in the eigensolver's
-// Bcast/Allreduce sequence, 2026-11-30, commit 1e31d5d).  So every block of every rank
+// Allreduce e-1 in the same parity (a Bcast/Allreduce sequence at 4 ranks hangs so).  So every block of every rank
 // announces its arrival at e (= it has finished e-1) to the same block of every peer at
 // start (arrive word = e+1, monotonic, never re-armed), and waits for every peer's arrival
 // before it finishes.  The arrivals travel while the data does: a receiver's wait is the
-// longer of two one-way trips, the root's is one (it used to wait for acks: a round trip).
+// longer of two one-way trips, the root's is one (acks would make it a round trip).
 __device__ void bcastLL(const Args& a) {
   const u64 e0 = epochBegin(a), packs = packsOf(a.count);
   const u64 per = a.sub / LL::kBytesPerPack;  // packs of one chunk (one sub-buffer)
@@ -506,8 +415,7 @@ __device__ void bcastLL(const Args& a) {
   const int r = threadIdx.x;
   const bool signals = r < nranksOf(a) && r != a.rank;  // thread r talks to rank r
   for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
-    // every chunk is an epoch of its own, in this one launch (a 512 MiB Bcast was 2048
-    // Python-driven launches of 256 KiB: 0.05 s more than NCCL's in the eigensolver's stedc)
+    // every chunk is an epoch of its own, in this one launch (no host round trip per chunk)
     for (u64 c = 0; ok && c < chunks; ++c) {
       const u64 e = e0 + it * chunks + c;
       __syncthreads();  // the block has finished e-1 before it says so
@@ -531,8 +439,8 @@ __device__ void bcastLL(const Args& a) {
 }
 
 // Allgather (LL): `count` elements per rank, a multiple of HC_EPP (the host pads otherwise),
-// in chunks of one sub-buffer, each chunk its own epoch, all in this one launch (a 256 MiB
-// Allgather was 1024 Python-driven launches, 60 ms on 2xH200).  No fence between chunks: LL
+// in chunks of one sub-buffer, each chunk its own epoch, all in this one launch (no host round
+// trip per chunk).  No fence between chunks: LL
 // slots are never re-armed (flags are epochs), and the double buffering holds inside the
 // launch as between launches - thread t writes chunk c+2 into a peer's slot p only after
 // receiving the peer's chunk c+1 slot p, which the peer's thread t sent after its poll of our
@@ -553,6 +461,42 @@ __device__ void allgatherLL(const Args& a) {
       }
       for (int k = 1; ok && k < nranksOf(a); ++k) {
         const int src = (a.rank + k) % nranksOf(a);
+        for (u64 p = tid(); ok && p < np; p += nthreads()) {
+          Pack y;
+          ok = buf.recv(src, p, y);
+          if (ok) stPack((T*)a.out + src * a.count + (p0 + p) * HC_EPP, y);
+        }
+      }
+    }
+  }
+  epochEnd(a, e0, (u64)a.iters * chunks);
+}
+
+// Alltoall (LL: exact bits): block j of the input (`count` elements, a multiple of HC_EPP: the
+// host pads otherwise) goes to rank j, which stores it as block `rank` of its output; chunks of
+// one sub-buffer, each its own epoch, as allgatherLL.  The credit holds as there: thread t sends
+// chunk c+1 slot p to a peer only after receiving that peer's chunk c slot p, which the peer's
+// thread t sent after it had read every rank's chunk c-1 slot p.
+__device__ void alltoallLL(const Args& a) {
+  const u64 e0 = epochBegin(a), packs = a.count / HC_EPP;
+  const u64 per = a.sub / LL::kBytesPerPack;  // packs of one chunk
+  const u64 chunks = packs > per ? (packs + per - 1) / per : 1;
+  bool ok = !aborted(a);
+  for (int it = 0; ok && it < a.iters; ++it, loopFence()) {
+    for (u64 c = 0; ok && c < chunks; ++c) {
+      LLBuffer<LL> buf(a, a.region, a.sub, e0 + it * chunks + c, HC_COLL_ALLTOALL);
+      const u64 p0 = c * per, np = min(per, packs - p0);
+      for (int k = 1; k < nranksOf(a); ++k) {
+        const int dst = (a.rank + k) % nranksOf(a);  // staggered: ranks do not all hit rank 0 first
+        for (u64 p = tid(); p < np; p += nthreads())
+          buf.send(dst, p, ldPack((const T*)a.in + dst * a.count + (p0 + p) * HC_EPP));
+      }
+      for (u64 p = tid(); p < np; p += nthreads()) {
+        const u64 off = a.rank * a.count + (p0 + p) * HC_EPP;
+        stPack((T*)a.out + off, ldPack((const T*)a.in + off));
+      }
+      for (int k = 1; ok && k < nranksOf(a); ++k) {
+        const int src = (a.rank + nranksOf(a) - k) % nranksOf(a);
         for (u64 p = tid(); ok && p < np; p += nthreads()) {
           Pack y;
           ok = buf.recv(src, p, y);
@@ -606,7 +550,6 @@ __device__ void barrier(const Args& a) {
 // ---------------------------------------------------------------------------------------
 // Entry points: hc_<collective>_<algorithm>_<op>, instantiated for this module's HC_DTYPE
 // (not in persistent.cu's module, which includes this file for its device functions).
-#define HC_MAX_THREADS 512
 #ifndef HC_NO_ENTRY_POINTS
 // 512 threads per block at most (the host's grid rule), so up to 128 registers per thread:
 // the fixed-rank-order receive keeps up to HC_MAX_RANKS packs in registers.
@@ -659,5 +602,6 @@ HC_REDUCING(max, HC_MAX)
 HC_REDUCING(min, HC_MIN)
 HC_KERNEL(hc_bcast_ll, bcastLL(a))
 HC_KERNEL(hc_allgather_ll, allgatherLL(a))
+HC_KERNEL(hc_alltoall_ll, alltoallLL(a))
 HC_KERNEL(hc_barrier, barrier(a))
 #endif  // HC_NO_ENTRY_POINTS

@@ -5,61 +5,10 @@
 // every kernel of cuda/collectives.cu is instantiated for that type.
 #pragma once
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-#define HC_MAX_RANKS 8       // ranks per node the kernels support
-#define HC_MAX_BLOCKS 256    // epoch counters kept per communicator
-#define HC_PACK 16           // bytes moved per thread per step
-
-// ---- workspace control region (at offset 0 of every rank's symmetric buffer) ----
-// [0, 2048)      u64 epochs[HC_MAX_BLOCKS]   per-block collective counters (see ll_buffer.cuh)
-// [2048, 2056)   int abortFlag                set by the first poll that times out
-// [2112, 2176)   ErrRec                       what that poll waited for
-// [4096, 4096+64) u64 barrier[HC_MAX_RANKS]   barrier arrivals, written by peers
-// [4608], [5120] u64                          sol.cu scratch: ping-pong word, floor store
-// [16384, 32768) u64 arrive[blocks][ranks]    Bcast: "block b of rank r has finished epoch e-1"
-#define HC_OFF_EPOCHS 0
-#define HC_OFF_ABORT 2048
-#define HC_OFF_ERR 2112
-#define HC_OFF_BARRIER 4096
-#define HC_OFF_ARRIVE 16384  // u64 arrive[HC_MAX_BLOCKS][HC_MAX_RANKS]: value e+1, written by the peers
-#define HC_CTRL_BYTES 65536
-
-struct ErrRec {
-  int code;        // 1 = timeout
-  int collective;  // HC_COLL_* below
-  int peer;        // rank waited for
-  int pad;
-  u64 slot;        // slot (pack index) waited on
-  u64 waitedNs;
-};
-
-#define HC_COLL_ALLREDUCE 1
-#define HC_COLL_BCAST 2
-#define HC_COLL_ALLGATHER 3
-#define HC_COLL_REDUCE_SCATTER 4
-#define HC_COLL_BARRIER 5
-
-// Kernel arguments, passed by value (constant bank: no loads on the critical path).
-struct Args {
-  char* peers[HC_MAX_RANKS];  // symmetric workspace base of each rank; peers[rank] is our own
-  const void* in;             // user input (16-byte aligned; the host stages unaligned buffers)
-  void* out;                  // user output (16-byte aligned)
-  u64 count;                  // elements in this launch
-  u64 region;                 // byte offset of the collective's region in every workspace
-  u64 region2;                // second region (phase 2 of two-shot)
-  u64 sub;                    // bytes of one (parity, source) sub-buffer of `region`
-  u64 sub2;                   // bytes of one (parity, source) sub-buffer of `region2`
-  u64 timeoutNs;              // bound of every poll
-  volatile int* hostErr;      // mapped host word: non-zero once any poll timed out
-  int rank, nranks, root, iters;
-};
+#include "hc_abi.h"
 
 // The rank count.  HC_NRANKS makes it a compile-time constant, so that a module built for one
-// rank count keeps none of the other counts' code (the library builds every module so:
-// backends/cuda.py rank_defines).
+// rank count keeps none of the other counts' code (the library builds every module so).
 __device__ __forceinline__ int nranksOf(const Args& a) {
 #ifdef HC_NRANKS
   return HC_NRANKS;
@@ -68,44 +17,7 @@ __device__ __forceinline__ int nranksOf(const Args& a) {
 #endif
 }
 
-// The calls of a group (Communicator.group): one one-shot launch carries up to HC_GROUP_MAX
-// Allreduce calls of one dtype and op, laid end to end from pack boundaries.  The second kernel
-// parameter of the hc_allreduce_oneshot_*_group kernels, by value (1 KiB).
-#define HC_GROUP_MAX 32
-struct Group {
-  u64 start[HC_GROUP_MAX + 1];  // first pack of call j in the launch; start[n]: the launch's packs
-  const void* in[HC_GROUP_MAX];
-  void* out[HC_GROUP_MAX];
-  u64 count[HC_GROUP_MAX];      // elements of call j
-  int n;
-};
-static_assert(sizeof(Group) == 1040, "hpccoll/_driver.py mirrors Group: change both");
-
-// A chain (hpccoll/_fuse.py): Allreduce calls captured back to back on one stream into a CUDA
-// graph, run one after the other by one kernel node.  Every call has the same element count, so
-// pack p of every call is handled by the same thread; buffers of different calls are the same or
-// disjoint.  src[j]: where call j's input pack comes from in the kept path (a pack per thread).
-#define HC_CHAIN_MAX 32
-#define HC_SRC_LOAD 0  // its input buffer
-#define HC_SRC_KEEP 1  // call j-1's input, still in the register (call j-1 did not write it)
-#define HC_SRC_FWD 2   // call j-1's result, still in the register (call j's input is its output)
-struct Chain {
-  const void* in[HC_CHAIN_MAX];
-  void* out[HC_CHAIN_MAX];
-  int src[HC_CHAIN_MAX];
-  u64 count;  // elements of every call
-  int n;
-};
-static_assert(sizeof(Chain) == 656, "hpccoll/_driver.py mirrors Chain: change both");
-
 // ---- element types ----
-#define HC_F64 0
-#define HC_F32 1
-#define HC_F16 2
-#define HC_BF16 3
-#define HC_I32 4
-#define HC_I64 5
-
 #ifndef HC_DTYPE
 #define HC_DTYPE HC_F32
 #endif
@@ -151,21 +63,40 @@ __device__ __forceinline__ T fromAcc(Acc a) {
 #endif
 }
 
-// ---- reduction ops: fixed semantics shared with hpccoll.ops.reduce_in_rank_order ----
-#define HC_SUM 0
-#define HC_PROD 1
-#define HC_MAX 2
-#define HC_MIN 3
+// ---- reduction ops: the semantics of hpccoll.ops.reduce_in_rank_order, bit for bit ----
+// SUM / PROD: IEEE arithmetic in rank order, 16-bit types rounded back after every step.
+// MAX / MIN: the larger / smaller value, +0 above -0; commutative and associative in bits, so the
+// order of the operands never shows.  Any NaN (an operand of MAX/MIN, or a SUM/PROD result) is
+// the dtype's canonical NaN (HC_CANON_NAN_*): NaN payloads differ between GPUs' arithmetic and
+// between inputs, and every rank must hold the same bits.
+#if HC_DTYPE == HC_F64
+__device__ __forceinline__ T canonNaN() { return __longlong_as_double((long long)HC_CANON_NAN_F64); }
+__device__ __forceinline__ bool signOf(T a) { return __double_as_longlong(a) < 0; }
+#elif HC_DTYPE == HC_F32
+__device__ __forceinline__ T canonNaN() { return __uint_as_float(HC_CANON_NAN_F32); }
+__device__ __forceinline__ bool signOf(T a) { return __float_as_uint(a) >> 31; }
+#elif HC_DTYPE == HC_F16 || HC_DTYPE == HC_BF16
+__device__ __forceinline__ T canonNaN() { return HC_DTYPE == HC_F16 ? (u16)HC_CANON_NAN_F16 : (u16)HC_CANON_NAN_BF16; }
+__device__ __forceinline__ bool signOf(T a) { return a >> 15; }
+#endif
 
 template <int OP>
 __device__ __forceinline__ T combine(T a, T b) {
   Acc x = toAcc(a), y = toAcc(b);
-  if (OP == HC_SUM) return fromAcc(x + y);
-  if (OP == HC_PROD) return fromAcc(x * y);
-  // MAX/MIN: numpy's scalar rule, selecting the original bits: a if (a >= b or isnan(a)) else b
-  bool keep = (OP == HC_MAX) ? (x >= y) : (x <= y);
-  keep = keep || (x != x);
+#if HC_IS_FLOAT
+  if (OP == HC_SUM || OP == HC_PROD) {
+    const Acc r = OP == HC_SUM ? x + y : x * y;
+    return r != r ? canonNaN() : fromAcc(r);  // (rounding a non-NaN never makes one)
+  }
+  if (x != x || y != y) return canonNaN();
+  // Equal values have equal bits but for +-0 (16-bit types convert to fp32 exactly)
+  const bool keep = (OP == HC_MAX) ? (x > y || (x == y && !signOf(a))) : (x < y || (x == y && signOf(a)));
   return keep ? a : b;
+#else
+  if (OP == HC_SUM) return x + y;
+  if (OP == HC_PROD) return x * y;
+  return ((OP == HC_MAX) ? (x >= y) : (x <= y)) ? a : b;
+#endif
 }
 
 // A 16-byte pack viewed as elements.
@@ -182,31 +113,6 @@ __device__ __forceinline__ Pack combinePack(Pack a, Pack b) {
   for (int i = 0; i < HC_EPP; ++i) r.e[i] = combine<OP>(a.e[i], b.e[i]);
   return r;
 }
-
-// ---- lab-only switches (bench/bw_lab.py's timing-only variants); all 0 in the library ----
-// HC_LAB_NO_INPUT   "noin":   user input packs are made up instead of read (collectives.cu loadPack)
-// HC_LAB_NO_OUTPUT  "noout":  results are not written (storePack)
-// HC_LAB_NO_WAIT    "nowait": every poll reads once and goes on as if the data were there (boundedPoll)
-// HC_LAB_NO_REARM   "nowait_norearm": read slots are not re-armed (LLBuffer::rearm); only
-//                   meaningful with HC_LAB_NO_WAIT, else a poll would pass on stale data
-// Their results are wrong by design: they measure what a part of a collective costs.
-// HC_LAB_NO_ABORT   "noabort": the one-shot does not read the abort flag before its first send
-//                   (its polls still do); correct unless a peer times out
-#ifndef HC_LAB_NO_ABORT
-#define HC_LAB_NO_ABORT 0
-#endif
-#ifndef HC_LAB_NO_INPUT
-#define HC_LAB_NO_INPUT 0
-#endif
-#ifndef HC_LAB_NO_OUTPUT
-#define HC_LAB_NO_OUTPUT 0
-#endif
-#ifndef HC_LAB_NO_WAIT
-#define HC_LAB_NO_WAIT 0
-#endif
-#ifndef HC_LAB_NO_REARM
-#define HC_LAB_NO_REARM 0
-#endif
 
 // ---- memory access helpers ----
 // st/ld.volatile reach L2 (and over NVLink the peer's L2) without L1 caching; each vector

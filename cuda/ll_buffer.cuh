@@ -84,24 +84,11 @@ __device__ __forceinline__ void failTimeout(const Args& a, int coll, int peer, u
 // are read every 256 spins only, so the fast path is the bare poll.
 // The clock starts at the first 256-spin check, not at the first miss: a data word that
 // arrives within ~256 polls (the common case) never pays for a %globaltimer read.
-// HC_POLL_BACKOFF_NS (bench/bw_lab.py's variants only; 0 in the library): sleep that long after
-// every miss, so that tens of thousands of spinning threads leave the L2 to the arriving data.
-#ifndef HC_POLL_BACKOFF_NS
-#define HC_POLL_BACKOFF_NS 0
-#endif
-// HC_LAB_NO_WAIT: hc_common.cuh's lab-only switches.
 template <class Ready, class Peer>
 __device__ __forceinline__ bool boundedPoll(const Args& a, int coll, Peer peer, u64 slot, Ready ready) {
-#if HC_LAB_NO_WAIT
-  ready();
-  return true;
-#endif
   u64 t0 = 0;
   for (u32 n = 1;; ++n) {
     if (ready()) return true;
-#if HC_POLL_BACKOFF_NS > 0
-    __nanosleep(HC_POLL_BACKOFF_NS);
-#endif
     if ((n & 255u) == 0) {
       if (aborted(a)) return false;
       const u64 now = globaltimer();
@@ -124,9 +111,8 @@ struct LLBuffer {
   // Computed once per buffer, outside every loop and poll: my sub-buffers of this parity
   // (src 0's slot 0) and the offset of my sub-buffer in every peer.  My slot of src =
   // mine + src * sub + at(slot); peer's slot of mine = peers[peer] + sendOff + at(slot).
-  // Why: the loop on the earlier primitives (peers[] indexed with a runtime rank inside every
-  // poll sweep, an 8-way predicated sweep even for 2 ranks) took 1.65-3.4 us per op in-kernel
-  // where a stripped loop took 0.83-0.88 (bench/results/2026-11-30-h200x2-*-latency-lab*).
+  // Why: peers[] indexed with a run-time rank inside every poll sweep (an 8-way predicated
+  // sweep even for 2 ranks) doubles the in-kernel time of a small collective.
   // `pair`: with two ranks, the peer's sub-buffer for me, so that a send is an add and its
   // stores (the peer's base is a constant-bank load indexed by our rank, itself a load).
   char* mine;
@@ -168,7 +154,7 @@ struct LLBuffer {
 
   // A slot just read, back to its idle state (the receive side's one place for it).
   __device__ __forceinline__ static void rearm(const char* slot) {
-    if (!HC_LAB_NO_REARM) Proto::clear((char*)slot);
+    Proto::clear((char*)slot);
   }
 
   __device__ __forceinline__ void resetRange(int src, u64 start, u64 count, u64 stride) const {

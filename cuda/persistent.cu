@@ -1,9 +1,9 @@
 // persistent.cu - the eager engine: one resident kernel per (communicator, dtype) that runs the
 // host's blocking Allreduce calls without a kernel launch or a stream synchronize per call.
 //
-// Why: on the 2xH200 machine a blocking call made of a launch and a stream synchronize costs
-// 13-14 us before any work is done (bench/NOTES.md), where the collective itself takes ~1.3 us.
-// Here the kernel is already running.  The host posts a call by ringing the doorbells of the
+// Why: a blocking call made of a launch and a stream synchronize costs several times the
+// collective itself before any work is done (docs/performance.md).  Here the kernel is already
+// running.  The host posts a call by ringing the doorbells of the
 // blocks it needs; each block's thread 0 polls its own, the blocks run a one-shot Allreduce (on
 // sentinel slots for floating types, LL for integers; with two ranks a thread's packs kept in
 // registers, else collectives.cu's loop), and each writes its completion into mapped host memory,
@@ -16,10 +16,8 @@
 //   desc   [512, 544):  { in, out, count, cmd }  the call, rewritten only when it differs from
 //                                                the last one
 //   done   [576, 640):  u64 per block            the last call the block finished
-// One poller per polled line: bench/engine_lab.py measured a host-to-GPU-to-host round trip of
-// 2.5 us with one thread polling one word, 8.5 us with one thread polling four words of a line
-// the host was writing, and 27-42 us with four blocks doing so (the host's stores wait for the
-// line while the GPU's reads keep taking it).  The host writes desc before the bells (x86 stores
+// One poller per polled line: while GPU threads keep reading a line the host is writing, the
+// host's stores wait for the line (a round trip grew several-fold with four pollers of one line).  The host writes desc before the bells (x86 stores
 // are seen in order) and a poller's acquire load of its bell orders its desc loads after it.
 //
 // Which blocks a call needs: ceil(packs / (HC_ENGINE_PPT * blockDim)) of them (at least block
@@ -34,14 +32,8 @@
 // bell, so the blocks still waiting leave too.
 // A block knows its last call (64 bits) and reads 32 bits of the next one's seq and of desc's
 // version: exact while it is rung at least once every 2^32 calls.  So the host rings every block
-// once every 2^30 calls (hpccoll/_engine.py FULL_RING); the blocks a call does not need do
+// once every 2^30 calls (HC_ENGINE_FULL_RING); the blocks a call does not need do
 // nothing but read its fields and finish it.
-// Until session 15 block 0 alone polled the host and relayed each call to the other blocks through
-// device memory (six LL words a block): 2xH200, engine_lab at 5f384ed and 1a99d78 (4-block
-// engine, Engine.call, two passes each), a bell per block against that relay: 32 KiB (2 blocks)
-// 6.30-7.39 us against 7.12-7.94, 64 KiB (4) 6.40-7.50 against 7.28-8.66, 128 KiB 7.44-8.82
-// against 8.42-9.88; calls of block 0 alone 0.1-0.5 us slower or equal (4 KiB 5.21-6.56 against
-// 5.04-6.33).  Blocks other than 0 sleeping 300 or 1000 ns between polls did not help.
 // Blocks that skip calls stay correct: the epoch comes from the call's seq, and the slot reuse
 // argument (LL's epoch flags, the sentinel's re-arms) holds across skipped calls (block 0 takes
 // part in every call, so the host cannot post call s+2 before every block of call s has
@@ -67,27 +59,9 @@ __shared__ unsigned hcCallBlocks;
 #define HC_CALL_BLOCKS hcCallBlocks
 #include "collectives.cu"
 
-#define HC_ENGINE_STOP 0xFF  // cmd: leave the loop; otherwise cmd = the reduction (HC_SUM..HC_MIN)
-
-// Packs per thread before a call takes another block (hpccoll/_engine.py PACKS_PER_THREAD), and
-// the most a thread keeps (PACKS_KEPT).  2xH200, bench/engine_lab.py at 69d8881 (the kept path,
-// LL slots per warp, the LL-word relay; Engine.call, order "caller"), 4-block engine: 4 KiB
-// 4.9-5.1 us, 16 KiB 5.9-6.1 (one block), 32 KiB 7.0-7.1 (two), 64 KiB 7.5-7.6 (four); 2 packs
-// per thread before another block beat 4 at 64 KiB (8.1 on two blocks) and tied at 32 KiB.
-// The loop before (pack after pack, about 1.1 us per pack per thread on one block; 32-byte
-// strided LL slots; a released seq word) took 5.4, 6.2-6.3, 7.5 and 8.5 us in the same run.
-#ifndef HC_ENGINE_PPT
-#define HC_ENGINE_PPT 2
-#endif
-#define HC_DESC 64  // u64 offsets into the engine's host memory (the layout above)
-#define HC_DONE 72
-#define HC_ENGINE_KEEP 4
-
-struct EngineArgs {
-  const u64* host;       // device address of the engine's mapped host memory (bells, desc, done)
-  u64 seq0;              // the last call posted before this launch
-  u64 epoch0;            // epochs of the engine's region consumed by earlier launches
-};
+// The engine's constants and EngineArgs live in hc_abi.h (HC_ENGINE_*): the host reads them there.
+#define HC_DESC HC_ENGINE_DESC
+#define HC_DONE HC_ENGINE_DONE
 
 // The blocks a call needs (the host's Engine.blocks_for computes the same).
 __device__ __forceinline__ u64 blocksFor(u64 count, u64 cmd) {
@@ -118,21 +92,15 @@ __device__ __forceinline__ void awaitCall(const EngineArgs& g, u64 last, u64 cur
 // Two ranks: a thread's up to HC_ENGINE_KEEP packs stay in registers, loaded together, sent
 // back to back, and polled in one sweep over all of them, so that their load and poll latencies
 // overlap (collectives.cu's loop loads, sends and polls pack after pack: fine for a launch of a
-// pack or two per thread, about 1.1 us per pack per thread here).  Each arrival is reduced at
+// pack or two per thread, a round trip per pack for the engine's few blocks).  Each arrival is reduced at
 // once, in rank order.
 // The engine's slots: sentinel slots for floating types (payload only, 16 B a pack where LL
 // takes 32; re-armed after reading), LL for integers.  The host fills an engine's region for
-// its dtype before every start (backends/cuda.py start_engine).  A re-arm is ordered before the
-// peer's next write of its slot (two calls later, the same parity) by the host's round trip:
-// the block's barrier and release before its completion word, the host's next post, and that
-// call's sends, which the peer must receive before it writes the slot again.  2xH200, engine_lab
-// at 595677b (4-block engine, Engine.call, pass 0 / 1): sentinel 16 KiB 5.96 / 6.20 us, 32 KiB
-// 7.36 / 7.50, 64 KiB 7.61 / 8.18, 128 KiB 8.62 / 9.28; LL 6.42 / 7.03, 8.19 / 8.31, 8.55 / 8.53,
-// 9.85 / 9.88.  HC_ENGINE_SENTINEL=0 (engine_lab variant "ll") builds the LL engine for floats.
-#ifndef HC_ENGINE_SENTINEL
-#define HC_ENGINE_SENTINEL 1
-#endif
-#if HC_ENGINE_SENTINEL && HC_IS_FLOAT
+// its dtype before every start.  A re-arm is ordered before the peer's next write of its slot
+// (two calls later, the same parity) by the host's round trip: the block's barrier and release
+// before its completion word, the host's next post, and that call's sends, which the peer must
+// receive before it writes the slot again.
+#if HC_IS_FLOAT
 using EngineProto = Sentinel;
 #else
 using EngineProto = LL;

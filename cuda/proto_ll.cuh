@@ -6,8 +6,8 @@
 //   receive buffer at rest: zero (flag 0 is never used)
 //
 // Assumption, and why this layout: PTX guarantees single-copy atomicity per vector ELEMENT,
-// not per 16-byte vector.  We measured 0 torn 16-byte reads in ~2M over NVLink on H200
-// (shared/notes/reference.md §3) - evidence, not proof - so each 8-byte word carries its own
+// not per 16-byte vector.  No torn 16-byte read was ever seen over NVLink on H200 - evidence,
+// not proof - so each 8-byte word carries its own
 // copy of the flag and is atomic by itself: a reader that sees the flag in both words has both
 // data halves of this epoch (NCCL's LL makes the same choice).  Cost: 50% payload efficiency.
 // Flags are epoch-derived (1..2^32-1, never 0), so LL slots are never re-armed: a slot is
@@ -17,27 +17,20 @@
 //
 // Where a pack's two slots lie (`at`, `kHalf`): packs in groups of 32, a group's first halves
 // in 512 contiguous bytes and its second halves in the next 512, so that a warp's store (and
-// poll) instruction covers 512 contiguous bytes (sub-buffers are multiples of 1 KiB: backends/
-// cuda.py Layout).  HC_LL_WARP=0 (bench/bw_lab.py and engine_lab.py variant "llpair") puts a
-// pack's halves side by side at p * 32 instead, where a warp's instruction writes every other
-// 16 bytes of a 1 KiB span: 2xH200, bw_lab at 69d8881, graph per op, one-shot LL 128 KiB 4.34 ->
-// 3.49 us and 256 KiB 5.78 -> 4.31 with the groups, two-shot LL 256 KiB 5.84 -> 4.78; equal at
-// 1-8 KiB.
+// poll) instruction covers 512 contiguous bytes (sub-buffers are multiples of 1 KiB).  Side by
+// side (p * 32) a warp's instruction would write every other 16 bytes of a 1 KiB span, which
+// was measurably slower from 128 KiB up.
 #pragma once
 #include "hc_common.cuh"
-
-#ifndef HC_LL_WARP
-#define HC_LL_WARP 1
-#endif
 
 struct LL {
   static constexpr bool kRearms = false;  // flags are epochs: slots are never re-armed
   static constexpr int kBytesPerPack = 32;  // a 16-byte pack takes two 16-byte slots
-  static constexpr int kHalf = HC_LL_WARP ? 512 : 16;  // from a pack's first slot to its second
+  static constexpr int kHalf = 512;  // from a pack's first slot to its second
 
   // Byte offset of pack `slot`'s first 16-byte slot in a sub-buffer.
   __device__ static u64 at(u64 slot) {
-    return HC_LL_WARP ? (slot >> 5) * 1024 + (slot & 31) * 16 : slot * kBytesPerPack;
+    return (slot >> 5) * 1024 + (slot & 31) * 16;
   }
 
   __device__ static void write(char* slot, Pack v, u32 flag) {

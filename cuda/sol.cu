@@ -14,7 +14,7 @@ extern "C" __global__ void hc_sol_fence(u64* out, int iters) {
 // word and waits for i back in its own.  out[0] = total ns on rank 0 for `iters` round trips.
 // Volatile store / poll: the same instructions the protocols use.
 extern "C" __global__ void hc_sol_pingpong(const Args a, u64* out) {
-  const u64 off = HC_OFF_BARRIER + 512;  // scratch words beside the barrier arrivals
+  const u64 off = HC_OFF_PINGPONG;
   volatile u64* mine = (volatile u64*)(a.peers[a.rank] + off);
   volatile u64* theirs = (volatile u64*)(a.peers[1 - a.rank] + off);
   const u64 base = *mine;  // both words hold the same count from the previous run
@@ -42,5 +42,5 @@ extern "C" __global__ void hc_sol_empty(const Args a) { streamOrderBegin(); }
 extern "C" __global__ void hc_sol_store(const Args a) {
   streamOrderBegin();
   if (threadIdx.x == 0)
-    *(volatile u64*)(a.peers[(a.rank + 1) % a.nranks] + HC_OFF_BARRIER + 1024) = (u64)a.iters;
+    *(volatile u64*)(a.peers[(a.rank + 1) % a.nranks] + HC_OFF_FLOOR) = (u64)a.iters;
 }

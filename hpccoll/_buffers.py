@@ -47,13 +47,25 @@ def is_in_place(buf) -> bool:
 
 @dataclass
 class Buf:
-    """A contiguous buffer: `array` is numpy (host) or cupy (device), flat view in `flat`."""
+    """A contiguous buffer: `array` is numpy (host) or cupy (device), flat view in `flat`
+    (elements in memory order).  order: "C" or "F" for a multi-dimensional array that is only
+    that one, else "A" (1-D, or both at once)."""
 
     array: object
     flat: object
     dtype: str
     count: int
     device: int | None  # CUDA device ordinal, None for host memory
+    order: str = "A"
+
+    def overlaps(self, other: "Buf") -> bool:
+        """Whether the two buffers share any byte (same memory space only)."""
+        if self.device != other.device or not self.count or not other.count:
+            return False
+        if self.is_device:
+            a, b = self.flat.data.ptr, other.flat.data.ptr
+            return a < b + other.flat.nbytes and b < a + self.flat.nbytes
+        return bool(np.may_share_memory(self.flat, other.flat))
 
     @property
     def is_device(self) -> bool:
@@ -89,12 +101,22 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
         return _cupy_buf(obj, argname, fn)
     if isinstance(obj, np.ndarray):
         arr = obj
-        device = None
-        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        flags = arr.flags
+        if not (flags.c_contiguous or flags.f_contiguous):
             raise ValueError(f"{fn}: {argname} is not contiguous: pass np.ascontiguousarray({argname})")
-        if writable and not arr.flags.writeable:
+        if writable and not flags.writeable:
             raise ValueError(f"{fn}: {argname} is read-only: pass a writable array (e.g. {argname}.copy())")
+        if not arr.dtype.isnative:
+            raise TypeError(f"{fn}: {argname} has non-native byte order ({arr.dtype.str}): pass "
+                            f"{argname}.astype({argname}.dtype.newbyteorder('='))")
+        if not flags.aligned:
+            raise ValueError(f"{fn}: {argname} is not aligned to its {arr.itemsize}-byte elements: pass "
+                             f"an aligned copy ({argname}.copy())")
         flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr  # "A": a view in memory order
+        order = "A" if arr.ndim < 2 or (flags.c_contiguous and flags.f_contiguous) else \
+            ("C" if flags.c_contiguous else "F")
+        return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=int(arr.size), device=None,
+                   order=order)
     elif hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack_device__"):
         cp = _cupy()
         if cp is None:
@@ -112,7 +134,6 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
     else:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")
-    return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=int(arr.size), device=device)
 
 
 def _foreign_device(obj, buf) -> int:
@@ -144,6 +165,7 @@ def _is_cupy_array(obj) -> bool:
 
 def _cupy_buf(arr, argname: str, fn: str) -> Buf:
     """as_buf for a CuPy array: the common case, kept to a few attribute reads."""
+    order = "A"
     if arr.ndim == 1:
         if arr.strides[0] != arr.itemsize and arr.size > 1:
             raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
@@ -153,7 +175,10 @@ def _cupy_buf(arr, argname: str, fn: str) -> Buf:
         if not (flags.c_contiguous or flags.f_contiguous):
             raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
         flat = arr.reshape(-1, order="A")  # "A": a view in memory order
-    return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=arr.size, device=arr.data.device_id)
+        if not (flags.c_contiguous and flags.f_contiguous):
+            order = "C" if flags.c_contiguous else "F"
+    return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=arr.size, device=arr.data.device_id,
+               order=order)
 
 
 def _typed_bfloat16(arr, source):

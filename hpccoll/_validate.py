@@ -1,16 +1,34 @@
 """Argument validation for every collective, in one place.
 
 `prepare(...)` turns the user's arguments into a `Call` or raises TypeError/ValueError
-naming the argument and the fix, before any communication.  In check mode the
-call's signature is compared across ranks first, so a mismatch raises the same
-MismatchError on every rank instead of hanging or computing garbage."""
+naming the call, the argument and the fix, before any communication.
+
+Check mode (`Communicator(check=True)`, HPCCOLL_CHECK=1) adds one exchange before each call,
+`agree(...)`: every rank shares the outcome of its own validation (the call's signature, or
+the error it raised), so an error on any rank becomes an error on every rank (the failing rank
+re-raises its own; the others raise MismatchError naming it), and signatures that differ
+(collective, count, dtype, op, root, algorithm, deterministic, Alltoallv's counts) raise
+MismatchError on every rank.  Without check mode a call whose arguments differ between ranks
+is erroneous, as in MPI: it may hang until the timeout or give wrong values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ._buffers import Buf, as_buf, is_in_place
-from .errors import MismatchError
+from .errors import HpccollError, MismatchError
 from .ops import Op, as_op
+
+INDEXLIKE = "__index__"
+
+
+@dataclass(frozen=True)
+class VSpec:
+    """Alltoallv's element counts and displacements, per rank."""
+
+    send_counts: tuple
+    send_displs: tuple
+    recv_counts: tuple
+    recv_displs: tuple
 
 
 @dataclass
@@ -23,6 +41,7 @@ class Call:
     op: Op | None
     root: int | None
     in_place: bool
+    v: VSpec | None = None
 
 
 def _same_dtype(fn, a: Buf, b: Buf, an="sendbuf", bn="recvbuf"):
@@ -37,21 +56,45 @@ def _same_place(fn, a: Buf, b: Buf, an="sendbuf", bn="recvbuf"):
                          "put both on the same device")
 
 
+def _same_order(fn, a: Buf, b: Buf):
+    """Elements are matched in memory order: a C-ordered and an F-ordered array would silently
+    pair transposed elements."""
+    if "A" not in (a.order, b.order) and a.order != b.order:
+        fix = "np.ascontiguousarray" if b.order == "F" else "np.asfortranarray"
+        raise ValueError(f"{fn}: sendbuf is {a.order}-ordered {tuple(a.array.shape)} but recvbuf is "
+                         f"{b.order}-ordered {tuple(b.array.shape)}: collectives pair elements in memory "
+                         f"order, so this would transpose them; pass both in one order (e.g. {fix}(recvbuf))")
+
+
+def _disjoint(fn, a: Buf, b: Buf):
+    if a.overlaps(b):
+        raise ValueError(f"{fn}: sendbuf and recvbuf overlap in memory: pass hpccoll.IN_PLACE as sendbuf "
+                         "to work in place, or separate buffers")
+
+
+def _root(fn, root, size: int) -> int:
+    if isinstance(root, bool) or not hasattr(root, INDEXLIKE) or not 0 <= root.__index__() < size:
+        raise ValueError(f"{fn}: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
+    return root.__index__()  # numpy integers too, as in mpi4py
+
+
 def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=None) -> Call:
     fn = name
     if name == "Bcast":
         buf = as_buf(recvbuf, "buf", fn, writable=True)
-        if isinstance(root, bool) or not hasattr(root, "__index__") or not 0 <= root.__index__() < size:
-            raise ValueError(f"Bcast: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
-        return Call(name, buf, buf, None, root.__index__(), True)  # numpy integers too, as in mpi4py
+        return Call(name, buf, buf, None, _root(fn, root, size), True)
+    if name == "Alltoallv":
+        return _prepare_alltoallv(size, sendbuf, recvbuf)
 
-    rop = as_op(op) if name in ("Allreduce", "Reduce_scatter_block") else None  # op=None raises
+    rop = as_op(op, fn) if name in ("Allreduce", "Reduce_scatter_block") else None  # op=None raises
     recv = as_buf(recvbuf, "recvbuf", fn, writable=True)
     in_place = is_in_place(sendbuf)
     send = recv if in_place else as_buf(sendbuf, "sendbuf", fn, writable=False)
     if not in_place:
         _same_dtype(fn, send, recv)
         _same_place(fn, send, recv)
+        _same_order(fn, send, recv)
+        _disjoint(fn, send, recv)
     if name == "Allreduce":
         if send.count != recv.count:
             raise ValueError(f"Allreduce: recvbuf has {recv.count} elements, sendbuf {send.count}: "
@@ -73,32 +116,116 @@ def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=N
         elif recv.count != send.count * size:
             raise ValueError(f"Allgather: recvbuf has {recv.count} elements, sendbuf {send.count}: "
                              f"recvbuf needs size*sendcount = {size}*{send.count} = {send.count * size}")
+    elif name == "Alltoall":
+        if recv.count % size:
+            raise ValueError(f"Alltoall: recvbuf has {recv.count} elements, not a multiple of size={size} "
+                             "(a block from every rank)")
+        if not in_place and send.count != recv.count:
+            raise ValueError(f"Alltoall: sendbuf has {send.count} elements, recvbuf {recv.count}: both hold "
+                             f"size={size} blocks of the same count")
     else:  # pragma: no cover - internal misuse
         raise AssertionError(name)
     return Call(name, send, recv, rop, None, in_place)
 
 
+def _vector(fn, argname: str, spec, size: int, writable: bool):
+    """(Buf, counts, displs) of an Alltoallv argument: (array, counts) or (array, counts, displs)."""
+    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+        raise TypeError(f"{fn}: {argname} must be (array, counts) or (array, counts, displs) as in "
+                        f"mpi4py, not {type(spec).__name__}")
+    buf = as_buf(spec[0], f"{argname}[0]", fn, writable=writable)
+    counts = _ints(fn, f"{argname} counts", spec[1], size)
+    if len(spec) == 3 and spec[2] is not None:
+        displs = _ints(fn, f"{argname} displs", spec[2], size)
+    else:
+        displs, acc = [], 0
+        for c in counts:
+            displs.append(acc)
+            acc += c
+    for r, (c, d) in enumerate(zip(counts, displs)):
+        if c > 2**31 - 1:
+            raise ValueError(f"{fn}: {argname} counts[{r}] = {c} exceeds an MPI count (2**31-1 elements): "
+                             "split the exchange")
+        if d + c > buf.count:
+            raise ValueError(f"{fn}: {argname} block {r} (displs[{r}]={d}, counts[{r}]={c}) ends at element "
+                             f"{d + c}, past the array's {buf.count}: fix the counts/displs or enlarge the array")
+    return buf, tuple(counts), tuple(displs)
+
+
+def _ints(fn, what: str, seq, size: int) -> list[int]:
+    try:
+        vals = [v.__index__() if not isinstance(v, bool) else None for v in seq]
+    except (AttributeError, TypeError):
+        raise TypeError(f"{fn}: {what} must be a sequence of {size} integers") from None
+    if len(vals) != size or any(v is None for v in vals):
+        raise ValueError(f"{fn}: {what} has {len(vals)} entries: pass one integer per rank ({size})")
+    if any(v < 0 for v in vals):
+        raise ValueError(f"{fn}: {what} has a negative entry ({min(vals)}): counts and displacements are >= 0")
+    return vals
+
+
+def _prepare_alltoallv(size: int, sendbuf, recvbuf) -> Call:
+    fn = "Alltoallv"
+    if is_in_place(sendbuf):
+        raise ValueError("Alltoallv: IN_PLACE is not supported: pass (array, counts[, displs]) as sendbuf")
+    send, sc, sd = _vector(fn, "sendbuf", sendbuf, size, writable=False)
+    recv, rc, rd = _vector(fn, "recvbuf", recvbuf, size, writable=True)
+    _same_dtype(fn, send, recv)
+    _same_place(fn, send, recv)
+    _disjoint(fn, send, recv)
+    return Call(fn, send, recv, None, None, False, VSpec(sc, sd, rc, rd))
+
+
 def block_count(call: Call, size: int) -> int:
-    """Elements per rank of Allgather / Reduce_scatter_block (the signature's count)."""
-    if call.name == "Allgather":
+    """Elements per rank of Allgather / Reduce_scatter_block / Alltoall (the signature's count)."""
+    if call.name in ("Allgather", "Alltoall"):
         return call.recv.count // size
     if call.name == "Reduce_scatter_block":
         return call.recv.count // size if call.in_place else call.recv.count
     return call.recv.count
 
 
-_FIELDS = ("collective", "count", "dtype", "op", "root")
+_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic")
 
 
-def check_agreement(mpi_comm, call: Call) -> None:
-    """Check mode: every rank compares every rank's signature; raise on all ranks if any differ."""
-    sig = (call.name, block_count(call, mpi_comm.Get_size()), call.recv.dtype,
-           call.op.name if call.op else None, call.root)
-    sigs = mpi_comm.allgather(sig)
-    if all(s == sigs[0] for s in sigs):
-        return
+def signature(call: Call, size: int, algorithm: str, deterministic: bool) -> tuple:
+    """What every rank's call must agree on (check mode)."""
+    return (call.name, block_count(call, size), call.recv.dtype, call.op.name if call.op else None,
+            call.root, algorithm, bool(deterministic))
+
+
+def agree(allgather, rank: int, name: str, outcome, vspec: VSpec | None = None) -> None:
+    """Check mode's exchange (collective): `outcome` is this rank's signature, or the exception its
+    validation raised; `allgather(obj, name)` gathers one object per rank (the host backend's,
+    bounded by the timeout).  Raises on every rank if any rank failed or the signatures differ."""
+    mine = ("error", f"{type(outcome).__name__}: {outcome}") if isinstance(outcome, BaseException) \
+        else ("ok", outcome, vspec)
+    everyone = allgather(mine, name)
+    failed = [(r, o[1]) for r, o in enumerate(everyone) if o[0] == "error"]
+    if failed:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        raise MismatchError(f"{name}: rank {failed[0][0]} rejected its arguments ({failed[0][1]}); no rank "
+                            "ran the call" + (f" ({len(failed)} ranks failed)" if len(failed) > 1 else ""))
+    sigs = [o[1] for o in everyone]
     for i, field in enumerate(_FIELDS):
         vals = [s[i] for s in sigs]
         if any(v != vals[0] for v in vals):
             per_rank = ", ".join(f"rank {r} has {v}" for r, v in enumerate(vals))
-            raise MismatchError(f"{sigs[mpi_comm.Get_rank()][0]}: ranks disagree on {field}: {per_rank}")
+            raise MismatchError(f"{sigs[rank][0]}: ranks disagree on {field}: {per_rank}")
+    if vspec is not None:  # what rank i sends to j is what j expects from i
+        specs = [o[2] for o in everyone]
+        for i, si in enumerate(specs):
+            for j, sj in enumerate(specs):
+                if si.send_counts[j] != sj.recv_counts[i]:
+                    raise MismatchError(f"Alltoallv: rank {i} sends {si.send_counts[j]} elements to rank {j}, "
+                                        f"which expects {sj.recv_counts[i]} from it (recvbuf counts[{i}])")
+
+
+def check_agreement(mpi_comm, call: Call, algorithm: str = "auto", deterministic: bool = False) -> None:
+    """agree() for a call that validated on this rank, through mpi_comm's blocking allgather."""
+    agree(lambda obj, _name: mpi_comm.allgather(obj), mpi_comm.Get_rank(), call.name,
+          signature(call, mpi_comm.Get_size(), algorithm, deterministic), call.v)
+
+
+__all__ = ["Call", "VSpec", "prepare", "agree", "signature", "check_agreement", "block_count", "HpccollError"]

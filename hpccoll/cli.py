@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -27,8 +26,9 @@ def _info(args) -> int:
 
         nccl_why = nccl_unavailable_reason()
     print(f"  nccl: {'available' if nccl_why is None else 'unavailable: ' + nccl_why}")
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("HPCCOLL_"))
-    print("environment: " + (" ".join(f"{k}={v}" for k, v in env) if env else "no HPCCOLL_* variables set"))
+    from .config import describe
+
+    print(describe())
     if why is not None:
         print(f"GPUs: no GPU ({why})")
         return 0
@@ -41,14 +41,14 @@ def _info(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpccoll", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="version, backends, MPI, GPUs and their P2P / peer-atomic matrix")
-    from . import bench
+    sub.add_parser("info", help="version, backends, MPI, configuration, GPUs and their P2P / peer-atomic matrix")
+    from .bench import cli as bench_cli  # argument parsers only: the benchmark loads when it runs
 
-    bench.add_parsers(sub)
+    bench_cli.add_parsers(sub)
     args = p.parse_args(argv)
     if args.cmd == "info":
         return _info(args)
-    return bench.main(args)
+    return bench_cli.main(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,9 +1,13 @@
 """The Communicator: mpi4py-style collectives on host or device buffers.
 
-Construction is collective over the MPI communicator it wraps (which it duplicates,
-so hpccoll's traffic never meets the caller's).  One collective is in flight per
-communicator at a time: calls from two threads, or on two streams without ordering
-between them, are not supported; use one communicator per stream (`Dup`)."""
+Construction is collective over the MPI communicator it wraps (which it duplicates, so
+hpccoll's traffic never meets the caller's).  One collective is in flight per communicator
+at a time: calls from two threads, or on two streams without ordering between them, are not
+supported; use one communicator per stream (`Dup`).
+
+This module is the API only: a call is validated (hpccoll._validate), agreed across ranks in
+check mode, and handed to a backend (hpccoll/backends/base.py): the device backend for the
+calls it runs (its `caps`), the host backend for everything else."""
 from __future__ import annotations
 
 import contextlib
@@ -13,20 +17,24 @@ import weakref
 
 from mpi4py import MPI
 
-from . import _env
+from . import config as _config
 from ._buffers import _cupy as _cupy_module
 from ._buffers import is_in_place as _is_in_place
-from ._engine import DEFAULT_BLOCKS as DEFAULT_ENGINE_BLOCKS
-from ._validate import check_agreement, prepare
+from ._launcher import detect_singleton
+from ._validate import agree, prepare, signature
+from .backends.base import Backend
+from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
+from .backends.hier import Hierarchical, node_layout
 from .backends.host import HostBackend
 from .errors import HpccollError
-from .hier import Hierarchical, node_layout
 from .ops import SUM, dtype_name
 from .request import Request
 
 log = logging.getLogger("hpccoll")
 
 BACKENDS = ("auto", "host", "cuda", "nccl")
+_FAST_HOST_BYTES = 64 * 1024  # host calls up to this size may skip re-validation when repeated
+_FAST_DEVICE_BYTES = 4 << 20  # device calls: the cache holds their arrays until a prepared launch
 
 
 def _device_backend_reason() -> str | None:
@@ -50,37 +58,44 @@ class Communicator:
     backend: "auto" (CUDA kernels where a GPU and CuPy are usable, else host),
     "host" (MPI; device buffers are staged through host memory), "cuda", "nccl".
     algorithm / deterministic: defaults for every call (each call may override).
-    check: compare every call's arguments across ranks first (or HPCCOLL_CHECK=1).
-    timeout: seconds a device kernel waits for a peer before CollectiveTimeout.
+    check: compare every call's arguments across ranks first (default: HPCCOLL_CHECK).
+    timeout: seconds a collective waits for a peer before CollectiveTimeout (HPCCOLL_TIMEOUT).
     """
 
     def __init__(self, comm=None, *, backend: str = "auto", device: int | None = None,
                  algorithm: str = "auto", deterministic: bool = False, check: bool | None = None,
                  timeout: float | None = None, _owned_comm=None, _flat: bool = False):
         if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}")
+            raise ValueError(f"Communicator: backend={backend!r}: use one of {', '.join(BACKENDS)}")
+        if not isinstance(algorithm, str):
+            raise TypeError(f"Communicator: algorithm={algorithm!r}: pass a name such as 'auto'")
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Comm):
-            raise TypeError(f"comm must be an mpi4py communicator, not {type(base).__name__}")
-        _env.detect_singleton(MPI.COMM_WORLD.Get_size())
+            raise TypeError(f"Communicator: comm must be an mpi4py communicator, not {type(base).__name__}")
+        if base == MPI.COMM_NULL:
+            raise ValueError("Communicator: comm is MPI.COMM_NULL: pass a communicator this rank belongs to")
+        detect_singleton(MPI.COMM_WORLD.Get_size())
+        self._freed = True  # until construction has finished (repr and Free stay safe)
+        self.config = _config.Config.from_env(check=check, timeout=timeout)
         self._comm = _owned_comm if _owned_comm is not None else base.Dup()
+        self._rank, self._size = self._comm.Get_rank(), self._comm.Get_size()
+        _config.check_agreement(self._comm, self.config)
         self.algorithm = algorithm
         self.deterministic = bool(deterministic)
-        self.check = _env.check_mode(check)
-        self.timeout = _env.timeout_s(timeout)
-        self._host = HostBackend(self._comm)
-        self._device = None
-        self._hier = None
+        self.check = self.config.check
+        self.timeout = self.config.timeout
+        self._host = HostBackend(self._comm, self.timeout)
+        self._backend: Backend = self._host  # the device backend, or the hierarchical one
         self._lock = threading.Lock()
-        self._fast: dict = {}  # collective name -> _FastCall of its last device call
+        self._fast: dict = {}  # collective name -> _FastCall of its last call
         self._plan_gen = 0  # bumped whenever prepared launches go stale (requests re-plan)
         self._group: list | None = None  # the calls queued inside `with comm.group():`
-        self._freed = False
         self._requested = backend
-        layout = None if _flat else node_layout(self._comm)
-        if layout is not None:  # several nodes: node / inter-node / node phases (hpccoll.hier)
-            self._hier = Hierarchical(self, layout, backend, device)
-            self.backend = self._hier.name
+        self._freed = False
+        layout = None if _flat else node_layout(self._comm, self.config.node_size)
+        if layout is not None:  # several nodes: node / inter-node / node phases (backends/hier.py)
+            self._backend = Hierarchical(self, layout, backend, device, make_comm=Communicator)
+            self.backend = self._backend.name
             return
         self.backend = self._open_device_backend(backend, device)
 
@@ -96,16 +111,16 @@ class Communicator:
             if backend == "auto":
                 log.info("hpccoll: using the host backend (%s)", msg)
                 return "host"
-            raise HpccollError(f"backend={backend!r} is not available: {msg}")
+            raise HpccollError(f"Communicator: backend={backend!r} is not available: {msg}")
         if backend == "nccl":
             from .backends.nccl import NcclBackend
 
-            self._device = NcclBackend(self._comm, device)
+            self._backend = NcclBackend(self._comm, device)
             return "nccl"
         from .backends.cuda import CudaBackend, CudaUnavailable
 
         try:
-            self._device = CudaBackend(self._comm, device, timeout=self.timeout)
+            self._backend = CudaBackend(self._comm, device, self.config)
         except CudaUnavailable as exc:
             if backend == "auto":
                 log.warning("hpccoll: CUDA backend unavailable, using host backend: %s", exc)
@@ -114,24 +129,35 @@ class Communicator:
         return "cuda"
 
     # -- mpi4py-style basics -------------------------------------------------
+    def _live(self, name: str) -> None:
+        if self._freed:
+            raise HpccollError(f"{name}: this communicator was freed: make a new one (or Dup() before Free())")
+
     @property
     def rank(self) -> int:
-        return self._comm.Get_rank()
+        self._live("rank")
+        return self._rank
 
     @property
     def size(self) -> int:
-        return self._comm.Get_size()
+        self._live("size")
+        return self._size
 
     @property
     def mpi_comm(self):
         """The (duplicated) MPI communicator underneath."""
+        self._live("mpi_comm")
         return self._comm
 
     @property
     def device(self):
         """The CUDA device ordinal this rank uses, or None on the host backend."""
-        engine = self._hier or self._device
-        return None if engine is None else engine.device_id
+        return self._backend.device_id
+
+    @property
+    def capabilities(self):
+        """What this communicator's backend runs itself (hpccoll.backends.base.Capabilities)."""
+        return self._backend.caps
 
     def Get_rank(self) -> int:
         return self.rank
@@ -145,28 +171,32 @@ class Communicator:
                             check=self.check, timeout=self.timeout, _owned_comm=owned_comm)
 
     def Dup(self) -> "Communicator":
-        """A new communicator over the same ranks, with its own device workspace."""
+        """A new communicator over the same ranks, with its own device workspace (collective)."""
+        self._live("Dup")
         return self._like_me(self._comm.Dup())
 
     def Split(self, color: int = 0, key: int = 0) -> "Communicator | None":
-        """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None."""
+        """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None (collective)."""
+        self._live("Split")
         sub = self._comm.Split(color, key)
         if sub == MPI.COMM_NULL:
             return None
         return self._like_me(sub)
 
     def Free(self) -> None:
-        """Release device workspace and the MPI communicator (collective)."""
+        """Release device workspace and the MPI communicator (collective).  A second Free is a no-op.
+        After a host-backend CollectiveTimeout the MPI communicator is left to MPI_Finalize (a
+        pending MPI operation cannot be cancelled, and freeing would wait for it)."""
         if self._freed:
             return
         self._freed = True
         self._invalidate_plans()
-        if self._hier is not None:
-            self._hier.free()
-        if self._device is not None:
-            self._device.free()
-            self._device = None
-        self._comm.Free()
+        try:
+            if self._backend is not self._host:
+                self._backend.free()
+        finally:
+            if not self._host.broken:
+                self._comm.Free()
 
     def __enter__(self):
         return self
@@ -176,7 +206,9 @@ class Communicator:
         return False
 
     def __repr__(self) -> str:
-        return f"<hpccoll.Communicator rank {self.rank}/{self.size} backend={self.backend}>"
+        rank, size = getattr(self, "_rank", "?"), getattr(self, "_size", "?")
+        state = " (freed)" if getattr(self, "_freed", True) else ""
+        return f"<hpccoll.Communicator rank {rank}/{size} backend={getattr(self, 'backend', '?')}{state}>"
 
     # -- collectives -----------------------------------------------------------
     def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
@@ -187,127 +219,73 @@ class Communicator:
             self._enqueue(name, sendbuf, recvbuf, op, root, algo, det, stream)
             return
         fast = self._fast.get(name)  # (Free() empties it: a freed communicator never matches)
-        repeat = fast is not None and not self.check and fast.matches(sendbuf, recvbuf, op, root, algo, det)
-        if repeat and fast.plan is not None:
-            # the eager fast path: the same buffers, arguments and policy as the last call
-            # (_launch_plan's body, written out: a frame less on every blocking call)
+        if fast is not None and fast.matches(sendbuf, recvbuf, op, root, algo, det):
+            # a repeat of the last call: the same arrays, arguments and policy
             lock = self._lock
             if not lock.acquire(False):
                 raise _in_flight(name)
             try:
-                fast.plan.launch(stream)
+                if fast.plan is not None:
+                    fast.plan.launch(stream)
+                else:
+                    fast.backend.run(fast.call, det, algo, stream)
+                    fast.repeats += 1
+                    if fast.repeats == 1 and fast.backend.caps.plans:
+                        self._plan_fast(fast, det, algo)
             finally:
                 lock.release()
             return
-        call = self._prepare(name, sendbuf, recvbuf, op, root)
+        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det)
         if not self._lock.acquire(False):
             raise _in_flight(name)
         try:
-            if self._dispatch(call, det, algo, stream):
-                self._remember(name, call, sendbuf, recvbuf, op, root, algo, det, repeat)
+            backend.run(call, det, algo, stream)
         finally:
             self._lock.release()
+        self._remember(name, call, backend, sendbuf, recvbuf, op, root, algo, det)
 
-    def _prepare(self, name, sendbuf, recvbuf, op, root):
-        """A call validated (and in check mode, agreed across ranks) on a live communicator."""
-        if self._freed:
-            raise HpccollError(f"{name}: this communicator was freed")
-        call = prepare(name, self.size, sendbuf, recvbuf, op=op, root=root)
-        if self.check:
-            check_agreement(self._comm, call)
-        return call
+    def _backend_for(self, call) -> Backend:
+        b = self._backend
+        return b if b.takes(call) else self._host
 
-    def _launch_plan(self, plan, stream, name) -> None:
-        """A prepared launch (FastLaunch / EnginePlan), one collective at a time (the fast
-        paths of repeated calls and of persistent requests)."""
-        lock = self._lock
-        if not lock.acquire(False):
-            raise _in_flight(name)
+    def _prepare(self, name, sendbuf, recvbuf, op, root, algo, det):
+        """(call, backend): a call validated (and in check mode agreed across ranks) on a live
+        communicator, and the backend that runs it.  Validation is local; so is the check of the
+        algorithm's name, which the backend does (`resolve`)."""
+        self._live(name)
+        if not self.check:  # (the backend checks the algorithm's name before it communicates)
+            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
+            return call, self._backend_for(call)
+        gather = self._host.allgather_object
         try:
-            plan.launch(stream)
-        finally:
-            lock.release()
+            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
+            backend = self._backend_for(call)
+            self._resolve(backend, call, det, algo)
+            outcome = signature(call, self._size, algo, det)
+        except (TypeError, ValueError, HpccollError) as exc:
+            agree(gather, self._rank, name, exc)  # raises exc here, MismatchError on the other ranks
+            raise  # pragma: no cover - agree always raises for an exception
+        agree(gather, self._rank, name, outcome, call.v)
+        return call, backend
 
-    def _dispatch(self, call, det, algo, stream) -> bool:
-        """Run one validated call on the backend it belongs to; True when that was the device
-        backend (the fast path may then remember it)."""
-        if self._hier is not None:
-            self._hier.run(call, det, algo, stream)
-            return False
-        if call.recv.is_device and self._device is not None:
-            self._device.run(call, det, algo, stream)
-            return True
-        self._host_call(call, det, algo)
-        return False
+    @staticmethod
+    def _resolve(backend, call, det, algo) -> None:
+        backend.resolve(call.name, call.recv.dtype, call.op.name if call.op else None, call.send.nbytes, det, algo)
 
-    def _host_call(self, call, det, algo) -> None:
-        if self._device is None:
-            _check_host_algorithm(call.name, algo)
-        getattr(self._host, _METHOD[call.name])(call, det, algo)
+    def _plan_fast(self, fast, det, algo) -> None:
+        """On a call's first repeat, prepare its launch (a one-off call pays only for the note);
+        a prepared launch holds raw pointers, so the call (and its arrays) need not be kept."""
+        fast.plan = fast.backend.plan(fast.call, det, algo)
+        if fast.plan is not None:
+            fast.call = None
 
-    # -- groups ------------------------------------------------------------------
-    @contextlib.contextmanager
-    def group(self):
-        """`with comm.group():` the collectives called inside are validated at once, queued, and
-        issued in order when the block exits, as NCCL's ncclGroupStart/ncclGroupEnd do (their
-        results exist only after the block, on the stream of each call).  On the cuda backend,
-        consecutive Allreduce calls of one dtype, op, policy and stream whose buffers do not
-        overlap each other's outputs share ONE one-shot launch, their buffers laid end to end
-        (up to 32 calls and the one-shot's bytes per launch): one epoch and one round trip for
-        all of them, bitwise what each call alone gives.  Other calls run as usual, in order.
-        On the nccl backend the block is an NCCL group; on the host backend the calls run in
-        order at exit.  Collective: every rank, the same calls.  If the block raises, nothing
-        queued is issued.  Groups do not nest; Barrier and the engine's start/stop are not
-        allowed inside one."""
-        if self._freed:
-            raise HpccollError("group: this communicator was freed")
-        if self._group is not None:
-            raise HpccollError("group: groups do not nest (this communicator is already in one)")
-        self._group = []
-        try:
-            yield self
-        except BaseException:
-            self._group = None
-            raise
-        items, self._group = self._group, None
-        if items:
-            with self._exclusive("group"):
-                self._issue(items)
-
-    def _outside_group(self, name: str, where: str) -> None:
-        if self._group is not None:
-            raise HpccollError(f"{name}: not allowed inside a group (its calls are issued when the "
-                               f"block exits): call it {where} the block")
-
-    def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
-        self._group.append((self._prepare(name, sendbuf, recvbuf, op, root), det, algo, stream))
-
-    def _issue(self, items) -> None:
-        """A group's calls in order: runs of device calls through the backend's run_group."""
-        run_group = getattr(self._device, "run_group", None) if self._hier is None else None
-        pending: list = []
-        for item in items + [None]:
-            if item is not None and run_group is not None and item[0].recv.is_device:
-                pending.append(item)
-                continue
-            if pending:
-                run_group(pending)
-                pending = []
-            if item is not None:
-                call, det, algo, stream = item
-                self._dispatch(call, det, algo, stream)
-
-    def _remember(self, name, call, sendbuf, recvbuf, op, root, algo, det, repeat: bool) -> None:
-        """Note this call as a candidate for the fast path; on its first repeat, prepare the
-        launch (a one-off call, e.g. on a fresh slice, pays only for the note)."""
-        if not repeat:
-            eligible = hasattr(self._device, "plan") and _FastCall.eligible(sendbuf, recvbuf)
-            self._fast[name] = _FastCall(None, sendbuf, recvbuf, op, root, algo, det) if eligible else None
-            return
-        fast = self._fast[name]
-        fast.plan = self._device.plan(call, det, algo)
-        if fast.plan is None:  # needs staging or chunking: always the full path
+    def _remember(self, name, call, backend, sendbuf, recvbuf, op, root, algo, det) -> None:
+        """Note this call for the repeated call's fast path (not in check mode: every call of
+        check mode is agreed)."""
+        if self.check or not _FastCall.eligible(sendbuf, recvbuf, call, backend):
             self._fast[name] = None
+            return
+        self._fast[name] = _FastCall(call, backend, sendbuf, recvbuf, op, root, algo, det)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
         """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
@@ -328,6 +306,72 @@ class Communicator:
         """recvbuf = concatenation over ranks of sendbuf."""
         self._run("Allgather", sendbuf, recvbuf, algorithm=algorithm,
                   deterministic=deterministic, stream=stream)
+
+    def Alltoall(self, sendbuf, recvbuf, *, algorithm=None, deterministic=None, stream=None):
+        """Block j of sendbuf (size equal blocks) goes to rank j, which stores it as block `rank`
+        of recvbuf (sendbuf may be IN_PLACE)."""
+        self._run("Alltoall", sendbuf, recvbuf, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    def Alltoallv(self, sendbuf, recvbuf, *, algorithm=None, deterministic=None, stream=None):
+        """As mpi4py's: sendbuf = (array, counts[, displs]) sends counts[j] elements from displs[j]
+        to rank j; recvbuf = (array, counts[, displs]) receives counts[i] elements from rank i at
+        displs[i].  displs default to the running sum of counts."""
+        self._run("Alltoallv", sendbuf, recvbuf, algorithm=algorithm,
+                  deterministic=deterministic, stream=stream)
+
+    # -- groups ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def group(self):
+        """`with comm.group():` the collectives called inside are validated at once, queued, and
+        issued in order when the block exits, as NCCL's ncclGroupStart/ncclGroupEnd do (their
+        results exist only after the block, on the stream of each call).  On the cuda backend,
+        consecutive Allreduce calls of one dtype, op, policy and stream whose buffers do not
+        overlap each other's outputs share ONE one-shot launch, their buffers laid end to end
+        (up to 32 calls and the one-shot's bytes per launch): one epoch and one round trip for
+        all of them, bitwise what each call alone gives.  Other calls run as usual, in order.
+        On the nccl backend the block is an NCCL group; on the host backend the calls run in
+        order at exit.  Collective: every rank, the same calls.  If the block raises, nothing
+        queued is issued.  Groups do not nest; Barrier and the engine's start/stop are not
+        allowed inside one."""
+        self._live("group")
+        if self._group is not None:
+            raise HpccollError("group: groups do not nest (this communicator is already in one)")
+        self._group = []
+        try:
+            yield self
+        except BaseException:
+            self._group = None
+            raise
+        items, self._group = self._group, None
+        if items:
+            with self._exclusive("group"):
+                self._issue(items)
+
+    def _outside_group(self, name: str, where: str) -> None:
+        if self._group is not None:
+            raise HpccollError(f"{name}: not allowed inside a group (its calls are issued when the "
+                               f"block exits): call it {where} the block")
+
+    def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
+        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det)
+        self._group.append((backend, (call, det, algo, stream)))
+
+    def _issue(self, items) -> None:
+        """A group's calls in order: runs of calls for one backend through its run_group."""
+        i = 0
+        while i < len(items):
+            backend = items[i][0]
+            j = i
+            while j < len(items) and items[j][0] is backend:
+                j += 1
+            batch = [item for _b, item in items[i:j]]
+            if backend.caps.groups:
+                backend.run_group(batch)
+            else:
+                for item in batch:
+                    backend.run(*item)
+            i = j
 
     # -- persistent collectives (MPI-4; hpccoll/request.py) ---------------------------
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None,
@@ -355,30 +399,32 @@ class Communicator:
     def _validate_persistent(self, req: Request) -> None:
         """A request's arguments, checked once (local: no communication) and its launch
         prepared where one launch serves it (check mode: never, so every Start checks)."""
-        if self._freed:
-            raise HpccollError(f"{req._name}_init: this communicator was freed")
-        call = prepare(req._name, self.size, req._send, req._recv, op=req._op, root=req._root)
+        self._live(f"{req._name}_init")
+        call = prepare(req._name, self._size, req._send, req._recv, op=req._op, root=req._root)
         if req._stream is not None:
-            from .backends.cuda import _stream_ptr
+            from .backends.streams import stream_ptr
 
-            _stream_ptr(req._stream)  # a stream of the wrong type raises here
-        op = call.op.name if call.op else None
-        device = self._device if self._hier is None and call.recv.is_device else None
-        if device is None:
-            if self._hier is None:
-                _check_host_algorithm(f"{req._name}_init", req._algo)
-            return
-        resolve = getattr(device, "resolve", None)
-        if resolve is not None:  # unknown or unfit algorithm names raise here
-            resolve(call.name, call.recv.dtype, op, call.send.nbytes, req._det, req._algo)
-        req._call = call
+            stream_ptr(req._stream)  # a stream of the wrong type raises here
+        backend = self._backend_for(call)
+        self._resolve(backend, call, req._det, req._algo)  # unknown or unfit algorithm names raise here
+        req._call, req._backend = call, backend
         self._plan_request(req)
 
     def _plan_request(self, req: Request) -> None:
-        eligible = (req._call is not None and not self.check and hasattr(self._device, "plan")
-                    and _FastCall.eligible(req._send, req._recv))
-        req._plan = self._device.plan(req._call, req._det, req._algo) if eligible else None
+        eligible = (req._call is not None and not self.check and req._backend.caps.plans
+                    and _FastCall.eligible(req._send, req._recv, req._call, req._backend))
+        req._plan = req._backend.plan(req._call, req._det, req._algo) if eligible else None
         req._gen = self._plan_gen
+
+    def _launch_plan(self, plan, stream, name) -> None:
+        """A prepared launch, one collective at a time (the persistent requests' fast path)."""
+        lock = self._lock
+        if not lock.acquire(False):
+            raise _in_flight(name)
+        try:
+            plan.launch(stream)
+        finally:
+            lock.release()
 
     def _start_persistent_request(self, req: Request) -> None:
         """Start's slow path: in a group, after the prepared launch went stale, or where none
@@ -393,35 +439,28 @@ class Communicator:
         self._run(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det, req._stream)
 
     def _stream_idle(self, stream) -> bool:
-        """Has every operation queued on `stream` finished?  (Host backend: always.)"""
-        if self._device is None and self._hier is None:
+        """Has every operation queued on `stream` finished?  (Synchronous backends: always.)"""
+        if not self._backend.caps.asynchronous:
             return True
-        import cupy
+        from .backends.streams import stream_idle
 
-        from .backends.cuda import _stream_ptr
-
-        return cupy.cuda.runtime.streamQuery(_stream_ptr(stream)) == 0  # the status, never raises
+        return stream_idle(stream)
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too)."""
+        self._live("Barrier")
         self._outside_group("Barrier", "after")
-        if self._hier is not None:
-            self._hier.barrier()
-        elif self._device is not None:
-            self._device.barrier()
-        else:
-            self._host.barrier()
+        self._backend.barrier()
 
     def synchronize(self, stream=None) -> None:
         """Wait for this communicator's device work on `stream`; raise CollectiveTimeout if a
         kernel gave up waiting for a peer.  (Device collectives are asynchronous: like CUDA
         errors, a timeout surfaces here or at the next call on this communicator.)"""
-        engine = self._hier or self._device
-        if engine is not None:
-            engine.synchronize(stream)
+        self._live("synchronize")
+        self._backend.synchronize(stream)
 
-    # -- the eager engine (hpccoll/_engine.py) -------------------------------------
-    def start_persistent(self, dtype="float32", *, blocks: int = DEFAULT_ENGINE_BLOCKS, max_bytes: int = 64 * 1024,
+    # -- the eager engine (backends/cuda/engine.py) -------------------------------------
+    def start_persistent(self, dtype="float32", *, blocks: int = DEFAULT_BLOCKS, max_bytes: int = 64 * 1024,
                          order: str = "stream") -> None:
         """Start the eager engine for `dtype` (collective: every rank, the same arguments).
 
@@ -429,56 +468,39 @@ class Communicator:
         `max_bytes` (16-byte-aligned device buffers, algorithm 'auto' or 'oneshot_ll', the stream
         not being captured) without a kernel launch: the call waits for the stream's earlier work,
         runs, and returns finished (blocking).  Results: the one-shot's, in rank order, bitwise
-        identical on every rank (floating types on sentinel slots, integers on LL's).  While an engine runs, device-wide synchronization (cudaDeviceSynchronize,
-        cudaFree) waits for it: synchronize streams instead, and stop it first.
-        At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.
-        max_bytes: at most 256 KiB, and 32 KiB per block.  The default, 64 KiB, is where the engine stops paying on
-        2xH200 (615aa1e, eager per call with the engine vs launched: 64 KiB 14.0 vs 17.6 us,
-        256 KiB 22.1 vs 18.1: its 4 blocks against the launched kernel's 32).
+        identical on every rank.  While an engine runs, device-wide synchronization
+        (cudaDeviceSynchronize, cudaFree) waits for it: synchronize streams instead, and stop it
+        first.  At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.
+        max_bytes: at most 256 KiB, and 32 KiB per block.
         order: how an engine call is ordered after the work that writes its input or still reads
         its output.  "stream" (the default): the call asks whether its stream has finished, and
-        synchronizes it if not (cuStreamQuery, about 2 us of every call).  "caller": the caller
-        has finished that work before the call, as CUDA-aware MPI requires of device buffers
-        (e.g. `stream.synchronize()`, or the previous blocking call); the call skips the query.
-        With the check mode (`check=True`, HPCCOLL_CHECK=1) every call queries anyway and raises
-        HpccollError when the stream had work left.  Launched calls are stream-ordered either way."""
-        if self._freed:
-            raise HpccollError("start_persistent: this communicator was freed")
+        synchronizes it if not.  "caller": the caller has finished that work before the call, as
+        CUDA-aware MPI requires of device buffers (e.g. `stream.synchronize()`, or the previous
+        blocking call); the call skips the query.  With the check mode every call queries anyway
+        and raises HpccollError when the stream had work left.  Launched calls are stream-ordered
+        either way."""
+        self._live("start_persistent")
         self._outside_group("start_persistent", "before")
         name = dtype_name(dtype)
-        from ._engine import BYTES_PER_BLOCK, MAX_BLOCKS
-        from .backends.cuda import S_ENGINE
-
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
-            raise ValueError(f"start_persistent: blocks={blocks!r}: pass an int from 1 to {MAX_BLOCKS}")
-
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
-            raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")
-        if max_bytes > blocks * BYTES_PER_BLOCK:
-            need = -(-max_bytes // BYTES_PER_BLOCK)
-            raise ValueError(f"start_persistent: max_bytes={max_bytes} needs blocks >= {need} (a block takes "
-                             f"{BYTES_PER_BLOCK // 1024} KiB of a call): pass blocks={need} or a smaller max_bytes")
-        if order not in ("stream", "caller"):
-            raise ValueError(f"start_persistent: order={order!r}: pass 'stream' (each call waits for its "
-                             "stream) or 'caller' (the caller synchronizes before each call)")
-        if self.backend != "cuda" or not hasattr(self._device, "start_engine"):
+        validate_engine_args(blocks, max_bytes, order)
+        if not self._backend.caps.engine:
             raise HpccollError(f"start_persistent: needs the single-node cuda backend; this communicator's "
                                f"backend is {self.backend!r} (open it with backend='cuda' on one node)")
         with self._exclusive("start_persistent"):
             self._invalidate_plans()  # prepared launches: the grid cap may change
-            self._device.start_engine(name, blocks, max_bytes, order, self.check)
+            self._backend.engines.start(name, blocks, max_bytes, order, self.check)
 
     def stop_persistent(self, dtype=None) -> None:
         """Stop the eager engine of `dtype`, or every engine when None (collective)."""
-        if self._freed or not hasattr(self._device, "stop_engine"):
+        if self._freed or not self._backend.caps.engine:
             return
         self._outside_group("stop_persistent", "after")
         with self._exclusive("stop_persistent"):
             self._invalidate_plans()
             if dtype is None:
-                self._device.stop_engines()
+                self._backend.engines.stop_all()
             else:
-                self._device.stop_engine(dtype_name(dtype))
+                self._backend.engines.stop(dtype_name(dtype))
 
     @contextlib.contextmanager
     def persistent(self, dtype="float32", **kw):
@@ -505,53 +527,55 @@ class Communicator:
         return out
 
 
-def _check_host_algorithm(name: str, algo: str) -> None:
-    if algo not in ("auto", "mpi", "host"):
-        raise ValueError(f"{name}: algorithm={algo!r} needs device buffers on the cuda backend; "
-                         "this call runs on the host backend: use 'auto'")
-
-
 def _in_flight(name: str) -> HpccollError:
     return HpccollError(f"{name}: another collective is in flight on this communicator "
                         "(one at a time per communicator; use Dup() for another thread)")
 
 
 class _FastCall:
-    """The last device call of one collective: a candidate (plan None) until it is repeated,
-    then a prepared launch (`plan`) for every further exact repeat.
+    """The last call of one collective, for its repeats: the validated `call` and its backend,
+    and once the call has been repeated on a backend that prepares launches, the prepared launch
+    (`plan`).
 
-    A repeat must pass the very same CuPy arrays (held by weak reference, so a freed array can
-    never be mistaken for a new one at the same address) and the same op, root, algorithm and
-    determinism policy.  The same live array is the same buffer: a CuPy ndarray's `data`, `size`
-    and `dtype` are read-only attributes set when it is made (cupy/_core/core.pxd), and a view,
-    a slice or a reshape is a new object.  Anything else takes the full path: validation,
-    algorithm choice, staging.  (Until session 15 the match also compared each array's address,
-    size and dtype with the first call's: 0.2-0.3 us of every blocking call on 2xH200.)"""
+    A repeat must pass the very same arrays (held by weak reference, so a freed array can never
+    be mistaken for a new one at the same address), with the dtype and shape they had, and the
+    same op, root, algorithm and determinism policy.  A CuPy ndarray's `data`, `size` and `dtype`
+    are read-only; a numpy array's dtype and shape can be reassigned, so they are compared.
+    A view, a slice or a reshape is a new object.  Anything else takes the full path: validation,
+    algorithm choice, staging."""
 
-    __slots__ = ("plan", "send", "recv", "send_ref", "args")
+    __slots__ = ("call", "backend", "plan", "repeats", "send", "recv", "send_ref", "args", "meta")
 
     @staticmethod
-    def eligible(sendbuf, recvbuf) -> bool:
+    def eligible(sendbuf, recvbuf, call, backend) -> bool:
+        if call.v is not None:
+            return False
         cp = _cupy_module()
-        return cp is not None and type(recvbuf) is cp.ndarray and (
-            sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is cp.ndarray)
+        if cp is not None and type(recvbuf) is cp.ndarray:
+            return call.recv.nbytes <= _FAST_DEVICE_BYTES and (
+                sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is cp.ndarray)
+        import numpy as np
 
-    def __init__(self, plan, sendbuf, recvbuf, op, root, algo, det):
-        self.plan = plan
+        return (type(recvbuf) is np.ndarray and call.recv.nbytes <= _FAST_HOST_BYTES
+                and (sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is np.ndarray))
+
+    def __init__(self, call, backend, sendbuf, recvbuf, op, root, algo, det):
+        self.call, self.backend, self.plan, self.repeats = call, backend, None, 0
         self.recv = weakref.ref(recvbuf)
         self.send_ref = not (sendbuf is None or _is_in_place(sendbuf))
         self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)
         self.args = (op, root, algo, det)
+        self.meta = (recvbuf.dtype, recvbuf.shape, sendbuf.dtype if self.send_ref else None,
+                     sendbuf.shape if self.send_ref else None)
 
     def matches(self, sendbuf, recvbuf, op, root, algo, det) -> bool:
         if self.recv() is not recvbuf or (self.send() if self.send_ref else self.send) is not sendbuf:
             return False
-        a = self.args
+        a, m = self.args, self.meta
+        if recvbuf.dtype is not m[0] or recvbuf.shape != m[1] or (
+                self.send_ref and (sendbuf.dtype is not m[2] or sendbuf.shape != m[3])):
+            return False
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
-
-
-_METHOD = {"Allreduce": "allreduce", "Bcast": "bcast",
-           "Reduce_scatter_block": "reduce_scatter_block", "Allgather": "allgather"}
 
 
 def _empty_like(x):

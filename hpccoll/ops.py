@@ -1,9 +1,16 @@
 """Reduction operations and the dtypes hpccoll supports.
 
-One place defines what every backend must compute: the fixed-order reference
-reduction `reduce_in_rank_order`.  Deterministic device kernels reproduce it bit
-for bit (16-bit floats: each step computed in fp32 and rounded back, as numpy and
-ml_dtypes do; MAX/MIN: numpy's scalar rule `a if (a >= b or isnan(a)) else b`).
+One place defines what every backend must compute, the reference `reduce_in_rank_order`:
+- SUM / PROD: IEEE arithmetic in rank order, ((x0 op x1) op x2) ..., rounded to the dtype at
+  every step (16-bit floats: each step computed in fp32 and rounded back, as numpy and
+  ml_dtypes do).  Deterministic device kernels reproduce it bit for bit.
+- MAX / MIN: the larger / smaller value with +0 above -0; if any contribution is a NaN, the
+  result is a NaN.  These are commutative and associative in bits, so every order of reduction
+  gives the same bits (the default host path uses MPI's own reduction for them).
+- Every NaN of a floating-point result is the dtype's canonical NaN (cuda/hc_abi.h,
+  HC_CANON_NAN_*: numpy's np.nan in each width), whatever payloads the input NaNs carried, so
+  every rank holds the same bits in every mode.
+Integer SUM / PROD wrap around like C.
 """
 from __future__ import annotations
 
@@ -37,8 +44,8 @@ def _op_by_name(name: str) -> Op:
     return OPS[name]
 
 
-def as_op(op) -> Op:
-    """Accept hpccoll ops, mpi4py's MPI.SUM etc., or their names."""
+def as_op(op, fn: str | None = None) -> Op:
+    """Accept hpccoll ops, mpi4py's MPI.SUM etc., or their names; `fn` names the call in errors."""
     if isinstance(op, Op):
         return op
     if isinstance(op, str) and op.upper() in OPS:
@@ -51,9 +58,30 @@ def as_op(op) -> Op:
                 return OPS[name]
     except ImportError:  # pragma: no cover - mpi4py is a dependency
         pass
+    prefix = f"{fn}: " if fn else ""
     raise ValueError(
-        f"op={op!r} is not supported: use hpccoll.SUM, MAX, MIN or PROD "
+        f"{prefix}op={op_text(op)} is not supported: use hpccoll.SUM, MAX, MIN or PROD "
         "(or mpi4py's MPI.SUM, MPI.MAX, MPI.MIN, MPI.PROD)")
+
+
+def op_text(op) -> str:
+    """An op as a reader knows it: hpccoll.SUM, MPI.LAND, 'avg', ... (never an object address)."""
+    if isinstance(op, Op):
+        return repr(op)
+    try:
+        from mpi4py import MPI
+
+        if isinstance(op, MPI.Op):
+            for name in ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR",
+                         "MAXLOC", "MINLOC", "REPLACE", "NO_OP", "OP_NULL"):
+                if op == getattr(MPI, name, None):
+                    return f"MPI.{name}"
+            return "a user-defined MPI.Op"
+    except ImportError:  # pragma: no cover
+        pass
+    if callable(op) and hasattr(op, "__name__"):
+        return f"{getattr(op, '__module__', '') or ''}.{op.__name__}".lstrip(".")
+    return repr(op)
 
 
 def _bfloat16():
@@ -114,21 +142,71 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def canonicalize_nans(arr: np.ndarray) -> np.ndarray:
+    """Replace every NaN of a floating-point array by the canonical NaN, in place; returns arr."""
+    name = dtype_name(arr.dtype)
+    if not SUPPORTED_DTYPES[name][1]:
+        return arr
+    nan = np.isnan(arr.astype(np.float32) if name == "bfloat16" else arr)
+    if nan.any():
+        from ._abi import CANONICAL_NAN
+
+        arr.view(_UINT[arr.dtype.itemsize])[nan] = CANONICAL_NAN[name]
+    return arr
+
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def ordered_keys(arr: np.ndarray, op: Op) -> np.ndarray:
+    """Signed integers whose order is MAX/MIN's order on the floats of `arr` (+0 above -0), with
+    every NaN mapped to the extreme that wins `op`: MAX/MIN of floats as an integer MAX/MIN, which
+    MPI reduces exactly in any order.  `from_ordered_keys` maps back."""
+    size = arr.dtype.itemsize
+    i = arr.view(_INT[size]).copy()
+    flip = np.array((1 << (8 * size - 1)) - 1, dtype=_INT[size])
+    np.bitwise_xor(i, flip, out=i, where=i < 0)  # negatives: larger magnitude, smaller key
+    info = np.iinfo(_INT[size])
+    name = dtype_name(arr.dtype)
+    nan = np.isnan(arr.astype(np.float32) if name == "bfloat16" else arr)
+    i[nan] = info.max if op is MAX else info.min
+    return i
+
+
+def from_ordered_keys(keys: np.ndarray, out: np.ndarray, op: Op) -> np.ndarray:
+    """The floats of `ordered_keys` back into `out` (the extreme key is the canonical NaN)."""
+    from ._abi import CANONICAL_NAN
+
+    size = out.dtype.itemsize
+    info = np.iinfo(_INT[size])
+    nan = keys == (info.max if op is MAX else info.min)
+    flip = np.array((1 << (8 * size - 1)) - 1, dtype=_INT[size])
+    bits = np.bitwise_xor(keys, flip, where=keys < 0, out=keys.copy())
+    bits[nan] = np.array(CANONICAL_NAN[dtype_name(out.dtype)], dtype=_UINT[size]).view(_INT[size])
+    out.reshape(-1).view(_INT[size])[...] = bits.reshape(-1)
+    return out
+
+
+def _is_float(dtype) -> bool:
+    return np.dtype(dtype).kind == "f" or _is_bf16(dtype)
+
+
 def _step(op: Op, acc: np.ndarray, x: np.ndarray) -> np.ndarray:
     if op is SUM:
         return acc + x
     if op is PROD:
         return acc * x
-    if acc.dtype.kind == "f" or _is_bf16(acc.dtype):
-        keep = (acc >= x) if op is MAX else (acc <= x)
-        keep |= np.isnan(acc)
-    else:
-        keep = (acc >= x) if op is MAX else (acc <= x)
-    return np.where(keep, acc, x)
+    if _is_float(acc.dtype):
+        keys = np.stack([ordered_keys(acc, op), ordered_keys(x, op)])
+        pick = keys.max(axis=0) if op is MAX else keys.min(axis=0)
+        return from_ordered_keys(pick, np.empty_like(acc), op)
+    return np.maximum(acc, x) if op is MAX else np.minimum(acc, x)
 
 
 def reduce_in_rank_order(op: Op, contributions) -> np.ndarray:
-    """The reference: ((x0 op x1) op x2) ... in rank order, rounded to the dtype each step.
+    """The reference: ((x0 op x1) op x2) ... in rank order, rounded to the dtype each step, every
+    NaN of the result canonical (see the module's doc).
 
     Integer SUM/PROD wrap around like C (numpy's overflow warning is silenced)."""
     it = iter(contributions)
@@ -136,4 +214,4 @@ def reduce_in_rank_order(op: Op, contributions) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         for x in it:
             acc = _step(op, acc, x).astype(acc.dtype, copy=False)
-    return acc
+    return canonicalize_nans(acc) if _is_float(acc.dtype) else acc

@@ -23,7 +23,7 @@ class Request:
     """A persistent collective of one Communicator (see the module's doc)."""
 
     __slots__ = ("_comm", "_name", "_send", "_recv", "_op", "_root", "_algo", "_det", "_stream",
-                 "_call", "_plan", "_gen", "_active", "_freed")
+                 "_call", "_backend", "_plan", "_gen", "_active", "_freed")
 
     def __init__(self, comm, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream):
         self._comm, self._name = comm, name
@@ -31,7 +31,7 @@ class Request:
         self._algo = comm.algorithm if algorithm is None else algorithm
         self._det = comm.deterministic if deterministic is None else bool(deterministic)
         self._stream = stream
-        self._call = self._plan = None  # the validated call and its prepared launch (device only)
+        self._call = self._plan = self._backend = None  # the validated call, its backend, its prepared launch
         self._gen = -1
         self._active = self._freed = False
         comm._validate_persistent(self)  # bad arguments raise here, at init, as MPI's do
@@ -75,7 +75,7 @@ class Request:
         if self._active:
             raise HpccollError(f"{self._name}_init request: Free on an active request: call Wait() first")
         self._freed = True
-        self._plan = self._call = self._send = self._recv = None
+        self._plan = self._call = self._backend = self._send = self._recv = None
 
     @property
     def active(self) -> bool:

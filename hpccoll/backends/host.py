@@ -1,23 +1,43 @@
-"""Host backend: numpy buffers through mpi4py; device buffers are staged through host.
+"""Host backend: numpy buffers through mpi4py; device buffers are staged through host memory.
 
-The reference for every other backend.  Deterministic reductions gather every
-contribution and reduce in rank order (`ops.reduce_in_rank_order`), so every rank
-gets the same bits in every run."""
+The reference for every other backend, and the path on machines without a GPU.
+- Every MPI call is nonblocking and completed against a deadline (the communicator's timeout):
+  a peer that never joins, or died, makes the call raise CollectiveTimeout naming it; it never
+  hangs.  The communicator is unusable afterwards (the pending MPI operation cannot be
+  cancelled).
+- Results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through MPI's reduction
+  (deterministic=False) or an Allgather reduced in rank order (deterministic=True, the same bits
+  in every run), then every NaN made canonical; MAX / MIN of floats as an integer MAX / MIN of
+  order-preserving keys (exact, the same bits in any reduction order, so both policies share it)."""
 from __future__ import annotations
+
+import os
+import time
 
 import numpy as np
 from mpi4py import MPI
 
-from .._validate import Call
-from ..ops import SUM, PROD, MAX, MIN, reduce_in_rank_order
+from .._abi import CANONICAL_NAN
+from ..errors import CollectiveTimeout
+from ..ops import MAX, MIN, PROD, SUM, from_ordered_keys, ordered_keys, reduce_in_rank_order
+from .base import Backend, Capabilities
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
 _MPI_TYPED = {"float64", "float32", "int32", "int64"}
+_FLOATS = {"float64", "float32", "float16", "bfloat16"}
 # MPI counts are C ints: a message of more bytes than this goes in units of a contiguous
-# datatype (Allgather, Alltoall) or in pieces (Bcast).  Open MPI 4.1 refused a 2 GiB Bcast
-# (MPI_ERR_ARG: the eigensolver's n = 16384 problem, 2026-11-30).  Tests lower it.
+# datatype (Allgather, Alltoall) or in pieces (Bcast).  Tests lower it.
 MAX_COUNT = 2**31 - 1
 _UNITS: dict = {}   # bytes per unit -> committed contiguous MPI datatype
+_SPINS = 64          # Test() calls between clock reads while waiting
+_YIELD_AFTER = 4096  # Test() calls before each one also yields the core (ranks may share cores)
+
+
+def _unit(nbytes: int):
+    t = _UNITS.get(nbytes)
+    if t is None:
+        t = _UNITS[nbytes] = MPI.BYTE.Create_contiguous(nbytes).Commit()
+    return t
 
 
 def _msg(u8: np.ndarray, blocks: int = 1):
@@ -34,10 +54,11 @@ def _msg(u8: np.ndarray, blocks: int = 1):
     if per // unit > MAX_COUNT:
         raise ValueError(f"hpccoll host backend: a block of {per} bytes has no unit of 2^k bytes that "
                          f"brings its MPI count under {MAX_COUNT + 1}; pad the buffer to a multiple of 1 KiB")
-    t = _UNITS.get(unit)
-    if t is None:
-        t = _UNITS[unit] = MPI.BYTE.Create_contiguous(unit).Commit()
-    return [u8, t]
+    return [u8, _unit(unit)]
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
 
 
 class _Staged:
@@ -47,6 +68,8 @@ class _Staged:
     all queued work (the caller may have produced the data on a non-blocking stream, which a
     legacy-stream copy would not wait for), and the copy back completes before returning (a
     pageable host-to-device cudaMemcpy may return before its DMA lands)."""
+
+    __slots__ = ("buf", "host")
 
     def __init__(self, buf, fetch: bool = True):
         self.buf = buf
@@ -66,63 +89,161 @@ class _Staged:
             cupy.cuda.runtime.deviceSynchronize()
 
 
-class HostBackend:
-    name = "host"
+def _canonicalize(out: np.ndarray, name: str) -> None:
+    """Every NaN of a float result to the canonical NaN, in place (np.isnan is skipped for the
+    common all-finite case by one reduction: a NaN anywhere makes the sum NaN)."""
+    view = out if name != "bfloat16" else out.astype(np.float32)
+    with np.errstate(all="ignore"):
+        if not np.isnan(view.sum()):  # NaN-free (a sum of finite values may overflow to inf: not NaN)
+            return
+    nan = np.isnan(view)
+    out.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[out.itemsize])[nan] = CANONICAL_NAN[name]
 
-    def __init__(self, mpi_comm):
+
+class HostBackend(Backend):
+    name = "host"
+    caps = Capabilities(device=False, host_buffers=True, algorithms=("mpi", "host"))
+
+    def __init__(self, mpi_comm, timeout: float = 30.0):
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
+        self.timeout = float(timeout)
+        self.broken: str | None = None
 
-    # -- helpers -------------------------------------------------------------
-    def _gather_all(self, x: np.ndarray) -> np.ndarray:
+    # -- completion against the deadline ------------------------------------------------
+    def _complete(self, req, name: str) -> None:
+        """Wait for a nonblocking MPI request; CollectiveTimeout once `timeout` has passed."""
+        if req.Test():
+            return
+        test = req.Test
+        n = 0
+        deadline = time.monotonic() + self.timeout
+        while not test():
+            n += 1
+            if n % _SPINS == 0:
+                if n > _YIELD_AFTER:
+                    os.sched_yield()
+                if time.monotonic() > deadline:
+                    self.broken = (f"{name}: rank {self.rank} waited {self.timeout:g} s for its peers in the "
+                                   "host backend's MPI call; a peer never joined or died. This communicator "
+                                   "is unusable (the MPI operation cannot be cancelled): end the job, or "
+                                   "raise HPCCOLL_TIMEOUT if ranks are legitimately that far apart")
+                    raise CollectiveTimeout(self.broken, collective=name, waited_s=self.timeout)
+
+    def _check(self, name: str) -> None:
+        if self.broken:
+            raise CollectiveTimeout(f"{name}: this communicator timed out earlier and is unusable "
+                                    f"({self.broken})", collective=name)
+
+    def run(self, call, deterministic: bool, algorithm: str, stream=None) -> None:
+        if algorithm != "auto" and algorithm != "mpi" and algorithm != "host":
+            self.resolve(call.name, call.recv.dtype, None, 0, deterministic, algorithm)  # raises
+        self._check(call.name)
+        _RUN[call.name](self, call, deterministic)
+
+    # -- collectives ---------------------------------------------------------------------
+    def _gather_all(self, x: np.ndarray, name: str) -> np.ndarray:
         out = np.empty((self.size,) + x.shape, dtype=x.dtype)
-        self.comm.Allgather(_msg(x.reshape(-1).view(np.uint8)), _msg(out.reshape(-1).view(np.uint8), self.size))
+        self._complete(self.comm.Iallgather(_msg(_bytes(x)), _msg(_bytes(out), self.size)), name)
         return out
 
-    # -- collectives ---------------------------------------------------------
-    def allreduce(self, call: Call, deterministic: bool, algorithm: str) -> None:
+    def _allreduce(self, call, det: bool) -> None:
         send = _Staged(call.send)
         recv = send if call.in_place else _Staged(call.recv, fetch=False)
-        x = send.host
-        if not deterministic and call.send.dtype in _MPI_TYPED:
+        x, out, name, op = send.host, recv.host, call.recv.dtype, call.op
+        if name in _FLOATS and op in (MAX, MIN):
+            keys = ordered_keys(x, op)
+            mop = MPI.MAX if op is MAX else MPI.MIN
+            self._complete(self.comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), call.name)
+            from_ordered_keys(keys, out, op)
+        elif not det and name in _MPI_TYPED:
             src = MPI.IN_PLACE if call.in_place else x
-            self.comm.Allreduce(src, recv.host, op=_MPI_OPS[call.op])
+            self._complete(self.comm.Iallreduce(src, out, op=_MPI_OPS[op]), call.name)
+            if name in _FLOATS and op in (SUM, PROD):
+                _canonicalize(out, name)
         else:
-            recv.host[...] = reduce_in_rank_order(call.op, self._gather_all(np.array(x, copy=True)))
+            out[...] = reduce_in_rank_order(op, self._gather_all(np.array(x, copy=True), call.name))
         recv.commit()
 
-    def reduce_scatter_block(self, call: Call, deterministic: bool, algorithm: str) -> None:
+    def _reduce_scatter_block(self, call, det: bool) -> None:
         send = _Staged(call.send)
         x = send.host
         n = x.size // self.size
         parts = np.empty((self.size, n), dtype=x.dtype)
-        self.comm.Alltoall(_msg(np.ascontiguousarray(x).reshape(-1).view(np.uint8), self.size),
-                           _msg(parts.reshape(-1).view(np.uint8), self.size))
+        self._complete(self.comm.Ialltoall(_msg(_bytes(np.ascontiguousarray(x)), self.size),
+                                           _msg(_bytes(parts), self.size)), call.name)
         res = reduce_in_rank_order(call.op, parts)
         recv = send if call.in_place else _Staged(call.recv, fetch=False)
         recv.host[:n] = res
         recv.commit()
 
-    def allgather(self, call: Call, deterministic: bool, algorithm: str) -> None:
+    def _allgather(self, call, det: bool) -> None:
         recv = _Staged(call.recv, fetch=call.in_place)
         n = call.recv.count // self.size
         if call.in_place:
             mine = np.array(recv.host[self.rank * n:(self.rank + 1) * n], copy=True)
         else:
             mine = np.ascontiguousarray(_Staged(call.send).host)
-        self.comm.Allgather(_msg(mine.reshape(-1).view(np.uint8)), _msg(recv.host.reshape(-1).view(np.uint8), self.size))
+        self._complete(self.comm.Iallgather(_msg(_bytes(mine)), _msg(_bytes(recv.host), self.size)), call.name)
         recv.commit()
 
-    def bcast(self, call: Call, deterministic: bool, algorithm: str) -> None:
+    def _bcast(self, call, det: bool) -> None:
         buf = _Staged(call.recv, fetch=self.rank == call.root)
-        u8 = buf.host.view(np.uint8)
+        u8 = _bytes(buf.host)
         for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
-            self.comm.Bcast(u8[off:off + MAX_COUNT], root=call.root)
+            self._complete(self.comm.Ibcast(u8[off:off + MAX_COUNT], root=call.root), call.name)
         buf.commit()
 
+    def _alltoall(self, call, det: bool) -> None:
+        recv = _Staged(call.recv, fetch=call.in_place)
+        src = np.array(recv.host, copy=True) if call.in_place else np.ascontiguousarray(_Staged(call.send).host)
+        self._complete(self.comm.Ialltoall(_msg(_bytes(src), self.size), _msg(_bytes(recv.host), self.size)),
+                       call.name)
+        recv.commit()
+
+    def _alltoallv(self, call, det: bool) -> None:
+        v = call.v
+        recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
+        src = np.ascontiguousarray(_Staged(call.send).host)
+        t = _unit(src.itemsize)  # counts in elements of this size: each fits an int (validated)
+        self._complete(self.comm.Ialltoallv([_bytes(src), (v.send_counts, v.send_displs), t],
+                                            [_bytes(recv.host), (v.recv_counts, v.recv_displs), t]), call.name)
+        recv.commit()
+
+    def allgather_object(self, obj, name: str) -> list:
+        """Every rank's picklable `obj`, in rank order, bounded by the timeout (check mode's
+        exchange): the sizes, then the pickles."""
+        import pickle
+
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = np.empty(self.size, dtype=np.int64)
+        self._complete(self.comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), name)
+        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._complete(self.comm.Iallgatherv(data, [out, (sizes, displs), MPI.BYTE]), name)
+        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, sizes)]
+
+    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
+        if algorithm in ("auto", "mpi", "host"):
+            return algorithm
+        from .. import policy
+
+        if algorithm in policy.ALGORITHMS:
+            raise ValueError(f"{collective}: algorithm={algorithm!r} runs device buffers on the cuda backend; "
+                             "this call runs on the host backend (host buffers, or a host communicator): "
+                             "use 'auto' or 'mpi'")
+        raise ValueError(f"{collective}: algorithm={algorithm!r} is unknown: use 'auto' or 'mpi' (host "
+                         f"backend), or one of {', '.join(policy.ALGORITHMS)} for device buffers on the cuda backend")
+
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._check("Barrier")
+        self._complete(self.comm.Ibarrier(), "Barrier")
 
     def free(self) -> None:
         pass
+
+
+_RUN = {"Allreduce": HostBackend._allreduce, "Bcast": HostBackend._bcast,
+        "Reduce_scatter_block": HostBackend._reduce_scatter_block, "Allgather": HostBackend._allgather,
+        "Alltoall": HostBackend._alltoall, "Alltoallv": HostBackend._alltoallv}

@@ -1,12 +1,14 @@
-"""NCCL backend (through CuPy's NCCL bindings): the baseline hpccoll is measured against,
-and the eigensolver's `--comm nccl` path.  Not deterministic across rank counts; NCCL picks
-its own algorithms (NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced)."""
+"""NCCL backend (through CuPy's NCCL bindings): the baseline hpccoll is measured against, and
+the eigensolver's `--comm nccl` path.  Not deterministic; NCCL picks its own algorithms
+(NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced)."""
 from __future__ import annotations
 
 import os
 
 from .._validate import Call
 from ..errors import HpccollError
+from .base import Backend, Capabilities
+from .streams import stream_ptr, synchronize_stream
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -19,8 +21,11 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
-class NcclBackend:
+class NcclBackend(Backend):
     name = "nccl"
+    caps = Capabilities(device=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather",
+                                                             "Reduce_scatter_block", "Alltoall"}),
+                        groups=True, asynchronous=True)
 
     def __init__(self, mpi_comm, device=None):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
@@ -47,29 +52,47 @@ class NcclBackend:
             self.types["bfloat16"] = nccl.NCCL_BFLOAT16
         self.ops = {"SUM": nccl.NCCL_SUM, "PROD": nccl.NCCL_PROD, "MAX": nccl.NCCL_MAX, "MIN": nccl.NCCL_MIN}
 
-    def _stream(self, stream) -> int:
-        from .cuda import _stream_ptr
-
-        return _stream_ptr(stream)
-
     def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
         t = self.types.get(call.recv.dtype)
         if t is None:
-            raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}")
-        s = self._stream(stream)
+            raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}: use backend='cuda'")
+        s = stream_ptr(stream)
         send, recv = call.send.flat, call.recv.flat
+        size, rank = self.mpi.Get_size(), self.mpi.Get_rank()
         for _ in range(iters):
             if call.name == "Allreduce":
                 self.comm.allReduce(send.data.ptr, recv.data.ptr, recv.size, t, self.ops[call.op.name], s)
             elif call.name == "Bcast":
                 self.comm.bcast(recv.data.ptr, recv.size, t, call.root, s)
             elif call.name == "Allgather":
-                n = recv.size // self.mpi.Get_size()
-                src = recv[self.mpi.Get_rank() * n:] if call.in_place else send
+                n = recv.size // size
+                src = recv[rank * n:] if call.in_place else send
                 self.comm.allGather(src.data.ptr, recv.data.ptr, n, t, s)
             elif call.name == "Reduce_scatter_block":
-                n = recv.size // self.mpi.Get_size() if call.in_place else recv.size
+                n = recv.size // size if call.in_place else recv.size
                 self.comm.reduceScatter(send.data.ptr, recv.data.ptr, n, t, self.ops[call.op.name], s)
+            elif call.name == "Alltoall":
+                self._alltoall(call, t, s)
+
+    def _alltoall(self, call: Call, t, s: int) -> None:
+        """Pairwise sends and receives in one NCCL group (NCCL has no Alltoall of its own)."""
+        import cupy
+
+        size = self.mpi.Get_size()
+        recv = call.recv.flat
+        n = recv.size // size
+        src = call.send.flat
+        if call.in_place:
+            with cupy.cuda.ExternalStream(s):
+                src = recv.copy()
+        esize = recv.itemsize
+        self.nccl.groupStart()
+        try:
+            for peer in range(size):
+                self.comm.send(src.data.ptr + peer * n * esize, n, t, peer, s)
+                self.comm.recv(recv.data.ptr + peer * n * esize, n, t, peer, s)
+        finally:
+            self.nccl.groupEnd()
 
     def run_group(self, items) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
@@ -81,18 +104,13 @@ class NcclBackend:
             self.nccl.groupEnd()
 
     def synchronize(self, stream=None) -> None:
-        import cupy
-
-        cupy.cuda.ExternalStream(self._stream(stream)).synchronize()
-
-    def check_error(self) -> None:
-        pass
+        synchronize_stream(stream)
 
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         import cupy
 
         x = cupy.zeros(1, dtype=cupy.float32)
-        s = self._stream(stream)
+        s = stream_ptr(stream)
         for _ in range(iters):
             self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, s)
         if sync:

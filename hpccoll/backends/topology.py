@@ -14,7 +14,7 @@ def p2p_matrix():
         name = props["name"]
         names.append(name.decode() if isinstance(name, bytes) else name)
     access = [[i == j or bool(rt.deviceCanAccessPeer(i, j)) for j in range(n)] for i in range(n)]
-    from .._driver import p2p_native_atomics
+    from .cuda.driver import p2p_native_atomics
 
     atomics = [[i == j or p2p_native_atomics(i, j) for j in range(n)] for i in range(n)]
     return names, access, atomics

@@ -1,7 +1,7 @@
 """Hierarchical collectives with device buffers on simulated nodes (HPCCOLL_NODE_SIZE):
 2 ranks = 2 nodes of 1 GPU; 4 ranks under MPS = 2 nodes of 2 ranks.  CUDA kernels inside a
 node, MPI (deterministic) or NCCL (otherwise) between nodes.  Allreduce from the threshold
-(hpccoll.hier.RSAG_BYTES / HPCCOLL_HIER_RSAG_BYTES) on runs "rsag": CUDA Reduce_scatter in the
+(HPCCOLL_HIER_RSAG_BYTES) on runs "rsag": CUDA Reduce_scatter in the
 node, inter-node Allreduce of a shard, CUDA Allgather; it needs 2 ranks per node (4 under MPS)."""
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_allreduce_device(hc, op):
         hc.Allreduce(cp.asarray(x), out, op=OPS[op], deterministic=True)
         hc.synchronize()
         got = cp.asnumpy(out)
-        assert np.array_equal(got.view(np.uint32), _ref(OPS[op], xs, hc._hier.layout).view(np.uint32))
+        assert np.array_equal(got.view(np.uint32), _ref(OPS[op], xs, hc._backend.layout).view(np.uint32))
         assert len(set(WORLD.allgather(got.tobytes()))) == 1
         fast = cp.empty(n, cp.float32)
         hc.Allreduce(cp.asarray(x), fast, op=OPS[op], deterministic=False)  # NCCL between nodes
@@ -74,7 +74,7 @@ def test_bcast_allgather_reduce_scatter_device(hc):
         hc.Allgather(cp.asarray(x), g)
         assert np.array_equal(cp.asnumpy(g), np.concatenate(xs))
         big = np.random.default_rng([rank, n, 3]).standard_normal(n * size).astype(np.float32)
-        ref = _ref(OPS["SUM"], WORLD.allgather(big), hc._hier.layout)[rank * n:(rank + 1) * n]
+        ref = _ref(OPS["SUM"], WORLD.allgather(big), hc._backend.layout)[rank * n:(rank + 1) * n]
         rs = cp.empty(n, cp.float32)
         hc.Reduce_scatter_block(cp.asarray(big), rs, deterministic=True)
         hc.synchronize()
@@ -88,21 +88,21 @@ def test_allreduce_device_rsag(hc, monkeypatch, dtype, op):
     hierarchical order on every rank, twice, in place; NCCL between nodes when not deterministic."""
     import cupy as cp
 
-    if hc._hier.layout.per_node == 1:
+    if hc._backend.layout.per_node == 1:
         pytest.skip("rsag needs more than one rank per node: run at 4 ranks (MPS)")
-    ran, real = [], hc._hier._allreduce_rsag
+    ran, real = [], hc._backend._allreduce_rsag
 
     def spy(call, *rest):  # the counts that ran the rsag variant
         ran.append(call.recv.count)
         return real(call, *rest)
 
-    monkeypatch.setattr(hc._hier, "_allreduce_rsag", spy)
-    n0 = max(1, -(-hc._hier.rsag_bytes // 4))
+    monkeypatch.setattr(hc._backend, "_allreduce_rsag", spy)
+    n0 = max(1, -(-hc._backend.rsag_bytes // 4))
     counts = (n0, n0 + 1, 3 * n0 + 7)
     for it, n in enumerate(counts):
         rng = np.random.default_rng([WORLD.Get_rank(), it, len(op), 7])
         x = (rng.standard_normal(n) if dtype == "float32" else rng.integers(-1000, 1000, n)).astype(dtype)
-        ref = _ref(OPS[op], WORLD.allgather(x), hc._hier.layout)
+        ref = _ref(OPS[op], WORLD.allgather(x), hc._backend.layout)
         out = cp.empty(n, dtype)
         hc.Allreduce(cp.asarray(x), out, op=OPS[op], deterministic=True)
         hc.synchronize()

@@ -9,7 +9,8 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
-from hpccoll import bench
+from hpccoll.bench import cli as bench_cli
+from hpccoll.bench import sweep as bench
 
 pytestmark = pytest.mark.mpi(min_size=2)
 WORLD = MPI.COMM_WORLD
@@ -18,7 +19,7 @@ WORLD = MPI.COMM_WORLD
 def _args(argv):
     p = argparse.ArgumentParser(prog="hpccoll")
     sub = p.add_subparsers(dest="cmd", required=True)
-    bench.add_parsers(sub)
+    bench_cli.add_parsers(sub)
     return p.parse_args(argv)
 
 
@@ -41,7 +42,7 @@ def test_bench_host_rows(collective):
     path = os.path.join(d, f"{collective}.json")
     plot = os.path.join(d, f"{collective}.png")
     args = _args(["bench", collective, "--sizes", "8:256", "--iters", "3", "--json", path, "--plot", plot])
-    assert bench.main(args) == 0
+    assert bench_cli.main(args) == 0
     WORLD.Barrier()
     res = json.loads(open(path).read())
     assert res["ranks"] == WORLD.Get_size() and res["backend"] == "host"

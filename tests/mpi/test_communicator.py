@@ -116,9 +116,11 @@ def test_auto_backend_falls_back_to_host_without_gpu():
         assert allreduce_sum(c, 1) == c.size
 
 
-@pytest.mark.parametrize("algorithm", ["ll128", "sentinel", "bogus"])
-def test_device_algorithm_on_host_raises_on_every_rank(comm, algorithm):
-    with pytest.raises(ValueError, match=f"Allreduce: algorithm='{algorithm}' needs device buffers"):
+@pytest.mark.parametrize("algorithm,why", [("twoshot_ll128", "runs device buffers on the cuda backend"),
+                                           ("sentinel", "runs device buffers on the cuda backend"),
+                                           ("bogus", "is unknown: use 'auto' or 'mpi'")])
+def test_device_algorithm_on_host_raises_on_every_rank(comm, algorithm, why):
+    with pytest.raises(ValueError, match=f"Allreduce: algorithm='{algorithm}' {why}"):
         comm.Allreduce(np.ones(3), np.empty(3), algorithm=algorithm)
     assert allreduce_sum(comm, 1) == comm.size  # nothing was sent: the next call is clean
 

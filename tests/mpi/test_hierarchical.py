@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import hpccoll
-import hpccoll.hier
+from hpccoll.config import Config
 from hpccoll.ops import BFLOAT16, OPS, reduce_in_rank_order
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -48,7 +48,7 @@ def _data(rng, dtype, n):
 
 
 def test_layout(hc):
-    L = hc._hier.layout
+    L = hc._backend.layout
     k = int(__import__("os").environ["HPCCOLL_NODE_SIZE"])
     assert (L.nodes, L.per_node) == (WORLD.Get_size() // k, k)
     assert hc.backend.startswith(f"hier({L.nodes}x{k}")
@@ -64,7 +64,7 @@ def test_allreduce_deterministic_bits(hc, dtype, op):
         if op == "PROD" and x.dtype.kind == "f":
             x = (1 + 0.01 * x).astype(dtype)
         xs = WORLD.allgather(x)
-        ref = _hier_ref(OPS[op], xs, hc._hier.layout)
+        ref = _hier_ref(OPS[op], xs, hc._backend.layout)
         y = np.empty_like(x)
         hc.Allreduce(x, y, op=OPS[op], deterministic=True)
         assert np.array_equal(y.view(np.uint8), ref.view(np.uint8)), f"{dtype} {op} n={n}"
@@ -107,7 +107,7 @@ def test_reduce_scatter_matches_allreduce_slice(hc, op):
     size, rank = WORLD.Get_size(), WORLD.Get_rank()
     for n in (1, 5, 300):
         x = np.random.default_rng([rank, n, len(op)]).standard_normal(n * size)
-        ref = _hier_ref(OPS[op], WORLD.allgather(x), hc._hier.layout)[rank * n:(rank + 1) * n]
+        ref = _hier_ref(OPS[op], WORLD.allgather(x), hc._backend.layout)[rank * n:(rank + 1) * n]
         out = np.empty(n)
         hc.Reduce_scatter_block(x, out, op=OPS[op], deterministic=True)
         assert np.array_equal(out.view(np.uint64), ref.view(np.uint64))
@@ -141,16 +141,16 @@ def _communicator(monkeypatch, node_size: int, rsag_bytes: int | None):
     """A host communicator on nodes of `node_size`; rsag_bytes None = the module default."""
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(node_size))
     if rsag_bytes is None:
-        monkeypatch.delenv(hpccoll.hier.RSAG_ENV, raising=False)
+        monkeypatch.delenv("HPCCOLL_HIER_RSAG_BYTES", raising=False)
     else:
-        monkeypatch.setenv(hpccoll.hier.RSAG_ENV, str(rsag_bytes))
+        monkeypatch.setenv("HPCCOLL_HIER_RSAG_BYTES", str(rsag_bytes))
     return hpccoll.Communicator(backend="host")
 
 
 def _record_variants(monkeypatch, comm) -> list[str]:
     """The Allreduce variants `comm` runs from now on, in call order."""
     ran = []
-    hier = comm._hier
+    hier = comm._backend
     for name in ("ar", "rsag"):
         real = getattr(hier, "_allreduce_" + name)
 
@@ -193,7 +193,7 @@ def test_allreduce_rsag_deterministic_bits(hc_rsag, monkeypatch, dtype, op):
         x = _data(np.random.default_rng(_seed(it, dtype, op)), dtype, n)
         if op == "PROD" and x.dtype.kind != "i":
             x = (1 + 0.01 * x.astype(np.float32)).astype(x.dtype)
-        ref = _hier_ref(OPS[op], WORLD.allgather(x), hc_rsag._hier.layout)
+        ref = _hier_ref(OPS[op], WORLD.allgather(x), hc_rsag._backend.layout)
         y = np.empty_like(x)
         hc_rsag.Allreduce(x, y, op=OPS[op], deterministic=True)
         assert _bits(y) == _bits(ref), f"{dtype} {op} n={n}: differs from the hierarchical order"
@@ -218,7 +218,7 @@ def test_allreduce_variant_by_size(monkeypatch, node_size):
              ("float64", 511, "ar"), ("float64", 513, "rsag"), ("float16", 2047, "ar"), ("float16", 4099, "rsag")]
     for it, (dtype, n, _) in enumerate(cases):
         x = _data(np.random.default_rng(_seed(it, "by_size")), dtype, n)
-        ref = _hier_ref(OPS["SUM"], WORLD.allgather(x), c._hier.layout)
+        ref = _hier_ref(OPS["SUM"], WORLD.allgather(x), c._backend.layout)
         y = np.empty_like(x)
         c.Allreduce(x, y, deterministic=True)
         assert _bits(y) == _bits(ref), f"{dtype} n={n}"
@@ -232,14 +232,14 @@ def test_allreduce_default_threshold(monkeypatch):
     """Without the variable the module constant decides: RSAG_BYTES - 4 bytes is "ar", RSAG_BYTES "rsag"."""
     node_size = RSAG_NODE_SIZES[-1] if RSAG_NODE_SIZES else NODE_SIZES[-1]
     c = _communicator(monkeypatch, node_size, None)
-    assert c._hier.rsag_bytes == hpccoll.hier.RSAG_BYTES
+    assert c._backend.rsag_bytes == Config().hier_rsag_bytes
     ran = _record_variants(monkeypatch, c)
-    n = hpccoll.hier.RSAG_BYTES // 4
+    n = Config().hier_rsag_bytes // 4
     for it, count in enumerate((n - 1, n)):
         x = _data(np.random.default_rng(_seed(it, "default")), "float32", count)
         y = np.empty_like(x)
         c.Allreduce(x, y, deterministic=True)
-        assert _bits(y) == _bits(_hier_ref(OPS["SUM"], WORLD.allgather(x), c._hier.layout))
+        assert _bits(y) == _bits(_hier_ref(OPS["SUM"], WORLD.allgather(x), c._backend.layout))
     assert ran == ["ar", "rsag" if node_size > 1 else "ar"]
     c.Free()
 
@@ -278,15 +278,15 @@ def test_allreduce_rsag_rejects_bad_calls(hc_rsag):
 
 @pytest.mark.parametrize("value", ["lots", "-1", "1.5"])
 def test_rsag_threshold_env_rejected(monkeypatch, value):
-    monkeypatch.setenv(hpccoll.hier.RSAG_ENV, value)
+    monkeypatch.setenv("HPCCOLL_HIER_RSAG_BYTES", value)
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
-    with pytest.raises(ValueError, match=f"{hpccoll.hier.RSAG_ENV}=.*number of bytes"):
+    with pytest.raises(ValueError, match="HPCCOLL_HIER_RSAG_BYTES=.*non-negative integer"):
         hpccoll.Communicator(backend="host")
 
 
 def test_rsag_threshold_must_agree(monkeypatch):
     """Ranks with different thresholds would run different variants and hang: refused on every rank."""
-    monkeypatch.setenv(hpccoll.hier.RSAG_ENV, "0" if WORLD.Get_rank() == 0 else "4096")
+    monkeypatch.setenv("HPCCOLL_HIER_RSAG_BYTES", "0" if WORLD.Get_rank() == 0 else "4096")
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
     with pytest.raises(ValueError, match="differs between ranks"):
         hpccoll.Communicator(backend="host")

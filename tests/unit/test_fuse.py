@@ -1,11 +1,11 @@
-"""The capture fusion's bookkeeping (hpccoll/_fuse.py), without a GPU: which calls may join a
+"""The capture fusion's bookkeeping (hpccoll/backends/cuda/fusion.py), without a GPU: which calls may join a
 chain node, and where each call's input comes from in the kernel."""
 from __future__ import annotations
 
 import pytest
 
-from hpccoll._driver import CHAIN_MAX, SRC_FWD, SRC_KEEP, SRC_LOAD, Args
-from hpccoll._fuse import Node
+from hpccoll._abi import CHAIN_MAX, Args
+from hpccoll.backends.cuda.fusion import SRC_FWD, SRC_KEEP, SRC_LOAD, Node
 
 KEY = ("float32", "oneshot_sentinel", "SUM", 1000)
 NB = 4000  # bytes of every call's buffers
@@ -61,15 +61,3 @@ def test_other_keys_and_a_full_node_do_not_join():
         assert n.takes(KEY, B, B)
         n.add(B, B)
     assert n.chain.n == CHAIN_MAX and not n.takes(KEY, B, B)
-
-
-def test_the_switch(monkeypatch):
-    from hpccoll import _env
-
-    monkeypatch.delenv("HPCCOLL_FUSE", raising=False)
-    assert _env.fuse_mode()
-    monkeypatch.setenv("HPCCOLL_FUSE", "0")
-    assert not _env.fuse_mode()
-    monkeypatch.setenv("HPCCOLL_FUSE", "sometimes")
-    with pytest.raises(ValueError, match="HPCCOLL_FUSE"):
-        _env.fuse_mode()

@@ -1,9 +1,10 @@
-"""The CUDA backend's host-side rules that need no GPU: the launch grid every rank must share."""
+"""The CUDA backend's host-side rules that need no GPU (hpccoll/backends/cuda/): the launch grid every
+rank must share, the engine's block rule, the group rule."""
 from __future__ import annotations
 
 import pytest
 
-from hpccoll.backends.cuda import grid_block_cap
+from hpccoll.backends.cuda.kernels import Kernels, grid_block_cap
 
 
 @pytest.mark.parametrize("devices,per_gpu,cap", [
@@ -15,7 +16,7 @@ from hpccoll.backends.cuda import grid_block_cap
 ])
 def test_grid_cap_is_node_wide(devices, per_gpu, cap):
     """Every rank gets the same (ranks per GPU, block cap): a Bcast's block b waits for block b
-    of every peer, so a rank with more blocks than a peer times out (a32dcd6, 3 ranks, 2xH200)."""
+    of every peer, so a rank with more blocks than a peer would time out."""
     assert grid_block_cap(devices, [132] * len(devices)) == (per_gpu, cap)
     # and the ranks sharing the busiest GPU fit on it at one block per SM
     assert per_gpu * cap <= 132
@@ -27,16 +28,12 @@ def test_grid_cap_fewest_sms_and_at_least_one_block():
 
 
 def test_engine_blocks_for_matches_the_kernels_rule():
-    """Engine.blocks_for must agree with persistent.cu's blocksFor (ceil(packs / (2 * 512)), at
-    least one, at most the engine's blocks): the host waits for exactly those blocks' words."""
-    import re
-    from pathlib import Path
+    """Engine.blocks_for must agree with persistent.cu's blocksFor (ceil(packs / (PPT * 512)), at
+    least one, at most the engine's blocks): the host waits for exactly those blocks' words.
+    PPT = 2 and KEEP = 4 come from cuda/hc_abi.h, as the kernel's do."""
+    from hpccoll.backends.cuda.engine import BLOCK, BYTES_PER_BLOCK, PACKS_KEPT, PACKS_PER_THREAD, Engine
 
-    from hpccoll._engine import BLOCK, BYTES_PER_BLOCK, PACKS_KEPT, PACKS_PER_THREAD, Engine
-
-    src = (Path(__file__).resolve().parents[1] / "cuda" / "persistent.cu").read_text()
-    assert int(re.search(r"#define HC_ENGINE_PPT (\d+)", src).group(1)) == PACKS_PER_THREAD == 2
-    assert int(re.search(r"#define HC_ENGINE_KEEP (\d+)", src).group(1)) == PACKS_KEPT == 4
+    assert PACKS_PER_THREAD == 2 and PACKS_KEPT == 4  # the numbers below assume these
     assert BLOCK == 512 and BYTES_PER_BLOCK == 32 * 1024
     eng = object.__new__(Engine)  # no GPU: only the arithmetic
     eng.blocks, eng.esize = 4, 4  # fp32: 4 elements per 16-byte pack, 4096 per block
@@ -46,19 +43,6 @@ def test_engine_blocks_for_matches_the_kernels_rule():
     assert [eng.blocks_for(n) for n in (8192, 8193, 1 << 20)] == [1, 2, 4]
     eng.blocks = 1
     assert eng.blocks_for(1 << 20) == 1
-
-
-def test_group_struct_mirrors_the_kernels():
-    """_driver.Group is the second by-value parameter of the group kernels: the same layout
-    as hc_common.cuh's struct Group (whose size a static_assert pins to 1040 bytes)."""
-    import ctypes
-
-    from hpccoll._driver import GROUP_MAX, Group
-
-    assert GROUP_MAX == 32
-    assert ctypes.sizeof(Group) == 1040
-    assert Group.in_.offset == 33 * 8 and Group.out.offset == 65 * 8 and Group.count.offset == 97 * 8
-    assert Group.n.offset == 129 * 8
 
 
 class _Arr:
@@ -83,13 +67,23 @@ def _call(send_ptr, recv_ptr, nbytes, op="SUM", dtype="float32"):
     return Call("Allreduce", send, recv, as_op(op), None, send_ptr is None)
 
 
-def _backend(picks=lambda nbytes: "oneshot_sentinel"):
-    from hpccoll.backends.cuda import CudaBackend, Layout
+class _Grouper:
+    """The parts of a CudaBackend the group rule reads (no GPU)."""
 
-    b = object.__new__(CudaBackend)  # no GPU: only the grouping rule
-    b.device_id, b.layout = 0, Layout(2)
-    b.resolve = lambda coll, dtype, op, nbytes, det, algorithm: algorithm if algorithm != "auto" else picks(nbytes)
-    return b
+    def __init__(self, picks):
+        from hpccoll.backends.cuda.workspace import Layout
+
+        self.device_id, self.layout = 0, Layout(2)
+        self.resolve = lambda coll, dtype, op, nbytes, det, algorithm: algorithm if algorithm != "auto" else picks(nbytes)
+
+    def _group_run(self, items, i):
+        from hpccoll.backends.cuda.groups import _run_at
+
+        return _run_at(self, items, i)
+
+
+def _backend(picks=lambda nbytes: "oneshot_sentinel"):
+    return _Grouper(picks)
 
 
 def _items(calls, algorithm="auto", stream=0):
@@ -150,34 +144,23 @@ def test_group_run_fits_the_launch_of_the_algorithm_chosen_for_its_total():
 def test_grid_small_blocks():
     """HPCCOLL_SMALL_BLOCK: launches that fit the block cap in blocks of that many threads use
     them (spread over more SMs); larger ones keep 512-thread blocks; 512 is the old rule."""
-    from hpccoll.backends.cuda import CudaBackend
-
-    b = object.__new__(CudaBackend)
-    b.grid_cap, b.small_block = 128, 512
-    assert [b._grid(n) for n in (1, 64, 512, 513, 20000, 1 << 20)] == \
+    k = object.__new__(Kernels)
+    k.grid_cap, k.small_block = 128, 512
+    assert [k.grid(n) for n in (1, 64, 512, 513, 20000, 1 << 20)] == \
         [(1, 32), (1, 64), (1, 512), (2, 512), (40, 512), (128, 512)]
-    b.small_block = 128
-    assert [b._grid(n) for n in (1, 64, 512, 513, 16384, 16385, 1 << 20)] == \
+    k.small_block = 128
+    assert [k.grid(n) for n in (1, 64, 512, 513, 16384, 16385, 1 << 20)] == \
         [(1, 32), (1, 64), (4, 128), (5, 128), (128, 128), (33, 512), (128, 512)]
-    assert b._grid(100, 8) == (7, 128)  # LL128: 8 threads per line
-
-
-def test_small_block_env(monkeypatch):
-    from hpccoll import _env
-
-    monkeypatch.setenv("HPCCOLL_SMALL_BLOCK", "128")
-    assert _env.small_block() == 128
-    monkeypatch.setenv("HPCCOLL_SMALL_BLOCK", "100")
-    with pytest.raises(ValueError, match="HPCCOLL_SMALL_BLOCK='100'"):
-        _env.small_block()
+    assert k.grid(100, 8) == (7, 128)  # LL128: 8 threads per line
 
 
 def test_engine_slots_rest_as_their_protocol():
     """An engine's region is filled before every start with its slots' idle pattern
     (cuda/persistent.cu EngineProto): the sentinel for floating types, zero for LL (integers)."""
-    from hpccoll.backends.cuda import SENTINEL_BYTE_PATTERN, engine_rest
+    from hpccoll._abi import SENTINEL_U32
+    from hpccoll.backends.cuda.engines import engine_rest
 
     for dtype in ("float64", "float32", "float16", "bfloat16"):
-        assert engine_rest(dtype) == SENTINEL_BYTE_PATTERN
+        assert engine_rest(dtype) == SENTINEL_U32
     for dtype in ("int32", "int64"):
         assert engine_rest(dtype) == 0

@@ -1,9 +1,10 @@
-"""Run-time compilation of cuda/ with NVRTC, cached on disk.
+"""Run-time compilation of the library's kernels (cuda/) with NVRTC, cached on disk.
 
 The same function compiles the kernels at run time (GPU) and in CI (no GPU needed):
 `compile_module(source, dtype, arch)` returns cubin bytes.  Cache key: the text of every
 file in cuda/, the options, the NVRTC version and the architecture.  Cache folder:
-$HPCCOLL_CACHE_DIR, else ~/.cache/hpccoll/kernels."""
+HPCCOLL_CACHE_DIR, else ~/.cache/hpccoll/kernels.  `compile_file` compiles a source outside
+cuda/ with the same include path (the benchmarks' lab kernels, tests)."""
 from __future__ import annotations
 
 import ctypes
@@ -13,22 +14,12 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import HpccollError
+from ..._abi import DTYPE_CODES, cuda_dir
+from ...config import Config
+from ...errors import HpccollError
 
-DTYPE_CODES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
-SOURCES = ("collectives.cu", "persistent.cu", "sol.cu", "lab_latency.cu", "lab_push.cu", "lab_engine.cu", "lab_pull.cu")
-
-
-def cuda_dir() -> Path:
-    """Folder of the device sources: hpccoll/cuda in an installed wheel, cuda/ in a checkout.
-
-    (cuda/ has no __init__.py on purpose: a regular package named `cuda` at the top of a
-    checkout would shadow NVIDIA's `cuda` namespace package that CuPy imports.)"""
-    here = Path(__file__).resolve().parent
-    for d in (here / "cuda", here.parent / "cuda"):
-        if (d / "collectives.cu").exists():
-            return d
-    raise HpccollError(f"device sources not found beside {here}: reinstall hpccoll")
+#: the library's kernel sources (cuda/*.cu): what the wheel ships and the runtime compiles
+SOURCES = ("collectives.cu", "persistent.cu", "sol.cu")
 
 
 def _loaded_nvrtc() -> str | None:
@@ -65,7 +56,7 @@ def _cupy_nvrtc() -> str | None:
 
 
 def _candidates(shared: str | None):
-    env = os.environ.get("HPCCOLL_NVRTC")
+    env = Config.from_env().nvrtc
     if env:
         yield env
     if shared:
@@ -127,32 +118,41 @@ def _check(lib, res, what, prog=None):
 
 
 def options(dtype: str, arch: str, extra=()) -> list[str]:
+    """NVRTC options of a module for `dtype`: the include path of cuda/, the dtype's HC_DTYPE,
+    no fused multiply-add (deterministic reductions round every step as the host does)."""
     return [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda_dir()}",
             f"-DHC_DTYPE={DTYPE_CODES[dtype]}", "--fmad=false", "-lineinfo", *extra]
 
 
 def _source_digest() -> str:
     h = hashlib.sha256()
-    for f in sorted(cuda_dir().glob("*.cu*")):
+    for f in sorted(cuda_dir().glob("*.cu*")) + [cuda_dir() / "hc_abi.h"]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("HPCCOLL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hpccoll", "kernels")
-    return Path(d)
+    return Config.from_env().kernel_cache_dir()
 
 
 def compile_module(source: str, dtype: str, arch: str = "sm_90", extra=(), use_cache: bool = True) -> bytes:
     """cubin of cuda/<source> for `dtype` and `arch` (e.g. "sm_90")."""
+    return compile_file(cuda_dir() / source, dtype, arch, extra, use_cache)
+
+
+def compile_file(path, dtype: str, arch: str = "sm_90", extra=(), use_cache: bool = True) -> bytes:
+    """cubin of the source at `path` (which may include cuda/'s headers) for `dtype` and `arch`."""
+    path = Path(path)
+    source = path.name
     opts = options(dtype, arch, extra)
-    key = hashlib.sha256("\0".join([_source_digest(), source, nvrtc_version(), *opts]).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{Path(source).stem}-{dtype}-{arch}-{key}.cubin"
-    if use_cache and path.exists():
-        return path.read_bytes()
+    src = path.read_bytes()
+    key = hashlib.sha256(b"\0".join([_source_digest().encode(), src, nvrtc_version().encode(),
+                                      *(o.encode() for o in opts)])).hexdigest()[:32]
+    cached = cache_dir() / f"{path.stem}-{dtype}-{arch}-{key}.cubin"
+    if use_cache and cached.exists():
+        return cached.read_bytes()
     lib = _nvrtc()
-    src = (cuda_dir() / source).read_bytes()
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.encode(), 0, None, None), "create")
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
@@ -165,8 +165,8 @@ def compile_module(source: str, dtype: str, arch: str = "sm_90", extra=(), use_c
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     cubin = buf.raw
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(cubin)
-        os.replace(tmp, path)  # atomic: ranks compiling at once never see half a file
+        os.replace(tmp, cached)  # atomic: ranks compiling at once never see half a file
     return cubin

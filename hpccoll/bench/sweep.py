@@ -52,8 +52,8 @@ GRAPH_OPS = 20          # collectives per captured graph (G)
 REPS = 5                # timed repetitions per mode; the median is reported
 _ALIGN = None           # align(stream_handle): device barrier queued before every timed region
 KiB, MiB = 1024, 1024 * 1024
-HPCCOLL_ALLREDUCE = ("oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128")
-HPCCOLL_ALGOS = {"allreduce": HPCCOLL_ALLREDUCE, "bcast": ("ll",), "allgather": ("ll",),
+ALLREDUCE_ALGORITHMS = ("oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128")
+ALGORITHMS_OF = {"allreduce": ALLREDUCE_ALGORITHMS, "bcast": ("ll",), "allgather": ("ll",),
                  "reduce_scatter": ("sentinel", "ll")}
 BASELINES = ("nccl", "torch_one_shot", "torch_two_shot", "mpi")
 COLLECTIVE_CALL = {"allreduce": "Allreduce", "bcast": "Bcast", "allgather": "Allgather",
@@ -100,39 +100,6 @@ def fmt_bytes(n: int) -> str:
         if n >= div and n % div == 0:
             return f"{n // div}{unit}"
     return str(n)
-
-
-def _common_args(p, sizes_default: str) -> None:
-    p.add_argument("--sizes", default=sizes_default,
-                   help="LO:HI (powers of two) or a comma list, e.g. 8:64M or 4K,64K,1M; bytes per rank")
-    p.add_argument("--dtype", default="float32", help="element type (default float32)")
-    p.add_argument("--iters", type=int, default=100, help="iterations per timed repetition (default 100)")
-
-
-def add_parsers(sub) -> None:
-    b = sub.add_parser("bench", help="latency sweep of a collective (eager, graph, in-kernel, blocking; "
-                                     "SoL model; NCCL / torch symm_mem / MPI baselines)")
-    b.add_argument("collective", choices=list(COLLECTIVE_CALL))
-    _common_args(b, "8:64M")
-    b.add_argument("--algorithms", default="all",
-                   help="all (every hpccoll algorithm valid here, plus auto), auto, or NAME,NAME,...")
-    b.add_argument("--deterministic", action="store_true", help="deterministic policy (no ll128)")
-    b.add_argument("--baselines", action="store_true",
-                   help="also time NCCL, torch symmetric memory (one/two shot) and host-staged MPI")
-    b.add_argument("--persistent", action="store_true",
-                   help="also time eager calls with the eager engine running (Allreduce, 'auto' and "
-                        "'oneshot_ll' rows up to 256 KiB): column eager*")
-    b.add_argument("--engine-order", choices=("stream", "caller"), default="stream",
-                   help="the engine's call order (Communicator.start_persistent's order): stream (each "
-                        "call waits for its stream; the default) or caller (the bench synchronizes "
-                        "before every call, as CUDA-aware MPI requires; no stream query)")
-    b.add_argument("--json", default=None, help="write results here (rank 0)")
-    b.add_argument("--plot", default=None, help="write a latency plot (PNG) here (rank 0)")
-    t = sub.add_parser("tune", help="measure the allreduce algorithms (graph mode) at this rank count "
-                                    "and write the tuning table that algorithm='auto' uses")
-    _common_args(t, "8:64M")
-    t.add_argument("--out", default=None, help="table path (default: hpccoll.select.tuning_path())")
-    t.add_argument("--json", default=None, help="also write the raw sweep here (rank 0)")
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -195,7 +162,7 @@ class Case:
     """Buffers of one (collective, size) on one rank, the call, and its reference check."""
 
     def __init__(self, collective: str, nbytes: int, dtype: str, rank: int, size: int, xp):
-        from .ops import np_dtype
+        from ..ops import np_dtype
 
         self.collective, self.rank, self.size, self.xp = collective, rank, size, xp
         self.np_dtype = np_dtype(dtype)
@@ -225,8 +192,8 @@ class Case:
 
     def prepare(self):
         """hpccoll._validate.Call of this case (for the in-kernel mode)."""
-        from . import SUM
-        from ._validate import prepare
+        from .. import SUM
+        from .._validate import prepare
 
         if self.collective == "bcast":
             return prepare("Bcast", self.size, None, self.recv, root=0)
@@ -469,7 +436,7 @@ def open_lab(name: str):
     sol = measure_sol(comm, log)
     log(f"SoL {sol.get('sol_us')} us (fence {sol.get('fence_ns')} ns, ping-pong {sol.get('pingpong_roundtrip_ns')} ns); "
         f"peer copy {sol.get('bw_GBps')} GB/s; graph floor with one peer store {sol.get('floor_store_pdl_us')} us")
-    _ALIGN = lambda h: comm._device.barrier(stream=h, sync=False)  # noqa: E731
+    _ALIGN = lambda h: comm._backend.barrier(stream=h, sync=False)  # noqa: E731
     return comm, log, sol
 
 
@@ -479,10 +446,11 @@ def measure_sol(comm, log) -> dict:
     writes into the peers' two-shot region, which is re-armed (sentinel) afterwards."""
     import cupy
 
-    from ._driver import Args, Launcher, Module, launch_raw
-    from ._nvrtc import compile_module
+    from .._abi import Args
+    from ..backends.cuda.driver import Launcher, Module, launch_raw
+    from ..backends.cuda.nvrtc import compile_module
 
-    dev, mpi = comm._device, comm.mpi_comm
+    dev, mpi = comm._backend, comm.mpi_comm
     rank, n = comm.rank, comm.size
     res: dict = {}
     why = mod = None
@@ -504,7 +472,7 @@ def measure_sol(comm, log) -> dict:
     if any(whys):
         raise Skip("sol.cu: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
     # collective: compiles collectives.cu (float32) for the barrier's Args on every rank
-    base_args = _guarded(mpi, lambda: dev._launcher("float32", "hc_barrier", (0, 0)).args)
+    base_args = _guarded(mpi, lambda: dev.kernels.launcher("float32", "hc_barrier", (0, 0)).args)
 
     # Every step that runs locally goes through _guarded: ranks agree it worked before the next
     # collective, so one rank's failure skips the model on all ranks instead of hanging them.
@@ -719,7 +687,7 @@ class TorchSymm:
 def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, peer_atomics: bool,
                    on_gpu: bool) -> list[str]:
     """The hpccoll algorithms a sweep runs (host backend: just 'mpi')."""
-    from . import select
+    from .. import policy as select
 
     if not on_gpu:
         return ["mpi"]
@@ -727,7 +695,7 @@ def algorithm_list(collective: str, spec: str, dtype: str, deterministic: bool, 
     op = "SUM" if collective in ("allreduce", "reduce_scatter") else None
     if spec == "all":
         out = []
-        for a in HPCCOLL_ALGOS[collective]:
+        for a in ALGORITHMS_OF[collective]:
             try:
                 select.validate(a, call, dtype, op, deterministic, peer_atomics)
             except Exception:  # noqa: BLE001 - not valid for this dtype / policy / machine
@@ -777,7 +745,7 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         try:
             call = case.prepare()
             op = call.op.name if call.op else None
-            row["resolved"] = comm._device.resolve(call.name, call.recv.dtype, op, call.send.nbytes, det, "auto")
+            row["resolved"] = comm._backend.resolve(call.name, call.recv.dtype, op, call.send.nbytes, det, "auto")
         except Exception:  # noqa: BLE001
             pass
     # correctness once (also compiles the kernel)
@@ -806,15 +774,15 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     _mode(row, "graph_us", lambda: time_graph(
         mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters, check=graph_check), log)
     one_shot = flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce"
-    fuser = comm._device.fuser if one_shot else None
+    fuser = comm._backend.fuser if one_shot else None
     if fuser is not None:
         def unfused():
-            comm._device.fuser = None
+            comm._backend.fuser = None
             try:
                 return time_graph(mpi, lambda s: case.call(comm, algo, det, stream=s), opts.iters,
                                   check=graph_check)
             finally:
-                comm._device.fuser = fuser
+                comm._backend.fuser = fuser
 
         _mode(row, "graph_unfused_us", unfused, log)
     if one_shot:
@@ -824,11 +792,11 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     def in_kernel():
         call = case.prepare()
         s = cupy.cuda.Stream(non_blocking=True)
-        _guarded(mpi, lambda: (comm._device.run(call, det, algo, s, iters=1), comm.synchronize(s)))
-        t = in_kernel_slope(mpi, s, lambda k: comm._device.run(call, det, algo, s, iters=k), opts.iters)
+        _guarded(mpi, lambda: (comm._backend.run(call, det, algo, s, iters=1), comm.synchronize(s)))
+        t = in_kernel_slope(mpi, s, lambda k: comm._backend.run(call, det, algo, s, iters=k), opts.iters)
         comm.synchronize(s)
         # one more loop into a zeroed output, checked (every collective of it reads the same input)
-        ok = all(_rerun_checks(mpi, case, lambda: comm._device.run(call, det, algo, s, iters=opts.iters),
+        ok = all(_rerun_checks(mpi, case, lambda: comm._backend.run(call, det, algo, s, iters=opts.iters),
                                lambda: comm.synchronize(s)))
         if not all(mpi.allgather(ok)):
             row["ok"] = False
@@ -844,7 +812,8 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
 
 def _engine_takes(opts, algo: str, case) -> bool:
-    from .backends.cuda import ENGINE_ALGOS, S_ENGINE
+    from ..backends.cuda.workspace import S_ENGINE
+    from ..policy import ENGINE_ALGORITHMS as ENGINE_ALGOS
 
     return opts.collective == "allreduce" and algo in ENGINE_ALGOS and 0 < case.nbytes <= S_ENGINE
 
@@ -856,8 +825,8 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     engine's largest call (256 KiB), beyond start_persistent's default (64 KiB), to show where
     it stops paying.  The engine is start_persistent's default (4 blocks) where that takes the
     call (<= 128 KiB), else the fewest blocks that do: what a user of the defaults gets."""
-    from ._engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS
-    from .ops import dtype_name
+    from ..backends.cuda.engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS
+    from ..ops import dtype_name
 
     mpi = comm.mpi_comm
     case.reset(full=True)  # its kernel runs now, loaded before the engine starts (see _engine.py)
@@ -866,7 +835,7 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     _guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=blocks * BYTES_PER_BLOCK,
                                                 order=order))
     try:
-        eng = comm._device.engines()[dtype_name(opts.dtype)]
+        eng = comm._backend.engines.engines()[dtype_name(opts.dtype)]
         _guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
         if not case.check(mpi, case.host_result()):
             raise Skip("wrong result through the eager engine")
@@ -904,14 +873,14 @@ def _time_on_engine(mpi, eng, fn, sync, opts, what: str) -> float:
 
 
 def _barrier_graph_us(comm, opts):
-    return time_graph(comm.mpi_comm, lambda s: comm._device.barrier(stream=s, sync=False), opts.iters)
+    return time_graph(comm.mpi_comm, lambda s: comm._backend.barrier(stream=s, sync=False), opts.iters)
 
 
 def _blocking(comm, row, fn_on_stream, opts, log) -> None:
     """blocking_us = per-op time of a graph of (op, device barrier) minus a barrier's."""
     def both(s):
         fn_on_stream(s)
-        comm._device.barrier(stream=s, sync=False)
+        comm._backend.barrier(stream=s, sync=False)
 
     def run():
         bar = _barrier_graph_us(comm, opts)
@@ -1058,7 +1027,7 @@ def run_sweep(opts, log=None) -> dict:
         except Exception as exc:  # noqa: BLE001
             skipped["sol"] = _err(exc)
             log(f"SoL model skipped: {_err(exc)}")
-    peer_atomics = bool(getattr(comm._device, "peer_atomics", False)) if gpu else False
+    peer_atomics = bool(getattr(comm._backend, "peer_atomics", False)) if gpu else False
     algos = algorithm_list(opts.collective, opts.algorithms, opts.dtype, opts.deterministic,
                            peer_atomics, gpu) if flat or not gpu else ["auto"]
 
@@ -1111,7 +1080,7 @@ def run_sweep(opts, log=None) -> dict:
     rows = result["rows"]
     global _ALIGN
     if flat:
-        _ALIGN = lambda h: comm._device.barrier(stream=h, sync=False)  # noqa: E731
+        _ALIGN = lambda h: comm._backend.barrier(stream=h, sync=False)  # noqa: E731
     result["aligned_start"] = flat
     try:
         for nbytes in sizes:
@@ -1300,9 +1269,12 @@ def _now() -> str:
 
 
 def git_commit() -> str | None:
-    """HPCCOLL_COMMIT when set (the GPU machine's copy of the tree has a stale git HEAD), else git's HEAD."""
-    if os.environ.get("HPCCOLL_COMMIT"):
-        return os.environ["HPCCOLL_COMMIT"]
+    """HPCCOLL_COMMIT when set (a copy of the tree may carry a stale git HEAD), else git's HEAD."""
+    from ..config import Config
+
+    commit = Config.from_env().commit
+    if commit:
+        return commit
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -1363,16 +1335,21 @@ def winners_of(rows: list[dict], also=()) -> list[tuple[int, str]]:
     best: dict[int, tuple[float, str]] = {}
     for r in rows:
         t = r.get("graph_unfused_us") or r.get("graph_us") or r.get("eager_us")
-        if r.get("ok") and t and (r["algorithm"] in HPCCOLL_ALLREDUCE or r["algorithm"] in also):
+        if r.get("ok") and t and (r["algorithm"] in ALLREDUCE_ALGORITHMS or r["algorithm"] in also):
             if r["bytes"] not in best or t < best[r["bytes"]][0]:
                 best[r["bytes"]] = (t, r["algorithm"])
     return [(b, a) for b, (t, a) in best.items()]
 
 
+class _Opts:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
 def tune(opts) -> int:
     from mpi4py import MPI
 
-    from . import select
+    from .. import policy as select
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -1402,7 +1379,7 @@ def tune(opts) -> int:
             if table.get("gpu") != gpu_name:
                 table = {}
         if not table:
-            table = json.loads(json.dumps(select._shipped("generic")))
+            table = json.loads(json.dumps(select.shipped_table("generic")))
         table["gpu"] = gpu_name
         table["note"] = f"measured by hpccoll tune on {socket.gethostname()} at {_now()}"
         n = str(world.Get_size())
@@ -1419,40 +1396,3 @@ def tune(opts) -> int:
     return 0
 
 
-class _Opts:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def main(args) -> int:
-    from mpi4py import MPI
-
-    try:
-        parse_sizes(args.sizes)
-        from .ops import np_dtype
-
-        np_dtype(args.dtype)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: {exc}") from None
-    if args.iters < 1:
-        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: --iters must be >= 1, not {args.iters}")
-    if getattr(args, "cmd", "bench") == "tune":
-        return tune(args)
-    rank = MPI.COMM_WORLD.Get_rank()
-    if args.baselines:  # before anything imports torch or creates an NCCL communicator
-        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        os.environ["NCCL_NVLS_ENABLE"] = "0"
-    result = run_sweep(args)
-    if rank == 0:
-        print(format_table(result), flush=True)
-        if args.json:
-            write_json(result, args.json)
-            print(f"# wrote {args.json}", flush=True)
-        if args.plot:
-            try:
-                plot(result, args.plot)
-                print(f"# wrote {args.plot}", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                print(f"# plot skipped: {_err(exc)}", flush=True)
-    bad = [r for r in result["rows"] if r.get("ok") is False]
-    return 1 if bad else 0

@@ -17,9 +17,9 @@ Allreduce has two variants, chosen per call by message size (so the same on ever
       end, the padding dropped),
       inter-node Allreduce of shard i on stripe i (all stripes at once, each carrying
       1/per_node of the message), node Allgather of the shards.
-HPCCOLL_HIER_RSAG_BYTES=b overrides RSAG_BYTES (0: always "rsag"); every rank must set the same
-value.  One rank per node, or a node-phase kernel named by the caller (algorithm= other than
-auto/mpi/host), always runs "ar".
+The variant is policy.hier_variant's choice; HPCCOLL_HIER_RSAG_BYTES=b sets its threshold (0:
+always "rsag"; the same on every rank, checked).  One rank per node, or a node-phase kernel
+named by the caller (algorithm= other than auto/mpi/host), always runs "ar".
 
 Determinism (deterministic=True): for a fixed layout (nodes × ranks per node) and a fixed
 message size every rank gets the same bits in every run.  Every element is reduced per node in
@@ -36,23 +36,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from dataclasses import dataclass
 from functools import cached_property
 
 from mpi4py import MPI
 
-from ._buffers import IN_PLACE
-from .errors import HpccollError
+from .. import policy
+from .._buffers import IN_PLACE
+from ..errors import HpccollError
+from .base import Backend, Capabilities
+from .streams import stream_ptr
 
 log = logging.getLogger("hpccoll")
-
-#: Allreduce messages of at least this many bytes run "rsag", smaller ones "ar" (see above);
-#: HPCCOLL_HIER_RSAG_BYTES overrides it (0: always "rsag").
-RSAG_BYTES = 256 * 1024
-RSAG_ENV = "HPCCOLL_HIER_RSAG_BYTES"
-#: algorithm= values that leave the node phase's kernel to hpccoll (so "rsag" may run)
-_DEFAULT_ALGORITHMS = ("auto", "mpi", "host")
 
 
 @dataclass(frozen=True)
@@ -69,14 +64,12 @@ class NodeLayout:
         return all(r == n * self.per_node + l for n, row in enumerate(self.rank_of) for l, r in enumerate(row))
 
 
-def node_layout(mpi_comm) -> NodeLayout | None:
-    """The node layout of `mpi_comm` (collective), or None when it is a single node."""
+def node_layout(mpi_comm, node_size: int | None = None) -> NodeLayout | None:
+    """The node layout of `mpi_comm` (collective), or None when it is a single node.
+    node_size: simulated nodes of that many consecutive ranks (HPCCOLL_NODE_SIZE)."""
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-    sim = os.environ.get("HPCCOLL_NODE_SIZE", "")
-    if sim:
-        if not sim.isdigit() or int(sim) < 1:
-            raise ValueError(f"HPCCOLL_NODE_SIZE={sim!r}: use a positive number of ranks per simulated node")
-        k = int(sim)
+    if node_size:
+        k = node_size
         if size % k:
             raise ValueError(f"HPCCOLL_NODE_SIZE={k} does not divide the {size} ranks: use a divisor of {size}")
         node_id = rank // k
@@ -99,7 +92,7 @@ def node_layout(mpi_comm) -> NodeLayout | None:
                       tuple(tuple(m) for m in members))
 
 
-def _physical_device(mpi_comm, layout: NodeLayout) -> int | None:
+def _physical_device(mpi_comm, layout: NodeLayout, simulated: bool) -> int | None:
     """This rank's GPU from its place on the PHYSICAL machine (collective).  Simulated nodes
     (HPCCOLL_NODE_SIZE) share one machine's GPUs: with a GPU per rank every rank gets its own;
     with fewer GPUs each simulated node takes one GPU (node % GPUs), so the ranks of one
@@ -115,25 +108,9 @@ def _physical_device(mpi_comm, layout: NodeLayout) -> int | None:
         return None
     if ndev < 1:
         return None
-    if ndev >= here or not os.environ.get("HPCCOLL_NODE_SIZE"):
+    if ndev >= here or not simulated:
         return local % ndev
     return layout.node % ndev
-
-
-def rsag_threshold(mpi_comm) -> int:
-    """RSAG_BYTES, or HPCCOLL_HIER_RSAG_BYTES (collective).  Ranks that disagreed would run
-    different variants and hang, so a value that differs between ranks raises on every rank."""
-    raws = mpi_comm.allgather(os.environ.get(RSAG_ENV, ""))
-    if len(set(raws)) > 1:
-        seen = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(raws))
-        raise ValueError(f"{RSAG_ENV} differs between ranks ({seen}): set the same value on every rank")
-    raw = raws[0].strip()
-    if not raw:
-        return RSAG_BYTES
-    if not raw.isdigit():
-        raise ValueError(f"{RSAG_ENV}={raw!r}: use a number of bytes (e.g. 262144; 0 = always "
-                         "reduce-scatter / allreduce / allgather)")
-    return int(raw)
 
 
 def _xp(buf):
@@ -152,31 +129,34 @@ def _on_stream(buf, stream):
         return contextlib.nullcontext()
     import cupy
 
-    from .backends.cuda import _stream_ptr
-
-    return cupy.cuda.ExternalStream(_stream_ptr(stream))
+    return cupy.cuda.ExternalStream(stream_ptr(stream))
 
 
-class Hierarchical:
-    """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases."""
+class Hierarchical(Backend):
+    """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases, on
+    Communicators of the nodes and of the stripes (made by `make_comm`, the Communicator class:
+    passed in, so this module does not import the one that imports it)."""
 
-    def __init__(self, parent, layout: NodeLayout, backend: str, device):
-        from .comm import Communicator
+    caps = Capabilities(device=True, host_buffers=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather",
+                                                             "Reduce_scatter_block"}),
+                        algorithms=("mpi", "host") + tuple(policy.ALGORITHMS), asynchronous=True)
 
+    def __init__(self, parent, layout: NodeLayout, backend: str, device, make_comm):
+        Communicator = make_comm
         self.layout = layout
         self.rank = parent.rank
-        self.rsag_bytes = rsag_threshold(parent.mpi_comm)
+        self.rsag_bytes = parent.config.hier_rsag_bytes
         kw = dict(algorithm=parent.algorithm, deterministic=parent.deterministic, check=False,
                   timeout=parent.timeout, _flat=True)
         if device is None and backend != "host":
-            device = _physical_device(parent.mpi_comm, layout)
+            device = _physical_device(parent.mpi_comm, layout, parent.config.node_size is not None)
         local_mpi = parent.mpi_comm.Split(layout.node, layout.local)
         stripe_mpi = parent.mpi_comm.Split(layout.local, layout.node)
         self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
         self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
         self.stripe_nccl = None
         if self.local.backend == "cuda":
-            from .backends.nccl import nccl_unavailable_reason
+            from .nccl import nccl_unavailable_reason
 
             why = nccl_unavailable_reason()
             if why is None and len(set(stripe_mpi.allgather(self.local.device))) < stripe_mpi.Get_size():
@@ -207,18 +187,20 @@ class Hierarchical:
         return self.stripe
 
     def run(self, call, det: bool, algo: str, stream) -> None:
-        getattr(self, "_" + call.name.lower())(call, det, algo, stream)
+        _RUN[call.name](self, call, det, algo, stream)
+
+    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
+        return algorithm  # the node communicator validates the node phase's algorithm
 
     def allreduce_variant(self, nbytes: int, algo: str) -> str:
-        """"rsag" (node Reduce_scatter / inter-node Allreduce of a shard / node Allgather) or
-        "ar" (node Allreduce / inter-node Allreduce); the same on every rank of a valid call."""
-        if nbytes >= self.rsag_bytes and self.layout.per_node > 1 and algo in _DEFAULT_ALGORITHMS:
-            return "rsag"
-        return "ar"
+        """policy.hier_variant for this layout and threshold."""
+        return policy.hier_variant(nbytes, self.layout.per_node, algo, self.rsag_bytes)
 
     def _allreduce(self, call, det, algo, stream):
-        variant = self.allreduce_variant(call.recv.nbytes, algo)
-        getattr(self, "_allreduce_" + variant)(call, det, algo, stream)
+        if self.allreduce_variant(call.recv.nbytes, algo) == "rsag":
+            self._allreduce_rsag(call, det, algo, stream)
+        else:
+            self._allreduce_ar(call, det, algo, stream)
 
     def _allreduce_ar(self, call, det, algo, stream):
         """Latency first: two collectives, each stripe carries the whole message."""
@@ -311,3 +293,7 @@ class Hierarchical:
         for c in (self.local, self.stripe, self.stripe_nccl):
             if c is not None:
                 c.Free()
+
+
+_RUN = {"Allreduce": Hierarchical._allreduce, "Bcast": Hierarchical._bcast,
+        "Allgather": Hierarchical._allgather, "Reduce_scatter_block": Hierarchical._reduce_scatter_block}

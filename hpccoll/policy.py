@@ -1,12 +1,18 @@
-"""Which kernel runs: the one place that decides (tuning table + policy).
+"""Which kernel runs, and when calls share one: every algorithm decision in one place.
 
-A tuning table maps (collective, rank count, policy) to size thresholds.  Defaults ship in
-hpccoll/tuning/*.json (by GPU family); `hpccoll tune` writes a measured table to
-$HPCCOLL_TUNING (default ~/.cache/hpccoll/tuning.json) that `auto` then prefers."""
+- The algorithm of a call (`choose`, `validate`): a tuning table maps (collective, rank count,
+  policy) to size thresholds.  Defaults ship in hpccoll/tuning/*.json (by GPU family); `hpccoll
+  tune` writes a measured table to $HPCCOLL_TUNING (default ~/.cache/hpccoll/tuning.json) that
+  `auto` then prefers.  A table may also set "fuse_ll_max" (below).
+- Capture fusion (`chain_algorithm`): which one-shot a captured call runs in a chain node.
+- Groups (`group_algorithm`): which one-shot a run of grouped calls shares.
+- The eager engine (`engine_takes`): which calls a running engine serves.
+- Across nodes (`hier_variant`): which Allreduce composition a message size runs.
+
+The backends ask these functions; none of them decides on its own."""
 from __future__ import annotations
 
 import json
-import os
 from importlib import resources
 from pathlib import Path
 
@@ -29,8 +35,10 @@ FLOATS = {"float64", "float32", "float16", "bfloat16"}
 
 
 def tuning_path() -> Path:
-    return Path(os.environ.get("HPCCOLL_TUNING") or
-                os.path.join(os.path.expanduser("~"), ".cache", "hpccoll", "tuning.json"))
+    """Where `hpccoll tune` writes and `auto` reads a measured table (HPCCOLL_TUNING)."""
+    from .config import Config
+
+    return Config.from_env().tuning_path()
 
 
 def _shipped(family: str) -> dict:
@@ -41,9 +49,15 @@ def _shipped(family: str) -> dict:
         return {}
 
 
-def load_table(gpu_name: str) -> dict:
-    """Measured table if present, else the shipped default for the GPU family, else generic."""
-    p = tuning_path()
+def shipped_table(family: str = "generic") -> dict:
+    """The table shipped for a GPU family ("h200", "h100", "generic")."""
+    return _shipped(family)
+
+
+def load_table(gpu_name: str, path: Path | None = None) -> dict:
+    """Measured table (at `path`, default tuning_path()) if its GPU is this one, else the
+    shipped default for the GPU family, else generic."""
+    p = tuning_path() if path is None else path
     if p.exists():
         try:
             t = json.loads(p.read_text())
@@ -127,3 +141,53 @@ def validate(algorithm: str, collective: str, dtype: str, op: str | None, determ
     if algorithm == "twoshot_ll128" and not peer_atomics:
         raise HpccollError(f"{collective}: twoshot_ll128 needs native peer atomics, which the driver "
                            "reports missing between some GPUs of this node: use algorithm='twoshot_sentinel'")
+
+
+# -- capture fusion, groups, the engine, nodes ------------------------------------------------
+KiB = 1024
+#: one-shot algorithms that carry several calls in one launch (groups) or one node (chains)
+ONE_SHOTS = ("oneshot_sentinel", "oneshot_ll")
+#: the most bytes for which a captured chain of 'auto' calls runs the one-shot LL: there its
+#: flags beat the sentinel's re-arms, which need a fence between the chain's calls (a table's
+#: "fuse_ll_max" overrides it).  Both reduce in rank order: the choice changes speed, not bits.
+FUSE_LL_MAX = 128 * KiB
+#: the algorithm arguments a running eager engine serves (its kernel is a one-shot)
+ENGINE_ALGORITHMS = ("auto", "oneshot_ll")
+
+
+def chain_algorithm(table: dict, requested: str, resolved: str, nbytes: int, cap: int) -> str | None:
+    """The one-shot a captured Allreduce of `nbytes` runs in a chain node, or None where it cannot
+    join one.  `resolved` is the call's algorithm; `cap` the chain's one-shot's bytes per launch."""
+    if resolved not in ONE_SHOTS or nbytes <= 0:
+        return None
+    algo = resolved
+    if requested == "auto" and nbytes <= table.get("fuse_ll_max", FUSE_LL_MAX):
+        algo = "oneshot_ll"
+    return algo if nbytes <= cap(algo) else None
+
+
+def group_algorithm(resolved: str, total_bytes: int, cap) -> str | None:
+    """The one-shot a run of grouped Allreduce calls of `total_bytes` in all shares (resolved:
+    the algorithm chosen for that total), or None when the run cannot share one launch."""
+    if resolved in ONE_SHOTS and total_bytes <= cap(resolved):
+        return resolved
+    return None
+
+
+def groupable(collective: str, algorithm: str) -> bool:
+    """Whether a call may join a group launch at all (its buffers aside)."""
+    return collective == "Allreduce" and algorithm in ("auto",) + ONE_SHOTS
+
+
+def engine_takes(collective: str, algorithm: str, nbytes: int, max_bytes: int) -> bool:
+    """Whether a running eager engine serves this call (its buffers' alignment aside)."""
+    return collective == "Allreduce" and algorithm in ENGINE_ALGORITHMS and 0 < nbytes <= max_bytes
+
+
+def hier_variant(nbytes: int, per_node: int, algorithm: str, rsag_bytes: int) -> str:
+    """"rsag" (node Reduce_scatter / inter-node Allreduce of a shard / node Allgather) or "ar"
+    (node Allreduce / inter-node Allreduce) for an Allreduce across nodes: the same on every rank
+    of a valid call.  A node-phase kernel named by the caller always runs "ar"."""
+    if nbytes >= rsag_bytes and per_node > 1 and algorithm in ("auto", "mpi", "host"):
+        return "rsag"
+    return "ar"

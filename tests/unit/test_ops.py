@@ -89,7 +89,7 @@ def test_integer_sum_and_prod_wrap_like_c(dtype):
 
 
 def test_max_min_nan_rule():
-    """numpy's scalar rule: keep the accumulator if acc >= x (acc <= x for MIN) or acc is NaN."""
+    """A NaN anywhere makes MAX / MIN a NaN."""
     nan = np.nan
     xs = np.array([[nan, 1.0, 2.0, nan], [1.0, nan, 3.0, nan]])
     mx = reduce_in_rank_order(MAX, xs)
@@ -98,10 +98,11 @@ def test_max_min_nan_rule():
     assert np.isnan(mn[0]) and np.isnan(mn[1]) and mn[2] == 2.0
 
 
-def test_max_min_signed_zero_keeps_the_first():
+def test_max_min_signed_zero_is_order_independent():
+    """+0 ranks above -0: MAX of {-0, +0} is +0 and MIN is -0, whichever rank holds which."""
     xs = np.array([[-0.0, 0.0], [0.0, -0.0]])
-    assert np.signbit(reduce_in_rank_order(MAX, xs)).tolist() == [True, False]
-    assert np.signbit(reduce_in_rank_order(MIN, xs)).tolist() == [True, False]
+    assert np.signbit(reduce_in_rank_order(MAX, xs)).tolist() == [False, False]
+    assert np.signbit(reduce_in_rank_order(MIN, xs)).tolist() == [True, True]
 
 
 def test_infinities():
@@ -117,3 +118,67 @@ def test_single_contribution_is_a_copy():
     x = np.arange(3.0)
     y = reduce_in_rank_order(PROD, [x])
     assert np.array_equal(x, y) and not np.shares_memory(x, y)
+
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+#: NaN payloads an input may carry, per element width: quiet/signalling, both signs, the
+#: sentinel pattern of the sentinel protocol
+PAYLOADS = {2: [0x7E01, 0xFE00, 0x7C01, 0xFFFA], 4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA],
+            8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
+
+
+def _float_dtypes():
+    out = [np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)]
+    if BFLOAT16 is not None:
+        out.append(BFLOAT16)
+    return out
+
+
+@pytest.mark.parametrize("dtype", _float_dtypes(), ids=str)
+@pytest.mark.parametrize("op", [SUM, PROD, MAX, MIN], ids=repr)
+def test_every_nan_result_is_canonical_whatever_the_payloads_and_the_order(dtype, op):
+    """The same bits on every rank means NaNs too: payloads of the inputs never show, and for
+    MAX / MIN no order of the ranks changes a bit (they are commutative in bits)."""
+    from itertools import permutations
+
+    from hpccoll._abi import CANONICAL_NAN
+
+    rng = np.random.default_rng(7)
+    u = _UINT[dtype.itemsize]
+    n = 64
+    rows = []
+    for r in range(3):
+        x = rng.standard_normal(n).astype(dtype)
+        x[rng.integers(0, n, 4)] = 0.0
+        x[rng.integers(0, n, 4)] = -0.0
+        bits = x.view(u)
+        hit = rng.integers(0, n, 8)
+        bits[hit] = rng.choice(np.array(PAYLOADS[dtype.itemsize], dtype=u), hit.size)
+        rows.append(x)
+    canon = CANONICAL_NAN[dtype_name(dtype)]
+    results = [reduce_in_rank_order(op, [rows[i] for i in perm]) for perm in permutations(range(3))]
+    for res in results:
+        nan = np.isnan(res.astype(np.float32))
+        assert nan.any()
+        assert (res.view(u)[nan] == canon).all(), "a NaN of the result is not the canonical one"
+    if op in (MAX, MIN):
+        assert all(np.array_equal(r.view(u), results[0].view(u)) for r in results)
+
+
+def test_max_min_through_ordered_keys_match_the_reference():
+    """The host's MAX / MIN of floats run as integer MAX / MIN of order-preserving keys."""
+    from hpccoll.ops import from_ordered_keys, ordered_keys
+
+    rng = np.random.default_rng(3)
+    for dtype in _float_dtypes():
+        u = _UINT[dtype.itemsize]
+        xs = rng.standard_normal((4, 100)).astype(dtype)
+        xs.reshape(-1)[rng.integers(0, 400, 20)] = -0.0
+        xs.reshape(-1)[rng.integers(0, 400, 5)] = np.inf
+        xs.reshape(-1)[rng.integers(0, 400, 5)] = -np.inf
+        xs.view(u).reshape(-1)[rng.integers(0, 400, 3)] = PAYLOADS[dtype.itemsize][3]
+        for op in (MAX, MIN):
+            keys = np.stack([ordered_keys(x, op) for x in xs])
+            pick = keys.max(axis=0) if op is MAX else keys.min(axis=0)
+            got = from_ordered_keys(pick, np.empty(100, dtype), op)
+            assert np.array_equal(got.view(u), reduce_in_rank_order(op, xs).view(u))

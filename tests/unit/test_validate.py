@@ -20,17 +20,14 @@ class _NoCommunication:
 
 
 @pytest.fixture
-def comm(monkeypatch):
-    """A one-rank Communicator whose backend and check mode fail the test if reached."""
-    c = hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=True)
-    c._host = _NoCommunication()
-    monkeypatch.setattr("hpccoll.comm.check_agreement", _fail_agreement)
+def comm():
+    """A one-rank Communicator whose backends fail the test if reached."""
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=False)
+    real = c._host
+    c._host = c._backend = _NoCommunication()
     yield c
+    c._host = c._backend = real
     c.Free()
-
-
-def _fail_agreement(*args):
-    raise AssertionError("check_agreement was reached: validation must raise first")
 
 
 def f64(n):
@@ -153,12 +150,18 @@ def test_comm_must_be_mpi4py():
         hpccoll.Communicator(3, backend="host")
 
 
-def test_bad_algorithm_on_host():
-    """(Checked after check mode's exchange, so this communicator runs without check mode.)"""
-    with hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=False) as c:
-        c._host = _NoCommunication()
-        with pytest.raises(ValueError, match="Allreduce: algorithm='ll128' needs device buffers on the cuda backend"):
+@pytest.mark.parametrize("check", [False, True])
+def test_bad_algorithm_on_host(check):
+    with hpccoll.Communicator(MPI.COMM_SELF, backend="host", check=check) as c:
+        with pytest.raises(ValueError, match="Allreduce: algorithm='ll128' is unknown: use 'auto' or 'mpi'"):
             c.Allreduce(np.zeros(3), np.zeros(3), algorithm="ll128")
+        with pytest.raises(ValueError, match="Allreduce: algorithm='oneshot_ll' runs device buffers on the cuda "
+                                             "backend; this call runs on the host backend"):
+            c.Allreduce(np.zeros(3), np.zeros(3), algorithm="oneshot_ll")
+        x = np.arange(3.0)  # and the communicator still works
+        y = np.empty(3)
+        c.Allreduce(x, y, algorithm="mpi")
+        assert np.array_equal(x, y)
 
 
 @pytest.mark.parametrize("name", ["HPCCOLL_TIMEOUT"])

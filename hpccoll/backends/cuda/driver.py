@@ -6,62 +6,8 @@ from __future__ import annotations
 
 import ctypes
 
-from .errors import HpccollError
-
-MAX_RANKS = 8  # HC_MAX_RANKS in cuda/hc_common.cuh
-
-
-class Args(ctypes.Structure):
-    """Mirror of `struct Args` in cuda/hc_common.cuh (same order, natural alignment)."""
-
-    _fields_ = [
-        ("peers", ctypes.c_void_p * MAX_RANKS),
-        ("in_", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("count", ctypes.c_uint64),
-        ("region", ctypes.c_uint64),
-        ("region2", ctypes.c_uint64),
-        ("sub", ctypes.c_uint64),
-        ("sub2", ctypes.c_uint64),
-        ("timeoutNs", ctypes.c_uint64),
-        ("hostErr", ctypes.c_void_p),
-        ("rank", ctypes.c_int),
-        ("nranks", ctypes.c_int),
-        ("root", ctypes.c_int),
-        ("iters", ctypes.c_int),
-    ]
-
-
-GROUP_MAX = 32  # HC_GROUP_MAX in cuda/hc_common.cuh
-
-
-class Group(ctypes.Structure):
-    """Mirror of `struct Group` (cuda/hc_common.cuh): the calls of one group launch."""
-
-    _fields_ = [
-        ("start", ctypes.c_uint64 * (GROUP_MAX + 1)),
-        ("in_", ctypes.c_void_p * GROUP_MAX),
-        ("out", ctypes.c_void_p * GROUP_MAX),
-        ("count", ctypes.c_uint64 * GROUP_MAX),
-        ("n", ctypes.c_int),
-    ]
-
-
-CHAIN_MAX = 32  # HC_CHAIN_MAX in cuda/hc_common.cuh
-SRC_LOAD, SRC_KEEP, SRC_FWD = 0, 1, 2  # HC_SRC_*: where a chained call's input pack comes from
-
-
-class Chain(ctypes.Structure):
-    """Mirror of `struct Chain` (cuda/hc_common.cuh): the calls of one fused graph node."""
-
-    _fields_ = [
-        ("in_", ctypes.c_void_p * CHAIN_MAX),
-        ("out", ctypes.c_void_p * CHAIN_MAX),
-        ("src", ctypes.c_int * CHAIN_MAX),
-        ("count", ctypes.c_uint64),
-        ("n", ctypes.c_int),
-    ]
-
+from ..._abi import Args
+from ...errors import HpccollError
 
 _cuda = None
 

@@ -1,10 +1,10 @@
-"""hpccoll._env.detect_singleton: a launcher started N>1 tasks but MPI says the world has size 1
+"""hpccoll._launcher.detect_singleton: a launcher started N>1 tasks but MPI says the world has size 1
 (wrong srun PMI plugin, or mpiexec of another MPI): refuse with a message naming the fix."""
 from __future__ import annotations
 
 import pytest
 
-from hpccoll import _env
+from hpccoll import _launcher as _env
 from hpccoll.errors import HpccollError
 
 #: every variable detect_singleton reads; each test starts from an environment without them

@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from hpccoll._nvrtc import DTYPE_CODES, SOURCES, compile_module
+from hpccoll._abi import DTYPE_CODES
 from hpccoll.backends.cuda import kernel_names
+from hpccoll.backends.cuda.nvrtc import SOURCES, compile_module
 
 BARRIERS = re.compile(r"\b(MEMBAR|FENCE|ERRBAR|CGAERRBAR|CCTL)\b")
 
@@ -43,12 +44,8 @@ def cubins(tmp_path_factory):
     try:
         out = {dt: compile_module("collectives.cu", dt, "sm_90") for dt in DTYPE_CODES}
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")
-        out["lab"] = compile_module("lab_latency.cu", "float32", "sm_90")
-        out["push"] = compile_module("lab_push.cu", "float32", "sm_90")
-        out["pull"] = compile_module("lab_pull.cu", "float32", "sm_90")
-        out["enginelab"] = compile_module("lab_engine.cu", "float32", "sm_90")
         out["loop"] = compile_module("collectives.cu", "float32", "sm_90", ("-DHC_NRANKS=2", "-DHC_LOOP_FENCE=1"))
-        # the library's own builds: one per rank count (backends/cuda.py rank_defines)
+        # the library's own builds: one per rank count (backends/cuda/kernels.py)
         for n in (2, 3):
             out[f"float32-nr{n}"] = compile_module("collectives.cu", "float32", "sm_90", (f"-DHC_NRANKS={n}",))
         out["engine-float32-nr2"] = compile_module("persistent.cu", "float32", "sm_90", ("-DHC_NRANKS=2",))
@@ -64,7 +61,7 @@ def cubins(tmp_path_factory):
 
 def test_every_source_compiles_for_sm90(cubins):
     assert set(SOURCES) == {os.path.basename(p) for p in glob.glob(
-        os.path.join(os.path.dirname(__file__), "..", "cuda", "*.cu"))}, "a .cu file is not in _nvrtc.SOURCES"
+        os.path.join(os.path.dirname(__file__), "..", "..", "cuda", "*.cu"))}, "a .cu file is not in nvrtc.SOURCES"
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", f"{name}: NVRTC did not return a cubin"
 
@@ -98,7 +95,7 @@ def test_the_in_kernel_loop_module_fences_between_iterations(cubins, tmp_path):
     """The benchmark's in-kernel loops (iters > 1) run from the HC_LOOP_FENCE module: there every
     collective kernel has its fence between iterations (collectives.cu, loopFence), except the
     one-shot LL, which needs none; the library's module (checked above) has none.  The chains of
-    captured calls (hpccoll/_fuse.py) live here only, for the same fence between their calls."""
+    captured calls (backends/cuda/fusion.py) live here only, for the same fence between their calls."""
     funcs = _sass_by_function(cubins["loop"], tmp_path)
     assert set(funcs) == expected_kernels("float32", loop=True)
     assert {n for n in funcs if n.endswith("_chain")} == {

@@ -1,9 +1,11 @@
-"""Symmetric memory: one workspace per rank, mapped into every rank of the node over CUDA IPC.
+"""Symmetric memory: one workspace per rank, mapped into every rank of the node over CUDA IPC,
+and the layout of the collectives' regions inside it.
 
 Allocated with plain cudaMalloc (outside CuPy's pool: IPC handles of pool sub-allocations or
 VMM pointers fail), IPC handles exchanged over MPI, peers opened once.  Before the peer path
 is trusted, every rank writes a token into every peer's workspace and reads back what the
-peers wrote into its own (a real cross-process test, not only deviceCanAccessPeer)."""
+peers wrote into its own (a real cross-process test, not only deviceCanAccessPeer).  The same
+class backs the extension API's symmetric buffers (hpccoll.ext)."""
 from __future__ import annotations
 
 import ctypes
@@ -11,12 +13,15 @@ import os
 
 import numpy as np
 
-from ._driver import Args, host_device_pointer
-from .errors import HpccollError
+from ..._abi import PACK, Args, ErrRec, const
+from ...errors import HpccollError
+from .driver import host_device_pointer
 
-CTRL_BYTES = 65536     # HC_CTRL_BYTES
-OFF_ERR = 2112         # HC_OFF_ERR
-OFF_PROBE = 8192       # scratch for the cross-process probe
+CTRL_BYTES = const("HC_CTRL_BYTES")
+OFF_ERR = const("HC_OFF_ERR")
+OFF_PROBE = const("HC_OFF_PROBE")
+SENTINEL_U32 = const("HC_SENTINEL_U32")
+KiB, MiB = 1024, 1024 * 1024
 
 
 class CudaUnavailable(HpccollError):
@@ -71,7 +76,7 @@ class Workspace:
         tokens = node_comm.allgather(token)
         for r, base in enumerate(self.peers):
             val = np.array([token], dtype=np.uint64)
-            rt.memcpy(base + OFF_PROBE + 8 * self.rank, val.ctypes.data, 8, 4)  # host -> peer device (cudaMemcpyDefault)
+            rt.memcpy(base + OFF_PROBE + 8 * self.rank, val.ctypes.data, 8, 4)  # host -> peer (cudaMemcpyDefault)
         rt.deviceSynchronize()
         node_comm.Barrier()
         got = np.zeros(self.size, dtype=np.uint64)
@@ -98,12 +103,11 @@ class Workspace:
         return self.err_word.value
 
     def error_record(self) -> dict:
-        """The ErrRec of cuda/hc_common.cuh: int code, collective, peer, pad; u64 slot, waitedNs."""
-        raw = np.zeros(32, dtype=np.uint8)
-        self.rt.memcpy(raw.ctypes.data, self.ptr + OFF_ERR, 32, 4)  # cudaMemcpyDefault
-        ints, u64s = raw[:16].view(np.int32), raw[16:].view(np.uint64)
-        return {"code": int(ints[0]), "collective": int(ints[1]), "peer": int(ints[2]),
-                "slot": int(u64s[0]), "waited_ns": int(u64s[1])}
+        """The ErrRec (cuda/hc_abi.h) the first poll that timed out wrote."""
+        rec = ErrRec()
+        self.rt.memcpy(ctypes.addressof(rec), self.ptr + OFF_ERR, ctypes.sizeof(rec), 4)  # cudaMemcpyDefault
+        return {"code": rec.code, "collective": rec.collective, "peer": rec.peer, "slot": rec.slot,
+                "waited_ns": rec.waitedNs}
 
     def _release(self):
         for p in self._opened:
@@ -126,3 +130,61 @@ class Workspace:
             self.err_word = ctypes.c_int(0)  # no longer over the freed page
             self.rt.freeHost(self.host_err)
             self.host_err = 0
+
+
+# -- the regions of the library's collectives ------------------------------------------------
+S_ONESHOT = 4 * MiB      # payload per source of one one-shot sentinel launch (2 parities x n of them)
+S_LL = 256 * KiB         # payload per source of one LL launch
+S_LLB = 2 * MiB          # Bcast's chunk (payload per LL sub-buffer of its own region)
+S_TWOSHOT = 8 * MiB      # message bytes of one two-shot launch
+S_ENGINE = 256 * KiB     # most payload of one eager-engine call
+ENGINES = 2              # engines (dtypes) one communicator can run at once: a region each
+
+
+def _align(n: int, a: int = 256) -> int:
+    return (n + a - 1) // a * a
+
+
+class Layout:
+    """Byte offsets of the regions in every rank's workspace (identical on all ranks)."""
+
+    def __init__(self, nranks: int):
+        n = nranks
+        self.sub_oneshot = S_ONESHOT
+        self.sub_ll = 2 * S_LL                                   # LL: 16 B of slot per 8 B of data
+        self.sub_twoshot = _align((S_TWOSHOT // 120 // n + 2) * 128)  # >= LL128 lines per owner
+        off = CTRL_BYTES
+        self.oneshot = off; off += 2 * n * self.sub_oneshot      # sentinel
+        self.ll = off; off += 2 * n * self.sub_ll                # LL
+        self.ll2 = off; off += 2 * n * self.sub_ll               # LL (two-shot phase 2, Alltoall)
+        self.sub_llb = 2 * S_LLB
+        self.llb = off; off += 2 * n * self.sub_llb              # LL (Bcast)
+        self.ts1 = off; off += 2 * n * self.sub_twoshot          # sentinel (reduce-scatter)
+        self.ts2 = off; off += 2 * n * self.sub_twoshot          # sentinel (all-gather)
+        self.ll128 = off; off += 2 * self.sub_twoshot            # zeroed lines
+        self.sub_engine = 2 * S_ENGINE                           # the eager engines
+        self.engine_bytes = 2 * n * self.sub_engine              # one engine's region
+        self.engine = []
+        for _ in range(ENGINES):
+            self.engine.append(off); off += self.engine_bytes
+        self.total = _align(off, 2 * MiB)
+        # LL slots lie in groups of 32 packs, 1 KiB each (cuda/proto_ll.cuh, LL::at)
+        assert self.sub_ll % KiB == self.sub_llb % KiB == self.sub_engine % KiB == 0
+        # allreduce algorithm -> (bytes per launch, (region, sub), (region2, sub2))
+        self.allreduce = {
+            "oneshot_sentinel": (S_ONESHOT, (self.oneshot, self.sub_oneshot), (0, 0)),
+            "oneshot_ll": (S_LL, (self.ll, self.sub_ll), (0, 0)),
+            "twoshot_ll": (S_LL * n, (self.ll, self.sub_ll), (self.ll2, self.sub_ll)),
+            "twoshot_sentinel": (S_TWOSHOT, (self.ts1, self.sub_twoshot), (self.ts2, self.sub_twoshot)),
+            "twoshot_ll128": (S_TWOSHOT, (self.ll128, self.sub_twoshot), (self.ts2, self.sub_twoshot)),
+        }
+        # regions armed with the sentinel (the rest starts zeroed: LL flags, LL128 lines)
+        self.sentinel_regions = [(self.oneshot, self.ll), (self.ts1, self.ll128)]
+
+    def arm(self, ws: "Workspace") -> None:
+        """Fill the sentinel regions of `ws` with the sentinel (once, before any collective)."""
+        for lo, hi in self.sentinel_regions:
+            ws.view(lo, hi - lo, np.uint32).fill(SENTINEL_U32)
+
+
+__all__ = ["Workspace", "Layout", "CudaUnavailable", "PACK"]

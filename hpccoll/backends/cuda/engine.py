@@ -24,28 +24,40 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ._driver import Args, check, host_device_pointer, libcuda
-from .errors import CollectiveTimeout, HpccollError
+from ..._abi import OP_CODES, PACK, Args, EngineArgs, const
+from ...errors import CollectiveTimeout, HpccollError
+from .driver import check, host_device_pointer, libcuda
 
-HOST_BYTES = 1024  # mapped host memory per engine (cuda/persistent.cu): a bell per block, one per
-                   # 64-byte line [0, 512), desc [512, 544), done [576, 640)
-DESC, DONE = 512, 576
-MAX_BLOCKS = 8
-FULL_RING = (1 << 30) - 1  # every block takes part in one call of every 2**30 (cuda/persistent.cu)
+# The engine's mapped host memory and its call rules, from cuda/hc_abi.h (HC_ENGINE_*).
+HOST_BYTES = const("HC_ENGINE_HOST_BYTES")
+DESC, DONE = const("HC_ENGINE_DESC_BYTE"), const("HC_ENGINE_DONE_BYTE")
+MAX_BLOCKS = const("HC_ENGINE_MAX_BLOCKS")
+FULL_RING = const("HC_ENGINE_FULL_RING")
+CMD_STOP = const("HC_ENGINE_STOP")
+CMD_OF_OP = OP_CODES
+BLOCK = const("HC_ENGINE_BLOCK")
+PACKS_PER_THREAD = const("HC_ENGINE_PPT")  # before a call takes another block
+PACKS_KEPT = const("HC_ENGINE_KEEP")  # the most a thread takes: max_bytes <= blocks * BYTES_PER_BLOCK
+BYTES_PER_BLOCK = PACKS_KEPT * BLOCK * PACK
 DEFAULT_BLOCKS = 4  # Communicator.start_persistent's blocks
-CMD_STOP = 0xFF
-CMD_OF_OP = {"SUM": 0, "PROD": 1, "MAX": 2, "MIN": 3}  # HC_SUM.. in cuda/hc_common.cuh
-BLOCK = 512
-PACKS_PER_THREAD = 2  # before a call takes another block (cuda/persistent.cu HC_ENGINE_PPT)
-PACKS_KEPT = 4  # the most a thread takes (HC_ENGINE_KEEP): max_bytes <= blocks * BYTES_PER_BLOCK
-BYTES_PER_BLOCK = PACKS_KEPT * BLOCK * 16  # 32 KiB
-_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY (the driver's enum, not the kernels' ABI)
 
 
-class EngineArgs(ctypes.Structure):
-    """Mirror of `struct EngineArgs` in cuda/persistent.cu."""
+def validate_engine_args(blocks, max_bytes, order) -> None:
+    """start_persistent's arguments (local, before any communication)."""
+    from .workspace import S_ENGINE
 
-    _fields_ = [("host", ctypes.c_void_p), ("seq0", ctypes.c_uint64), ("epoch0", ctypes.c_uint64)]
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
+        raise ValueError(f"start_persistent: blocks={blocks!r}: pass an int from 1 to {MAX_BLOCKS}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= S_ENGINE:
+        raise ValueError(f"start_persistent: max_bytes={max_bytes!r}: pass an int from 16 to {S_ENGINE}")
+    if max_bytes > blocks * BYTES_PER_BLOCK:
+        need = -(-max_bytes // BYTES_PER_BLOCK)
+        raise ValueError(f"start_persistent: max_bytes={max_bytes} needs blocks >= {need} (a block takes "
+                         f"{BYTES_PER_BLOCK // 1024} KiB of a call): pass blocks={need} or a smaller max_bytes")
+    if order not in ("stream", "caller"):
+        raise ValueError(f"start_persistent: order={order!r}: pass 'stream' (each call waits for its "
+                         "stream) or 'caller' (the caller synchronizes before each call)")
 
 
 def _driver_fns():

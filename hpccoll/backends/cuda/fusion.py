@@ -1,7 +1,7 @@
 """Capture fusion: Allreduce calls captured back to back on one stream become one graph node.
 
-In a CUDA graph every kernel node costs its launch and completion, about 1 us on H200 before any
-work (bench/NOTES.md, "the graph column's floor"), more than the collective itself at small sizes.
+In a CUDA graph every kernel node costs its launch and completion, about a microsecond before
+any work (docs/performance.md), more than the collective itself at small sizes.
 While a stream is being captured, a one-shot Allreduce whose stream depends on nothing but the
 node of this communicator's previous one (nothing captured in between: no user kernel, copy,
 event wait, fork or join) is appended to that node instead of becoming one: the node's kernel
@@ -16,12 +16,16 @@ node's buffers or disjoint from all of them; at most CHAIN_MAX calls per node.  
 starts a new node.  The one effect visible outside: work forked from the stream after call j
 (an event recorded there) now also waits for the calls fused after j.
 
-HPCCOLL_FUSE=0 turns it off (then every captured call is a node of its own)."""
+HPCCOLL_FUSE=0 turns it off (then every captured call is a node of its own).  Which one-shot a
+call runs in a chain is policy.chain_algorithm's decision."""
 from __future__ import annotations
 
 import ctypes
 
-from ._driver import CHAIN_MAX, SRC_FWD, SRC_KEEP, SRC_LOAD, Args, CaptureInfo, Chain, Launcher, check, libcuda
+from ..._abi import CHAIN_MAX, Args, Chain, const
+from .driver import CaptureInfo, Launcher, check, libcuda
+
+SRC_LOAD, SRC_KEEP, SRC_FWD = const("HC_SRC_LOAD"), const("HC_SRC_KEEP"), const("HC_SRC_FWD")
 
 
 class Node:

@@ -1,7 +1,8 @@
-"""The eager fast path's reuse rule (hpccoll.comm._FastCall), without a GPU: a repeat is
-recognised only for the very same live array objects (a CuPy array's address, size and dtype
-are read-only, fixed when it is made) and the same op / root / algorithm / policy; anything
-else must take the validated path."""
+"""The repeated call's fast path (hpccoll.comm._FastCall), without a GPU: a repeat is
+recognised only for the very same live array objects with the dtype and shape they had (a CuPy
+array's address, size and dtype are read-only; a numpy array's dtype and shape can be
+reassigned) and the same op / root / algorithm / policy; anything else must take the validated
+path."""
 import gc
 
 import numpy as np
@@ -20,10 +21,11 @@ class _Arr:
 
     def __init__(self, ptr, size=16, dtype=np.float32):
         self.data, self.size, self.dtype = _Mem(ptr), size, np.dtype(dtype)
+        self.shape = (size,)
 
 
 def _fc(send, recv, op=hpccoll.SUM, root=None, algo="auto", det=False):
-    return _FastCall(object(), send, recv, op, root, algo, det)
+    return _FastCall(object(), object(), send, recv, op, root, algo, det)
 
 
 def test_same_call_matches():
@@ -71,3 +73,15 @@ def test_freed_arrays_never_match_a_newcomer():
     gc.collect()
     x2 = _Arr(0x1000)  # same address handed out again
     assert not f.matches(x2, y, hpccoll.SUM, None, "auto", False)
+
+
+def test_a_numpy_array_whose_dtype_or_shape_was_reassigned_misses():
+    x, y = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    f = _fc(x, y)
+    assert f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    y.dtype = np.int32  # the same memory, another element type: validation must see it
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    y.dtype = np.float32
+    assert f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    x.shape = (4, 4)
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -21,15 +22,19 @@ def test_info_in_process(capsys):
     assert "GPUs: " in out
 
 
-def test_info_lists_the_hpccoll_variables_set(capsys, monkeypatch):
+def test_info_prints_the_configuration_in_effect(capsys, monkeypatch):
     for k in [k for k in os.environ if k.startswith("HPCCOLL_")]:
         monkeypatch.delenv(k)
     main(["info"])
-    assert "environment: no HPCCOLL_* variables set" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"HPCCOLL_TIMEOUT +30.0 +\(default\)", out)
     monkeypatch.setenv("HPCCOLL_TIMEOUT", "7")
     monkeypatch.setenv("HPCCOLL_PDL", "0")
+    monkeypatch.setenv("HPCCOLL_TYPO", "1")
     main(["info"])
-    assert "environment: HPCCOLL_PDL=0 HPCCOLL_TIMEOUT=7" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"HPCCOLL_TIMEOUT +7.0 +\(set\)", out) and re.search(r"HPCCOLL_PDL +False +\(set\)", out)
+    assert "ignored by the library): HPCCOLL_TYPO" in out
 
 
 def test_info_reports_why_there_is_no_gpu(capsys):

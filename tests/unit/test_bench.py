@@ -1,4 +1,4 @@
-"""`hpccoll bench` / `hpccoll tune` pieces that need no GPU and no MPI job (hpccoll/bench.py)."""
+"""`hpccoll bench` / `hpccoll tune` pieces that need no GPU and no MPI job (hpccoll/bench/)."""
 from __future__ import annotations
 
 import argparse
@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from hpccoll import bench
+from hpccoll.bench import cli as bench_cli
+from hpccoll.bench import sweep as bench
 
 
 def _parser():
     p = argparse.ArgumentParser(prog="hpccoll")
     sub = p.add_subparsers(dest="cmd", required=True)
-    bench.add_parsers(sub)
+    bench_cli.add_parsers(sub)
     return p
 
 
@@ -55,7 +56,7 @@ def test_parsers_defaults():
 def test_algorithm_list():
     assert bench.algorithm_list("allreduce", "all", "float32", False, False, on_gpu=False) == ["mpi"]
     full = bench.algorithm_list("allreduce", "all", "float32", False, True, on_gpu=True)
-    assert full == list(bench.HPCCOLL_ALLREDUCE) + ["auto"]
+    assert full == list(bench.ALLREDUCE_ALGORITHMS) + ["auto"]
     det = bench.algorithm_list("allreduce", "all", "float32", True, True, on_gpu=True)
     assert "twoshot_ll128" not in det and "auto" in det
     ints = bench.algorithm_list("allreduce", "all", "int32", False, True, on_gpu=True)
@@ -165,7 +166,7 @@ def test_winners_are_picked_by_one_node_per_call():
 
 
 def test_tuning_rows_work_with_choose():
-    from hpccoll import select
+    from hpccoll import policy as select
 
     rows = bench.tuning_rows([(8, "oneshot_ll"), (4096, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel")])
     table = {"allreduce": {"2": rows}}
@@ -194,7 +195,7 @@ def test_single_rank_host_run(tmp_path, capsys):
         pytest.skip("a GPU is usable here: the host-only path is not what runs")
     out = tmp_path / "one.json"
     args = _parser().parse_args(["bench", "allreduce", "--sizes", "8,1K", "--iters", "3", "--json", str(out)])
-    assert bench.main(args) == 0
+    assert bench_cli.main(args) == 0
     d = json.loads(out.read_text())
     assert d["ranks"] == 1 and [r["bytes"] for r in d["rows"]] == [8, 1024]
     assert all(r["ok"] and r["algorithm"] == "mpi" and r["eager_us"] > 0 for r in d["rows"])
@@ -202,7 +203,7 @@ def test_single_rank_host_run(tmp_path, capsys):
 
 
 def test_nccl_rows_only_with_nccl_open_and_not_deterministic():
-    from hpccoll import select
+    from hpccoll import policy as select
 
     table = {"allreduce": {"2": [[65536, "oneshot_sentinel"], [4 << 20, "twoshot_ll128"], [None, "nccl"]]},
              "allreduce_deterministic": {"2": [[65536, "oneshot_sentinel"], [None, "twoshot_sentinel"]]}}
@@ -227,7 +228,7 @@ def test_nccl_rows_only_with_nccl_open_and_not_deterministic():
 
 
 def test_tune_winners_take_nccl_only_when_asked():
-    from hpccoll.bench import tuning_rows, winners_of
+    from hpccoll.bench.sweep import tuning_rows, winners_of
 
     rows = [{"algorithm": "twoshot_sentinel", "bytes": 1 << 20, "graph_us": 7.5, "ok": True},
             {"algorithm": "nccl", "bytes": 1 << 20, "graph_us": 13.0, "ok": True},
@@ -281,7 +282,7 @@ def test_write_lab_json_records_the_lab_on_rank_0_only(tmp_path):
     import json
     import types
 
-    from hpccoll import bench
+    from hpccoll.bench import sweep as bench
 
     path = tmp_path / "lab.json"
     opts = argparse.Namespace(sizes="1M,4M", json=str(path), iters=0)

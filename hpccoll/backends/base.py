@@ -1,0 +1,95 @@
+"""The interface every backend implements, and what each one can do, as data.
+
+The Communicator (hpccoll/comm.py) validates a call, then hands the `Call` to a backend: the
+host backend for host buffers, its device backend (cuda, nccl, or the hierarchical composition
+of node and inter-node communicators) for device buffers of the collectives that backend runs
+(`caps.collectives`); any other device call goes to the host backend, which stages it through
+host memory.  Nothing in comm.py asks a backend what it is: it reads `caps`."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+#: every collective a Communicator offers, by its mpi4py name
+COLLECTIVES = frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall", "Alltoallv"})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do (read by the Communicator instead of probing attributes).
+
+    device: runs device (CuPy / CUDA array interface) buffers itself.
+    host_buffers: runs numpy buffers itself (else the host backend takes them).
+    collectives: the collectives it runs itself; others go to the host backend (which stages
+        device buffers through host memory).
+    algorithms: the `algorithm=` names it accepts besides "auto" (the host backend's "mpi").
+    plans: prepares a launch for a repeated call (`plan`), the repeated call's fast path.
+    groups: fuses the calls of a `comm.group()` block (`run_group`), beyond running them in order.
+    engine: runs the eager engine (`start_engine` / `stop_engine`).
+    asynchronous: device calls are queued on a stream; `synchronize` waits for them."""
+
+    device: bool
+    host_buffers: bool = False
+    collectives: frozenset = COLLECTIVES
+    algorithms: tuple = ()
+    plans: bool = False
+    groups: bool = False
+    engine: bool = False
+    asynchronous: bool = False
+    extension: bool = False  # offers the device-extension API (symmetric memory, kernel args)
+    notes: tuple = field(default_factory=tuple)
+
+
+class Backend(ABC):
+    """One way of running validated calls (hpccoll._validate.Call).
+
+    run(call, deterministic, algorithm, stream): issue the call; `algorithm` is the caller's
+        name ("auto" or one of caps.algorithms), validated by `resolve` first.
+    resolve(collective, dtype, op, nbytes, deterministic, algorithm): the algorithm that would
+        run, raising ValueError / HpccollError for a name this backend cannot run (local: no
+        communication).
+    plan(call, deterministic, algorithm): a prepared launch with `.launch(stream)` for repeats
+        of exactly this call, or None.
+    run_group(items): the calls of a group block, items of (call, deterministic, algorithm, stream).
+    synchronize(stream), barrier(), free()."""
+
+    name: str = "?"
+    caps: Capabilities = Capabilities(device=False)
+    device_id: int | None = None
+
+    @abstractmethod
+    def run(self, call, deterministic: bool, algorithm: str, stream) -> None:
+        """Issue one validated call."""
+
+    def resolve(self, collective: str, dtype: str, op: str | None, nbytes: int, deterministic: bool,
+                algorithm: str) -> str:
+        if algorithm != "auto" and algorithm not in self.caps.algorithms:
+            names = ", ".join(("auto",) + tuple(self.caps.algorithms))
+            raise ValueError(f"{collective}: algorithm={algorithm!r} is not one the {self.name} backend "
+                             f"runs: use one of {names}")
+        return algorithm
+
+    def takes(self, call) -> bool:
+        """Whether this backend runs `call` itself (by its capabilities)."""
+        caps = self.caps
+        if call.name not in caps.collectives:
+            return False
+        return caps.device if call.recv.is_device else caps.host_buffers
+
+    def plan(self, call, deterministic: bool, algorithm: str):
+        return None
+
+    def run_group(self, items) -> None:
+        for call, det, algo, stream in items:
+            self.run(call, det, algo, stream)
+
+    def synchronize(self, stream=None) -> None:
+        """Wait for this backend's work on `stream` (a no-op for synchronous backends)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Every rank has reached this point (device work queued before it included)."""
+
+    @abstractmethod
+    def free(self) -> None:
+        """Release what the backend holds (collective)."""

@@ -1,0 +1,263 @@
+"""CUDA backend: hpccoll's barrier-free kernels over symmetric memory on one node.
+
+This module holds the backend's state and its Backend interface (run, resolve, plan, run_group,
+synchronize, barrier, free); the focused modules beside it do the work: workspace.py (symmetric
+memory and its regions), kernels.py (modules, launchers, grids), launch.py (each collective's
+launches), plans.py (prepared launches), groups.py, engines.py / engine.py (the eager engine),
+fusion.py (capture fusion), streams.py.  Algorithms come from hpccoll.policy."""
+from __future__ import annotations
+
+import logging
+
+from ... import policy
+from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
+from ..._validate import Call
+from ...config import Config
+from ...errors import CollectiveTimeout
+from ..base import Backend, Capabilities
+from . import launch
+from .driver import p2p_native_atomics
+from .engines import EngineSet
+from .fusion import Fuser
+from .groups import run_group
+from .kernels import Kernels, grid_block_cap
+from .plans import make_plan
+from ..streams import stream_ptr, synchronize_stream
+from .workspace import CudaUnavailable, Layout, Workspace
+
+log = logging.getLogger("hpccoll")
+
+CAPS = Capabilities(
+    device=True,
+    collectives=frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall"}),
+    algorithms=tuple(a for a in policy.ALGORITHMS),
+    plans=True, groups=True, engine=True, asynchronous=True, extension=True)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    caps = CAPS
+
+    def __init__(self, mpi_comm, device=None, config: Config | None = None):
+        import cupy
+        from mpi4py import MPI
+
+        config = config or Config.from_env()
+        self.config = config
+        self.comm = mpi_comm
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+        try:
+            nodes = mpi_comm.allreduce(1 if node.Get_rank() == 0 else 0)
+            if nodes > 1:
+                raise CudaUnavailable(f"communicator spans {nodes} nodes; the device path is single-node")
+            if node.Get_size() > MAX_RANKS:
+                raise CudaUnavailable(f"{node.Get_size()} ranks on this node; the kernels support {MAX_RANKS}")
+        except CudaUnavailable:
+            node.Free()
+            raise
+        self.node = node
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        self.device_id = int(device) if device is not None else node.Get_rank() % ndev
+        if not 0 <= self.device_id < ndev:
+            raise ValueError(f"device={device}: this node has GPUs 0..{ndev - 1}")
+        cupy.cuda.Device(self.device_id).use()
+        props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
+        name = props["name"]
+        self.gpu_name = name.decode() if isinstance(name, bytes) else name
+        self.sms = int(props["multiProcessorCount"])
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
+        pdl = config.pdl and int(props["major"]) >= 9
+        devices, sms = zip(*mpi_comm.allgather((self.device_id, self.sms)))  # per rank
+        # Launch configurations must be the same on every rank: so the most ranks any GPU
+        # serves and the fewest SMs, not this rank's own (a rank alone on its GPU with a larger
+        # grid would wait for blocks its peers never run).
+        self.ranks_per_gpu, self.base_cap = grid_block_cap(devices, sms)
+        self.min_sms = min(sms)
+        self.peer_atomics = self._agree(all(
+            d == self.device_id or p2p_native_atomics(self.device_id, d) for d in devices))
+        access = all(d == self.device_id or cupy.cuda.runtime.deviceCanAccessPeer(self.device_id, d)
+                     for d in devices)
+        if not self._agree(access):
+            raise CudaUnavailable("some GPUs of this node cannot access each other (no P2P)")
+        self.timeout_ns = int(config.timeout * 1e9)
+        self.layout = Layout(self.size)
+        self.ws = Workspace(mpi_comm, self.layout.total)
+        self.layout.arm(self.ws)
+        cupy.cuda.runtime.deviceSynchronize()
+        self.ws.probe_peers(mpi_comm)
+        self.table = policy.load_table(self.gpu_name, config.tuning_path())
+        self.kernels = Kernels(self.device_id, self.arch, self.size, self.ws.kernel_args(self.timeout_ns), pdl,
+                               config.small_block)
+        self.engines = EngineSet(self)
+        self.set_grid_cap()
+        self.broken: str | None = None
+        self._nccl = self._open_nccl_fallback(mpi_comm)
+        self.fuser = Fuser(pdl) if config.fuse else None
+        self.is_capturing = cupy.cuda.runtime.streamIsCapturing  # CuPy's binding: a direct C call
+        mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
+
+    def _open_nccl_fallback(self, mpi_comm):
+        """NCCL for the sizes where the tuning table prefers it (collective; None otherwise).
+        Opt-in (HPCCOLL_NCCL_FALLBACK=1, the same on every rank): by default hpccoll's own
+        kernels serve every size."""
+        if not policy.wants_nccl(self.table, self.size):
+            return None
+        if not self.config.nccl_fallback:
+            log.info("hpccoll: the tuning table prefers NCCL for large Allreduce; the NCCL fallback "
+                     "is opt-in (HPCCOLL_NCCL_FALLBACK=1): hpccoll's kernels serve those sizes")
+            return None
+        from ..nccl import NcclBackend, nccl_unavailable_reason
+
+        why = nccl_unavailable_reason()
+        if why is None and self.ranks_per_gpu > 1:
+            why = "several ranks share a GPU, which NCCL does not support"
+        if not self._agree(why is None):
+            log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
+                     "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
+            return None
+        return NcclBackend(mpi_comm, self.device_id)
+
+    def _agree(self, ok: bool) -> bool:
+        return all(self.comm.allgather(bool(ok)))
+
+    def set_grid_cap(self) -> None:
+        """Launches leave the engines' SMs free: the whole grid must be resident."""
+        self.kernels.grid_cap = min(self.base_cap, self.min_sms // self.ranks_per_gpu - self.engines.blocks_used())
+
+    @property
+    def grid_cap(self) -> int:
+        return self.kernels.grid_cap
+
+    # -- errors ---------------------------------------------------------------------------
+    def check_error(self) -> None:
+        if self.broken:
+            raise CollectiveTimeout(self.broken)
+        if self.ws.host_error():
+            import cupy
+
+            self.engines.stop_all()  # their blocks still polling a doorbell leave; device sync can return
+            cupy.cuda.runtime.deviceSynchronize()
+            rec = self.ws.error_record()
+            coll = COLLECTIVE_NAMES.get(rec["collective"], "?")
+            self.broken = (f"{coll}: rank {self.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
+                           f"{rec['peer']} (slot {rec['slot']}); a peer never joined or died. This "
+                           "communicator is unusable: Free() it (raise HPCCOLL_TIMEOUT if ranks are "
+                           "legitimately that far apart)")
+            raise CollectiveTimeout(self.broken, collective=coll, peer=rec["peer"], slot=rec["slot"],
+                                    waited_s=rec["waited_ns"] / 1e9)
+
+    def synchronize(self, stream=None) -> None:
+        eng = self.engines
+        if eng.active:
+            # engine calls have finished when they return: only launches need waiting for
+            if eng.pending:
+                s = stream_ptr(stream)
+                if s in eng.pending:
+                    import cupy
+
+                    cupy.cuda.runtime.streamSynchronize(s)
+                    eng.pending.discard(s)
+            if self.broken or self.ws.err_word.value:
+                self.check_error()
+            return
+        synchronize_stream(stream)
+        self.check_error()
+
+    # -- the Backend interface ----------------------------------------------------------------
+    def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+        """Issue one call; `iters` > 1 runs that many back to back in one launch (the benchmark's
+        in-kernel mode, from the loop module)."""
+        self.check_error()
+        if call.recv.device != self.device_id:
+            raise ValueError(f"{call.name}: buffers are on GPU {call.recv.device} but this rank's "
+                             f"communicator uses GPU {self.device_id}: allocate them there")
+        op = call.op.name if call.op else None
+        s = stream_ptr(stream)
+        if self.engines.active:
+            eng = self.engines.for_call(call, algorithm) if iters == 1 else None
+            if eng is not None and not eng.capturing(s):
+                if not eng.call(call.send.flat.data.ptr, call.recv.flat.data.ptr, call.recv.flat.size, op, s):
+                    self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
+                return
+            self.engines.pending.add(s)
+        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        if algo == "nccl":
+            self._nccl.run(call, deterministic, "auto", stream, iters)
+            return
+        if call.name == "Allreduce":
+            chain = self.chain_algorithm(algorithm, algo, call.send.nbytes) if iters == 1 else None
+            launch.allreduce(self, call, algo, op, s, iters, chain)
+            return
+        launch.RUN[call.name](self, call, algo, op, s, iters)
+
+    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
+        """The algorithm to run: `auto`, or a communicator default that does not implement this
+        collective, goes through the tuning table; unknown names raise."""
+        if algorithm != "auto" and algorithm not in policy.ALGORITHMS:
+            policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
+        if algorithm == "auto" or collective not in policy.ALGORITHMS[algorithm][0]:
+            algorithm = policy.choose(self.table, collective, dtype, op, nbytes, self.size,
+                                      deterministic, self.peer_atomics, nccl=self._nccl is not None)
+        if algorithm == "nccl" and self._nccl is None:
+            raise ValueError(f"{collective}: algorithm='nccl' needs NCCL opened by this communicator "
+                             "(HPCCOLL_NCCL_FALLBACK=1 and a table that prefers it): use 'auto' or backend='nccl'")
+        policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
+        return algorithm
+
+    def plan(self, call: Call, deterministic: bool, algorithm: str):
+        return make_plan(self, call, deterministic, algorithm)
+
+    def run_group(self, items) -> None:
+        run_group(self, items)
+
+    def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
+        self.check_error()
+        s = stream_ptr(stream)
+        launch.barrier(self, s, iters)
+        self.engines.note_launch(s)
+        if sync:
+            self.synchronize(stream)
+
+    def free(self) -> None:
+        try:
+            self.engines.free()
+            import cupy
+
+            cupy.cuda.runtime.deviceSynchronize()
+            if self._nccl is not None:
+                self._nccl.free()
+            if self.fuser is not None:
+                self.fuser.forget()  # (its nodes' parameter blocks)
+        finally:
+            self.comm.Barrier()  # no peer may still be writing into a workspace we unmap
+            self.ws.free()
+            self.node.Free()
+
+    # -- capture fusion (fusion.py) --------------------------------------------------------------
+    def chain_algorithm(self, requested: str, algo: str, nbytes: int) -> str | None:
+        """The one-shot a captured Allreduce runs in a chain node, or None (policy.chain_algorithm)."""
+        if self.fuser is None:
+            return None
+        return policy.chain_algorithm(self.table, requested, algo, nbytes, lambda a: self.layout.allreduce[a][0])
+
+    def fused(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int, count: int) -> bool:
+        """Capture this Allreduce into the stream's chain node; False when the stream is not
+        capturing after all, or the fusion is off (the caller launches it)."""
+        if self.fuser is None:
+            return False
+
+        def node_spec():  # (kernel, Args to copy, grid, bytes per call): only for a new node
+            from ...ops import np_dtype
+
+            esize = np_dtype(dtype).itemsize
+            base, _cap = launch.allreduce_launcher(self, dtype, algo, op)
+            fn = self.kernels.module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{launch.OPS[op]}_chain")
+            return fn, base.args, launch.allreduce_grid(self, algo, count, esize), count * esize
+
+        if not self.fuser.capture(s, (dtype, algo, op, count), in_ptr, out_ptr, node_spec):
+            return False
+        self.engines.note_launch(s)
+        return True

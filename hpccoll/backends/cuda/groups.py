@@ -1,0 +1,88 @@
+"""Groups (Communicator.group): consecutive Allreduce calls that can share one one-shot launch
+run as one, their buffers laid end to end (cuda/hc_abi.h's Group): one epoch and one round
+trip for all of them, and for each call the very bits it gives alone.  Which calls may share a
+launch and with which algorithm is policy.py's decision; this module finds the runs."""
+from __future__ import annotations
+
+from ... import policy
+from ..._abi import GROUP_MAX, PACK, Args, Group
+from .driver import Launcher
+from .kernels import OPS, aligned, packs
+from .launch import allreduce_launcher
+from ..streams import stream_ptr
+
+
+def run_group(b, items) -> None:
+    """A group's calls, in order: every run of consecutive Allreduce calls that can share a
+    launch as one launch, any other call as usual.  items: (call, deterministic, algorithm,
+    stream) tuples."""
+    i = 0
+    while i < len(items):
+        j, algo = _run_at(b, items, i)
+        if algo is None:
+            b.run(*items[i])
+        else:
+            _launch(b, items[i:j], algo)
+        i = j
+
+
+def _groupable(b, call, algorithm: str) -> bool:
+    return (policy.groupable(call.name, algorithm) and call.recv.count > 0 and call.recv.device == b.device_id
+            and aligned(call.send.flat) and aligned(call.recv.flat))
+
+
+def _run_at(b, items, i: int) -> tuple[int, str | None]:
+    """(j, algorithm): items[i:j] share one launch, or (i + 1, None).  They share it when they are
+    groupable calls with the same dtype, op, policy, algorithm argument and stream, at most
+    GROUP_MAX, independent (no call's recvbuf overlaps another call's sendbuf or recvbuf), and
+    policy.group_algorithm gives a one-shot for their total bytes."""
+    call, det, algorithm, stream = items[i]
+    if not _groupable(b, call, algorithm):
+        return i + 1, None
+    key = (call.recv.dtype, call.op.name, det, algorithm, stream_ptr(stream))
+    spans: list[tuple[int, int, bool]] = []  # (lo, hi, written) of the run's buffers
+    sizes: list[int] = []  # bytes each call takes in the launch (whole packs)
+    total = 0
+    cap = lambda algo: b.layout.allreduce[algo][0]  # noqa: E731
+    for c, d, a, st in items[i:i + GROUP_MAX]:
+        if sizes and not (_groupable(b, c, a) and (c.recv.dtype, c.op.name, d, a, stream_ptr(st)) == key):
+            break
+        nbytes = packs(c.recv.flat) * PACK
+        if total + nbytes > cap("oneshot_sentinel"):
+            break
+        out = (c.recv.flat.data.ptr, c.recv.flat.data.ptr + c.recv.flat.nbytes)
+        inp = (c.send.flat.data.ptr, c.send.flat.data.ptr + c.send.flat.nbytes)
+        if any(lo < out[1] and out[0] < hi for lo, hi, _ in spans) or \
+                any(w and lo < inp[1] and inp[0] < hi for lo, hi, w in spans):
+            break  # not independent of the calls before it
+        spans += [(*out, True), (*inp, False)]
+        sizes.append(nbytes)
+        total += nbytes
+    while len(sizes) >= 2:
+        resolved = b.resolve("Allreduce", call.recv.dtype, call.op.name, total, det, algorithm)
+        algo = policy.group_algorithm(resolved, total, cap)
+        if algo is not None:
+            return i + len(sizes), algo
+        total -= sizes.pop()
+    return i + 1, None
+
+
+def _launch(b, calls, algo: str) -> None:
+    """One launch of hc_allreduce_<algo>_<op>_group over these calls (_run_at's run)."""
+    call, _det, _algorithm, stream = calls[0]
+    b.check_error()
+    s = stream_ptr(stream)
+    dtype, op = call.recv.dtype, call.op.name
+    base, _cap = allreduce_launcher(b, dtype, algo, op)
+    a = Args.from_buffer_copy(base.args)
+    a.in_ = a.out = None
+    a.count, a.iters = 0, 1
+    g = Group(n=len(calls))
+    npacks = 0
+    for j, (c, *_rest) in enumerate(calls):
+        g.start[j], g.in_[j], g.out[j], g.count[j] = npacks, c.send.flat.data.ptr, c.recv.flat.data.ptr, c.recv.count
+        npacks += packs(c.recv.flat)
+    g.start[len(calls)] = npacks
+    fn = b.kernels.module(dtype).fn(f"hc_allreduce_{algo}_{OPS[op]}_group")
+    Launcher(fn, a, pdl=b.kernels.pdl, extra=g)(*b.kernels.grid(npacks), s)
+    b.engines.note_launch(s)

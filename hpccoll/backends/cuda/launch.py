@@ -1,0 +1,175 @@
+"""How each collective becomes kernel launches on the CUDA backend `b` (backend.py): the
+region it uses, its grid, chunking for messages larger than a region, and staging through
+aligned temporaries for buffers that are not 16-byte aligned.  The algorithm comes resolved
+(policy.py); nothing here chooses one."""
+from __future__ import annotations
+
+from ..._abi import PACK
+from ..._validate import Call
+from ...ops import np_dtype
+from .kernels import OPS, aligned
+from .workspace import S_LL, S_LLB, S_TWOSHOT
+
+
+def allreduce_grid(b, algo: str, count: int, esize: int) -> tuple[int, int]:
+    if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
+        lines = (count + 128 // esize - 2) // (128 // esize - 1)
+        return b.kernels.grid((lines + b.size - 1) // b.size, 8)
+    npacks = (count * esize + PACK - 1) // PACK  # a thread per pack (two-shot: of the owner's share)
+    return b.kernels.grid(npacks if algo.startswith("oneshot") else (npacks + b.size - 1) // b.size)
+
+
+def allreduce_launcher(b, dtype: str, algo: str, op: str, loop: bool = False):
+    """The kernel of (algo, op) for dtype, and the payload bytes one launch can carry."""
+    cap, region, region2 = b.layout.allreduce[algo]
+    return b.kernels.launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2, loop), cap
+
+
+def allreduce(b, call: Call, algo: str, op: str, s: int, iters: int, chain: str | None = None) -> None:
+    import cupy
+
+    send, recv = call.send.flat, call.recv.flat
+    if not (aligned(send) and aligned(recv)):
+        with cupy.cuda.ExternalStream(s):
+            tmp = send.copy()  # fresh allocation: aligned
+        _allreduce_aligned(b, tmp, tmp, call.recv.dtype, algo, op, s, iters)
+        with cupy.cuda.ExternalStream(s):
+            recv[...] = tmp
+        return
+    _allreduce_aligned(b, send, recv, call.recv.dtype, algo, op, s, iters, chain)
+
+
+def _allreduce_aligned(b, send, recv, dtype, algo, op, s, iters, chain=None) -> None:
+    """chain: the one-shot to capture the call into a chain node with, or None."""
+    esize = send.itemsize
+    n = send.size
+    if chain is not None and s and b.is_capturing(s) and b.fused(s, dtype, chain, op, send.data.ptr, recv.data.ptr, n):
+        return
+    lau, cap = allreduce_launcher(b, dtype, algo, op, iters > 1)
+    step = cap // esize
+    a = lau.args
+    a.iters = iters
+    for c0 in range(0, max(n, 1), step):
+        c = min(step, n - c0)
+        a.in_ = send.data.ptr + c0 * esize
+        a.out = recv.data.ptr + c0 * esize
+        a.count = c
+        lau(*allreduce_grid(b, algo, c, esize), s)
+
+
+def bcast_launcher(b, dtype: str, loop: bool = False):
+    return b.kernels.launcher(dtype, "hc_bcast_ll", (b.layout.llb, b.layout.sub_llb), loop=loop)
+
+
+def bcast_grid(b, nbytes: int) -> tuple[int, int]:
+    """Bcast's grid: a thread per pack of one chunk (the kernel walks the chunks)."""
+    return b.kernels.grid((min(nbytes, S_LLB) + PACK - 1) // PACK)
+
+
+def bcast(b, call: Call, algo: str, op, s: int, iters: int) -> None:
+    import cupy
+
+    buf = call.recv.flat
+    if not aligned(buf):
+        with cupy.cuda.ExternalStream(s):
+            tmp = buf.copy()
+        _bcast_flat(b, tmp, call, s, iters)
+        with cupy.cuda.ExternalStream(s):
+            buf[...] = tmp
+        return
+    _bcast_flat(b, buf, call, s, iters)
+
+
+def _bcast_flat(b, buf, call, s, iters):
+    """One launch whatever the size: the kernel walks the chunks of S_LLB bytes itself."""
+    lau = bcast_launcher(b, call.recv.dtype, iters > 1)
+    a = lau.args
+    a.root, a.iters = call.root, iters
+    a.in_ = a.out = buf.data.ptr
+    a.count = buf.size
+    lau(*bcast_grid(b, buf.size * buf.itemsize), s)
+
+
+def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int, mode: str) -> None:
+    """Allgather / Reduce_scatter_block / Alltoall: per-rank blocks of `count` elements; direct
+    when the blocks are pack-aligned and fit (Allgather and Alltoall walk their chunks inside one
+    launch, Reduce_scatter takes one launch per cap_bytes), else staged through padded
+    [nranks, chunk] buffers."""
+    import cupy
+
+    n = b.size
+    esize = call.recv.flat.itemsize
+    epp = PACK // esize
+    out = call.recv.flat
+    if mode == "gather":
+        count = call.recv.count // n
+        src = (call.recv.flat[b.rank * count:(b.rank + 1) * count] if call.in_place else call.send.flat)
+    elif mode == "scatter":
+        count = call.recv.count // n if call.in_place else call.recv.count
+        src = call.recv.flat if call.in_place else call.send.flat
+    else:  # alltoall
+        count = call.recv.count // n
+        if call.in_place:
+            with cupy.cuda.ExternalStream(s):
+                src = out.copy()
+        else:
+            src = call.send.flat
+    lau = b.kernels.launcher(call.recv.dtype, kernel, region, loop=iters > 1)
+    a = lau.args
+    a.iters = iters
+    fits = mode != "scatter" or count * esize <= cap_bytes
+    if count % epp == 0 and fits and aligned(src) and aligned(out):
+        a.in_, a.out, a.count = src.data.ptr, out.data.ptr, count
+        lau(*b.kernels.grid(min(count, cap_bytes // esize) // epp), s)
+        return
+    step = max(epp, cap_bytes // esize // epp * epp)
+    dtype = out.dtype
+    with cupy.cuda.ExternalStream(s):
+        for c0 in range(0, max(count, 1), step):
+            c = min(step, count - c0)
+            cp = (c + epp - 1) // epp * epp
+            if mode == "gather":
+                tin = cupy.zeros(cp, dtype=dtype)
+                tin[:c] = src[c0:c0 + c]
+                tout = cupy.empty((n, cp), dtype=dtype)
+            else:
+                tin = cupy.zeros((n, cp), dtype=dtype)
+                tin[:, :c] = src.reshape(n, -1)[:, c0:c0 + c]
+                tout = cupy.empty((n, cp) if mode == "alltoall" else cp, dtype=dtype)
+            a.in_, a.out, a.count = tin.data.ptr, tout.data.ptr, cp
+            lau(*b.kernels.grid(cp // epp), s)
+            if mode == "scatter":
+                out[c0:c0 + c] = tout[:c]
+            else:
+                out.reshape(n, count)[:, c0:c0 + c] = tout[:, :c]
+
+
+def allgather(b, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = b.layout
+    blockwise(b, call, "hc_allgather_ll", (L.ll, L.sub_ll), S_LL, s, iters, "gather")
+
+
+def reduce_scatter_block(b, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = b.layout
+    if algo == "sentinel":
+        region, cap = (L.ts1, L.sub_twoshot), S_TWOSHOT // b.size
+    else:
+        region, cap = (L.ll, L.sub_ll), S_LL
+    blockwise(b, call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, "scatter")
+
+
+def alltoall(b, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = b.layout
+    blockwise(b, call, "hc_alltoall_ll", (L.ll2, L.sub_ll), S_LL, s, iters, "alltoall")
+
+
+def barrier(b, s: int, iters: int = 1) -> None:
+    lau = b.kernels.launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
+    lau.args.iters = iters
+    lau(1, 32, s)
+
+
+RUN = {"Allreduce": allreduce, "Bcast": bcast, "Allgather": allgather,
+       "Reduce_scatter_block": reduce_scatter_block, "Alltoall": alltoall}
+
+__all__ = ["RUN", "allreduce_launcher", "allreduce_grid", "bcast_launcher", "bcast_grid", "barrier", "np_dtype"]

@@ -1,0 +1,198 @@
+"""Configuration: every HPCCOLL_* environment variable hpccoll reads, in one table.
+
+Variables are read when a Communicator is made (`Config.from_env()`), never at import, so a
+program may set them before opening each communicator.  Explicit constructor arguments win
+over the environment.  `hpccoll info` prints the table with the values in effect;
+docs/configuration.md is generated from the same table (`markdown_table()`).
+
+Settings that change what the kernels of one collective do must be the same on every rank;
+the communicator checks those (`agreed`) at construction and raises on every rank if they
+differ."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _switch(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: use 1 (on) or 0 (off)")
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        val = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not val > 0 or val != val or val == float("inf"):
+        raise ValueError(f"{name}={raw!r}: use a positive, finite number of seconds")
+    return val
+
+
+def _block(name: str, raw: str) -> int:
+    if raw.strip() not in ("32", "64", "128", "256", "512"):
+        raise ValueError(f"{name}={raw!r}: use 32, 64, 128, 256 or 512")
+    return int(raw)
+
+
+def _nonneg_int(name: str, raw: str) -> int:
+    if not raw.strip().isdigit():
+        raise ValueError(f"{name}={raw!r}: use a non-negative integer")
+    return int(raw)
+
+
+def _node_size(name: str, raw: str) -> int | None:
+    if not raw.strip():
+        return None
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: use a positive number of ranks per simulated node")
+    return int(raw)
+
+
+def _path(name: str, raw: str) -> str | None:
+    return raw or None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its default (as the variable's text), parser and meaning."""
+
+    var: str
+    field: str
+    default: str
+    parse: object
+    doc: str
+    agreed: bool = False  # must be the same on every rank (checked at construction)
+
+
+SETTINGS = (
+    Setting("HPCCOLL_TIMEOUT", "timeout", "30", _seconds,
+            "Seconds a collective waits for a peer before it raises CollectiveTimeout (device "
+            "kernels' polls and host-backend MPI calls alike). The `timeout=` argument wins."),
+    Setting("HPCCOLL_CHECK", "check", "0", _switch,
+            "1: compare every call's arguments and validation outcome across ranks first, so a "
+            "mismatch raises the same error on every rank instead of hanging. The `check=` argument wins."),
+    Setting("HPCCOLL_PDL", "pdl", "1", _switch,
+            "Programmatic dependent launch (Hopper and newer): a collective kernel is scheduled "
+            "while the stream's previous kernel runs, and waits for it on the device.", agreed=False),
+    Setting("HPCCOLL_FUSE", "fuse", "1", _switch,
+            "Capture fusion: one-shot Allreduce calls captured back to back into a CUDA graph run "
+            "as one kernel node. 0: every captured call is a node of its own.", agreed=True),
+    Setting("HPCCOLL_SMALL_BLOCK", "small_block", "128", _block,
+            "Threads per block of launches small enough to fit the grid cap in blocks of that "
+            "size (spread over more SMs).", agreed=True),
+    Setting("HPCCOLL_NCCL_FALLBACK", "nccl_fallback", "0", _switch,
+            "1: open NCCL for the Allreduce sizes where the tuning table prefers it (non-"
+            "deterministic calls only). 0: hpccoll's kernels serve every size.", agreed=True),
+    Setting("HPCCOLL_NODE_SIZE", "node_size", "", _node_size,
+            "Treat consecutive groups of this many ranks as nodes (tests the hierarchical "
+            "collectives on one machine). Unset: nodes are the shared-memory domains.", agreed=True),
+    Setting("HPCCOLL_HIER_RSAG_BYTES", "hier_rsag_bytes", "262144", _nonneg_int,
+            "Across nodes, Allreduce messages of at least this many bytes run reduce-scatter / "
+            "allreduce / allgather, smaller ones allreduce / allreduce (0: always the former).",
+            agreed=True),
+    Setting("HPCCOLL_TUNING", "tuning", "", _path,
+            "Tuning table written by `hpccoll tune` (default ~/.cache/hpccoll/tuning.json); "
+            "used when its GPU name matches this GPU's."),
+    Setting("HPCCOLL_CACHE_DIR", "cache_dir", "", _path,
+            "Folder of compiled kernels (default ~/.cache/hpccoll/kernels)."),
+    Setting("HPCCOLL_NVRTC", "nvrtc", "", _path,
+            "Path of the libnvrtc to compile kernels with (default: CuPy's, else the pip "
+            "wheel's, else the system's)."),
+    Setting("HPCCOLL_COMMIT", "commit", "", _path,
+            "The commit id `hpccoll bench` and the eigensolver record in their results where git "
+            "cannot tell it (a copy of the tree without its history)."),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The settings one Communicator runs with (see SETTINGS for each field's variable)."""
+
+    timeout: float = 30.0
+    check: bool = False
+    pdl: bool = True
+    fuse: bool = True
+    small_block: int = 128
+    nccl_fallback: bool = False
+    node_size: int | None = None
+    hier_rsag_bytes: int = 262144
+    tuning: str | None = None
+    cache_dir: str | None = None
+    nvrtc: str | None = None
+    commit: str | None = None
+
+    @classmethod
+    def from_env(cls, environ=None, **explicit) -> "Config":
+        """The environment's settings; keyword arguments that are not None win."""
+        env = os.environ if environ is None else environ
+        values = {}
+        for s in SETTINGS:
+            if explicit.get(s.field) is not None:
+                values[s.field] = explicit[s.field]
+                continue
+            values[s.field] = s.parse(s.var, env.get(s.var, s.default))
+        if explicit.get("timeout") is not None:
+            values["timeout"] = _seconds("timeout", str(explicit["timeout"]))
+        return cls(**values)
+
+    def agreed_values(self) -> tuple:
+        """The settings every rank must share, in SETTINGS order."""
+        return tuple((s.var, getattr(self, s.field)) for s in SETTINGS if s.agreed)
+
+    def tuning_path(self) -> Path:
+        return Path(self.tuning or os.path.join(os.path.expanduser("~"), ".cache", "hpccoll", "tuning.json"))
+
+    def kernel_cache_dir(self) -> Path:
+        return Path(self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hpccoll", "kernels"))
+
+
+assert {s.field for s in SETTINGS} == {f.name for f in fields(Config)}, "every Config field has its variable"
+
+
+def check_agreement(mpi_comm, config: Config) -> None:
+    """Raise on every rank when the settings that must agree differ between ranks (collective)."""
+    mine = config.agreed_values()
+    theirs = mpi_comm.allgather(mine)
+    for i, (var, _val) in enumerate(mine):
+        vals = [t[i][1] for t in theirs]
+        if any(v != vals[0] for v in vals):
+            seen = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(vals))
+            raise ValueError(f"{var} differs between ranks ({seen}): set the same value on every rank")
+
+
+def describe(config: Config | None = None, environ=None) -> str:
+    """The table `hpccoll info` prints: each variable, its value in effect, and whether set."""
+    env = os.environ if environ is None else environ
+    if config is None:
+        try:
+            config = Config.from_env(env)
+        except ValueError as exc:
+            return f"configuration: invalid ({exc})"
+    rows = []
+    for s in SETTINGS:
+        val = getattr(config, s.field)
+        src = "set" if s.var in env else "default"
+        rows.append(f"  {s.var:<24} {str(val):<12} ({src})")
+    unknown = sorted(k for k in env if k.startswith("HPCCOLL_") and k not in {s.var for s in SETTINGS})
+    lines = ["configuration (HPCCOLL_* variables; docs/configuration.md):", *rows]
+    if unknown:
+        lines.append("  not hpccoll settings (ignored by the library): " + ", ".join(unknown))
+    return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """The variables as a Markdown table (docs/configuration.md holds this text)."""
+    out = ["| variable | default | same on every rank | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        out.append(f"| `{s.var}` | {s.default or '(unset)'} | {'yes' if s.agreed else 'no'} | {s.doc} |")
+    return "\n".join(out)
