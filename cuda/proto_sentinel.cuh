@@ -21,19 +21,21 @@ struct Sentinel {
   static constexpr int kBytesPerPack = 16;  // receive-buffer bytes per 16-byte pack
   __device__ static u64 at(u64 slot) { return slot * kBytesPerPack; }  // a pack's slot in a sub-buffer
 #if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
-  static constexpr u64 kWord = HC_SENTINEL_U64;  // fill pattern of the receive buffer
+  static constexpr u64 kWord = HC_SENTINEL_U64;   // fill pattern of the receive buffer
+  static constexpr u64 kCanon = HC_CANON_NAN_F64;  // what a sender writes for data equal to kWord
 #else
   static constexpr u32 kWord = HC_SENTINEL_U32;
+  static constexpr u32 kCanon = HC_CANON_NAN_F32;  // (16-bit types: per element, in sanitize)
 #endif
 
   __device__ static Pack sanitize(Pack v) {
 #if HC_DTYPE == HC_F64 || HC_DTYPE == HC_I64
 #pragma unroll
-    for (int i = 0; i < 2; ++i) v.q[i] = v.q[i] == kWord ? (u64)HC_CANON_NAN_F64 : v.q[i];
+    for (int i = 0; i < 2; ++i) v.q[i] = v.q[i] == kWord ? kCanon : v.q[i];
 #elif HC_DTYPE == HC_F32 || HC_DTYPE == HC_I32
     u32* w = (u32*)&v.u;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = w[i] == kWord ? (u32)HC_CANON_NAN_F32 : w[i];
+    for (int i = 0; i < 4; ++i) w[i] = w[i] == kWord ? kCanon : w[i];
 #else
     const u16 canon = HC_DTYPE == HC_F16 ? HC_CANON_NAN_F16 : HC_CANON_NAN_BF16;
 #pragma unroll

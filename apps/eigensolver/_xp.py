@@ -68,9 +68,9 @@ def env_int(name: str, default: int, minimum: int = 1, what: str = "") -> int:
 def module_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Compiler options of raw_module: C++17, hpccoll's device headers on the include path
     (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls), the macros."""
-    from hpccoll._nvrtc import cuda_dir
+    import hpccoll.ext
 
-    return ("-std=c++17", f"-I{cuda_dir()}") + tuple(f"-D{d}" for d in defines)
+    return ("-std=c++17", f"-I{hpccoll.ext.include_dir()}") + tuple(f"-D{d}" for d in defines)
 
 
 def get_xp(*arrays):

@@ -29,6 +29,7 @@ step)."""
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -78,7 +79,9 @@ def fusable(comm) -> str | None:
         return f"backend {getattr(inner, 'backend', None)!r} is not hpccoll's cuda backend"
     if product_for() != "lower":
         return "HPCCOLL_EIG_GEMV=full (the fused stores live in the lower-triangle product)"
-    shared = getattr(getattr(inner, "_device", None), "ranks_per_gpu", 1)
+    import hpccoll.ext
+
+    shared = hpccoll.ext.ranks_per_gpu(inner)
     if shared > 1:
         # a product kernel's hundreds of polling blocks could fill the GPU and starve the
         # owner's sytrd_col of another rank on it (the collectives cap their grids instead)
@@ -121,52 +124,40 @@ def mode_for(comm, n: int | None = None) -> str:
 
 
 class FusedWorkspace:
-    """The fused transfers' symmetric memory (sytrd_step.cu's Fused): hpccoll's Workspace (control
-    region with the abort flag and error record, peers mapped over CUDA IPC) holding bbR[2][n + 4]
-    and yR[2][nranks][2n], every word armed with the sentinel; and the kernels' Fused struct in
-    device memory.  One per (communicator, n), kept: opening it exchanges IPC handles."""
+    """The fused transfers' symmetric memory (sytrd_step.cu's Fused), on hpccoll's extension API:
+    a SymmetricMemory (its own control region with the abort flag and error record, peers mapped
+    over CUDA IPC) holding bbR[2][n + 4] and yR[2][nranks][2n], every word armed with the
+    sentinel; and the kernels' Fused struct (struct Args, then the two offsets) in device memory.
+    One per (communicator, n), kept: opening it exchanges IPC handles."""
 
     def __init__(self, comm, n: int):
         import cupy as cp
-        from hpccoll._symm import CTRL_BYTES, Workspace
-        from hpccoll.backends.cuda import SENTINEL_BYTE_PATTERN
+        import hpccoll.ext
 
         inner = getattr(comm, "uncounted", comm)
-        mpi = inner.mpi_comm
-        self.n, self.nranks = n, mpi.Get_size()
+        self.n, self.nranks = n, inner.size
         align = lambda b: -(-b // 256) * 256  # noqa: E731
-        self.bb_off = CTRL_BYTES
-        self.y_off = self.bb_off + align(2 * (n + 4) * 8)
-        total = self.y_off + align(2 * self.nranks * 2 * n * 8)
-        self.ws = Workspace(mpi, total)
-        self.ws.probe_peers(mpi)
-        # the sentinel protocol's armed word (the same bytes for every element width)
-        self.ws.view(self.bb_off, total - self.bb_off, np.uint32).fill(SENTINEL_BYTE_PATTERN)
-        a = self.ws.kernel_args(int(float(getattr(inner, "timeout", 30.0)) * 1e9))
-        raw = bytes(a) + np.array([self.bb_off, self.y_off], dtype=np.int64).tobytes()
+        bb, y = 0, align(2 * (n + 4) * 8)
+        self.sym = hpccoll.ext.SymmetricMemory(inner, y + align(2 * self.nranks * 2 * n * 8))
+        self.bb_off, self.y_off = self.sym.data_offset + bb, self.sym.data_offset + y
+        self.sym.arm(protocol="sentinel")  # collective: every rank's words armed before anyone writes
+        raw = self.sym.kernel_args().tobytes() + np.array([self.bb_off, self.y_off], dtype=np.int64).tobytes()
         self.struct = cp.asarray(np.frombuffer(raw, dtype=np.uint8))
-        cp.cuda.runtime.deviceSynchronize()
-        mpi.Barrier()  # every rank's words are armed before anyone writes into them
 
     def check(self) -> None:
         """Raise CollectiveTimeout where a poll of the last use timed out (after a sync)."""
-        from hpccoll.errors import CollectiveTimeout
-
-        if self.ws.host_error():
-            rec = self.ws.error_record()
-            raise CollectiveTimeout(
-                f"sytrd (fused): rank {self.ws.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
-                f"{rec['peer']} (element {rec['slot']}); a peer never arrived or died",
-                collective="sytrd", peer=rec["peer"], slot=rec["slot"], waited_s=rec["waited_ns"] / 1e9)
+        self.sym.check()
 
     def free(self) -> None:
-        self.ws.free()
+        self.sym.free()
+
+
+_KEPT = weakref.WeakKeyDictionary()  # communicator -> {n: FusedWorkspace}
 
 
 def _kept(comm) -> dict:
-    """n -> FusedWorkspace, kept on the communicator object itself (they go together)."""
-    inner = getattr(comm, "uncounted", comm)
-    return inner.__dict__.setdefault("_eig_fused", {})
+    """n -> FusedWorkspace of this communicator (they go together: dropped with it)."""
+    return _KEPT.setdefault(getattr(comm, "uncounted", comm), {})
 
 
 def fused_workspace(comm, n: int) -> FusedWorkspace:

@@ -418,7 +418,6 @@ def time_graph_group(comm, case, iters: int, **kw) -> float:
 
 # -- speed of light ------------------------------------------------------------------------
 
-HC_OFF_PINGPONG = 4096 + 512  # HC_OFF_BARRIER + 512 in cuda/hc_common.cuh / sol.cu
 
 
 def open_lab(name: str):
@@ -446,7 +445,7 @@ def measure_sol(comm, log) -> dict:
     writes into the peers' two-shot region, which is re-armed (sentinel) afterwards."""
     import cupy
 
-    from .._abi import Args
+    from .._abi import Args, const
     from ..backends.cuda.driver import Launcher, Module, launch_raw
     from ..backends.cuda.nvrtc import compile_module
 
@@ -500,7 +499,7 @@ def measure_sol(comm, log) -> dict:
     ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base_args), ctypes.sizeof(Args))
     pp_iters = 1000
     a.iters, a.timeoutNs = pp_iters, int(5e9)
-    word = dev.ws.peers[rank] + HC_OFF_PINGPONG
+    word = dev.ws.peers[rank] + const("HC_OFF_PINGPONG")
 
     def reset():
         cupy.cuda.runtime.memset(word, 0, 8)

@@ -3,8 +3,8 @@
     mpiexec -n 2 python -m pytest --with-mpi tests/gpu
 
 Fresh random data every iteration; deterministic algorithms compared BITWISE with the
-fixed-order host reference (NaN positions by isnan: GPU arithmetic returns canonical NaNs);
-LL128 within fp tolerance and identical on every rank."""
+fixed-order host reference, NaNs included (every NaN of a result is the canonical NaN, whatever
+the payloads that went in); LL128 within fp tolerance and identical on every rank."""
 from __future__ import annotations
 
 import hashlib
@@ -39,14 +39,10 @@ ALGOS = ["oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "tw
 
 
 def _assert_bitwise(got, ref, what):
-    if got.dtype.kind == "f" or got.dtype == BFLOAT16:
-        gn, rn = np.isnan(got.astype(np.float64)), np.isnan(ref.astype(np.float64))
-        assert np.array_equal(gn, rn), f"{what}: NaN positions differ"
-        keep = ~rn
-        bad = np.flatnonzero(_bits(got)[keep] != _bits(ref)[keep])
-    else:
-        bad = np.flatnonzero(_bits(got) != _bits(ref))
-    assert bad.size == 0, f"{what}: {bad.size} elements differ (first indices among compared: {bad[:5]})"
+    """Every bit, NaNs included (the host reference's NaNs are canonical, as the kernels' are)."""
+    bad = np.flatnonzero(_bits(got) != _bits(ref))
+    assert bad.size == 0, (f"{what}: {bad.size} elements differ (first {bad[:5]}: got bits "
+                           f"{[hex(v) for v in _bits(got)[bad[:3]]]}, want {[hex(v) for v in _bits(ref)[bad[:3]]]})")
 
 
 def _same_on_all_ranks(arr, what):
@@ -125,18 +121,53 @@ def test_special_values(cc, algo, dtype):
         cc.Allreduce(cp.asarray(x), out, op=OPS[op], algorithm=algo, deterministic=True)
         cc.synchronize()
         _assert_bitwise(cp.asnumpy(out), ref, f"{algo} {dtype} {op} special values")
+        _same_on_all_ranks(cp.asnumpy(out), f"{algo} {dtype} {op} special values")
+
+
+NAN_PAYLOADS = {2: [0x7E01, 0xFE00, 0x7C01, 0xFFFA], 4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA],
+                8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
+DET_FLOAT_ALGOS = ["oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll"]
+
+
+@pytest.mark.parametrize("algo", DET_FLOAT_ALGOS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ["SUM", "PROD", "MAX", "MIN"])
+def test_nan_payloads_give_the_same_bits_on_every_rank(cc, algo, dtype, op):
+    """NaNs with other payloads (quiet, signalling, negative, the sentinel pattern itself) in
+    every rank's input: the result is the canonical NaN wherever any NaN met, so every rank holds
+    the same bits, equal to the host's; -0 and +0 mixed in so MAX/MIN's +0 > -0 rule shows."""
+    import cupy as cp
+
+    dt = np_dtype(dtype)
+    width = {8: np.uint64, 4: np.uint32, 2: np.uint16}[dt.itemsize]
+    for it, n in enumerate((5, 1029, 70001)):
+        rng = np.random.default_rng([cc.rank, it, hash((algo, dtype, op)) & 0xFFFF])
+        x = _random(rng, dtype, n, op)
+        x[rng.integers(0, n, max(1, n // 50))] = -0.0
+        x[rng.integers(0, n, max(1, n // 50))] = 0.0
+        hit = rng.integers(0, n, max(1, n // 40))
+        x.view(width)[hit] = rng.choice(np.array(NAN_PAYLOADS[dt.itemsize], dtype=width), hit.size)
+        xs = _world().allgather(x)
+        ref = reduce_in_rank_order(OPS[op], xs)
+        out = cp.empty(n, dtype=dt)
+        cc.Allreduce(cp.asarray(x), out, op=OPS[op], algorithm=algo, deterministic=True)
+        cc.synchronize()
+        got = cp.asnumpy(out)
+        what = f"{algo} {dtype} {op} n={n} NaN payloads"
+        _assert_bitwise(got, ref, what)
+        _same_on_all_ranks(got, what)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_allreduce_oneshot_packs_per_thread(cc, dtype):
-    """One-shot keeps up to 4 packs per thread in registers (collectives.cu, HC_ONESHOT_KEEP)
+    """One-shot keeps up to 4 packs per thread in registers (collectives.cu, the kept pack)
     and loops beyond that: 1-4 packs per thread on the full grid, then the 4 MiB per-launch cap
     crossed (two launches), odd counts, fresh data each time, bitwise against the host."""
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, 13])
     dt = np_dtype(dtype)
-    packs_cap = cc._device.layout.allreduce["oneshot_sentinel"][0] // 16
+    packs_cap = cc._backend.layout.allreduce["oneshot_sentinel"][0] // 16
     for packs in (packs_cap // 4 + 1, packs_cap // 2 - 1, 3 * packs_cap // 4 + 3, packs_cap, packs_cap + 5):
         n = packs * 16 // dt.itemsize - 1  # odd: the last pack is partial
         for op in ("SUM", "MAX"):
@@ -176,6 +207,40 @@ def test_bcast_allgather_reduce_scatter(cc, dtype):
         rs = cp.empty(n, dtype=x.dtype)
         cc.Reduce_scatter_block(cp.asarray(big), rs, deterministic=True)
         _assert_bitwise(cp.asnumpy(rs), ref, f"Reduce_scatter_block {dtype} n={n}")
+    cc.Barrier()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64"])
+def test_alltoall_and_alltoallv(cc, dtype):
+    """Alltoall on the device kernel (block j to rank j, exact bits; padded and staged where a
+    block is not whole 16-byte packs), in place too, and Alltoallv (through host staging on the
+    cuda backend), against the exchange computed from every rank's data."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 23])
+    size, rank = cc.size, cc.rank
+    for n in (1, 7, 8, 1023, 4096, 65537, (1 << 17) + 5):  # per block; (1 << 17) + 5: several chunks
+        x = _random(rng, dtype, n * size, "SUM")
+        xs = _world().allgather(x)
+        want = np.concatenate([xs[src][rank * n:(rank + 1) * n] for src in range(size)])
+        out = cp.empty(n * size, dtype=x.dtype)
+        cc.Alltoall(cp.asarray(x), out)
+        _assert_bitwise(cp.asnumpy(out), want, f"Alltoall {dtype} n={n}")
+        buf = cp.asarray(x)
+        cc.Alltoall(hpccoll.IN_PLACE, buf)
+        _assert_bitwise(cp.asnumpy(buf), want, f"Alltoall in place {dtype} n={n}")
+    counts = [[(3 * i + 5 * j + 1) % 7 * 101 for j in range(size)] for i in range(size)]  # rank i -> j
+    scounts = counts[rank]
+    rcounts = [counts[i][rank] for i in range(size)]
+    x = _random(rng, dtype, sum(scounts), "SUM")
+    xs = _world().allgather(x)
+    want = []
+    for i in range(size):
+        off = sum(counts[i][:rank])
+        want.append(xs[i][off:off + counts[i][rank]])
+    out = cp.zeros(sum(rcounts), dtype=x.dtype)
+    cc.Alltoallv((cp.asarray(x), scounts), (out, rcounts))
+    _assert_bitwise(cp.asnumpy(out), np.concatenate(want), f"Alltoallv {dtype}")
     cc.Barrier()
 
 
@@ -254,7 +319,7 @@ def test_in_kernel_loops(cc, algo):
 
     rng = np.random.default_rng([cc.rank, 17, ALGOS.index(algo)])
     det = "ll128" not in algo
-    dev = cc._device
+    dev = cc._backend
     s = cp.cuda.Stream(non_blocking=True)
     for iters in (2, 7, 100):
         for n in (1, 7, 1023, 4099, 65537, 300001):
@@ -584,7 +649,7 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
     monkeypatch.setenv("HPCCOLL_TUNING", path)
     c = hpccoll.Communicator(backend="cuda", deterministic=False)
     try:
-        dev = c._device
+        dev = c._backend
         if max(world.allgather(dev.ranks_per_gpu)) > 1:  # NCCL: one rank per GPU
             assert dev._nccl is None  # the previous row's kernel serves NCCL's sizes
             assert dev.resolve("Allreduce", "float32", "SUM", 1 << 20, False, "auto") == "oneshot_sentinel"

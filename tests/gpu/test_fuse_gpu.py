@@ -1,4 +1,4 @@
-"""Capture fusion (hpccoll/_fuse.py): Allreduce calls captured back to back on one stream run
+"""Capture fusion (hpccoll/backends/cuda/fusion.py): Allreduce calls captured back to back on one stream run
 as one graph node, bit for bit the results of the same calls launched one by one.
 
 Run with mpiexec -n 2 (or 3, with MPS on 2 GPUs) and pytest --with-mpi -m gpu."""
@@ -9,8 +9,8 @@ import pytest
 from _gpu_checks import bits, cc, random_data  # noqa: F401 - cc: the module's Communicator fixture
 from _gpu_checks import world as _world
 
-from hpccoll._driver import CHAIN_MAX
-from hpccoll._fuse import nodes_of
+from hpccoll._abi import CHAIN_MAX
+from hpccoll.backends.cuda.fusion import nodes_of
 from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
@@ -40,7 +40,7 @@ def _graph_nodes(graph) -> int:
 
 def _capture(cc, s, body):
     """body() captured on stream s; -> (graph, calls the fuser appended to a node)."""
-    fuser = cc._device.fuser
+    fuser = cc._backend.fuser
     assert fuser is not None, "HPCCOLL_FUSE is off in this run"
     before = fuser.fused
     s.begin_capture()
@@ -86,7 +86,7 @@ def test_chain_of_dependent_calls_is_one_node_and_exact(cc, algo, dtype, op, n):
     same calls launched one by one (not captured)."""
     import cupy as cp
 
-    if n * np_dtype(dtype).itemsize > cc._device.layout.allreduce["oneshot_sentinel" if algo == "auto" else algo][0]:
+    if n * np_dtype(dtype).itemsize > cc._backend.layout.allreduce["oneshot_sentinel" if algo == "auto" else algo][0]:
         pytest.skip(f"{n} elements are more than one {algo} launch carries (not fused)")
     rank = cc.rank
     rng = np.random.default_rng([rank, n, len(algo), len(dtype)])
@@ -99,8 +99,8 @@ def test_chain_of_dependent_calls_is_one_node_and_exact(cc, algo, dtype, op, n):
     s.synchronize()
     graph, fused = _capture(cc, s, lambda: _run_sequence(cc, bufs, algo, op, s))
     nbytes = n * npd.itemsize
-    dev = cc._device
-    if dev._chain_algo(algo, dev.resolve("Allreduce", dtype, op, nbytes, True, algo), nbytes) is None:
+    dev = cc._backend
+    if dev.chain_algorithm(algo, dev.resolve("Allreduce", dtype, op, nbytes, True, algo), nbytes) is None:
         # auto chose a two-shot here (4 or 8 ranks above the table's one-shot sizes): no chain
         assert fused == 0 and _graph_nodes(graph) == len(SEQUENCE)
     else:
@@ -188,10 +188,10 @@ def test_eager_calls_on_a_stream_are_not_fused(cc):
     s = cp.cuda.Stream(non_blocking=True)
     x = cp.ones(333, cp.float32)
     y = cp.empty_like(x)
-    before = cc._device.fuser.fused
+    before = cc._backend.fuser.fused
     for _ in range(5):
         cc.Allreduce(x, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)
         cc.Allreduce(y, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)
     s.synchronize()
-    assert cc._device.fuser.fused == before
+    assert cc._backend.fuser.fused == before
     assert float(y[0]) == cc.size * cc.size

@@ -1,4 +1,4 @@
-"""GPU tests of groups (Communicator.group; hpccoll/backends/cuda.py run_group, the one-shot's
+"""GPU tests of groups (Communicator.group; hpccoll/backends/cuda/ run_group, the one-shot's
 Segments in cuda/collectives.cu), on the GPU machine:
 
     mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_group_gpu.py
@@ -25,14 +25,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 def launches(cc, monkeypatch):
     """[(calls, algorithm)] of every group launch made while the test runs."""
     seen = []
-    dev = cc._device
-    real = dev._launch_group
+    from hpccoll.backends.cuda import groups
 
-    def spy(calls, algo):
+    real = groups._launch
+
+    def spy(b, calls, algo):
         seen.append((len(calls), algo))
-        real(calls, algo)
+        real(b, calls, algo)
 
-    monkeypatch.setattr(dev, "_launch_group", spy)
+    monkeypatch.setattr(groups, "_launch", spy)
     return seen
 
 
@@ -70,7 +71,7 @@ def test_group_is_bitwise_each_call_alone(cc, launches, dtype, algo):
     # one launch per group where the algorithm for the group's total is a one-shot that carries
     # it (auto: the tuning table's, which depends on the rank count)
     total = sum(-(-n * np_dtype(dtype).itemsize // 16) * 16 for n in counts + [counts[3]])
-    dev = cc._device
+    dev = cc._backend
     picked = dev.resolve("Allreduce", dtype, "SUM", total, cc.deterministic, algo)
     if picked in ("oneshot_ll", "oneshot_sentinel") and total <= dev.layout.allreduce[picked][0]:
         assert launches == [(len(counts) + 1, picked)] * 6, launches
@@ -203,7 +204,7 @@ def test_group_on_the_nccl_backend(cc):
     """backend='nccl': the block is an NCCL group (the bench's grouped baseline)."""
     import cupy as cp
 
-    if cc._device.ranks_per_gpu > 1:
+    if cc._backend.ranks_per_gpu > 1:
         pytest.skip("NCCL refuses two ranks on one GPU")
     c = hpccoll.Communicator(backend="nccl")
     try:

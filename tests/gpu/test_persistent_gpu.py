@@ -1,11 +1,11 @@
-"""GPU tests of the eager engine (hpccoll/_engine.py, cuda/persistent.cu), on the GPU machine:
+"""GPU tests of the eager engine (hpccoll/backends/cuda/engine.py, cuda/persistent.cu), on the GPU machine:
 
     mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_persistent_gpu.py
 
 Fresh random data every call, compared BITWISE with the fixed-rank-order host reference (the
 engine runs the one-shot LL), and each test checks the engine really served the calls.
 Every CuPy kernel a test runs while an engine is up has run once before it started: loading a
-kernel may synchronize the context, which would wait for the engine (hpccoll/_engine.py)."""
+kernel may synchronize the context, which would wait for the engine (hpccoll/backends/cuda/engine.py)."""
 from __future__ import annotations
 
 
@@ -30,7 +30,7 @@ COUNTS = {"float32": [1, 3, 8, 1023, 2048, 2049, 16384 + 5, 65536],
 
 
 def _engine(cc, dtype):
-    return cc._device.engines()[dtype]
+    return cc._backend.engines.engines()[dtype]
 
 
 @pytest.mark.parametrize("pair", [("float32", "bfloat16"), ("float64", "int32")])
@@ -128,14 +128,14 @@ def test_engine_falls_back_under_graph_capture(cc):
     with cc.persistent("float32"):
         s = cp.cuda.Stream(non_blocking=True)
         cc.Allreduce(x, out, stream=s)  # engine (and plan noted)
-        fuser = cc._device.fuser
+        fuser = cc._backend.fuser
         fused = fuser.fused if fuser is not None else None
         with s:
             s.begin_capture()
             for _ in range(3):
                 cc.Allreduce(x, out, stream=s)  # launched into the graph
             g = s.end_capture()
-        if fuser is not None:  # back to back: one chain node (hpccoll/_fuse.py), its kernel loaded at start
+        if fuser is not None:  # back to back: one chain node (hpccoll/backends/cuda/fusion.py), its kernel loaded at start
             assert fuser.fused - fused == 2
         out.fill(0)
         s.synchronize()

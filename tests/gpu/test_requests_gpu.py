@@ -101,7 +101,7 @@ def test_requests_follow_the_eager_engine_as_it_starts_and_stops(cc):
 
     run("launched, before the engine")
     with cc.persistent("float32"):
-        eng = cc._device.engines()["float32"]
+        eng = cc._backend.engines.engines()["float32"]
         before = eng.calls
         run("through the engine", reps=6)
         assert eng.calls - before == 6, f"the engine served {eng.calls - before} of 6 Starts"
@@ -114,9 +114,10 @@ def test_requests_started_in_a_group_share_one_launch(cc, monkeypatch):
     import cupy as cp
 
     seen = []
-    dev = cc._device
-    real = dev._launch_group
-    monkeypatch.setattr(dev, "_launch_group", lambda calls, algo: (seen.append(len(calls)), real(calls, algo)))
+    from hpccoll.backends.cuda import groups
+
+    real = groups._launch
+    monkeypatch.setattr(groups, "_launch", lambda b, calls, algo: (seen.append(len(calls)), real(b, calls, algo)))
     rng = np.random.default_rng([cc.rank, 54])
     counts = [5, 1024, 7, 4096]
     xs = [cp.empty(n, cp.float32) for n in counts]

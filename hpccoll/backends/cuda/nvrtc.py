@@ -141,6 +141,23 @@ def compile_module(source: str, dtype: str, arch: str = "sm_90", extra=(), use_c
     return compile_file(cuda_dir() / source, dtype, arch, extra, use_cache)
 
 
+def compile_source(src: bytes, name: str, opts) -> bytes:
+    """cubin of the CUDA source `src` with exactly the NVRTC options `opts` (no cache)."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), 0, None, None), "create")
+    try:
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        _check(lib, lib.nvrtcCompileProgram(prog, len(opts), arr), f"compile of {name}", prog)
+        size = ctypes.c_size_t()
+        _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+        buf = ctypes.create_string_buffer(size.value)
+        _check(lib, lib.nvrtcGetCUBIN(prog, buf), "cubin")
+        return buf.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
 def compile_file(path, dtype: str, arch: str = "sm_90", extra=(), use_cache: bool = True) -> bytes:
     """cubin of the source at `path` (which may include cuda/'s headers) for `dtype` and `arch`."""
     path = Path(path)

@@ -1,0 +1,222 @@
+"""The shape of the library, checked: no import cycles, one source for the ABI, focused modules,
+a wheel that holds the library only, and product text free of process words."""
+from __future__ import annotations
+
+import ast
+import ctypes
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hpccoll import _abi
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"hpccoll": ROOT / "hpccoll", "hpccoll_eigensolver": ROOT / "apps" / "eigensolver"}
+
+
+# -- the import graph ----------------------------------------------------------------------
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg, base in PACKAGES.items():
+        for path in base.rglob("*.py"):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [pkg, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of ours that `name` imports, at module level or inside functions."""
+    is_pkg = path.name == "__init__.py"
+    here = name if is_pkg else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            targets = [prefix] + [f"{prefix}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    known = set(mods)
+    graph = {m: _imports(m, p, known) for m, p in mods.items()}
+    # a package's __init__ re-exporting its own submodules is not a cycle of design
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not (m.startswith(t + ".") and mods[t].name == "__init__.py")}
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+
+
+def test_the_app_uses_only_public_hpccoll_names():
+    """apps/eigensolver imports hpccoll's public modules only (no hpccoll._* or backends)."""
+    bad = []
+    public = {"hpccoll", "hpccoll.ext", "hpccoll.errors", "hpccoll.ops", "hpccoll.config"}
+    for path in PACKAGES["hpccoll_eigensolver"].rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for n in names:
+                if n.startswith("hpccoll") and not n.startswith("hpccoll_eigensolver") and n not in public:
+                    bad.append(f"{path.name}: {n}")
+            if isinstance(node, ast.Attribute) and node.attr in ("_backend", "_device", "_host", "__dict__"):
+                bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert not bad, bad
+
+
+# -- one source for the ABI ------------------------------------------------------------------
+def test_the_header_is_parsed_completely():
+    text = (_abi.cuda_dir() / "hc_abi.h").read_text()
+    defined = set(re.findall(r"^\s*#define\s+(HC_\w+)\s", text, re.M))
+    assert defined == set(_abi.CONSTANTS), f"not read: {sorted(defined - set(_abi.CONSTANTS))}"
+    assert set(re.findall(r"^struct (\w+)", text, re.M)) == set(_abi.STRUCTS)
+    a = _abi.Args
+    assert ctypes.sizeof(a) == 8 * _abi.MAX_RANKS + 8 * 9 + 4 * 4
+    assert a.in_.offset == 8 * _abi.MAX_RANKS and a.rank.offset == ctypes.sizeof(a) - 16
+    g = _abi.Group
+    assert g.in_.offset == 8 * (_abi.GROUP_MAX + 1) and ctypes.sizeof(g) % 8 == 0
+
+
+def test_the_parser_follows_a_changed_header():
+    consts, structs = _abi.parse("#define HC_A 4\n#define HC_B (HC_A * 2 + 1) // nine\n"
+                                 "struct S {\n  u64 x[HC_B];  // c\n  const void* in;\n  int n;\n};\n")
+    assert consts == {"HC_A": 4, "HC_B": 9}
+    assert ctypes.sizeof(structs["S"]) == 9 * 8 + 8 + 8 and structs["S"].in_.offset == 72
+
+
+def _int_literal(node) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return True
+    if isinstance(node, ast.BinOp):
+        return _int_literal(node.left) and _int_literal(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _int_literal(node.operand)
+    return False
+
+
+def test_no_python_literal_duplicates_a_header_value():
+    """Python takes every shared number from cuda/hc_abi.h: no UPPER_CASE constant named like a
+    header constant is assigned a literal, no literal assignment cites an HC_ name, and no dict of
+    dtype or op names to literal codes exists."""
+    stems = {n[3:] for n in _abi.CONSTANTS}
+    codes = set(_abi.DTYPE_CODES) | set(_abi.OP_CODES)
+    bad = []
+    for path in (ROOT / "hpccoll").rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Assign) and _int_literal(node.value):
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id.isupper() and t.id in stems:
+                        bad.append(f"{path.name}:{node.lineno}: {t.id} = literal (cuda/hc_abi.h has HC_{t.id})")
+                if re.search(r"#.*\bHC_[A-Z]", lines[node.lineno - 1]):
+                    bad.append(f"{path.name}:{node.lineno}: a literal citing a header name")
+            if isinstance(node, ast.Dict) and node.keys and all(
+                    isinstance(k, ast.Constant) and k.value in codes for k in node.keys) and all(
+                    _int_literal(v) for v in node.values):
+                bad.append(f"{path.name}:{node.lineno}: a dict of literal codes (use hpccoll._abi)")
+    assert not bad, "\n".join(bad)
+
+
+# -- focused modules ---------------------------------------------------------------------------
+def test_the_cuda_backend_modules_stay_focused():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "hpccoll" / "backends" / "cuda").glob("*.py")}
+    assert max(sizes.values()) <= 320, sizes
+
+
+# -- the wheel --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(ROOT)], check=True, capture_output=True)
+    (whl,) = out.glob("hpccoll-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        return [n for n in z.namelist() if ".dist-info/" not in n]
+
+
+def test_the_wheel_holds_the_library_only(wheel_files):
+    kernels = sorted(n for n in wheel_files if n.startswith("hpccoll/cuda/"))
+    assert kernels == sorted(f"hpccoll/cuda/{f.name}" for f in (ROOT / "cuda").iterdir()
+                             if f.suffix in (".cu", ".cuh", ".h"))
+    assert not [n for n in wheel_files if "lab" in Path(n).name], "lab files in the wheel"
+    assert not [n for n in wheel_files if n.startswith(("bench/", "tests/", "docs/"))]
+    assert "hpccoll/ext.py" in wheel_files and "hpccoll_eigensolver/solver.py" in wheel_files
+
+
+# -- product text ------------------------------------------------------------------------------
+PROCESS = re.compile(r"\bsession \d|\bsessions? \d|\bissue #|\bissue \d|\bstop \d", re.I)
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}\b")
+
+
+def _product_files():
+    for base in ("hpccoll", "cuda", "apps", "docs", "slurm"):
+        for p in (ROOT / base).rglob("*"):
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".md", ".sh", ".sbatch", ".json"):
+                yield p
+    yield ROOT / "README.md"
+
+
+def test_no_process_words_or_commit_ids_in_the_product():
+    bad = []
+    for p in _product_files():
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if PROCESS.search(line):
+                bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+            elif p.suffix != ".json" and COMMIT.search(line) and "0x" not in line:
+                bad.append(f"{p.relative_to(ROOT)}:{n}: commit-like id: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad[:40]) + (f"\n... {len(bad)} in all" if len(bad) > 40 else "")
