@@ -189,8 +189,10 @@ _FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "determini
 
 
 def signature(call: Call, size: int, algorithm: str, deterministic: bool) -> tuple:
-    """What every rank's call must agree on (check mode)."""
-    return (call.name, block_count(call, size), call.recv.dtype, call.op.name if call.op else None,
+    """What every rank's call must agree on (check mode).  Alltoallv's counts may differ per rank:
+    what must match is checked pairwise from its VSpec (agree)."""
+    count = None if call.v is not None else block_count(call, size)
+    return (call.name, count, call.recv.dtype, call.op.name if call.op else None,
             call.root, algorithm, bool(deterministic))
 
 

@@ -160,10 +160,12 @@ class Communicator:
         return self._backend.caps
 
     def Get_rank(self) -> int:
-        return self.rank
+        self._live("Get_rank")
+        return self._rank
 
     def Get_size(self) -> int:
-        return self.size
+        self._live("Get_size")
+        return self._size
 
     def _like_me(self, owned_comm) -> "Communicator":
         return Communicator(owned_comm, backend=self._requested, device=self.device,

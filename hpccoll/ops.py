@@ -212,6 +212,11 @@ def reduce_in_rank_order(op: Op, contributions) -> np.ndarray:
     it = iter(contributions)
     acc = np.array(next(it), copy=True)
     with np.errstate(over="ignore", invalid="ignore"):
-        for x in it:
-            acc = _step(op, acc, x).astype(acc.dtype, copy=False)
+        if op is SUM or op is PROD:
+            ufunc = np.add if op is SUM else np.multiply
+            for x in it:
+                ufunc(acc, x, out=acc)  # same dtypes: one rounding to the dtype per step
+        else:
+            for x in it:
+                acc = _step(op, acc, x).astype(acc.dtype, copy=False)
     return canonicalize_nans(acc) if _is_float(acc.dtype) else acc

@@ -102,7 +102,7 @@ def _canonicalize(out: np.ndarray, name: str) -> None:
 
 class HostBackend(Backend):
     name = "host"
-    caps = Capabilities(device=False, host_buffers=True, algorithms=("mpi", "host"))
+    caps = Capabilities(device=False, host_buffers=True, algorithms=("mpi", "host"), plans=True)
 
     def __init__(self, mpi_comm, timeout: float = 30.0):
         self.comm = mpi_comm
@@ -236,12 +236,68 @@ class HostBackend(Backend):
         raise ValueError(f"{collective}: algorithm={algorithm!r} is unknown: use 'auto' or 'mpi' (host "
                          f"backend), or one of {', '.join(policy.ALGORITHMS)} for device buffers on the cuda backend")
 
+    def plan(self, call, deterministic: bool, algorithm: str):
+        """A prepared Allreduce of numpy buffers (the repeated call's fast path): the MPI call,
+        its completion and the NaN rule bound once, scratch allocated once; None for anything
+        else (those repeats run `run` without re-validation)."""
+        if call.name != "Allreduce" or call.recv.is_device or call.recv.count == 0:
+            return None
+        return _HostAllreducePlan(self, call, deterministic)
+
     def barrier(self) -> None:
         self._check("Barrier")
         self._complete(self.comm.Ibarrier(), "Barrier")
 
     def free(self) -> None:
         pass
+
+
+class _HostAllreducePlan:
+    """HostBackend._allreduce for one call's numpy buffers, with everything it can decide once
+    decided (the same results bit for bit: it runs the same operations)."""
+
+    __slots__ = ("b", "name", "launch")
+
+    def __init__(self, b: HostBackend, call, det: bool):
+        self.b, self.name = b, call.name
+        x, out, dtype, op = call.send.flat, call.recv.flat, call.recv.dtype, call.op
+        comm, complete = b.comm, b._complete
+        src = MPI.IN_PLACE if call.in_place else x
+        if dtype in _FLOATS and op in (MAX, MIN):
+            mop = MPI.MAX if op is MAX else MPI.MIN
+
+            def launch(stream=None):
+                b._check("Allreduce")
+                keys = ordered_keys(x, op)
+                complete(comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), "Allreduce")
+                from_ordered_keys(keys, out, op)
+        elif not det and dtype in _MPI_TYPED:
+            mop = _MPI_OPS[op]
+            if dtype in _FLOATS:
+                nan = np.empty(out.size, dtype=bool)
+                canon = CANONICAL_NAN[dtype]
+                bits = out.view({4: np.uint32, 8: np.uint64}[out.itemsize])
+
+                def launch(stream=None):
+                    b._check("Allreduce")
+                    complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
+                    if np.count_nonzero(np.isnan(out, out=nan)):
+                        bits[nan] = canon
+            else:
+                def launch(stream=None):
+                    b._check("Allreduce")
+                    complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
+        else:
+            gathered = np.empty((b.size, x.size), dtype=x.dtype)
+            mine = np.empty_like(x)
+            send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
+
+            def launch(stream=None):
+                b._check("Allreduce")
+                mine[...] = x  # (in place: x is out, overwritten below)
+                complete(comm.Iallgather(send_msg, recv_msg), "Allreduce")
+                out[...] = reduce_in_rank_order(op, gathered)
+        self.launch = launch
 
 
 _RUN = {"Allreduce": HostBackend._allreduce, "Bcast": HostBackend._bcast,

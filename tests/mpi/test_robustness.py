@@ -1,0 +1,287 @@
+"""No silent wrong answers, no hangs, on the host backend (2 and 3 ranks):
+
+- one answer on every rank for every op, NaNs included, by default and deterministic;
+- the repeated call's fast path follows fresh data, every op, dtype, policy, in place or not;
+- check mode agrees on everything that must agree, and turns a validation error on one rank
+  into an error on every rank (the communicator stays usable);
+- a freed communicator raises HpccollError for everything; overlapping, mis-ordered,
+  non-native and unaligned buffers are refused with errors that name the call and the fix;
+- Alltoall and Alltoallv against the exchange computed from every rank's data."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpccoll
+from hpccoll import HpccollError, MismatchError
+from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
+
+pytestmark = pytest.mark.mpi(min_size=2)
+WORLD = MPI.COMM_WORLD
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+PAYLOADS = {2: [0x7E01, 0xFE00, 0x7C01, 0xFFFA], 4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA],
+            8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
+FLOATS = ["float64", "float32", "float16"] + (["bfloat16"] if BFLOAT16 is not None else [])
+DTYPES = FLOATS + ["int32", "int64"]
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = hpccoll.Communicator(backend="host")
+    yield c
+    c.Free()
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(UINT.get(a.itemsize, np.uint8))
+
+
+def _same_everywhere(a, what):
+    digests = WORLD.allgather(hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+    assert len(set(digests)) == 1, f"{what}: ranks hold different bits"
+
+
+def _data(rng, dtype, n, op, nans=True):
+    dt = np_dtype(dtype)
+    if dtype.startswith("int"):
+        return rng.integers(-3 if op == "PROD" else -1000, 3 if op == "PROD" else 1000, n).astype(dt)
+    x = (1 + 0.01 * rng.standard_normal(n) if op == "PROD" else rng.standard_normal(n)).astype(dt)
+    x[rng.integers(0, n, max(1, n // 16))] = -0.0
+    x[rng.integers(0, n, max(1, n // 16))] = 0.0
+    if nans:
+        hit = rng.integers(0, n, max(1, n // 10))
+        x.view(UINT[dt.itemsize])[hit] = rng.choice(np.array(PAYLOADS[dt.itemsize], UINT[dt.itemsize]), hit.size)
+    return x
+
+
+@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_answer_on_every_rank_nans_included(comm, dtype, op, det):
+    """NaNs of any payload in the inputs: every rank gets the same bits (canonical NaNs), and
+    where bits are promised (deterministic, MAX/MIN, integers) they are the reference's."""
+    for it, n in enumerate((1, 7, 1000)):
+        rng = np.random.default_rng([WORLD.rank, it, hash((dtype, op, det)) & 0xFFFF])
+        x = _data(rng, dtype, n, op)
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=OPS[op], deterministic=det)
+        ref = reduce_in_rank_order(OPS[op], WORLD.allgather(x))
+        _same_everywhere(out, f"{dtype} {op} det={det} n={n}")
+        if det or op in ("MAX", "MIN") or dtype.startswith("int"):
+            assert np.array_equal(_bits(out), _bits(ref)), f"{dtype} {op} det={det} n={n}: not the reference's bits"
+        else:
+            nan = np.isnan(ref.astype(np.float64))
+            assert np.array_equal(_bits(out)[nan], _bits(ref)[nan]), "NaNs not canonical"
+            np.testing.assert_allclose(out[~nan].astype(np.float64), ref[~nan].astype(np.float64), rtol=1e-2, atol=1e-2)
+
+
+def test_min_max_of_nan_and_numbers_is_nan_everywhere(comm):
+    """The case that gave 3.0 on two ranks and NaN on the third: MIN of {NaN, 2, 3}."""
+    for op in (hpccoll.MIN, hpccoll.MAX):
+        for det in (False, True):
+            x = np.array([[np.nan, 2.0, 3.0][WORLD.rank % 3]])
+            out = np.empty(1)
+            comm.Allreduce(x, out, op=op, deterministic=det)
+            assert np.isnan(out[0]) == any(np.isnan(v[0]) for v in WORLD.allgather(x))
+            _same_everywhere(out, f"{op} det={det}")
+
+
+@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+def test_repeated_calls_follow_fresh_data(comm, det, in_place):
+    """The same arrays called again skip validation (the fast path, then a prepared call):
+    every call still sees the data written since, for every op and dtype."""
+    for dtype in DTYPES:
+        for op in OPS:
+            n = 33
+            x = np.empty(n, np_dtype(dtype))
+            out = np.empty_like(x)
+            for it in range(5):
+                rng = np.random.default_rng([WORLD.rank, it, hash((dtype, op)) & 0xFFF])
+                x[...] = _data(rng, dtype, n, op, nans=it % 2 == 1)
+                ref = reduce_in_rank_order(OPS[op], WORLD.allgather(x))
+                if in_place:
+                    out[...] = x
+                    comm.Allreduce(hpccoll.IN_PLACE, out, op=OPS[op], deterministic=det)
+                else:
+                    comm.Allreduce(x, out, op=OPS[op], deterministic=det)
+                what = f"{dtype} {op} det={det} in_place={in_place} call {it}"
+                _same_everywhere(out, what)
+                if det or op in ("MAX", "MIN") or dtype.startswith("int"):
+                    assert np.array_equal(_bits(out), _bits(ref)), what
+                else:
+                    np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), rtol=1e-2,
+                                               atol=1e-2, equal_nan=True, err_msg=what)
+
+
+def test_repeat_with_a_reassigned_dtype_is_validated_again(comm):
+    x = np.ones(8, np.float64)
+    out = np.empty(8, np.float64)
+    comm.Allreduce(x, out)
+    comm.Allreduce(x, out)
+    out.dtype = np.int64  # the same memory, another element type
+    with pytest.raises(TypeError, match="Allreduce: sendbuf is float64 but recvbuf is int64"):
+        comm.Allreduce(x, out)
+
+
+# -- check mode ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checked():
+    c = hpccoll.Communicator(backend="host", check=True)
+    yield c
+    c.Free()
+
+
+def _works(c):
+    x = np.full(3, c.rank + 1.0)
+    y = np.empty(3)
+    c.Allreduce(x, y)
+    assert np.all(y == c.size * (c.size + 1) / 2)
+
+
+def test_check_mode_compares_deterministic(checked):
+    x = np.ones(4)
+    with pytest.raises(MismatchError, match="disagree on deterministic: rank 0 has True, rank 1 has False"):
+        checked.Allreduce(x, np.empty(4), deterministic=WORLD.rank == 0)
+    _works(checked)
+
+
+def test_check_mode_compares_algorithm(checked):
+    x = np.ones(4)
+    with pytest.raises(MismatchError, match="disagree on algorithm: rank 0 has mpi, rank 1 has auto"):
+        checked.Allreduce(x, np.empty(4), algorithm="mpi" if WORLD.rank == 0 else "auto")
+    _works(checked)
+
+
+def test_a_validation_error_on_one_rank_is_an_error_on_every_rank(checked):
+    """Rank 1 passes a buffer of the wrong size: it raises its ValueError, every other rank a
+    MismatchError naming it; nobody ran the call, so a rank that catches and carries on pairs
+    its next call with the others' next call."""
+    n = 5 if WORLD.rank != 1 else 4
+    try:
+        checked.Allreduce(np.ones(5), np.empty(n))
+    except MismatchError as exc:
+        assert WORLD.rank != 1 and "rank 1 rejected its arguments" in str(exc)
+    except ValueError as exc:
+        assert WORLD.rank == 1 and "recvbuf has 4 elements, sendbuf 5" in str(exc)
+    else:
+        pytest.fail("no rank may run the call")
+    _works(checked)
+    with pytest.raises(ValueError, match="algorithm='bogus' is unknown|rank 0 rejected"):
+        checked.Allreduce(np.ones(2), np.empty(2), algorithm="bogus" if WORLD.rank == 0 else "auto")
+    _works(checked)
+
+
+def test_alltoallv_counts_are_checked_across_ranks(checked):
+    size, rank = WORLD.size, WORLD.rank
+    send = [1] * size
+    recv = [1] * size
+    if rank == 0:
+        recv[1] = 2  # rank 1 sends one element to rank 0, which expects two
+    with pytest.raises(MismatchError, match="rank 1 sends 1 elements to rank 0, which expects 2"):
+        checked.Alltoallv((np.ones(size), send), (np.empty(sum(recv)), recv))
+    _works(checked)
+
+
+# -- a freed communicator, bad buffers -------------------------------------------------------------
+def test_a_freed_communicator_raises_hpccoll_error_for_everything():
+    c = hpccoll.Communicator(backend="host")
+    c.Free()
+    c.Free()  # a second Free is a no-op
+    assert "freed" in repr(c)
+    for what, fn in [("Barrier", c.Barrier), ("Dup", c.Dup), ("Split", lambda: c.Split(0)),
+                     ("rank", lambda: c.rank), ("size", lambda: c.size), ("Get_rank", c.Get_rank),
+                     ("Allreduce", lambda: c.Allreduce(np.ones(2), np.empty(2))),
+                     ("Bcast", lambda: c.Bcast(np.ones(2))), ("synchronize", c.synchronize),
+                     ("group", lambda: c.group().__enter__()),
+                     ("Allreduce_init", lambda: c.Allreduce_init(np.ones(2), np.empty(2)))]:
+        with pytest.raises(HpccollError, match=f"{what}: this communicator was freed"):
+            fn()
+
+
+def test_overlapping_buffers_are_refused(comm):
+    x = np.arange(20.0)
+    with pytest.raises(ValueError, match="Allreduce: sendbuf and recvbuf overlap in memory: pass hpccoll.IN_PLACE"):
+        comm.Allreduce(x[:10], x[5:15])
+    with pytest.raises(ValueError, match="overlap"):
+        comm.Allreduce(x, x)
+    with pytest.raises(ValueError, match="Allgather: sendbuf and recvbuf overlap"):
+        comm.Allgather(x[:2], x[:2 * WORLD.size])
+    comm.Allreduce(x[:10], x[10:])  # adjacent is fine
+    _works(comm)
+
+
+def test_c_and_f_order_are_not_paired(comm):
+    a = np.ones((3, 4))
+    with pytest.raises(ValueError, match="Allreduce: sendbuf is C-ordered \\(3, 4\\) but recvbuf is F-ordered"):
+        comm.Allreduce(a, np.empty((3, 4), order="F"))
+    comm.Allreduce(np.asfortranarray(a), np.empty((3, 4), order="F"))
+    comm.Allreduce(a.reshape(-1), np.empty((3, 4), order="F").reshape(-1, order="A"))
+
+
+def test_byte_order_and_alignment(comm):
+    with pytest.raises(TypeError, match="Allreduce: sendbuf has non-native byte order \\(>f8\\)"):
+        comm.Allreduce(np.ones(4, ">f8"), np.empty(4))
+    raw = np.zeros(8 * 5 + 1, np.uint8)
+    unaligned = raw[1:].view(np.float64)
+    assert not unaligned.flags.aligned
+    with pytest.raises(ValueError, match="Allreduce: recvbuf is not aligned to its 8-byte elements"):
+        comm.Allreduce(np.ones(5), unaligned)
+
+
+# -- Alltoall / Alltoallv -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alltoall(comm, dtype):
+    size, rank = WORLD.size, WORLD.rank
+    for it, n in enumerate((0, 1, 7, 1000)):
+        rng = np.random.default_rng([rank, it, 31])
+        x = _data(rng, dtype, n * size, "SUM", nans=False) if n else np.empty(0, np_dtype(dtype))
+        xs = WORLD.allgather(x)
+        want = np.concatenate([xs[s][rank * n:(rank + 1) * n] for s in range(size)])
+        out = np.empty_like(x)
+        comm.Alltoall(x, out)
+        assert np.array_equal(_bits(out), _bits(want))
+        buf = x.copy()
+        comm.Alltoall(hpccoll.IN_PLACE, buf)
+        assert np.array_equal(_bits(buf), _bits(want))
+
+
+def test_alltoallv_with_displacements_and_empty_blocks(comm):
+    size, rank = WORLD.size, WORLD.rank
+    counts = [[(i * 7 + j * 3) % 5 for j in range(size)] for i in range(size)]  # rank i -> j, some zero
+    for it in range(3):
+        rng = np.random.default_rng([rank, it, 37])
+        scounts = counts[rank]
+        sdispls = list(np.cumsum([0] + [c + 2 for c in scounts[:-1]]))  # gaps between blocks
+        x = rng.standard_normal(sum(scounts) + 2 * size)
+        rcounts = [counts[i][rank] for i in range(size)]
+        rdispls = list(np.cumsum([0] + [c + 1 for c in rcounts[:-1]]))
+        out = np.full(sum(rcounts) + size, -7.0)
+        comm.Alltoallv((x, scounts, sdispls), (out, rcounts, rdispls))
+        specs = WORLD.allgather((x, sdispls))
+        for i in range(size):
+            xi, di = specs[i]
+            got = out[rdispls[i]:rdispls[i] + rcounts[i]]
+            assert np.array_equal(got, xi[di[rank]:di[rank] + counts[i][rank]])
+        gaps = np.ones(out.size, bool)
+        for i in range(size):
+            gaps[rdispls[i]:rdispls[i] + rcounts[i]] = False
+        assert np.all(out[gaps] == -7.0), "Alltoallv wrote outside the received blocks"
+
+
+def test_alltoall_bad_inputs(comm):
+    size = WORLD.size
+    with pytest.raises(ValueError, match=f"Alltoall: recvbuf has {size + 1} elements, not a multiple of size={size}"):
+        comm.Alltoall(np.ones(size + 1), np.empty(size + 1))
+    with pytest.raises(ValueError, match="Alltoallv: sendbuf counts has 1 entries: pass one integer per rank"):
+        comm.Alltoallv((np.ones(4), [4]), (np.empty(4), [1] * size))
+    with pytest.raises(ValueError, match="Alltoallv: recvbuf block 0 .* past the array's 1"):
+        comm.Alltoallv((np.ones(size), [1] * size), (np.empty(1), [2] + [0] * (size - 1)))
+    with pytest.raises(TypeError, match="Alltoallv: sendbuf must be \\(array, counts\\)"):
+        comm.Alltoallv(np.ones(4), (np.empty(4), [1] * size))
+    with pytest.raises(ValueError, match="negative"):
+        comm.Alltoallv((np.ones(size), [-1] + [1] * (size - 1)), (np.empty(size), [1] * size))
+    _works(comm)
