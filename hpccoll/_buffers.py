@@ -96,7 +96,16 @@ def _cupy():
 
 
 def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
-    """Wrap `obj` as a Buf, or raise TypeError/ValueError that names `argname` and the fix."""
+    """Wrap `obj` as a Buf, or raise TypeError/ValueError that names `fn`, `argname` and the fix."""
+    try:
+        return _as_buf(obj, argname, fn, writable)
+    except TypeError as exc:
+        if str(exc).startswith("dtype "):  # dtype_name's message: say which call and argument
+            raise TypeError(f"{fn}: {argname}'s {exc}") from None
+        raise
+
+
+def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
     if obj is not None and not isinstance(obj, np.ndarray) and _is_cupy_array(obj):
         return _cupy_buf(obj, argname, fn)
     if isinstance(obj, np.ndarray):

@@ -237,7 +237,7 @@ class Communicator:
             finally:
                 lock.release()
             return
-        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det)
+        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det, stream)
         if not self._lock.acquire(False):
             raise _in_flight(name)
         try:
@@ -250,11 +250,14 @@ class Communicator:
         b = self._backend
         return b if b.takes(call) else self._host
 
-    def _prepare(self, name, sendbuf, recvbuf, op, root, algo, det):
+    def _prepare(self, name, sendbuf, recvbuf, op, root, algo, det, stream=None):
         """(call, backend): a call validated (and in check mode agreed across ranks) on a live
         communicator, and the backend that runs it.  Validation is local; so is the check of the
         algorithm's name, which the backend does (`resolve`)."""
         self._live(name)
+        if stream is not None and not (isinstance(stream, int) or hasattr(stream, "ptr") or hasattr(
+                stream, "cuda_stream") or hasattr(stream, "handle")):
+            raise TypeError(f"{name}: stream={stream!r}: pass a CuPy or torch stream, a raw handle (int), or None")
         if not self.check:  # (the backend checks the algorithm's name before it communicates)
             call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
             return call, self._backend_for(call)
@@ -356,7 +359,7 @@ class Communicator:
                                f"block exits): call it {where} the block")
 
     def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
-        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det)
+        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det, stream)
         self._group.append((backend, (call, det, algo, stream)))
 
     def _issue(self, items) -> None:

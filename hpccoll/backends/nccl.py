@@ -31,7 +31,7 @@ class NcclBackend(Backend):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
         why = nccl_unavailable_reason()
         if why:
-            raise HpccollError(f"backend='nccl' is not available: {why}")
+            raise HpccollError(f"Communicator: backend='nccl' is not available: {why}")
         import cupy
         from cupy.cuda import nccl
         from mpi4py import MPI

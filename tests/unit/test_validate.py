@@ -78,7 +78,7 @@ def test_dtype_mismatch(comm):
 @pytest.mark.parametrize("dtype", [np.complex64, np.uint8, np.float128 if hasattr(np, "float128") else np.bool_])
 def test_unsupported_dtype(comm, dtype):
     x = np.zeros(4, dtype)
-    with pytest.raises(TypeError, match=rf"dtype {np.dtype(dtype).name} is not supported: use one of "
+    with pytest.raises(TypeError, match=rf"Allreduce: recvbuf's dtype {np.dtype(dtype).name} is not supported: use one of "
                                         "float64, float32, float16, bfloat16, int32, int64"):
         comm.Allreduce(x, x.copy())
 

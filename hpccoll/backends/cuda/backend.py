@@ -61,7 +61,7 @@ class CudaBackend(Backend):
         ndev = cupy.cuda.runtime.getDeviceCount()
         self.device_id = int(device) if device is not None else node.Get_rank() % ndev
         if not 0 <= self.device_id < ndev:
-            raise ValueError(f"device={device}: this node has GPUs 0..{ndev - 1}")
+            raise ValueError(f"Communicator: device={device}: this node has GPUs 0..{ndev - 1}")
         cupy.cuda.Device(self.device_id).use()
         props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
         name = props["name"]
