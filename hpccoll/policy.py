@@ -26,7 +26,7 @@ ALGORITHMS = {
     "twoshot_ll": ({"Allreduce"}, True, False, False),
     "twoshot_ll128": ({"Allreduce"}, False, True, True),
     "sentinel": ({"Reduce_scatter_block"}, True, True, False),
-    "ll": ({"Reduce_scatter_block", "Bcast", "Allgather"}, True, False, False),
+    "ll": ({"Reduce_scatter_block", "Bcast", "Allgather", "Alltoall"}, True, False, False),
     # NCCL's own allreduce: the tuning table's choice above the size where hpccoll's kernels
     # stop winning (non-deterministic policy only; needs NCCL, opened at construction)
     "nccl": ({"Allreduce"}, False, False, False),
@@ -94,7 +94,7 @@ def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int
     (CuPy's NCCL binding may lack it); otherwise the previous row's
     hpccoll algorithm serves (two-shot sentinel if there is none)."""
     is_float = dtype in FLOATS
-    if collective in ("Bcast", "Allgather"):
+    if collective in ("Bcast", "Allgather", "Alltoall"):
         return "ll"
     if collective == "Reduce_scatter_block":
         return "sentinel" if is_float else "ll"

@@ -389,7 +389,7 @@ def test_bcast_between_allreduces_rotating_roots(cc):
         bb.fill(float(i % 4096 + root) if cc.rank == root else -1.0)
         cc.Bcast(bb, root=root)
         bad[1] += (bb != float(i % 4096 + root)).sum()
-        cc.Allreduce(out, out, deterministic=True)  # in place: the sum of every rank's equal sums
+        cc.Allreduce(hpccoll.IN_PLACE, out, deterministic=True)  # in place: the sum of every rank's equal sums
         bad[2] += (out.view(cp.uint32) != ref2.view(cp.uint32)).sum()
     cc.synchronize()
     got = bad.get()
@@ -439,15 +439,15 @@ def test_graph_of_dependent_collectives(cc):
 
     def ops():
         cc.Allreduce(x, y, algorithm="oneshot_sentinel", **det)    # after the host's fill
-        cc.Allreduce(y, y, algorithm="twoshot_sentinel", **det)    # in place: reads its predecessor's output
+        cc.Allreduce(hpccoll.IN_PLACE, y, algorithm="twoshot_sentinel", **det)    # in place: reads its predecessor's output
         cc.Allgather(x[:m], g, stream=s)
         cc.Allreduce(g, g2, algorithm="oneshot_ll", **det)          # reads the Allgather's output
         with s:
             cp.multiply(y, float(rank + 1), out=z)                  # a user kernel
-        cc.Allreduce(z, z, algorithm="oneshot_sentinel", **det)
+        cc.Allreduce(hpccoll.IN_PLACE, z, algorithm="oneshot_sentinel", **det)
         cc.Bcast(xb, root=size - 1, stream=s)
         cc.Allreduce(xb[:k], o7, algorithm="oneshot_sentinel", **det)  # one block, reads the Bcast's
-        cc.Allreduce(g2, g2, algorithm="twoshot_ll", **det)        # in place
+        cc.Allreduce(hpccoll.IN_PLACE, g2, algorithm="twoshot_ll", **det)        # in place
 
     with s:
         x[...] = _data(cp, 0, rank, n)

@@ -9,6 +9,7 @@ import pytest
 from _gpu_checks import bits, cc, random_data  # noqa: F401 - cc: the module's Communicator fixture
 from _gpu_checks import world as _world
 
+import hpccoll
 from hpccoll._abi import CHAIN_MAX
 from hpccoll.backends.cuda.fusion import nodes_of
 from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
@@ -53,7 +54,8 @@ def _capture(cc, s, body):
 
 def _run_sequence(cc, bufs, algo, op, s):
     for src, dst in SEQUENCE:
-        cc.Allreduce(bufs[src], bufs[dst], op=OPS[op], algorithm=algo, deterministic=True, stream=s)
+        send = hpccoll.IN_PLACE if src == dst else bufs[src]  # (the same buffer twice is an overlap)
+        cc.Allreduce(send, bufs[dst], op=OPS[op], algorithm=algo, deterministic=True, stream=s)
 
 
 def _host_reference(inputs_by_rank, op, dtype):
@@ -146,14 +148,14 @@ def test_what_breaks_a_chain(cc):
         cc.Allreduce(x, z, algorithm="oneshot_sentinel", **det)          # joins node 1
         with s:
             cp.multiply(z, 0.5, out=z)                                   # a user kernel: node 2
-        cc.Allreduce(z, z, algorithm="oneshot_sentinel", **det)          # node 3
+        cc.Allreduce(hpccoll.IN_PLACE, z, algorithm="oneshot_sentinel", **det)          # node 3
         cc.Allreduce(x[:n // 2], y[:n // 2], algorithm="oneshot_sentinel", **det)  # another count: node 4
         cc.Allreduce(x[:n // 2], w[:n // 2], algorithm="oneshot_sentinel", **det)  # joins node 4
         cc.Allreduce(x[:n // 2], w[8:8 + n // 2], algorithm="oneshot_sentinel", **det)  # overlaps w: node 5
         cc.Allreduce(x[:n // 2], w[n:n + n // 2], algorithm="oneshot_ll", **det)  # another algorithm: node 6
         cc.Allreduce(x[:n // 2], w[n:n + n // 2], op=OPS["MAX"], algorithm="oneshot_ll", **det)  # another op: node 7
         for _ in range(CHAIN_MAX + 1):                                   # node 8 full, then node 9
-            cc.Allreduce(y, y, algorithm="oneshot_ll", **det)
+            cc.Allreduce(hpccoll.IN_PLACE, y, algorithm="oneshot_ll", **det)
 
     with s:
         body()  # warm
@@ -191,7 +193,7 @@ def test_eager_calls_on_a_stream_are_not_fused(cc):
     before = cc._backend.fuser.fused
     for _ in range(5):
         cc.Allreduce(x, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)
-        cc.Allreduce(y, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)
+        cc.Allreduce(hpccoll.IN_PLACE, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)
     s.synchronize()
     assert cc._backend.fuser.fused == before
     assert float(y[0]) == cc.size * cc.size
