@@ -28,8 +28,9 @@ for n in "$@"; do
   fi
   for f in ${FILES:-tests/gpu/test_*.py}; do
     echo "=== $f at $n ranks"
-    timeout "${FILE_LIMIT:-600}" "${MPIEXEC[@]}" -n "$n" python3 -m pytest -q -rs --with-mpi -p no:cacheprovider \
-      ${PYTEST_ARGS:-} "$f" 2>&1 | grep -v "^\(MPI\|MPICH\|rank:\|size:\|mpi4py\)" | tail -${TAIL:-25}
+    timeout "${FILE_LIMIT:-600}" "${MPIEXEC[@]}" -n "$n" python3 -m pytest -q -rs --color=no --with-mpi \
+      -p no:cacheprovider -W ignore::DeprecationWarning ${PYTEST_ARGS:-} "$f" 2>&1 \
+      | grep -a -v "^\(MPI\|MPICH\|rank:\|size:\|mpi4py\|=* MPI Information\)" | tail -${TAIL:-25}
     [[ ${PIPESTATUS[0]} == 0 ]] || { echo "$f at $n ranks" >> "$OUT/failed.txt"; echo "=== FAILED: $f at $n ranks"; }
   done 2>&1 | tee "$OUT/gpu-tests-${n}ranks.txt"
   (( mps )) && { echo quit | nvidia-cuda-mps-control; echo "MPS off"; }
