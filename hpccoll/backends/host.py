@@ -254,50 +254,93 @@ class HostBackend(Backend):
 
 class _HostAllreducePlan:
     """HostBackend._allreduce for one call's numpy buffers, with everything it can decide once
-    decided (the same results bit for bit: it runs the same operations)."""
+    decided and its scratch allocated once: the same operations, so the same results bit for bit
+    (tests/mpi/test_robustness.py compares every repeat with the reference)."""
 
-    __slots__ = ("b", "name", "launch")
+    __slots__ = ("launch",)
 
     def __init__(self, b: HostBackend, call, det: bool):
-        self.b, self.name = b, call.name
         x, out, dtype, op = call.send.flat, call.recv.flat, call.recv.dtype, call.op
-        comm, complete = b.comm, b._complete
+        comm, complete, n = b.comm, b._complete, out.size
         src = MPI.IN_PLACE if call.in_place else x
-        if dtype in _FLOATS and op in (MAX, MIN):
+        is_float = dtype in _FLOATS
+        if is_float:
+            canon = CANONICAL_NAN[dtype]
+            ints = {2: np.int16, 4: np.int32, 8: np.int64}[out.itemsize]
+            bits_out = out.view(ints)
+            nan = np.empty(n, dtype=bool)
+            mag = np.empty(n, dtype=ints)
+            width = 8 * out.itemsize
+            low = ints((1 << (width - 1)) - 1)  # every bit but the sign
+            inf = ints(np.array(np.inf, dtype=out.dtype).view(ints))  # NaN: magnitude bits above inf's
+
+            def find_nans(bits):  # on the bits: bfloat16 too, and no floating-point warnings
+                np.bitwise_and(bits, low, out=mag)
+                return np.greater(mag, inf, out=nan)
+
+            canon_signed = _as_signed(canon, ints)
+
+            if dtype == "bfloat16":
+                def canonicalize():
+                    if np.count_nonzero(find_nans(bits_out)):
+                        np.copyto(bits_out, canon_signed, where=nan)
+            else:
+                def canonicalize():  # (isnan: one call, and no warnings)
+                    if np.count_nonzero(np.isnan(out, out=nan)):
+                        np.copyto(bits_out, canon_signed, where=nan)
+
+        if is_float and op in (MAX, MIN):
             mop = MPI.MAX if op is MAX else MPI.MIN
+            keys, neg = np.empty(n, dtype=ints), np.empty(n, dtype=bool)
+            extreme = ints(np.iinfo(ints).max if op is MAX else np.iinfo(ints).min)
+            bits_in = x.view(ints)
 
             def launch(stream=None):
-                b._check("Allreduce")
-                keys = ordered_keys(x, op)
+                if b.broken:
+                    b._check("Allreduce")
+                np.copyto(keys, bits_in)  # ordered_keys: negatives flipped below the positives
+                np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
+                np.copyto(keys, extreme, where=find_nans(bits_in))
                 complete(comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), "Allreduce")
-                from_ordered_keys(keys, out, op)
+                np.equal(keys, extreme, out=nan)
+                np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
+                np.copyto(keys, canon_signed, where=nan)
+                np.copyto(bits_out, keys)
         elif not det and dtype in _MPI_TYPED:
             mop = _MPI_OPS[op]
-            if dtype in _FLOATS:
-                nan = np.empty(out.size, dtype=bool)
-                canon = CANONICAL_NAN[dtype]
-                bits = out.view({4: np.uint32, 8: np.uint64}[out.itemsize])
-
-                def launch(stream=None):
-                    b._check("Allreduce")
-                    complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
-                    if np.count_nonzero(np.isnan(out, out=nan)):
-                        bits[nan] = canon
-            else:
-                def launch(stream=None):
-                    b._check("Allreduce")
-                    complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
-        else:
-            gathered = np.empty((b.size, x.size), dtype=x.dtype)
-            mine = np.empty_like(x)
-            send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
 
             def launch(stream=None):
-                b._check("Allreduce")
-                mine[...] = x  # (in place: x is out, overwritten below)
+                if b.broken:
+                    b._check("Allreduce")
+                complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
+                if is_float:
+                    canonicalize()
+        else:  # in rank order: ((x0 op x1) op x2) ..., as ops.reduce_in_rank_order
+            gathered = np.empty((b.size, n), dtype=x.dtype)
+            mine = np.empty_like(x)
+            send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
+            ufunc = np.add if op is SUM else np.multiply if op is PROD else None
+            if ufunc is None:  # integer MAX / MIN
+                ufunc = np.maximum if op is MAX else np.minimum
+            rows = [gathered[r] for r in range(b.size)]
+
+            def launch(stream=None):
+                if b.broken:
+                    b._check("Allreduce")
+                np.copyto(mine, x)  # (in place: x is out, overwritten below)
                 complete(comm.Iallgather(send_msg, recv_msg), "Allreduce")
-                out[...] = reduce_in_rank_order(op, gathered)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.copyto(out, rows[0])
+                    for row in rows[1:]:
+                        ufunc(out, row, out=out)
+                if is_float:
+                    canonicalize()
         self.launch = launch
+
+
+def _as_signed(bits: int, ints) -> np.generic:
+    """An unsigned bit pattern as the signed integer of the same width."""
+    return np.array(bits, dtype=np.dtype(ints).str.replace("i", "u")).view(ints)[()]
 
 
 _RUN = {"Allreduce": HostBackend._allreduce, "Bcast": HostBackend._bcast,
