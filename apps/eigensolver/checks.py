@@ -38,7 +38,7 @@ def _local_findings(name: str, M, cols: np.ndarray, xp) -> list[str]:
     finite = xp.isfinite(M)
     if not bool(finite.all()):
         bad = _first_bad(to_host(~finite), cols)
-        value = float(to_host(M[bad[0], int(np.searchsorted(cols, bad[1]))]))
+        value = float(M[bad[0], int(np.searchsorted(cols, bad[1]))])
         out.append(f"{name}[{bad[0]}, {bad[1]}] = {value}: {name} must be finite (no NaN or Inf)")
     return out
 
@@ -66,13 +66,15 @@ def check_input(A_loc, B_loc, desc, mpi_comm, *, sym_tol: float = SYM_TOL, check
                             "(its diagonal must be positive)")
     everyone = mpi_comm.allgather(findings)
     problems = [f for per_rank in everyone for f in per_rank]
-    if problems:
-        raise InputError("; ".join(dict.fromkeys(problems)))   # in rank order, duplicates once
+    if problems:   # the first in rank order names the entry; the count says there is more
+        more = len(problems) - 1
+        raise InputError(problems[0] + (f" (and {more} more finding{'s' if more > 1 else ''} on other "
+                                        "columns)" if more else ""))
     measured = {"asymmetry_A": None, "asymmetry_B": None, "symmetry_tolerance": sym_tol}
     if not check_symmetry:
         return measured
     for name, M in (("A", A_loc), ("B", B_loc)):
-        scale = mpi_comm.allreduce(float(to_host(abs(M).max())) if M.size else 0.0, op=MPI.MAX)
+        scale = mpi_comm.allreduce(float(abs(M).max()) if M.size else 0.0, op=MPI.MAX)
         worst = asymmetry(M, desc, mpi_comm)
         rel = worst / scale if scale else 0.0
         measured[f"asymmetry_{name}"] = rel

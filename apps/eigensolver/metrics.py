@@ -98,8 +98,9 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
     """{'residual', 'b_orthogonality'} as residual() and b_orthogonality() define them, from the
     ranks' column blocks (1 x P block-cyclic, `desc`), the same on every rank.
 
-    Collective over `comm` (an hpccoll Communicator or anything with Bcast/Allreduce of xp
-    arrays).  For each block of c columns of X (owner's turn, c from chunk_bytes): the owner
+    Collective over `comm`: anything with mpi4py's Bcast(buf, root) and Allreduce(send, recv) for
+    arrays of xp (an hpccoll Communicator for device arrays; an mpi4py communicator suffices on
+    the host, where the sums' order does not matter for a metric).  For each block of c columns of X (owner's turn, c from chunk_bytes): the owner
     Bcasts X[:, block]; every rank adds its share A[:, J_r] X[J_r, block] (and B's) and one
     Allreduce sums them; the owner keeps ||A X_b - B X_b diag(w_b)||^2 and every rank
     ||X[:, J_r]^T (B X_b) - I||^2.  Traffic n^2 doubles per rank, memory a few n x c arrays,
@@ -107,8 +108,8 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
     xp = get_xp(A_loc, B_loc, X_loc)
     rank, size = comm.Get_rank(), comm.Get_size()
     n = desc.n
-    if chunk_bytes is None:
-        chunk_bytes = (256 if xp is not np else 8) * 2**20
+    if chunk_bytes is None:   # the host's deterministic Allreduce may hold P chunks at once
+        chunk_bytes = (256 if xp is not np else 2) * 2**20
     c_max = max(1, chunk_bytes // (8 * max(1, n)))
     mine = xp.asarray(desc.local_cols(rank))
     w_host = np.asarray(to_host(w), dtype=np.float64)

@@ -39,7 +39,7 @@ KINDS = ("known", "clustered", "wilkinson", "random")
 #: names this construction in problem digests: a change of formulas must change it
 GENERATOR = "butterfly-1"
 #: columns built at a time (bounds the temporaries: a few n x CHUNK arrays)
-HOST_CHUNK_BYTES = 16 * 2**20
+HOST_CHUNK_BYTES = 4 * 2**20
 DEVICE_CHUNK_BYTES = 512 * 2**20
 #: dtypes a file: matrix may have (converted to float64)
 REAL_KINDS = "biuf"

@@ -14,7 +14,7 @@ import numpy as np
 from ._xp import get_xp, is_device, to_host
 
 #: bytes of one exchanged chunk (bounds the temporary memory of a visit)
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 8 * 2**20
 
 
 def _chunk(n_rows: int, itemsize: int = 8) -> int:
