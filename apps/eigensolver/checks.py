@@ -29,18 +29,32 @@ def _first_bad(mask_host: np.ndarray, cols: np.ndarray) -> tuple[int, int] | Non
     return int(i), int(cols[k])
 
 
+#: columns looked at a time (bounds the temporaries of a check to ~CHUNK_BYTES)
+CHUNK_BYTES = 64 * 2**20
+
+
+def _blocks(M):
+    step = max(1, CHUNK_BYTES // max(1, 8 * M.shape[0]))
+    for k in range(0, M.shape[1], step):
+        yield k, M[:, k:k + step]
+
+
 def _local_findings(name: str, M, cols: np.ndarray, xp) -> list[str]:
-    out = []
     if M.dtype.kind == "c":
         return [f"{name} is complex ({M.dtype}): the solver takes real symmetric matrices"]
     if M.dtype.kind not in "biuf":
         return [f"{name} has dtype {M.dtype}: use float64"]
-    finite = xp.isfinite(M)
-    if not bool(finite.all()):
-        bad = _first_bad(to_host(~finite), cols)
-        value = float(M[bad[0], int(np.searchsorted(cols, bad[1]))])
-        out.append(f"{name}[{bad[0]}, {bad[1]}] = {value}: {name} must be finite (no NaN or Inf)")
-    return out
+    for k, blk in _blocks(M):
+        finite = xp.isfinite(blk)
+        if not bool(finite.all()):
+            i, j = _first_bad(to_host(~finite), cols[k:])
+            value = float(M[i, int(np.searchsorted(cols, j))])
+            return [f"{name}[{i}, {j}] = {value}: {name} must be finite (no NaN or Inf)"]
+    return []
+
+
+def _max_abs(M, xp) -> float:
+    return max((float(abs(blk).max()) for _, blk in _blocks(M) if blk.size), default=0.0)
 
 
 def check_input(A_loc, B_loc, desc, mpi_comm, *, sym_tol: float = SYM_TOL, check_symmetry: bool = True) -> dict:
@@ -74,7 +88,7 @@ def check_input(A_loc, B_loc, desc, mpi_comm, *, sym_tol: float = SYM_TOL, check
     if not check_symmetry:
         return measured
     for name, M in (("A", A_loc), ("B", B_loc)):
-        scale = mpi_comm.allreduce(float(abs(M).max()) if M.size else 0.0, op=MPI.MAX)
+        scale = mpi_comm.allreduce(_max_abs(M, xp), op=MPI.MAX)
         worst = asymmetry(M, desc, mpi_comm)
         rel = worst / scale if scale else 0.0
         measured[f"asymmetry_{name}"] = rel
