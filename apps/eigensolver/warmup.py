@@ -1,10 +1,10 @@
 """Compile the device code of a solve before the communicator opens.
 
-A tiny solve on this rank alone (local_comm: the host backend on MPI.COMM_SELF) makes CuPy compile every elementwise,
-reduction and raw kernel the real solve and its accuracy metrics use, so no run-time compile
-happens after hpccoll's CUDA backend is open - the place where CuPy's NVRTC failed on the GPU
-machine of 2026-11-30 (hpccoll._nvrtc now shares CuPy's NVRTC; this keeps compiles out of the
-timed runs either way).  CuPy caches the kernels for the process (and on disk)."""
+A tiny solve on this rank alone (local_comm: the host backend on MPI.COMM_SELF) makes CuPy
+compile every elementwise, reduction and raw kernel that the real run uses - the problem's
+construction, the input checks, the solver, the accuracy metrics - so that no run-time compile
+happens once hpccoll's CUDA backend is open, nor inside a timed solve.  CuPy caches the
+kernels for the process (and on disk)."""
 from __future__ import annotations
 
 
