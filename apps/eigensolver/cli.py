@@ -457,8 +457,9 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     sym_tol = SYM_TOL if args.symmetry_tol is None else args.symmetry_tol
     input_checks = check_input(A_loc, B_loc, desc, ctl, sym_tol=sym_tol, check_symmetry=spec.kind == "file")
     content = _content_digest(ctl, desc, col_digests) if col_digests is not None else None
-    problem_identity = spec.identity(device)
-    problem_digest = spec.digest(device)
+    # rank 0's view names the files (a file's modification time may read differently elsewhere)
+    problem_identity, problem_digest = ctl.bcast((spec.identity(device), spec.digest(device)) if rank == 0
+                                                 else None, root=0)
     identity = config_identity(args, problem_digest, size, args.comm, device)
     digest = config_digest(identity)
     stems = [run_stem(args, n, size, args.comm, r, digest) for r in range(args.repeat)]
