@@ -1,10 +1,9 @@
 """Write a large test problem A x = lambda B x as A.npy, B.npy (float64) built on the GPU.
 
-The CLI's problems are built on the host (problems.py: two n x n QRs, ~20 s at n = 8192 and
-8x that at 16384); this builds the same kind of problem as `--problem known` with the same
-builders (problems.with_spectrum, spread_spectrum) on CuPy arrays, in a few seconds, for
-`hpccoll-eigensolver compare --problem file:DIR/A.npy,DIR/B.npy`.  Not the same bits as problems.make_problem (another generator); the spectrum is saved as
-lam.npy beside it.
+`hpccoll-eigensolver solve` builds its generated problems itself, by column block on each
+rank's device; this writes the whole `--problem known` (problems.make_problem with CuPy: the
+CLI's GPU bits) to files, for runs that want `--problem file:DIR/A.npy,DIR/B.npy`.  The
+spectrum is saved as lam.npy beside it.
 
     python3 bench/make_problem_gpu.py --n 16384 --cond-b 1e3 --out /tmp/p16k"""
 from __future__ import annotations
@@ -26,11 +25,10 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver.problems import spread_spectrum, with_spectrum
+    from hpccoll_eigensolver.problems import make_problem
 
     t0 = time.perf_counter()
-    rng = cp.random.default_rng(a.seed)
-    prob = with_spectrum("known", spread_spectrum(a.n, rng, cp), a.cond_b, rng, cp)
+    prob = make_problem("known", a.n, cond_b=a.cond_b, seed=a.seed, xp=cp)
     os.makedirs(a.out, exist_ok=True)
     for name, x in (("A", prob.A), ("B", prob.B), ("lam", prob.eigenvalues)):
         np.save(os.path.join(a.out, f"{name}.npy"), cp.asnumpy(x))

@@ -4,56 +4,75 @@ single-gpu: CuPy on one GPU: potrf (cupy.linalg.cholesky), sygst as two triangul
 (cuBLAS trsm), syevd (cupy.linalg.eigh), back-substitution X = L^-T Z."""
 from __future__ import annotations
 
-import sys
+import os
 import time
 
 
-def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, w, X, per_rank,
-                  phases: dict, solve_s: float, prob, ref, ref_s, xp, extra=None) -> dict:
-    """A run record with the same keys as `solve` writes (X is the gathered matrix)."""
-    from hpccoll.bench import git_commit
-
+def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, w, per_rank, accuracy: dict,
+                  eigenvectors_sha256: str, phases: dict, solve_s: float, known, ref, ref_s, ref_err, xp,
+                  device: str = "gpu", memory=None, extra=None) -> dict:
+    """A run record with the keys `solve` writes (cli.RUN_SCHEMA)."""
     from . import metrics
     from ._xp import to_host
-    from .cli import accuracy
-    from .runinfo import machine_info
+    from .cli import RUN_SCHEMA, config_digest, config_identity
+    from .report import GUARANTEE
+    from .runinfo import MemoryMeter, git_commit, machine_info
 
-    rec = {"schema": "hpccoll-eigensolver/run/1", "n": n, "nb": args.nb, "ranks": ranks, "comm": comm,
-           "backend": backend, "device": "gpu", "problem": args.problem, "cond_b": args.cond_b,
-           "seed": args.seed, "repeat_index": r, "repeat": args.repeat,
-           "eigenvalues_sha256": metrics.sha256(w), "eigenvectors_sha256": metrics.sha256(X),
+    identity = config_identity(args, args.spec.digest(device), ranks, comm, device)
+    rec = {"schema": RUN_SCHEMA, "n": n, "nb": args.nb, "ranks": ranks, "comm": comm,
+           "backend": backend, "device": device, "problem": args.problem, "cond_b": args.cond_b,
+           "seed": args.seed, "problem_digest": args.spec.digest(device),
+           "problem_identity": args.spec.identity(device), "config_digest": config_digest(identity),
+           "config": identity, "repeat_index": r, "repeat": args.repeat,
+           "eigenvalues_sha256": metrics.sha256(w), "eigenvectors_sha256": eigenvectors_sha256,
            "per_rank": per_rank,
            "ranks_agree_on_eigenvalues": len({p["eigenvalues_sha256"] for p in per_rank}) == 1,
-           **accuracy(xp, xp.asarray(prob.A), xp.asarray(prob.B), xp.asarray(X), xp.asarray(w),
-                      prob.eigenvalues, ref),
-           "reference_seconds": ref_s, "phases": phases, "solve_seconds": solve_s,
-           "collectives": None, "machine": machine_info(xp), "git_commit": git_commit(),
-           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "eigenvalues": [float(x) for x in to_host(w)], "eigenvectors_file": None}
+           "residual": accuracy["residual"], "b_orthogonality": accuracy["b_orthogonality"],
+           "eigenvalue_error": metrics.eigenvalue_error(w, known),
+           "eigenvalue_error_vs_scipy": metrics.eigenvalue_error(w, ref),
+           "eigenvalue_error_definition": metrics.EIGENVALUE_ERROR_DEFINITION,
+           "reference_seconds": ref_s, "reference_error": ref_err, "phases": phases, "solve_seconds": solve_s,
+           "collectives": None, "memory": {"per_rank": memory or []}, "machine": machine_info(xp),
+           "git_commit": git_commit(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "eigenvalues": [float(x) for x in to_host(w)], "eigenvectors_file": None,
+           "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+           "reproducibility": GUARANTEE}
     if extra:
         rec.update(extra)
     return rec
 
 
 def run_single_gpu(args) -> int:
-    """`anchor single-gpu`: the one-GPU CuPy path, --repeat times; one JSON per run."""
-    from ._xp import gpu_available
-    from .cli import make_problem_cached, print_run, reference_eigenvalues, run_stem, save_vectors, write_run
+    """`anchor single-gpu`: the one-GPU CuPy path, --repeat times; one JSON per run.  The whole
+    problem lives on the one GPU (built there by problems.make_problem)."""
     from . import metrics
+    from ._xp import gpu_available, to_host
+    from .cli import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
+                      print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
+    from .problems import make_problem
+    from .runinfo import MemoryMeter
 
     if not gpu_available():
-        print("hpccoll-eigensolver anchor single-gpu: needs CuPy and a GPU", file=sys.stderr)
-        return 2
+        raise CliError("anchor single-gpu: needs CuPy and a GPU")
     import cupy as cp
     from cupyx.scipy.linalg import solve_triangular
 
-    prob = make_problem_cached(args)
+    if args.out:
+        check_out_dir(args.out)
+    digest = config_digest(config_identity(args, args.spec.digest("gpu"), 1, "single-gpu", "gpu"))
+    stems = [run_stem(args, args.n, 1, "single-gpu", r, digest) for r in range(args.repeat)]
+    refuse_overwrite(args.out, stems, args.overwrite)
+    prob = make_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed, xp=cp)
     n = prob.n
-    ref, ref_s = reference_eigenvalues(prob, args)
-    A0, B0 = cp.asarray(prob.A), cp.asarray(prob.B)
+    ref = ref_s = ref_err = None
+    if not args.no_reference and n <= SCIPY_REFERENCE_MAX_N:
+        ref, ref_s, ref_err = reference_eigenvalues(to_host(prob.A), to_host(prob.B))
+    A0, B0 = prob.A, prob.B
     stream = cp.cuda.get_current_stream()
+    meter = MemoryMeter(cp, trace=False)
     for r in range(args.repeat):
         phases = {}
+        meter.start()
         t_all = time.perf_counter()
 
         def step(name, fn):
@@ -69,13 +88,24 @@ def run_single_gpu(args) -> int:
         w, Z = step("syevd", lambda: cp.linalg.eigh(C))
         X = step("trsm", lambda: solve_triangular(L, Z, lower=True, trans=1))
         solve_s = time.perf_counter() - t_all
-        per_rank = [{"rank": 0, "eigenvalues_sha256": metrics.sha256(w),
-                     "local_eigenvectors_sha256": metrics.sha256(X)}]
-        rec = anchor_record(args, comm="single-gpu", backend="cupy", ranks=1, n=n, r=r, w=w, X=X,
-                            per_rank=per_rank, phases=phases, solve_s=solve_s, prob=prob, ref=ref,
-                            ref_s=ref_s, xp=cp)
+        L = C = Z = None  # free them before the metrics
+        acc = {"residual": metrics.residual(A0, B0, X, w), "b_orthogonality": metrics.b_orthogonality(B0, X)}
+        x_digest = metrics.matrix_sha256(X)
+        per_rank = [{"rank": 0, "eigenvalues_sha256": metrics.sha256(w), "local_eigenvectors_sha256": x_digest}]
+        memory = [dict(rank=0, **meter.stop())]
+        rec = anchor_record(args, comm="single-gpu", backend="cupy", ranks=1, n=n, r=r, w=w, per_rank=per_rank,
+                            accuracy=acc, eigenvectors_sha256=x_digest, phases=phases, solve_s=solve_s,
+                            known=prob.eigenvalues, ref=ref, ref_s=ref_s, ref_err=ref_err, xp=cp, memory=memory)
+        if save_vectors(args, n):
+            import numpy as np
+
+            name = stems[r] + "_X.npy"
+            np.save(os.path.join(args.out, name), np.asfortranarray(to_host(X)))
+            rec["eigenvectors_file"] = name
         print_run(rec)
-        write_run(args.out, run_stem(args, n, 1, "single-gpu", r), rec, X if save_vectors(args, n) else None)
+        if args.out:
+            write_json(args.out, stems[r], rec)
+        del X
     return 0
 
 

@@ -3,107 +3,176 @@
   mpiexec -n P hpccoll-eigensolver solve --n 4096 --problem known --comm mpi --repeat 3 --out DIR
   hpccoll-eigensolver compare --n 4096 --ranks 3 --repeat 5 --comm sentinel,ll128,nccl,mpi --out DIR
   hpccoll-eigensolver report DIR
-"""
+
+Every argument is checked when parsed; the output directory before any work.  Under MPI,
+errors that every rank sees alike (arguments, input matrices, B not positive definite) are
+printed once, by rank 0, and every rank exits with status 2; any other exception on one rank
+aborts the whole job (runinfo.install_abort_hook), so no rank is left waiting."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import sys
 import time
 
 import numpy as np
 
-from .runinfo import COMM_CHOICES
+from .report import GUARANTEE
+from .runinfo import COMM_CHOICES, launcher_rank
 
+PROG = "hpccoll-eigensolver"
 SCIPY_REFERENCE_MAX_N = 4096
+SAVE_VECTORS_MAX_N = 4096
+RUN_SCHEMA = "hpccoll-eigensolver/run/2"
+FAILURE_SCHEMA = "hpccoll-eigensolver/failure/2"
+EXIT_ERROR = 2   # arguments, input or output directory rejected (argparse's status too)
+
+class CliError(Exception):
+    """An error every rank (or the driver) sees alike: printed once, exit status `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
 
 
-# -- shared by solve and the anchors ---------------------------------------------------
+# -- argument types: every value checked at parse time -------------------------------------------
+def _int_at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer ({what})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value}: {what} must be >= {low}")
+        return value
+    return parse
+
+
+def _finite_float(low: float, what: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what})") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"{text}: {what} must be a finite number >= {low:g}")
+        return value
+    return parse
+
+
+def _comm_list(text: str) -> list[str]:
+    items = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in items if c not in COMM_CHOICES]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a comma list of {', '.join(COMM_CHOICES)}")
+    return list(dict.fromkeys(items))
+
+
+class _Parser(argparse.ArgumentParser):
+    """Prints usage, help and errors from one process of an MPI job (launcher rank 0) only."""
+
+    def _print_message(self, message, file=None):
+        if launcher_rank() == 0:
+            super()._print_message(message, file)
+
+
+# -- shared by solve, compare and the anchors ------------------------------------------------------
 def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n", type=int, default=1024, help="matrix order (ignored for file:)")
+    p.add_argument("--n", type=_int_at_least(1, "--n (the matrix order)"), default=1024,
+                   help="matrix order (ignored for file:)")
     p.add_argument("--problem", default="known",
                    help="known | clustered | wilkinson | random | file:A.npy,B.npy (default known)")
-    p.add_argument("--cond-b", type=float, default=1e3, help="2-norm condition number of B (default 1e3)")
-    p.add_argument("--seed", type=int, default=0, help="problem seed (default 0)")
-    p.add_argument("--nb", type=int, default=64, help="block size (default 64)")
-    p.add_argument("--repeat", type=int, default=1, help="solves of the same problem (default 1)")
-    p.add_argument("--out", default=None, help="directory for one JSON per run (rank 0 writes)")
+    p.add_argument("--cond-b", type=_finite_float(1.0, "--cond-b (the 2-norm condition number of B)"),
+                   default=1e3, help="2-norm condition number of B, finite and >= 1 (default 1e3)")
+    p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, help="problem seed (default 0)")
+    p.add_argument("--nb", type=_int_at_least(1, "--nb (the block size)"), default=64, help="block size (default 64)")
+    p.add_argument("--repeat", type=_int_at_least(1, "--repeat (solves of the problem)"), default=1,
+                   help="solves of the same problem (default 1)")
+    p.add_argument("--out", default=None,
+                   help="directory for one JSON per run (rank 0 writes it; created if missing, checked "
+                        "before the solve)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace results of the same problem and options already in --out (default: refuse)")
     p.add_argument("--save-vectors", choices=("auto", "yes", "no"), default="auto",
-                   help="also write the gathered X as .npy (auto: when n <= 4096)")
+                   help=f"also write X as an n x n .npy (auto: when n <= {SAVE_VECTORS_MAX_N}); every rank "
+                        "writes its own columns into it, so --out must be visible from every rank")
+    p.add_argument("--gather-vectors", action="store_true",
+                   help="write X from rank 0 only, its columns sent there block by block (for an --out "
+                        "that only rank 0's node sees)")
     p.add_argument("--no-reference", action="store_true",
-                   help=f"skip scipy.linalg.eigh(A, B) (done by default when n <= {SCIPY_REFERENCE_MAX_N})")
+                   help=f"skip scipy.linalg.eigh(A, B) (by default done when n <= {SCIPY_REFERENCE_MAX_N}, "
+                        "on rank 0, with A and B gathered there)")
+    p.add_argument("--symmetry-tol", type=_finite_float(0.0, "--symmetry-tol"), default=None,
+                   help="file: problems must satisfy max|M - M^T| <= tol * max|M| for M = A, B "
+                        "(default 1e-10)")
+
+
+def finish_args(args) -> None:
+    """Checks that need several arguments (the problem spec); raises CliError."""
+    from .problems import ProblemError, parse_problem
+
+    if hasattr(args, "problem"):
+        try:
+            args.spec = parse_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed)
+        except ProblemError as exc:
+            raise CliError(str(exc)) from None
+        if args.spec.kind == "file":
+            args.n = args.spec.n
+    if getattr(args, "out", None) is not None and not args.out:
+        raise CliError("--out '': give a directory")
+
+
+def check_out_dir(path: str) -> None:
+    """Create `path` if missing and prove it writable (a file created and removed there); raise
+    CliError naming the problem."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"--out {path}: exists and is not a directory: pass a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".hpccoll-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise CliError(f"--out {path}: cannot write there ({exc.strerror or exc}): pass a writable directory") \
+            from None
 
 
 def problem_tag(problem: str) -> str:
     return "file" if problem.startswith("file:") else problem
 
 
-def run_stem(args, n: int, ranks: int, comm: str, r: int) -> str:
-    return f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_run{r:03d}"
+def config_identity(args, problem_digest: str, ranks: int, comm: str, device: str) -> dict:
+    """The options that make a run's bits, besides the machine: they name its files."""
+    return {"problem_digest": problem_digest, "n": args.n, "nb": args.nb, "ranks": ranks, "comm": comm,
+            "stedc": getattr(args, "stedc", None), "device": device}
 
 
-def load_problem_on_root(args, rank: int, mpi_comm):
-    """The Problem on rank 0 (None elsewhere) and n everywhere; a failure raises on every rank."""
-    prob, err = None, None
-    if rank == 0:
-        try:
-            prob = make_problem_cached(args)
-        except Exception as exc:  # noqa: BLE001 - forwarded to every rank
-            err = f"{type(exc).__name__}: {exc}"
-    n, err = mpi_comm.bcast((prob.n if prob is not None else None, err), root=0)
-    if err:
-        raise SystemExit(f"hpccoll-eigensolver: problem {args.problem!r}: {err}")
-    return prob, n
+def config_digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def make_problem_cached(args):
-    """The problem of args, read from $HPCCOLL_EIG_PROBLEM_CACHE when set (see problems.cached_problem)."""
-    from .problems import cached_problem
-
-    return cached_problem(args.problem, args.n, cond_b=args.cond_b, seed=args.seed,
-                          cache_dir=os.environ.get("HPCCOLL_EIG_PROBLEM_CACHE") or None)
+def run_stem(args, n: int, ranks: int, comm: str, r: int, digest: str) -> str:
+    return f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_{digest[:10]}_run{r:03d}"
 
 
-def reference_eigenvalues(prob, args):
-    """(scipy.linalg.eigh(A, B) eigenvalues or None, seconds) on the host."""
-    if args.no_reference or prob.n > SCIPY_REFERENCE_MAX_N:
-        return None, None
-    from scipy.linalg import eigh
-
-    t0 = time.perf_counter()
-    w = eigh(prob.A, prob.B, eigvals_only=True)
-    return w, time.perf_counter() - t0
-
-
-def accuracy(xp, A, B, X, w, known, ref) -> dict:
-    from . import metrics
-
-    return {"residual": metrics.residual(A, B, X, w),
-            "b_orthogonality": metrics.b_orthogonality(B, X),
-            "eigenvalue_error": metrics.eigenvalue_error(w, known),
-            "eigenvalue_error_vs_scipy": metrics.eigenvalue_error(w, ref),
-            "eigenvalue_error_definition": metrics.EIGENVALUE_ERROR_DEFINITION}
-
-
-def write_run(out: str | None, stem: str, record: dict, X=None) -> str | None:
-    """Write stem.json (and stem_X.npy when X is given) under out; returns the JSON path."""
-    if not out:
-        return None
-    os.makedirs(out, exist_ok=True)
-    if X is not None:
-        from ._xp import to_host
-
-        np.save(os.path.join(out, stem + "_X.npy"), np.ascontiguousarray(to_host(X), dtype=np.float64))
-        record["eigenvectors_file"] = stem + "_X.npy"
-    path = os.path.join(out, stem + ".json")
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
-    return path
+def refuse_overwrite(out: str | None, stems: list[str], overwrite: bool) -> None:
+    """CliError when a result of these stems exists in out and overwrite is off."""
+    if not out or overwrite:
+        return
+    for stem in stems:
+        for name in (stem + ".json", stem + "_X.npy"):
+            if os.path.exists(os.path.join(out, name)):
+                raise CliError(f"--out {out}: {name} exists (a result of the same problem and options): "
+                               "pass --overwrite to replace it, or another --out")
 
 
 def save_vectors(args, n: int) -> bool:
-    return args.save_vectors == "yes" or (args.save_vectors == "auto" and n <= SCIPY_REFERENCE_MAX_N)
+    return bool(args.out) and (args.save_vectors == "yes" or
+                               (args.save_vectors == "auto" and n <= SAVE_VECTORS_MAX_N))
 
 
 def progress(total: int, desc: str, enabled: bool):
@@ -115,105 +184,361 @@ def progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
 
 
+METRICS_LEGEND = ("metrics: residual = ||AX - BXW||_F/(n ||A||_F ||X||_F eps) and B-orth = ||X^T B X - I||_F/(n eps), "
+                  "both in units of n eps (O(1) is a correct solve); eig-err = max|w - ref|/max|ref| against the "
+                  "constructed spectrum (known) and scipy.linalg.eigh (scipy); memory = peak RSS (host) or CuPy "
+                  "pool high-water mark (GPU), max over ranks")
+
+
+def _fmt(x, spec=".3g"):
+    return "-" if x is None else format(x, spec)
+
+
 def print_run(rec: dict) -> None:
     ph = " ".join(f"{k} {v:.3f}" for k, v in rec["phases"].items())
     coll = rec.get("collectives") or {}
-    ev = rec.get("eigenvalue_error")
-    ref = rec.get("eigenvalue_error_vs_scipy")
+    mem = (rec.get("memory") or {}).get("per_rank") or []
+    key = "device_pool_peak_bytes" if rec.get("device") == "gpu" else "peak_rss_bytes"
+    peaks = [m.get(key) for m in mem if m.get(key) is not None]
     print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}] n={rec['n']} solve {rec['solve_seconds']:.3f}s "
           f"({ph}); collectives {coll.get('count', 0)} calls {coll.get('bytes', 0) / 2**20:.1f} MiB "
-          f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {rec['residual']:.3g} "
-          f"B-orth {rec['b_orthogonality']:.3g} eig-err(known) {ev if ev is None else f'{ev:.3g}'} "
-          f"eig-err(scipy) {ref if ref is None else f'{ref:.3g}'}; w {rec['eigenvalues_sha256'][:16]} "
-          f"X {rec['eigenvectors_sha256'][:16]}", flush=True)
+          f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {_fmt(rec['residual'])} n·eps "
+          f"B-orth {_fmt(rec['b_orthogonality'])} n·eps eig-err(known) {_fmt(rec.get('eigenvalue_error'))} "
+          f"eig-err(scipy) {_fmt(rec.get('eigenvalue_error_vs_scipy'))}; memory "
+          f"{_fmt(max(peaks) / 2**20 if peaks else None, '.0f')} MiB; w {rec['eigenvalues_sha256'][:16]} "
+          f"X {(rec.get('eigenvectors_sha256') or '-')[:16]}", flush=True)
 
 
-# -- solve ---------------------------------------------------------------------------------
+# -- collective error handling (under MPI) -----------------------------------------------------------
+def agree(ctl, fn, what: str, everywhere: bool = True):
+    """Run fn() on this rank; if it raised on any rank, raise CliError on every rank (one message,
+    naming the ranks when only some failed; everywhere=False: fn does work on rank 0 only, the
+    ranks go unnamed) - for local work that other ranks must not wait past."""
+    try:
+        value, err = fn(), None
+    except CliError as exc:
+        value, err = None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - forwarded to every rank
+        value, err = None, f"{type(exc).__name__}: {exc}"
+    errs = ctl.allgather(err)
+    failed = [(r, e) for r, e in enumerate(errs) if e]
+    if failed:
+        msgs = list(dict.fromkeys(e for _, e in failed))
+        where = "" if len(failed) == len(errs) or not everywhere else f" (on rank{'s' if len(failed) > 1 else ''} " \
+            f"{', '.join(str(r) for r, _ in failed)})"
+        raise CliError(f"{what}{where}: {'; '.join(msgs)}")
+    return value
+
+
+def fail_together(ctl, message: str, timeout: float = 30.0):
+    """Called by a rank that failed where the others may be inside a collective of the library:
+    if every rank fails alike within `timeout`, raise CliError everywhere (printed once);
+    otherwise print this rank's error and abort the job."""
+    from mpi4py import MPI
+
+    one = np.ones(1, dtype=np.int32)
+    total = np.zeros(1, dtype=np.int32)
+    req = ctl.Iallreduce(one, total, op=MPI.SUM)
+    t0 = time.monotonic()
+    while not req.Test():
+        if time.monotonic() - t0 > timeout:
+            sys.stderr.write(f"{PROG}: rank {ctl.Get_rank()}: {message}\n{PROG}: the other ranks did not fail "
+                             "alike; aborting the job\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(EXIT_ERROR)
+        time.sleep(0.01)
+    raise CliError(message)
+
+
+# -- X on disk, by columns ---------------------------------------------------------------------------
+def _npy_create(path: str, n: int) -> int:
+    """An n x n float64 Fortran-order .npy of zeros' size (sparse); returns the data offset."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": True, "shape": (n, n)})
+        offset = f.tell()
+        f.truncate(offset + 8 * n * n)
+    return offset
+
+
+def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> None:
+    """X as an n x n float64 .npy (Fortran order) at path, never whole in one process's memory.
+
+    By default every rank writes its own columns into the file rank 0 created (the directory
+    must be shared); gather_to_root: the columns travel to rank 0 block by block and it writes
+    them.  Written under a temporary name and renamed when complete.  Collective over ctl."""
+    from ._xp import to_host
+    from .problems import _runs
+
+    rank, size, n = ctl.Get_rank(), ctl.Get_size(), desc.n
+    tmp = f"{path}.part"
+    offset = agree(ctl, lambda: _npy_create(tmp, n) if rank == 0 else None, f"writing {path}", False)
+    offset = ctl.bcast(offset, root=0)
+
+    def put(fd, cols, block):
+        for pos, c0, length in _runs(cols):
+            data = np.asfortranarray(block[:, pos:pos + length], dtype="<f8").tobytes(order="F")
+            os.pwrite(fd, data, offset + 8 * n * c0)
+
+    step = max(1, (32 * 2**20) // (8 * max(1, n)))
+
+    def mine():
+        cols = desc.local_cols(rank)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            for k in range(0, cols.size, step):
+                put(fd, cols[k:k + step], to_host(X_loc[:, k:k + step]))
+        finally:
+            os.close(fd)
+
+    def gathered():
+        fd = os.open(tmp, os.O_WRONLY) if rank == 0 else None
+        try:
+            for q in range(size):
+                cols = desc.local_cols(q)
+                for k in range(0, cols.size, step):
+                    m = min(step, cols.size - k)
+                    if q == rank == 0:
+                        put(fd, cols[k:k + m], to_host(X_loc[:, k:k + m]))
+                    elif rank == q:
+                        ctl.Send(np.asfortranarray(to_host(X_loc[:, k:k + m])), dest=0, tag=29)
+                    elif rank == 0:
+                        buf = np.empty((n, m), order="F")
+                        ctl.Recv(buf, source=q, tag=29)
+                        put(fd, cols[k:k + m], buf)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    if gather_to_root:
+        gathered()  # point-to-point in a fixed order: a failure on one rank aborts the job
+        agree(ctl, lambda: None, f"writing {path}")
+    else:
+        agree(ctl, mine, f"writing {path} (every rank writes its columns: put --out on a filesystem all "
+                         "ranks share, or pass --gather-vectors)")
+    agree(ctl, lambda: os.replace(tmp, path) if rank == 0 else None, f"writing {path}", False)
+
+
+def write_json(out: str, stem: str, record: dict) -> str:
+    path = os.path.join(out, stem + ".json")
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+# -- solve ------------------------------------------------------------------------------------------
+def reference_eigenvalues(A, B):
+    """(scipy.linalg.eigh(A, B) eigenvalues, seconds, error text) on the host."""
+    from scipy.linalg import eigh
+
+    t0 = time.perf_counter()
+    try:
+        w = eigh(A, B, eigvals_only=True)
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the solve's own checks decide
+        return None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+    return w, time.perf_counter() - t0, None
+
+
+def build_local_problem(spec, desc, ctl, xp):
+    """This rank's (A_loc, B_loc, per-column digests or None): local work agreed on, then the
+    collective symmetrization of generated problems."""
+    from .problems import generated_columns, read_columns
+    from .tiles import symmetrize
+
+    rank = ctl.Get_rank()
+    cols = desc.local_cols(rank)
+
+    def local():
+        if spec.kind == "file":
+            dA, dB = [], []
+            A = read_columns(spec.files[0], cols, xp, spec.file_info[0], dA)
+            B = read_columns(spec.files[1], cols, xp, spec.file_info[1], dB)
+            return A, B, (dA, dB)
+        A, B = generated_columns(spec, cols, xp)
+        return A, B, None
+
+    A, B, digests = agree(ctl, local, f"--problem {spec.kind if spec.kind != 'file' else 'file:'}")
+    if spec.kind != "file":
+        symmetrize(A, desc, ctl)
+        symmetrize(B, desc, ctl)
+    return A, B, digests
+
+
+def _content_digest(ctl, desc, local_digests):
+    """SHA-256 over A's and then B's column digests in column order (rank 0; None elsewhere)."""
+    from . import metrics
+
+    everyone = ctl.gather(local_digests, root=0)
+    if ctl.Get_rank() != 0:
+        return None
+    out = []
+    for which in (0, 1):
+        cols = [None] * desc.n
+        for q, per in enumerate(everyone):
+            for j, d in zip(desc.local_cols(q), per[which]):
+                cols[j] = d
+        out += cols
+    return metrics.combine_digests(out)
+
+
+def _visible(out: str) -> None:
+    if not os.path.isdir(out):
+        raise CliError(f"--out {out} is not visible here: put it on a filesystem all ranks share, or pass "
+                       "--gather-vectors")
+
+
 def cmd_solve(args) -> int:
     from mpi4py import MPI
 
     from hpccoll import HpccollError
 
-    from . import metrics
-    from ._xp import sync, to_host
-    from .counting import CountingComm, PhaseTimer
-    from .layout import BlockCyclic, distribute, gather
-    from hpccoll.bench import git_commit
-
-    from .runinfo import machine_info, make_communicator, select_device
-    from .solver import PHASES, sygvd
+    from .checks import InputError
+    from .runinfo import make_communicator, select_device
+    from .solver import NotPositiveDefinite, stedc_choice
 
     world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    ctl = world.Dup()  # the CLI's own agreements: never matched against the library's collectives
+    rank = ctl.Get_rank()
+    if args.out:
+        agree(ctl, lambda: check_out_dir(args.out) if rank == 0 else None, "output directory", False)
+        if save_vectors(args, args.n) and not args.gather_vectors:
+            agree(ctl, lambda: _visible(args.out), "output directory")
     xp, dev = select_device(world)
-    if xp.__name__ == "cupy":
+    device = "gpu" if xp.__name__ == "cupy" else "cpu"
+    if device == "cpu" and args.stedc == "gpu":
+        raise CliError("--stedc gpu needs GPUs (CuPy and a device): use --stedc host or dc")
+    if device == "gpu":
         from .warmup import warm_up
-
-        from .solver import stedc_choice
 
         # compile CuPy's kernels before the communicator opens (the solver the solve will use)
         warm_up(stedc=stedc_choice(args.stedc, args.n, device=True))
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:
-        if rank == 0:
-            print(f"hpccoll-eigensolver: --comm {args.comm} cannot run here: {exc}", file=sys.stderr)
-        return 2
-    prob, n = load_problem_on_root(args, rank, world)
-    # Setup traffic goes through the plain communicator (host arrays) and is not counted.
-    A = np.ascontiguousarray(prob.A) if rank == 0 else np.empty((n, n))
-    B = np.ascontiguousarray(prob.B) if rank == 0 else np.empty((n, n))
-    comm.Bcast(A, root=0)
-    comm.Bcast(B, root=0)
+        fail_together(ctl, f"--comm {args.comm} cannot run here: {exc}")
+    sytrd_mode = "ops"
+    try:
+        if device == "gpu":
+            from .sytrd_device import mode_for
+
+            sytrd_mode = mode_for(comm, args.n)
+        return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
+    except NotPositiveDefinite as exc:   # raised by every rank alike (L is replicated)
+        raise CliError(f"B is not positive definite: {exc}") from None
+    except InputError as exc:            # raised by every rank alike (checks.check_input)
+        raise CliError(f"input rejected: {exc}") from None
+    finally:
+        if sytrd_mode == "fused":
+            from .sytrd_device import release_fused
+
+            release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
+        comm.Free()
+        ctl.Free()
+
+
+def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
+    from . import metrics
+    from ._xp import sync, to_host
+    from .checks import SYM_TOL, check_input
+    from .counting import CountingComm, PhaseTimer
+    from .layout import BlockCyclic
+    from .problems import gather_problem_on_root, spectrum
+    from .runinfo import MemoryMeter, git_commit, machine_info
+    from .solver import PHASES, sygvd
+
+    rank, size = ctl.Get_rank(), ctl.Get_size()
+    spec, n = args.spec, args.n
     desc = BlockCyclic(n, n, args.nb, size)
-    A_loc = xp.asarray(distribute(A, desc, rank))
-    B_loc = xp.asarray(distribute(B, desc, rank))
-    ref, ref_s = reference_eigenvalues(prob, args) if rank == 0 else (None, None)
+    t0 = time.perf_counter()
+    A_loc, B_loc, col_digests = build_local_problem(spec, desc, ctl, xp)
+    sync(xp)
+    build_s = time.perf_counter() - t0
+    sym_tol = SYM_TOL if args.symmetry_tol is None else args.symmetry_tol
+    input_checks = check_input(A_loc, B_loc, desc, ctl, sym_tol=sym_tol, check_symmetry=spec.kind == "file")
+    content = _content_digest(ctl, desc, col_digests) if col_digests is not None else None
+    # rank 0's view names the files (a file's modification time may read differently elsewhere)
+    problem_identity, problem_digest = ctl.bcast((spec.identity(device), spec.digest(device)) if rank == 0
+                                                 else None, root=0)
+    identity = config_identity(args, problem_digest, size, args.comm, device)
+    digest = config_digest(identity)
+    stems = [run_stem(args, n, size, args.comm, r, digest) for r in range(args.repeat)]
+    agree(ctl, lambda: refuse_overwrite(args.out, stems, args.overwrite) if rank == 0 else None, "results",
+          False)
+
+    ref = ref_s = ref_err = None
+    if not args.no_reference and n <= SCIPY_REFERENCE_MAX_N:
+        Ag, Bg = gather_problem_on_root(A_loc, B_loc, desc, ctl)
+        if rank == 0:
+            ref, ref_s, ref_err = reference_eigenvalues(Ag, Bg)
+        del Ag, Bg
+    known = spectrum(spec) if rank == 0 else None
     if rank == 0:
-        A_d, B_d = xp.asarray(A), xp.asarray(B)
-        info = machine_info(xp)
-        commit = git_commit()
-    del A, B
-    from .sytrd_device import mode_for
-    sytrd_mode = mode_for(comm, n) if xp.__name__ == "cupy" else "ops"
+        info, commit = machine_info(xp), git_commit()
+        print(f"{PROG}: n={n} P={size} nb={args.nb} comm={args.comm} ({comm.backend}) problem={args.problem} "
+              f"on {device}; built in {build_s:.2f} s; results {stems[0][:-7]}_run*", flush=True)
+        print(METRICS_LEGEND, flush=True)
+        if ref_err:
+            print(f"{PROG}: scipy reference failed ({ref_err}); eig-err(scipy) not recorded", flush=True)
+
+    meter = MemoryMeter(xp, trace=device == "cpu" and not args.no_trace_memory)
     for r in range(args.repeat):
         cc = CountingComm(comm, sync_each=not args.no_sync_collectives)
         bar = progress(len(PHASES), f"{args.comm} run {r}", rank == 0)
         timer = PhaseTimer(xp, cc, bar)
-        world.Barrier()
+        meter.start()
+        ctl.Barrier()
         t0 = time.perf_counter()
         w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc)
         sync(xp)
         solve_s = time.perf_counter() - t0
         if bar is not None:
             bar.close()
-        Xg = gather(X, desc, comm)
-        mine = (metrics.sha256(w), metrics.sha256(xp.ascontiguousarray(X)))
-        digests = world.gather(mine, root=0)
+        t1 = time.perf_counter()
+        # host arrays: plain MPI (a metric needs no rank-order sums); device arrays: the hpccoll
+        # communicator, which moves device buffers
+        acc = metrics.distributed_accuracy(A_loc, B_loc, X, w, desc, ctl if device == "cpu" else comm)
+        col = metrics.column_digests(X)
+        metrics_s = time.perf_counter() - t1
+        memory = meter.stop()
+        w_digest = metrics.sha256(w)
+        gathered = ctl.gather((w_digest, metrics.combine_digests(col), col, memory), root=0)
+        del col
+        stem = stems[r]
+        if save_vectors(args, n):
+            write_vectors(os.path.join(args.out, stem + "_X.npy"), X, desc, ctl, args.gather_vectors)
+        del X
         if rank != 0:
-            del Xg
             continue
+        all_cols = [None] * n
+        for q, (_, _, cq, _) in enumerate(gathered):
+            for j, d in zip(desc.local_cols(q), cq):
+                all_cols[j] = d
         summary = cc.summary()
         total = summary.get("total", {})
         count = sum(v["count"] for v in total.values())
         nbytes = sum(v["bytes"] for v in total.values())
         secs = sum(v["seconds"] for v in total.values())
         rec = {
-            "schema": "hpccoll-eigensolver/run/1",
+            "schema": RUN_SCHEMA,
             "n": n, "nb": args.nb, "ranks": size, "comm": args.comm, "backend": comm.backend,
-            "stedc": args.stedc,
-            "sytrd_mode": sytrd_mode,
-            "device": "gpu" if xp.__name__ == "cupy" else "cpu",
+            "stedc": args.stedc, "sytrd_mode": sytrd_mode, "device": device,
             "problem": args.problem, "cond_b": args.cond_b, "seed": args.seed,
+            "problem_digest": problem_digest, "problem_identity": problem_identity,
+            "problem_sha256": content, "config_digest": digest, "config": identity,
             "repeat_index": r, "repeat": args.repeat,
-            "eigenvalues_sha256": metrics.sha256(w),
-            "eigenvectors_sha256": metrics.sha256(Xg),
-            "per_rank": [{"rank": i, "eigenvalues_sha256": dw, "local_eigenvectors_sha256": dx}
-                         for i, (dw, dx) in enumerate(digests)],
-            "ranks_agree_on_eigenvalues": len({dw for dw, _ in digests}) == 1,
-            **accuracy(xp, A_d, B_d, Xg, w, prob.eigenvalues, ref),
-            "reference_seconds": ref_s,
-            "phases": dict(timer.seconds), "solve_seconds": solve_s,
+            "eigenvalues_sha256": w_digest,
+            "eigenvectors_sha256": metrics.combine_digests(all_cols),
+            "per_rank": [{"rank": i, "eigenvalues_sha256": g[0], "local_eigenvectors_sha256": g[1]}
+                         for i, g in enumerate(gathered)],
+            "ranks_agree_on_eigenvalues": len({g[0] for g in gathered}) == 1,
+            "residual": acc["residual"], "b_orthogonality": acc["b_orthogonality"],
+            "eigenvalue_error": metrics.eigenvalue_error(w, known),
+            "eigenvalue_error_vs_scipy": metrics.eigenvalue_error(w, ref),
+            "eigenvalue_error_definition": metrics.EIGENVALUE_ERROR_DEFINITION,
+            "reference_seconds": ref_s, "reference_error": ref_err,
+            "input_checks": input_checks, "problem_build_seconds": build_s,
+            "phases": dict(timer.seconds), "solve_seconds": solve_s, "metrics_seconds": metrics_s,
             "collectives": {"count": count, "bytes": nbytes, "seconds": secs,
                             "share_of_solve": secs / solve_s if solve_s else None,
                             "timed_with_device_sync": cc.sync_each,
@@ -222,26 +547,22 @@ def cmd_solve(args) -> int:
                             "estimated_in_phases": sorted(cc.estimated),
                             "by_phase": {k: v for k, v in summary.items() if k != "total"},
                             "by_name": total, "sizes": cc.size_histogram()},
+            "memory": {"per_rank": [dict(rank=i, **g[3]) for i, g in enumerate(gathered)]},
             "machine": info, "git_commit": commit,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "eigenvalues": [float(x) for x in to_host(w)],
-            "eigenvectors_file": None,
+            "eigenvectors_file": stem + "_X.npy" if save_vectors(args, n) else None,
+            "eigenvectors_layout": "float64 n x n .npy, Fortran order, column j = eigenvector of eigenvalues[j]",
+            "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+            "reproducibility": GUARANTEE,
         }
         print_run(rec)
-        path = write_run(args.out, run_stem(args, n, size, args.comm, r), rec,
-                         Xg if save_vectors(args, n) else None)
-        if path:
-            print(f"  wrote {path}", flush=True)
-        del Xg
-    if sytrd_mode == "fused":
-        from .sytrd_device import release_fused
-
-        release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
-    comm.Free()
+        if args.out:
+            print(f"  wrote {write_json(args.out, stem, rec)}", flush=True)
     return 0
 
 
-# -- compare / report --------------------------------------------------------------------------
+# -- compare / report --------------------------------------------------------------------------------
 def find_mpiexec() -> list[str]:
     """mpiexec next to sys.executable, else on PATH; with Open MPI's root/oversubscribe flags."""
     import shutil
@@ -250,7 +571,7 @@ def find_mpiexec() -> list[str]:
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     exe = here if os.path.exists(here) else shutil.which("mpiexec")
     if exe is None:
-        raise SystemExit("hpccoll-eigensolver compare: no mpiexec next to python or on PATH: pip install mpich")
+        raise CliError("compare: no mpiexec next to python or on PATH: pip install mpich")
     try:
         ver = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
         text = ver.stdout + ver.stderr
@@ -264,54 +585,87 @@ def find_mpiexec() -> list[str]:
 
 
 def _problem_argv(args) -> list[str]:
-    return ["--n", str(args.n), "--problem", args.problem, "--cond-b", repr(args.cond_b),
+    argv = ["--n", str(args.n), "--problem", args.problem, "--cond-b", repr(args.cond_b),
             "--seed", str(args.seed), "--nb", str(args.nb), "--repeat", str(args.repeat),
-            "--out", args.out, "--save-vectors", args.save_vectors] + (
-        ["--no-reference"] if args.no_reference else [])
+            "--out", args.out, "--save-vectors", args.save_vectors]
+    for flag in ("no_reference", "overwrite", "gather_vectors"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    if args.symmetry_tol is not None:
+        argv += ["--symmetry-tol", repr(args.symmetry_tol)]
+    return argv
 
 
-def _launch(label: str, cmd: list[str], args) -> None:
+def failure_path(args, label: str) -> str:
+    opts = hashlib.sha256(json.dumps(_problem_argv(args) + [label, str(args.ranks), args.stedc]).encode())
+    return os.path.join(args.out, f"failed_{problem_tag(args.problem)}_n{args.n}_p{args.ranks}_{label}_"
+                                  f"{opts.hexdigest()[:10]}.json")
+
+
+def _launch(label: str, cmd: list[str], args) -> bool:
+    """Run one configuration; on failure record it (failed_*.json) and return False."""
     import subprocess
 
     print(f"== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sys.stdout.write(proc.stdout)
-    if proc.returncode != 0:
-        os.makedirs(args.out, exist_ok=True)
-        rec = {"schema": "hpccoll-eigensolver/failure/1", "comm": label, "ranks": args.ranks, "n": args.n,
-               "problem": args.problem, "returncode": proc.returncode, "command": cmd,
-               "error": proc.stdout[-4000:], "seconds": time.perf_counter() - t0}
-        path = os.path.join(args.out, f"failed_{problem_tag(args.problem)}_n{args.n}_p{args.ranks}_{label}.json")
-        with open(path, "w") as f:
-            json.dump(rec, f, indent=1)
-        print(f"== {label} failed (exit {proc.returncode}); recorded in {path}", flush=True)
+    if proc.returncode == 0:
+        return True
+    rec = {"schema": FAILURE_SCHEMA, "comm": label, "ranks": args.ranks, "n": args.n,
+           "problem": args.problem, "returncode": proc.returncode, "command": cmd,
+           "error": proc.stdout[-4000:], "seconds": time.perf_counter() - t0}
+    path = failure_path(args, label)
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+    print(f"== {label} failed (exit {proc.returncode}); recorded in {path}", flush=True)
+    return False
 
 
 def cmd_compare(args) -> int:
     from .report import build_report
 
+    if not args.out:
+        raise CliError("compare: pass --out DIR (the runs and the report go there)")
+    check_out_dir(args.out)
     mpiexec = find_mpiexec()
+    labels = list(args.comm) + (["cusolvermp"] if args.cusolvermp else []) + \
+        (["single-gpu"] if args.single_gpu else [])
+    for label in labels:   # a stale failure record would outlive a now-successful configuration
+        old = failure_path(args, label)
+        if os.path.exists(old):
+            if not args.overwrite:
+                raise CliError(f"--out {args.out}: {os.path.basename(old)} exists from an earlier compare of the "
+                               "same configuration: pass --overwrite to rerun it, or another --out")
+            os.remove(old)
     me = [sys.executable, "-m", "hpccoll_eigensolver.cli"]
-    solve_opts = ["--stedc", args.stedc] + (["--no-sync-collectives"] if args.no_sync_collectives else [])
-    for choice in [c.strip() for c in args.comm.split(",") if c.strip()]:
-        if choice not in COMM_CHOICES:
-            raise SystemExit(f"compare: --comm {choice!r}: use a comma list of {', '.join(COMM_CHOICES)}")
-        _launch(choice, mpiexec + ["-n", str(args.ranks)] + me + ["solve", "--comm", choice]
-                + solve_opts + _problem_argv(args), args)
-    if args.cusolvermp:
-        _launch("cusolvermp", mpiexec + ["-n", str(args.ranks)] + me + ["anchor", "cusolvermp"]
-                + _problem_argv(args), args)
-    if args.single_gpu:
-        _launch("single-gpu", me + ["anchor", "single-gpu"] + _problem_argv(args), args)
+    solve_opts = ["--stedc", args.stedc] + (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
+        (["--no-trace-memory"] if args.no_trace_memory else [])
+    failed = []
+    for choice in args.comm:
+        if not _launch(choice, mpiexec + ["-n", str(args.ranks)] + me + ["solve", "--comm", choice]
+                       + solve_opts + _problem_argv(args), args):
+            failed.append(choice)
+    if args.cusolvermp and not _launch("cusolvermp", mpiexec + ["-n", str(args.ranks)] + me +
+                                       ["anchor", "cusolvermp"] + _problem_argv(args), args):
+        failed.append("cusolvermp")
+    if args.single_gpu and not _launch("single-gpu", me + ["anchor", "single-gpu"] + _problem_argv(args), args):
+        failed.append("single-gpu")
     paths = build_report(args.out)
     print("report: " + ", ".join(paths))
+    if failed:
+        raise CliError(f"compare: {len(failed)} of {len(labels)} configurations failed ({', '.join(failed)}); "
+                       f"see failed_*.json and the report in {args.out}", code=1)
     return 0
 
 
 def cmd_report(args) -> int:
     from .report import build_report
 
+    if not os.path.isdir(args.dir):
+        raise CliError(f"report {args.dir}: no such directory: pass the --out directory of solve or compare")
+    if not os.access(args.dir, os.W_OK):
+        raise CliError(f"report {args.dir}: not writable (report.md and report.json go there)")
     paths = build_report(args.dir)
     print("report: " + ", ".join(paths))
     return 0
@@ -331,18 +685,19 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sync-collectives", action="store_true",
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
+    p.add_argument("--no-trace-memory", action="store_true",
+                   help="CPU path: do not run tracemalloc during the solve (it records the peak of NumPy "
+                        "allocations but slows Python-heavy phases, up to 1.5x at n=2048)")
     p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
                    help="how the tridiagonal eigenproblem is solved: host: LAPACK dstevd on rank 0; gpu: "
                         "cuSOLVER syevd of the dense tridiagonal on rank 0 (device arrays only); dc: "
                         "hpccoll_eigensolver's divide and conquer on the arrays' device (tridiag_dc.py), "
                         "its two halves on ranks 0 and 1, the top merge on every rank; "
-                        "auto (default) = on GPUs dc from n=4096 (3.5x faster than gpu at n=8192 on H200, "
-                        "bench/results/eigensolver), gpu below; host without GPUs")
+                        "auto (default) = on GPUs dc from n=4096, gpu below; host without GPUs")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpccoll-eigensolver",
-                                description="Distributed generalized symmetric eigensolver (sygvd) on hpccoll")
+    p = _Parser(prog=PROG, description="Distributed generalized symmetric eigensolver (sygvd) on hpccoll")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("solve", help="solve A x = lambda B x under mpiexec; one JSON per run")
     add_problem_args(s)
@@ -350,10 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="collective path: mpi (host backend), nccl, sentinel, ll, ll128, auto")
     add_solve_args(s)
     s.set_defaults(fn=cmd_solve)
-    c = sub.add_parser("compare", help="run solve for several --comm paths under mpiexec, then report")
+    c = sub.add_parser("compare", help="run solve for several --comm paths under mpiexec, then report; "
+                                       "exits 1 when a configuration failed")
     add_problem_args(c)
-    c.add_argument("--ranks", type=int, default=2, help="MPI ranks per configuration (default 2)")
-    c.add_argument("--comm", default="sentinel,ll128,nccl,mpi", help="comma list of --comm paths")
+    c.add_argument("--ranks", type=_int_at_least(1, "--ranks (MPI ranks per configuration)"), default=2,
+                   help="MPI ranks per configuration (default 2)")
+    c.add_argument("--comm", type=_comm_list, default=_comm_list("sentinel,ll128,nccl,mpi"),
+                   help="comma list of --comm paths")
     add_solve_args(c)
     c.add_argument("--cusolvermp", action="store_true", help="also run cuSOLVERMp sygvd (GPU)")
     c.add_argument("--single-gpu", action="store_true", help="also run the one-GPU CuPy anchor")
@@ -364,17 +722,31 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("anchor", help="(used by compare) run a GPU reference solver")
     a.add_argument("which", choices=("single-gpu", "cusolvermp"))
     add_problem_args(a)
-    a.set_defaults(fn=cmd_anchor)
+    a.set_defaults(fn=cmd_anchor, stedc=None)
     return p
+
+
+def _printing_rank() -> int:
+    """0 for the process that prints shared errors: MPI rank 0 once MPI runs, else the launcher's."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank()
+    return launcher_rank()
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "n", 1) < 1:
-        raise SystemExit("--n must be >= 1")
-    if getattr(args, "nb", 1) < 1:
-        raise SystemExit("--nb must be >= 1")
-    return int(args.fn(args) or 0)
+    if args.cmd in ("solve", "anchor"):
+        from .runinfo import install_abort_hook
+
+        install_abort_hook(PROG)
+    try:
+        finish_args(args)
+        return int(args.fn(args) or 0)
+    except CliError as exc:
+        if _printing_rank() == 0:
+            print(f"{PROG} {args.cmd}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.code
 
 
 if __name__ == "__main__":

@@ -142,31 +142,45 @@ def run_cusolvermp(args) -> int:
 
 
 def _run(args, world) -> int:
+    from hpccoll import Communicator
+
     from . import metrics
     from .anchors import anchor_record
-    from .cli import load_problem_on_root, print_run, reference_eigenvalues, run_stem, save_vectors, write_run
-    from .layout import BlockCyclic, distribute
-    from .runinfo import select_device
+    from .cli import (SCIPY_REFERENCE_MAX_N, build_local_problem, check_out_dir, config_digest, config_identity,
+                      print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json,
+                      write_vectors)
+    from .layout import BlockCyclic
+    from .problems import gather_problem_on_root, spectrum
+    from .runinfo import MemoryMeter, select_device
 
     rank, size = world.Get_rank(), world.Get_size()
     xp, dev = select_device(world)
     if dev is None:
         raise RuntimeError("needs CuPy and a GPU")
+    if rank == 0 and args.out:
+        check_out_dir(args.out)
     use_anchor_site()
     loaded = [os.path.basename(p) for p in preload_libraries()]
     from nvmath.bindings import cusolverMp as mp  # checked: nvmath-python 1.0.0 wheel, cusolverMp.pxd
 
     cp = xp
-    prob, n = load_problem_on_root(args, rank, world)
-    A = np.ascontiguousarray(prob.A) if rank == 0 else np.empty((n, n))
-    B = np.ascontiguousarray(prob.B) if rank == 0 else np.empty((n, n))
-    world.Bcast(A, root=0)
-    world.Bcast(B, root=0)
-    nb = args.nb
+    n, nb = args.n, args.nb
+    digest = config_digest(config_identity(args, args.spec.digest("gpu"), size, "cusolvermp", "gpu"))
+    stems = [run_stem(args, n, size, "cusolvermp", r, digest) for r in range(args.repeat)]
+    if rank == 0:
+        refuse_overwrite(args.out, stems, args.overwrite)
     desc = BlockCyclic(n, n, nb, size)
+    A_loc, B_loc, _ = build_local_problem(args.spec, desc, world, cp)   # this rank's columns only
     nloc = desc.local_n(rank)
     lld = n  # one process row: every rank holds all n rows (F order)
-    ref, ref_s = reference_eigenvalues(prob, args) if rank == 0 else (None, None)
+    ref = ref_s = ref_err = None
+    if not args.no_reference and n <= SCIPY_REFERENCE_MAX_N:
+        Ag, Bg = gather_problem_on_root(A_loc, B_loc, desc, world)
+        if rank == 0:
+            ref, ref_s, ref_err = reference_eigenvalues(Ag, Bg)
+        del Ag, Bg
+    known = spectrum(args.spec) if rank == 0 else None
+    host = Communicator(world, backend="host")   # the metrics' Bcast/Allreduce (device buffers staged)
 
     nccl_comm, _nccl_owner = nccl_comm_from_mpi(world)  # the owner keeps the communicator alive
     stream = cp.cuda.Stream(non_blocking=True)
@@ -180,14 +194,16 @@ def _run(args, world) -> int:
     d_work = cp.empty(max(int(dev_bytes), 1), dtype=cp.uint8)
     h_work = np.empty(max(int(host_bytes), 1), dtype=np.uint8)
     info = cp.zeros(1, dtype=cp.int32)
+    meter = MemoryMeter(cp, trace=False)
     try:
         for r in range(args.repeat):
             with stream:
-                a = cp.asfortranarray(cp.asarray(distribute(A, desc, rank)))
-                b = cp.asfortranarray(cp.asarray(distribute(B, desc, rank)))
+                a = cp.asfortranarray(A_loc.copy())   # sygvd overwrites its inputs
+                b = cp.asfortranarray(B_loc.copy())
                 w = cp.empty(n, dtype=cp.float64)
                 z = cp.empty((n, max(nloc, 1)), dtype=cp.float64, order="F")
             stream.synchronize()
+            meter.start()
             world.Barrier()
             t0 = time.perf_counter()
             mp.sygvd(handle, CUSOLVER_EIG_TYPE_1, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n,
@@ -198,25 +214,37 @@ def _run(args, world) -> int:
             solve_s = time.perf_counter() - t0
             if int(info.get()[0]) != 0:
                 raise RuntimeError(f"cusolverMpSygvd info = {int(info.get()[0])}")
-            zl = cp.asnumpy(z[:, :nloc])
-            mine = (metrics.sha256(w), metrics.sha256(zl))
-            digests = world.gather(mine, root=0)
-            blocks = world.gather(zl, root=0)  # setup/verification traffic only, never timed
+            del a, b
+            X = cp.asfortranarray(z[:, :nloc])
+            acc = metrics.distributed_accuracy(A_loc, B_loc, X, w, desc, host)
+            col = metrics.column_digests(X)
+            memory = meter.stop()
+            gathered = world.gather((metrics.sha256(w), metrics.combine_digests(col), col, memory), root=0)
+            if save_vectors(args, n):
+                write_vectors(os.path.join(args.out, stems[r] + "_X.npy"), X, desc, world, args.gather_vectors)
+            del X, z
             if rank == 0:
-                X = np.empty((n, n))
-                for q, blk in enumerate(blocks):
-                    X[:, desc.local_cols(q)] = blk
-                per_rank = [{"rank": i, "eigenvalues_sha256": dw, "local_eigenvectors_sha256": dx}
-                            for i, (dw, dx) in enumerate(digests)]
+                all_cols = [None] * n
+                for q, g in enumerate(gathered):
+                    for j, d in zip(desc.local_cols(q), g[2]):
+                        all_cols[j] = d
+                per_rank = [{"rank": i, "eigenvalues_sha256": g[0], "local_eigenvectors_sha256": g[1]}
+                            for i, g in enumerate(gathered)]
                 rec = anchor_record(args, comm="cusolvermp", backend="cusolverMp+nccl", ranks=size, n=n, r=r,
-                                    w=cp.asnumpy(w), X=X, per_rank=per_rank, phases={"sygvd": solve_s},
-                                    solve_s=solve_s, prob=prob, ref=ref, ref_s=ref_s, xp=cp,
+                                    w=cp.asnumpy(w), per_rank=per_rank, accuracy=acc,
+                                    eigenvectors_sha256=metrics.combine_digests(all_cols),
+                                    phases={"sygvd": solve_s}, solve_s=solve_s, known=known, ref=ref,
+                                    ref_s=ref_s, ref_err=ref_err, xp=cp,
+                                    memory=[dict(rank=i, **g[3]) for i, g in enumerate(gathered)],
                                     extra={"grid": [1, size], "nvmath_loaded": loaded})
+                if save_vectors(args, n):
+                    rec["eigenvectors_file"] = stems[r] + "_X.npy"
                 print_run(rec)
-                write_run(args.out, run_stem(args, n, size, "cusolvermp", r), rec,
-                          X if save_vectors(args, n) else None)
+                if args.out:
+                    write_json(args.out, stems[r], rec)
     finally:
         mp.destroy_matrix_desc(mdesc)
         mp.destroy_grid(grid)
         mp.destroy(handle)
+        host.Free()
     return 0

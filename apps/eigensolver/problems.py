@@ -1,56 +1,143 @@
-"""Test problems A x = lambda B x, generated deterministically from a seed (float64, host numpy).
+"""Test problems A x = lambda B x (float64), built by column block on every rank.
 
-known      A = L Q diag(lam) Q^T L^T, B = L L^T of condition cond_b: eigenvalues lam and
-           eigenvectors X = L^-T Q known by construction (up to the rounding of forming A, B).
+known      A = L Q diag(lam) Q^T L^T, B = L L^T with L = U S^1/2, S = geomspace(1, 1/cond_b)
+           (so cond_2(B) = cond_b): eigenvalues lam, B-orthonormal eigenvectors
+           X = L^-T Q = U S^-1/2 Q, both known by construction (up to rounding).
 clustered  as known, lam in tight clusters (relative spread 1e-10 inside a cluster).
 wilkinson  as known, lam = the spectrum of the Wilkinson matrix W_n^+ (near-degenerate pairs).
-random     symmetric Gaussian A, SPD B of condition cond_b; spectrum unknown.
-file:A.npy,B.npy   matrices from files; spectrum unknown."""
+random     A[i, j] = a standard normal drawn from (seed, min(i, j), max(i, j)), divided by sqrt(n);
+           B as above; spectrum unknown.
+file:A.npy,B.npy   matrices from .npy files (any real dtype, C or Fortran order); each rank
+           reads only its own columns; spectrum unknown.
+
+How the generated problems are built, and why.  U and Q are random *butterfly* orthogonal
+matrices (`Butterfly`): products of log2(n) + 2 layers of disjoint Givens rotations with
+seeded random angles, every output index depending on every input index.  They are not
+Haar-distributed (a dense random orthogonal matrix costs O(n^3) to make and to apply), but
+they mix every coordinate and are applied in O(n log n) per column with elementwise
+operations on row slices: no BLAS, no reduction.  So column j of A (or B) is computed from the
+unit vector e_j alone, at O(n log n) per column (O(n^2 log n / P) per rank), and its bits
+depend only on (kind, n, cond_b, seed) and the array library, never on the number of ranks,
+the block size or which columns a rank builds together.  The chain of rotations leaves A and B
+symmetric only to rounding; `local_problem` then sets M := (M + M^T) / 2 by exchanging
+transposed tiles between rank pairs (tiles.symmetrize: O(n^2 / P) traffic per rank), which
+gives the bits of the one-rank (M + M.T) / 2 on any number of ranks.  On the GPU the same
+formulas run in CuPy (other bits than NumPy's: sqrt/cos/log and the problem digest include the
+device; deterministic run to run)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._xp import get_xp, is_device, to_host
+
 KINDS = ("known", "clustered", "wilkinson", "random")
+#: names this construction in problem digests: a change of formulas must change it
+GENERATOR = "butterfly-1"
+#: columns built at a time (bounds the temporaries: a few n x CHUNK arrays)
+HOST_CHUNK_BYTES = 4 * 2**20
+DEVICE_CHUNK_BYTES = 512 * 2**20
+#: dtypes a file: matrix may have (converted to float64)
+REAL_KINDS = "biuf"
 
 
-@dataclass
-class Problem:
-    name: str
-    A: np.ndarray
-    B: np.ndarray
-    eigenvalues: np.ndarray | None  # ascending, when known by construction
-    Q: np.ndarray | None = None     # orthogonal factor: X_true = L^-T Q (columns in ascending order)
+class ProblemError(ValueError):
+    """A --problem that cannot be built: the message names the argument and the fix."""
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """What to build: a generated kind (n, cond_b, seed) or two .npy files."""
+
+    kind: str
+    n: int
+    cond_b: float = 1e3
+    seed: int = 0
+    files: tuple = ()            # (path A, path B) for kind "file"
+    file_info: tuple = field(default=(), compare=False)  # ((shape, fortran, dtype, offset), ...)
 
     @property
-    def n(self) -> int:
-        return self.A.shape[0]
+    def tag(self) -> str:
+        return self.kind
+
+    def identity(self, device: str) -> dict:
+        """What makes the problem's bits: the spec, the construction and the device (NumPy and
+        CuPy round differently); for files their resolved paths, sizes and modification times."""
+        if self.kind == "file":
+            files = []
+            for p in self.files:
+                st = os.stat(p)
+                files.append([os.path.realpath(p), st.st_size, st.st_mtime_ns])
+            return {"kind": "file", "files": files}
+        return {"kind": self.kind, "n": self.n, "cond_b": float(self.cond_b), "seed": int(self.seed),
+                "generator": GENERATOR, "device": device}
+
+    def digest(self, device: str) -> str:
+        text = json.dumps(self.identity(device), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
-# The builders below take the array module `xp` (NumPy by default; with CuPy and a CuPy
-# Generator they build a problem on the GPU: bench/make_problem_gpu.py, other bits than NumPy's).
-def random_orthogonal(n: int, rng, xp=np):
-    """Haar-distributed orthogonal matrix (QR of a Gaussian with the sign fix)."""
-    q, r = xp.linalg.qr(rng.standard_normal((n, n)))
-    return q * xp.sign(xp.diag(r))[None, :]
+def npy_header(path: str):
+    """(shape, fortran_order, dtype, data offset) of a .npy file, reading only its header."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        return tuple(shape), bool(fortran), np.dtype(dtype), f.tell()
 
 
-def spd_matrix(n: int, cond: float, rng, xp=np):
-    """Symmetric positive definite matrix with 2-norm condition number cond (eigenvalues 1 .. 1/cond)."""
-    if cond < 1:
-        raise ValueError(f"cond_b={cond} must be >= 1")
-    s = xp.asarray(np.geomspace(1.0, 1.0 / cond, n) if n > 1 else np.ones(1))
-    q = random_orthogonal(n, rng, xp)
-    b = (q * s[None, :]) @ q.T
-    return (b + b.T) / 2
+def parse_problem(text: str, n: int, *, cond_b: float = 1e3, seed: int = 0) -> ProblemSpec:
+    """The ProblemSpec of a --problem value, or a ProblemError saying what to pass instead.
+    For file: problems only the .npy headers are read (shape, order, dtype)."""
+    if text.startswith("file:"):
+        parts = text[5:].split(",")
+        if len(parts) != 2 or not all(parts):
+            raise ProblemError(f"--problem {text!r}: use file:A.npy,B.npy (two .npy paths, comma-separated)")
+        info = []
+        for name, path in zip("AB", parts):
+            if not os.path.isfile(path):
+                raise ProblemError(f"--problem {text!r}: {name} file {path!r} does not exist (or is not a file)")
+            try:
+                shape, fortran, dtype, offset = npy_header(path)
+            except (OSError, ValueError) as exc:
+                raise ProblemError(f"--problem {text!r}: {name} file {path!r} is not a readable .npy file "
+                                   f"({exc}); save it with numpy.save") from None
+            if dtype.kind == "c":
+                raise ProblemError(f"--problem {text!r}: {name} is complex ({dtype}): this solver takes real "
+                                   "symmetric A and real symmetric positive definite B")
+            if dtype.kind not in REAL_KINDS or dtype.hasobject or dtype.fields:
+                raise ProblemError(f"--problem {text!r}: {name} has dtype {dtype}: use a real numeric dtype "
+                                   "(float64 preferred)")
+            if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+                raise ProblemError(f"--problem {text!r}: {name} has shape {shape}: it must be a square matrix")
+            info.append((shape, fortran, dtype, offset))
+        if info[0][0] != info[1][0]:
+            raise ProblemError(f"--problem {text!r}: A is {info[0][0][0]} x {info[0][0][1]}, B is "
+                               f"{info[1][0][0]} x {info[1][0][1]}: they must have the same order")
+        return ProblemSpec("file", info[0][0][0], files=tuple(parts), file_info=tuple(info))
+    if text not in KINDS:
+        raise ProblemError(f"--problem {text!r}: use one of {', '.join(KINDS)} or file:A.npy,B.npy")
+    if n < 1:
+        raise ProblemError(f"--n {n}: the matrix order must be >= 1")
+    if not (np.isfinite(cond_b) and cond_b >= 1):
+        raise ProblemError(f"--cond-b {cond_b}: the condition number of B must be a finite number >= 1")
+    if seed < 0:
+        raise ProblemError(f"--seed {seed}: use an integer >= 0")
+    return ProblemSpec(text, n, float(cond_b), int(seed))
 
 
+# -- spectra (replicated: every rank computes the same O(n) vector) ---------------------------
 def spread_spectrum(n: int, rng, xp=np):
     """Eigenvalues of both signs over three decades of magnitude, ascending."""
-    mag = xp.asarray(np.geomspace(1e-3, 1.0, n))
-    sign = xp.where(rng.random(n) < 0.5, -1.0, 1.0)
-    return xp.sort(sign * mag)
+    mag = np.geomspace(1e-3, 1.0, n)
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    return xp.asarray(np.sort(sign * mag))
 
 
 def clustered_spectrum(n: int, rng: np.random.Generator, cluster: int = 8,
@@ -74,64 +161,295 @@ def wilkinson_spectrum(n: int) -> np.ndarray:
     return np.sort(lam / np.max(np.abs(lam)))
 
 
-def with_spectrum(name: str, lam, cond_b: float, rng, xp=np) -> Problem:
-    """A = L Q diag(lam) Q^T L^T, B = L L^T of condition cond_b (arrays of xp)."""
-    n = lam.size
-    B = spd_matrix(n, cond_b, rng, xp)
-    L = xp.linalg.cholesky(B)
-    Q = random_orthogonal(n, rng, xp)
-    LQ = L @ Q
-    A = (LQ * lam[None, :]) @ LQ.T
-    return Problem(name, (A + A.T) / 2, B, xp.sort(lam), Q)
+def _rng(spec: ProblemSpec, stream: int) -> np.random.Generator:
+    """Independent streams of one seed: 0 the spectrum, 1 U, 2 Q."""
+    return np.random.default_rng([spec.seed, stream])
 
 
-def make_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0) -> Problem:
-    """The problem named `kind` (see the module doc) of order n; identical bits for equal arguments."""
-    rng = np.random.default_rng(seed)
-    if kind.startswith("file:"):
-        try:
-            fa, fb = kind[5:].split(",")
-        except ValueError:
-            raise ValueError(f"problem {kind!r}: use file:A.npy,B.npy") from None
-        A, B = np.load(fa).astype(np.float64), np.load(fb).astype(np.float64)
-        if A.shape != B.shape or A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"problem {kind!r}: A {A.shape} and B {B.shape} must be equal square matrices")
-        return Problem(kind, np.ascontiguousarray(A), np.ascontiguousarray(B), None)
-    if n < 1:
-        raise ValueError(f"n={n} must be >= 1")
-    if kind == "known":
-        return with_spectrum(kind, spread_spectrum(n, rng), cond_b, rng)
-    if kind == "clustered":
-        return with_spectrum(kind, clustered_spectrum(n, rng), cond_b, rng)
-    if kind == "wilkinson":
-        return with_spectrum(kind, wilkinson_spectrum(n), cond_b, rng)
-    if kind == "random":
-        A = rng.standard_normal((n, n)) / np.sqrt(n)
-        return Problem(kind, (A + A.T) / 2, spd_matrix(n, cond_b, rng), None)
-    raise ValueError(f"problem {kind!r}: use one of {', '.join(KINDS)} or file:A.npy,B.npy")
+def spectrum(spec: ProblemSpec) -> np.ndarray | None:
+    """The eigenvalues by construction (ascending, host), or None (random, file)."""
+    if spec.kind == "known":
+        return spread_spectrum(spec.n, _rng(spec, 0))
+    if spec.kind == "clustered":
+        return clustered_spectrum(spec.n, _rng(spec, 0))
+    if spec.kind == "wilkinson":
+        return wilkinson_spectrum(spec.n)
+    return None
 
 
-def cached_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0,
-                   cache_dir: str | None = None) -> Problem:
-    """make_problem, memoised as .npy files under cache_dir (None: no cache).
+def b_scaling(spec: ProblemSpec) -> np.ndarray:
+    """S: the eigenvalues of B, 1 down to 1/cond_b."""
+    n = spec.n
+    return np.geomspace(1.0, 1.0 / spec.cond_b, n) if n > 1 else np.ones(1)
 
-    Generating a problem costs two n x n QRs (~20 s at n = 8192); a benchmark that launches
-    several configurations on the same problem reads it back instead.  Written atomically."""
-    import os
 
-    if not cache_dir or kind.startswith("file:"):
-        return make_problem(kind, n, cond_b=cond_b, seed=seed)
-    stem = os.path.join(cache_dir, f"{kind}_n{n}_cond{cond_b!r}_seed{seed}")
-    names = {"A": stem + "_A.npy", "B": stem + "_B.npy", "w": stem + "_w.npy"}
-    if all(os.path.exists(p) for p in names.values()):
-        w = np.load(names["w"])
-        return Problem(kind, np.load(names["A"]), np.load(names["B"]), w if w.size else None)
-    prob = make_problem(kind, n, cond_b=cond_b, seed=seed)
-    os.makedirs(cache_dir, exist_ok=True)
-    arrays = {"A": prob.A, "B": prob.B,
-              "w": prob.eigenvalues if prob.eigenvalues is not None else np.zeros(0)}
-    for key, path in names.items():
-        tmp = f"{path}.tmp{os.getpid()}.npy"
-        np.save(tmp, arrays[key])
-        os.replace(tmp, path)
-    return prob
+# -- the butterfly orthogonal matrices --------------------------------------------------------
+class Butterfly:
+    """An n x n orthogonal matrix: layers of disjoint Givens rotations of rows (i, i + h).
+
+    Strides: H (the largest power of two below n), then 1, 2, 4, ..., H.  The hypercube strides
+    1 .. H/2 mix rows [0, H) completely, the first stride-H layer folds rows [H, n) into them
+    first and the last one spreads the result back, so every output row depends on every input
+    row for any n.  A layer of stride h rotates (i, i + h) for i mod 2h < h and i + h < n;
+    angles uniform in [0, 2 pi) from the seed."""
+
+    def __init__(self, n: int, rng: np.random.Generator):
+        self.n = n
+        H = 1 << max(0, (n - 1).bit_length() - 1) if n > 1 else 0
+        strides = [H] + [1 << k for k in range(H.bit_length())] if n > 1 else []
+        self.layers = []
+        for h in strides:
+            blocks = n // (2 * h)
+            tail = max(0, n - blocks * 2 * h - h)
+            theta = rng.uniform(0.0, 2.0 * np.pi, size=blocks * h + tail)
+            self.layers.append((h, blocks, tail, np.cos(theta), np.sin(theta)))
+        self._on = {}
+
+    def _device(self, xp):
+        """The layers' cosines and sines as arrays of xp (moved to the device once)."""
+        key = id(xp)
+        if key not in self._on:
+            self._on[key] = [(h, b, t, xp.asarray(c), xp.asarray(s)) for h, b, t, c, s in self.layers]
+        return self._on[key]
+
+    def apply(self, X, transpose: bool = False) -> None:
+        """X := U X (or U^T X) in place, X an n x m array (numpy or cupy, any memory order)."""
+        xp = get_xp(X)
+        layers = self._device(xp)
+        for h, blocks, tail, c, s in (reversed(layers) if transpose else layers):
+            if transpose:
+                s = -s
+            main = blocks * 2 * h
+            if blocks:
+                # splitting the row axis is always a view (any memory order), so the rotation
+                # below updates X itself
+                V = X[:main].reshape(blocks, 2, h, X.shape[1])
+                assert xp.may_share_memory(V, X), "Butterfly.apply: reshape copied"
+                cm = c[:blocks * h].reshape(blocks, h, 1)
+                sm = s[:blocks * h].reshape(blocks, h, 1)
+                _rotate(V[:, 0], V[:, 1], cm, sm)
+            if tail:
+                ct = c[blocks * h:].reshape(tail, 1)
+                st = s[blocks * h:].reshape(tail, 1)
+                _rotate(X[main:main + tail], X[main + h:main + h + tail], ct, st)
+
+
+def _rotate(a, b, c, s) -> None:
+    """(a, b) := (c a - s b, s a + c b) elementwise, in place (one rounding per operation, so the
+    bits of an element do not depend on the shape of the arrays)."""
+    new_a = c * a - s * b
+    b[...] = s * a + c * b
+    a[...] = new_a
+
+
+# -- the random kind's A: a symmetric counter-based normal --------------------------------------
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x):
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def _splitmix64_int(x: int) -> int:
+    """_splitmix64 of one Python int (mod 2^64): no NumPy scalar overflow warnings."""
+    m = (1 << 64) - 1
+    x = (x + int(_GOLDEN)) & m
+    x = ((x ^ (x >> 30)) * int(_MIX1)) & m
+    x = ((x ^ (x >> 27)) * int(_MIX2)) & m
+    return x ^ (x >> 31)
+
+
+def _hash_normal(spec: ProblemSpec, cols, xp):
+    """n x len(cols) standard normals z(seed, min(i, j), max(i, j)) (Box-Muller on two hashes)."""
+    i = xp.arange(spec.n, dtype=xp.uint64)[:, None]
+    j = xp.asarray(np.asarray(cols, dtype=np.uint64))[None, :]
+    key = xp.minimum(i, j) * np.uint64(spec.n) + xp.maximum(i, j)
+    base = np.uint64(_splitmix64_int(spec.seed ^ 0x5EED))
+    u1 = _splitmix64(key ^ base)
+    u2 = _splitmix64(u1 ^ _GOLDEN)
+    scale = 2.0 ** -53
+    f1 = ((u1 >> np.uint64(11)).astype(xp.float64) + 1.0) * scale     # (0, 1]
+    f2 = (u2 >> np.uint64(11)).astype(xp.float64) * scale             # [0, 1)
+    return xp.sqrt(-2.0 * xp.log(f1)) * xp.cos((2.0 * np.pi) * f2)
+
+
+# -- building columns --------------------------------------------------------------------------
+class Generator:
+    """Builds the columns of a generated problem; holds the spec's replicated O(n log n) state."""
+
+    def __init__(self, spec: ProblemSpec):
+        if spec.kind not in KINDS:
+            raise ValueError(f"Generator: {spec.kind!r} is not a generated kind")
+        self.spec = spec
+        self.lam = spectrum(spec)
+        self.S = b_scaling(spec)
+        self.U = Butterfly(spec.n, _rng(spec, 1))
+        self.Q = Butterfly(spec.n, _rng(spec, 2)) if self.lam is not None else None
+
+    def columns(self, cols, xp=np):
+        """(A[:, cols], B[:, cols]) before symmetrization, Fortran order, arrays of xp."""
+        n, m = self.spec.n, len(cols)
+        Y = xp.zeros((n, m), dtype=xp.float64, order="F")
+        if m:
+            Y[xp.asarray(np.asarray(cols, dtype=np.int64)), xp.arange(m)] = 1.0
+        self.U.apply(Y, transpose=True)                 # U^T e_j
+        S = xp.asarray(self.S)[:, None]
+        B = Y * S
+        self.U.apply(B)                                 # U S U^T e_j
+        if self.lam is None:                            # random: A is the symmetric hash matrix
+            A = xp.asfortranarray(_hash_normal(self.spec, cols, xp) / np.sqrt(n))
+        else:
+            root = xp.sqrt(S)
+            A = Y * root
+            del Y
+            self.Q.apply(A, transpose=True)
+            A *= xp.asarray(self.lam)[:, None]
+            self.Q.apply(A)
+            A *= root
+            self.U.apply(A)                             # U S^1/2 Q diag(lam) Q^T S^1/2 U^T e_j
+        return xp.asfortranarray(A), xp.asfortranarray(B)
+
+
+def _chunk_columns(n: int, xp) -> int:
+    target = DEVICE_CHUNK_BYTES if is_device(xp) else HOST_CHUNK_BYTES
+    return max(1, target // (8 * max(1, n)))
+
+
+def generated_columns(spec: ProblemSpec, cols, xp=np, gen: Generator | None = None):
+    """(A[:, cols], B[:, cols]) of a generated problem before symmetrization, built in chunks."""
+    gen = gen or Generator(spec)
+    n, cols = spec.n, np.asarray(cols, dtype=np.int64)
+    A = xp.empty((n, cols.size), dtype=xp.float64, order="F")
+    B = xp.empty((n, cols.size), dtype=xp.float64, order="F")
+    c = _chunk_columns(n, xp)
+    for k in range(0, cols.size, c):
+        a, b = gen.columns(cols[k:k + c], xp)
+        A[:, k:k + c] = a
+        B[:, k:k + c] = b
+    return A, B
+
+
+def _runs(cols: np.ndarray):
+    """Maximal runs of consecutive indices: [(position in cols, first column, length)]."""
+    out, start = [], 0
+    for i in range(1, cols.size + 1):
+        if i == cols.size or cols[i] != cols[i - 1] + 1:
+            out.append((start, int(cols[start]), i - start))
+            start = i
+    return out
+
+
+def read_columns(path: str, cols, xp=np, info=None, digests: list | None = None):
+    """Columns `cols` of the square .npy matrix at path as float64 (n x len(cols), Fortran order,
+    xp array), reading only those columns (Fortran-order files) or row chunks of the file
+    (C-order files), never the whole matrix at once.  digests: if given, SHA-256 of each column
+    (its float64 bytes) is appended in the order of cols."""
+    shape, fortran, dtype, offset = info or npy_header(path)
+    n = shape[0]
+    cols = np.asarray(cols, dtype=np.int64)
+    out = xp.empty((n, cols.size), dtype=xp.float64, order="F")
+    host = []
+    with open(path, "rb") as f:
+        if fortran:
+            for pos, c0, length in _runs(cols):
+                f.seek(offset + c0 * n * dtype.itemsize)
+                blk = np.fromfile(f, dtype=dtype, count=n * length).reshape((n, length), order="F")
+                blk = np.asfortranarray(blk, dtype=np.float64)
+                host.append((pos, blk))
+                out[:, pos:pos + length] = xp.asarray(blk)
+        else:
+            rows = max(1, HOST_CHUNK_BYTES // max(1, n * dtype.itemsize))
+            staged = np.empty((n, cols.size), dtype=np.float64, order="F") if digests is not None else None
+            for r0 in range(0, n, rows):
+                r1 = min(n, r0 + rows)
+                f.seek(offset + r0 * n * dtype.itemsize)
+                blk = np.fromfile(f, dtype=dtype, count=(r1 - r0) * n).reshape(r1 - r0, n)
+                part = blk[:, cols].astype(np.float64)
+                out[r0:r1, :] = xp.asarray(part)
+                if staged is not None:
+                    staged[r0:r1] = part
+            if staged is not None:
+                host.append((0, staged))
+    if digests is not None:
+        for _, blk in host:
+            for j in range(blk.shape[1]):
+                digests.append(hashlib.sha256(np.ascontiguousarray(blk[:, j]).tobytes()).digest())
+    return out
+
+
+def local_problem(spec: ProblemSpec, desc, mpi_comm, xp=np, digests: dict | None = None):
+    """This rank's columns (A_loc, B_loc) of the problem (Fortran order, arrays of xp).
+
+    Generated kinds: built locally, then symmetrized (collective over mpi_comm: every rank must
+    call this).  file: read locally, left as they are (check them with checks.check_input);
+    digests: if a dict, gets 'A' and 'B' lists of per-column SHA-256 of the columns read."""
+    from .tiles import symmetrize
+
+    cols = desc.local_cols(mpi_comm.Get_rank())
+    if spec.kind == "file":
+        dA = [] if digests is not None else None
+        dB = [] if digests is not None else None
+        A = read_columns(spec.files[0], cols, xp, spec.file_info[0] if spec.file_info else None, dA)
+        B = read_columns(spec.files[1], cols, xp, spec.file_info[1] if spec.file_info else None, dB)
+        if digests is not None:
+            digests["A"], digests["B"] = dA, dB
+        return A, B
+    A, B = generated_columns(spec, cols, xp)
+    symmetrize(A, desc, mpi_comm)
+    symmetrize(B, desc, mpi_comm)
+    return A, B
+
+
+# -- the whole problem on one process (tests, the one-GPU anchor, the scipy reference) ----------
+@dataclass
+class Problem:
+    name: str
+    A: np.ndarray
+    B: np.ndarray
+    eigenvalues: np.ndarray | None  # ascending, when known by construction
+
+    @property
+    def n(self) -> int:
+        return self.A.shape[0]
+
+
+def make_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0, xp=np) -> Problem:
+    """The whole problem named `kind` (see the module doc) of order n on this process: the same
+    bits as local_problem's columns on any number of ranks (same xp)."""
+    spec = parse_problem(kind, n, cond_b=cond_b, seed=seed)
+    if spec.kind == "file":
+        cols = np.arange(spec.n)
+        A = read_columns(spec.files[0], cols, xp, spec.file_info[0])
+        B = read_columns(spec.files[1], cols, xp, spec.file_info[1])
+        return Problem(kind, A, B, None)
+    A, B = generated_columns(spec, np.arange(spec.n), xp)
+    A = (A + A.T) / 2
+    B = (B + B.T) / 2
+    lam = spectrum(spec)
+    return Problem(kind, A, B, None if lam is None else xp.asarray(lam))
+
+
+def gather_problem_on_root(A_loc, B_loc, desc, mpi_comm, root: int = 0):
+    """The whole A and B on `root` (host arrays; None elsewhere), one column block at a time over
+    MPI: for the scipy reference at small n only (it needs 2 n^2 doubles on root)."""
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    out = []
+    for M in (A_loc, B_loc):
+        full = np.empty((desc.n, desc.n), order="F") if rank == root else None
+        for q in range(size):
+            cols = desc.local_cols(q)
+            if q == root and rank == root:
+                full[:, cols] = to_host(M)
+            elif rank == q:
+                mpi_comm.Send(np.asfortranarray(to_host(M)), dest=root, tag=23)
+            elif rank == root:
+                buf = np.empty((desc.n, cols.size), order="F")
+                mpi_comm.Recv(buf, source=q, tag=23)
+                full[:, cols] = buf
+        out.append(full)
+    return out[0], out[1]

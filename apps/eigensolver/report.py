@@ -1,7 +1,9 @@
 """Reproducibility and performance report from a directory of run JSON files.
 
-build_report(DIR) reads every run JSON (schema hpccoll-eigensolver/run/1) and failure JSON
-there and writes report.md, report.json and PNG plots (matplotlib, when installed)."""
+build_report(DIR) reads every run JSON (schemas hpccoll-eigensolver/run/1 and /2) and failure
+JSON there and writes report.md, report.json and PNG plots (matplotlib, when installed).  Runs
+are grouped by configuration: the problem (its digest), n, ranks, comm and the options that
+change the bits (config_digest), so two problems of the same n never mix."""
 from __future__ import annotations
 
 import glob
@@ -12,6 +14,15 @@ from collections import defaultdict
 import numpy as np
 
 from . import metrics
+from .runinfo import MemoryMeter
+
+#: the reproducibility guarantee, as solve writes it into every run
+GUARANTEE = ("With a --comm that reduces in a fixed order (mpi, sentinel, ll; not ll128, whose floating-point "
+             "atomics sum in arrival order; nccl as far as NCCL picks the same algorithm every run), two runs give "
+             "bitwise identical eigenvalues and eigenvectors, the same on every rank, when their fixed "
+             "configuration is equal: the problem (problem_digest), n, nb, ranks, comm, stedc, sytrd_mode, the "
+             "device and its library versions (machine), the BLAS/LAPACK library and its thread counts "
+             "(machine.blas: a BLAS may split a sum by thread count) and the hpccoll commit.")
 
 CLUSTER_RTOL = 1e-7
 ATOMICS_NOTE = (
@@ -41,7 +52,10 @@ def load_runs(directory: str):
 
 
 def _key(rec) -> tuple:
-    return (rec["problem"], rec["n"], rec["ranks"], rec["comm"])
+    # records without config_digest (schema run/1) fall back to the options they recorded
+    cfg = rec.get("config_digest") or json.dumps([rec.get("nb"), rec.get("stedc"), rec.get("cond_b"),
+                                                   rec.get("seed")])
+    return (rec["problem"], rec["n"], rec["ranks"], rec["comm"], cfg)
 
 
 def _median(xs):
@@ -54,7 +68,8 @@ def _load_x(directory: str, rec):
     if not name:
         return None
     path = os.path.join(directory, name)
-    return np.load(path) if os.path.exists(path) else None
+    # memory-mapped: X of a large run is read a column block at a time by the comparisons
+    return np.load(path, mmap_mode="r") if os.path.exists(path) else None
 
 
 def analyse_group(directory: str, recs: list[dict]) -> dict:
@@ -97,8 +112,12 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
         for k, v in rec["phases"].items():
             phases[k].append(v)
     coll = [rec.get("collectives") or {} for rec in recs]
+    mem = _memory(recs)
     return {
         "problem": r0["problem"], "n": r0["n"], "ranks": r0["ranks"], "comm": r0["comm"],
+        "problem_digest": r0.get("problem_digest"), "config_digest": r0.get("config_digest"),
+        "stedc": r0.get("stedc"), "sytrd_mode": r0.get("sytrd_mode"), "memory": mem,
+        "blas": _blas_summary(r0),
         "backend": r0.get("backend"), "device": r0.get("device"), "nb": r0.get("nb"),
         "runs": len(recs),
         "distinct_eigenvalue_digests": len({r["eigenvalues_sha256"] for r in recs}),
@@ -130,6 +149,32 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
     }
 
 
+def _memory(recs: list[dict]) -> dict:
+    """Per configuration: the largest per-rank peak over runs (host RSS, tracemalloc, device pool,
+    nvidia-smi), and rank 0's and the other ranks' separately (rank 0 holds the reference)."""
+    out = {}
+    for key in ("peak_rss_bytes", "tracemalloc_peak_bytes", "device_pool_peak_bytes", "nvidia_smi_used_bytes"):
+        per_rank = defaultdict(list)
+        for rec in recs:
+            for m in (rec.get("memory") or {}).get("per_rank", []):
+                if m.get(key) is not None:
+                    per_rank[m["rank"]].append(m[key])
+        if per_rank:
+            out[key] = {"max": max(max(v) for v in per_rank.values()),
+                        "rank0": max(per_rank.get(0, [0])),
+                        "others": max((max(v) for r, v in per_rank.items() if r != 0), default=None)}
+    return out
+
+
+def _blas_summary(rec: dict) -> str | None:
+    blas = ((rec.get("machine") or {}).get("blas") or {})
+    libs = blas.get("libraries") or []
+    if not libs:
+        return None
+    return ", ".join(f"{lib.get('internal_api')} {lib.get('version')} x{lib.get('num_threads')}"
+                     for lib in libs if lib.get("internal_api"))
+
+
 def _fmt(x, spec=".3g"):
     if x is None:
         return "–"
@@ -143,8 +188,8 @@ def _cross_config(groups: list[dict]) -> list[dict]:
     out = []
     by_problem = defaultdict(list)
     for g in groups:
-        by_problem[(g["problem"], g["n"])].append(g)
-    for (problem, n), gs in by_problem.items():
+        by_problem[(g["problem"], g["n"], g.get("problem_digest"))].append(g)
+    for (problem, n, _), gs in by_problem.items():
         base = gs[0]
         for g in gs:
             d = metrics.ulp_distance(g["w0"], base["w0"]) if g["w0"].shape == base["w0"].shape else None
@@ -156,20 +201,20 @@ def _cross_config(groups: list[dict]) -> list[dict]:
 
 
 def _targets(groups: list[dict]) -> list[dict]:
-    """Issue #5's targets, checked on what this directory holds (per problem and n): the
-    deterministic path (sentinel) against cuSOLVERMp, one GPU and NCCL at the same rank count,
-    and its digests.  Rows only where both sides ran; `met` is None where the issue sets no
-    target at that n (cuSOLVERMp: 4096 and 8192; one GPU: from 8192; NCCL: up to 8192)."""
+    """The project's performance targets, checked on what this directory holds (per problem
+    and n): the deterministic path (sentinel) against cuSOLVERMp, one GPU and NCCL at the same
+    rank count, and its digests.  Rows only where both sides ran; `met` is None where no target
+    is set at that n (cuSOLVERMp: 4096 and 8192; one GPU: from 8192; NCCL: up to 8192)."""
     rows = []
     by = defaultdict(dict)
     for g in groups:
-        by[(g["problem"], g["n"])][(g["comm"], g["ranks"])] = g
+        by[(g["problem"], g["n"], g.get("problem_digest"))][(g["comm"], g["ranks"])] = g
 
     def worst(g, key):
         xs = [x for x in g[key] if x is not None]
         return max(xs) if xs else None
 
-    for (problem, n), cfg in sorted(by.items()):
+    for (problem, n, _), cfg in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
         for (comm, ranks), s in sorted(cfg.items()):
             if comm != "sentinel":
                 continue
@@ -273,16 +318,20 @@ def build_report(directory: str) -> list[str]:
         m = groups[0]["machine"] or {}
         md += [f"Machine: {m.get('hostname')} — {m.get('gpu') or m.get('cpu')}; git {groups[0]['git_commit']}.",
                f"Rank counts used: {', '.join(map(str, rank_counts))}.", ""]
-    md += ["> " + ATOMICS_NOTE, ""]
+    md += ["> " + ATOMICS_NOTE, "", "> " + GUARANTEE, ""]
+    blas = sorted({g["blas"] for g in groups if g.get("blas")})
+    if blas:
+        md += [f"BLAS/LAPACK (library, version x threads): {'; '.join(blas)}.", ""]
     if rank_counts and max(rank_counts) < 3:
         md += ["**Only runs with fewer than 3 ranks are present: reduction-order non-determinism "
                "cannot show up here.**", ""]
     md += ["## Reproducibility", "",
-           "| problem | n | ranks | comm | backend | runs | distinct w digests | distinct X digests | "
+           "| problem | n | ranks | comm | backend | config | runs | distinct w digests | distinct X digests | "
            "ranks agree on w | max ULP to run 0 | median ULP to run 0 | max eigvec diff | max cluster angle (rad) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in groups:
-        md.append(f"| {g['problem']} | {g['n']} | {g['ranks']} | {g['comm']} | {g['backend']} | {g['runs']} | "
+        md.append(f"| {g['problem']} | {g['n']} | {g['ranks']} | {g['comm']} | {g['backend']} | "
+                  f"{(g.get('config_digest') or '–')[:10]} | {g['runs']} | "
                   f"{g['distinct_eigenvalue_digests']} | {g['distinct_eigenvector_digests']} | "
                   f"{'yes' if g['ranks_agree_on_eigenvalues_all_runs'] else 'NO'} | {_fmt(g['max_ulp_to_run0'], 'g')} | "
                   f"{_fmt(g['median_ulp_to_run0'], 'g')} | {_fmt(g['max_eigvec_diff_to_run0'])} | "
@@ -328,11 +377,29 @@ def build_report(directory: str) -> list[str]:
                           for k, v in (g["collectives_by_name"] or {}).items())
         md.append(f"- {g['comm']} {g['ranks']}r: {names}; per phase {g['collectives_by_phase']}; "
                   f"sizes {g['collective_sizes']}")
+    md += ["", "## Memory (per rank, max over runs, MiB)", "",
+           "Host: peak RSS of the process during the solve and its metrics; tracemalloc: peak of traced "
+           "Python/NumPy allocations; device: CuPy pool high-water mark and nvidia-smi's per-process figure. "
+           "rank 0 / other ranks shown apart: rank 0 also held the gathered A and B for the scipy reference "
+           "(small n only).", "",
+           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | tracemalloc max | device pool max | nvidia-smi max |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def mib(d, part="max"):
+        v = (d or {}).get(part)
+        return "–" if v is None else f"{v / 2**20:.0f}"
+
+    for g in groups:
+        m = g["memory"]
+        md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {mib(m.get('peak_rss_bytes'), 'rank0')} | "
+                  f"{mib(m.get('peak_rss_bytes'), 'others')} | {mib(m.get('tracemalloc_peak_bytes'))} | "
+                  f"{mib(m.get('device_pool_peak_bytes'))} | {mib(m.get('nvidia_smi_used_bytes'))} |")
     md += ["", "## Accuracy", "",
-           f"residual = ‖AX − BXΛ‖_F/(n‖A‖_F‖X‖_F ε); B-orth = ‖XᵀBX − I‖_F/(nε); eigenvalue error = "
+           f"residual = ‖AX − BXΛ‖_F/(n‖A‖_F‖X‖_F ε) and B-orth = ‖XᵀBX − I‖_F/(nε), both in units of nε "
+           f"(ε = 2⁻⁵²; O(1) is a correct solve), computed from the ranks' column blocks; eigenvalue error = "
            f"{metrics.EIGENVALUE_ERROR_DEFINITION} against the constructed spectrum (known/clustered/wilkinson; "
-           "its rounding when forming A and B contributes O(ε·cond(B))) and against scipy.linalg.eigh(A, B). "
-           "Max over runs.", "",
+           "its rounding when forming A and B contributes O(ε·cond(B))) and against scipy.linalg.eigh(A, B) "
+           "(on rank 0, A and B gathered there, small n only). Max over runs.", "",
            "| problem | n | comm | ranks | residual | B-orth | eig. error (known) | eig. error (scipy) |",
            "|---|---|---|---|---|---|---|---|"]
 
@@ -346,7 +413,7 @@ def build_report(directory: str) -> list[str]:
                   f"{_fmt(mx(g['eigenvalue_error_vs_scipy']))} |")
     targets = _targets(groups)
     if targets:
-        md += ["", "## Against the targets (issue #5)", "",
+        md += ["", "## Against the targets", "",
                "Medians over runs, from this directory only (the same job); 'less time' = 1 − t_sentinel/t_nccl "
                "(the verdict uses it: the stricter reading of '15% faster').", "",
                "| target | where | measured | met |", "|---|---|---|---|"]
@@ -371,7 +438,9 @@ def build_report(directory: str) -> list[str]:
         f.write("\n".join(md))
     js_path = os.path.join(directory, "report.json")
     with open(js_path, "w") as f:
-        json.dump({"schema": "hpccoll-eigensolver/report/1", "note": ATOMICS_NOTE, "rank_counts": rank_counts,
+        json.dump({"schema": "hpccoll-eigensolver/report/2", "note": ATOMICS_NOTE, "reproducibility": GUARANTEE,
+                   "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+                   "rank_counts": rank_counts,
                    "configurations": [{k: v for k, v in g.items() if k != "w0"} for g in groups],
                    "across_configurations": cross, "targets": targets,
                    "failures": [{k: v for k, v in f.items() if k != "_path"} for f in failures]},

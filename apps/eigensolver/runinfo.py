@@ -1,9 +1,10 @@
-"""Machine, git and communicator facts recorded with every run."""
+"""Machine, git, BLAS, memory and communicator facts recorded with every run."""
 from __future__ import annotations
 
 import os
 import platform
 import socket
+import subprocess
 
 #: --comm choice -> Communicator keyword arguments
 COMM_CHOICES = {
@@ -52,19 +53,209 @@ def gpu_name(xp) -> str | None:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+#: environment variables that set BLAS/OpenMP thread counts (recorded with every run)
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def git_commit() -> str | None:
+    """HPCCOLL_COMMIT when set (a copy of the tree whose git HEAD is stale), else git's HEAD of
+    the tree this package lives in, else None."""
+    if os.environ.get("HPCCOLL_COMMIT"):
+        return os.environ["HPCCOLL_COMMIT"]
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def blas_info() -> dict:
+    """The BLAS/LAPACK/OpenMP libraries loaded in this process with their versions and thread
+    counts (threadpoolctl), and the thread-count environment variables.  Part of what fixes a
+    run's bits: a reduction inside BLAS may split its sums by thread count."""
+    import numpy  # noqa: F401 - load the BLAS the solver uses before looking
+    import scipy.linalg  # noqa: F401
+
+    libs = []
+    try:
+        from threadpoolctl import threadpool_info
+
+        for lib in threadpool_info():
+            libs.append({k: lib.get(k) for k in ("user_api", "internal_api", "version", "num_threads",
+                                                 "threading_layer", "architecture", "filepath")})
+    except ImportError:  # a dependency; say so rather than fail a run
+        libs.append({"error": "threadpoolctl is not installed: pip install threadpoolctl"})
+    return {"libraries": libs, "env": {k: os.environ.get(k) for k in THREAD_ENV}}
+
+
 def machine_info(xp) -> dict:
     import numpy
     import scipy
 
     info = {"hostname": socket.gethostname(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "gpu": gpu_name(xp), "python": platform.python_version(),
-            "numpy": numpy.__version__, "scipy": scipy.__version__}
+            "numpy": numpy.__version__, "scipy": scipy.__version__, "blas": blas_info()}
     if xp.__name__ == "cupy":
         info["cupy"] = xp.__version__
-    # the solver's switches in force (HPCCOLL_EIG_SYMV, _POTRF, _GEMV, _SYTRD, ...): a run says
-    # which variant produced it
+        try:
+            info["cuda_runtime"] = xp.cuda.runtime.runtimeGetVersion()
+            info["cuda_driver"] = xp.cuda.runtime.driverGetVersion()
+        except Exception:  # noqa: BLE001 - informational only
+            pass
+    # solver switches still read from the environment: a run says which variant produced it
     info["eig_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("HPCCOLL_EIG_", "HPCCOLL_DC_"))}
     return info
+
+
+# -- memory ---------------------------------------------------------------------------------
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Set this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def nvidia_smi_used_bytes(pid: int | None = None) -> int | None:
+    """GPU memory nvidia-smi attributes to this process (None where nvidia-smi or the per-process
+    figure is missing, e.g. under MPS)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    total = None
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid) and parts[1].isdigit():
+            total = (total or 0) + int(parts[1]) * 2**20
+    return total
+
+
+class MemoryMeter:
+    """Peak memory of one stretch of work (a solve and its metrics) in this process.
+
+    host: peak RSS over the stretch (VmHWM reset at start where Linux allows, else the process's
+    lifetime peak, ru_maxrss) and tracemalloc's peak of traced allocations (Python objects and
+    NumPy arrays; NumPy reports its data buffers to tracemalloc).  device: CuPy's default memory
+    pool's reserved bytes at the end - a high-water mark, since the pool keeps what it has
+    reserved until free_all_blocks(), which is called at start - and nvidia-smi's per-process
+    figure, which also counts memory outside the pool (hpccoll's IPC buffers, CUDA context)."""
+
+    DEFINITIONS = {
+        "peak_rss_bytes": "peak resident set size of the rank's process during the solve and its metrics "
+                          "(Linux VmHWM reset at the start; 'rss_scope' says when it could not be reset)",
+        "process_peak_rss_bytes": "peak resident set size over the process's life so far (getrusage ru_maxrss)",
+        "tracemalloc_peak_bytes": "tracemalloc's peak of traced allocations (Python objects and NumPy arrays) "
+                                  "during the solve and its metrics",
+        "device_pool_peak_bytes": "bytes reserved by CuPy's default memory pool at the end of the solve and its "
+                                  "metrics: a high-water mark, the pool returns nothing until free_all_blocks()",
+        "device_pool_used_bytes": "bytes in use from CuPy's pool at the end",
+        "nvidia_smi_used_bytes": "GPU memory nvidia-smi attributes to the process at the end (includes memory "
+                                 "outside CuPy's pool; unavailable under MPS)",
+    }
+
+    def __init__(self, xp, trace: bool = True):
+        self.xp = xp
+        self.trace = trace
+        self.scope = None
+
+    def start(self) -> None:
+        import gc
+        import tracemalloc
+
+        gc.collect()
+        if self.trace:
+            if not tracemalloc.is_tracing():
+                tracemalloc.start()
+            tracemalloc.reset_peak()
+        if self.xp.__name__ == "cupy":
+            self.xp.get_default_memory_pool().free_all_blocks()
+        self.scope = "solve" if _reset_peak_rss() else "process"
+
+    def stop(self) -> dict:
+        import resource
+        import tracemalloc
+
+        rec = {"peak_rss_bytes": None, "rss_scope": self.scope,
+               "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "tracemalloc_peak_bytes": tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None,
+               "device_pool_peak_bytes": None, "device_pool_used_bytes": None, "nvidia_smi_used_bytes": None}
+        hwm = _status_kib("VmHWM")
+        rec["peak_rss_bytes"] = hwm * 1024 if hwm is not None else rec["process_peak_rss_bytes"]
+        if self.xp.__name__ == "cupy":
+            self.xp.cuda.get_current_stream().synchronize()
+            pool = self.xp.get_default_memory_pool()
+            rec["device_pool_peak_bytes"] = int(pool.total_bytes())
+            rec["device_pool_used_bytes"] = int(pool.used_bytes())
+            rec["nvidia_smi_used_bytes"] = nvidia_smi_used_bytes()
+        return rec
+
+
+# -- launch facts and failing together ---------------------------------------------------------
+#: variables in which launchers (MPICH hydra, Open MPI, Slurm, PMIx) give a process its rank
+RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank from the launcher's environment, without initializing MPI (0 when
+    not launched by mpiexec/srun): who prints an error found before MPI starts."""
+    for key in RANK_ENV:
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def install_abort_hook(prog: str) -> None:
+    """On an uncaught exception in a process of a multi-rank MPI job: print it (with this rank's
+    number) and MPI_Abort the job, so that no other rank waits forever in a collective.
+    Leaves single-process runs to Python's default hook."""
+    import sys
+    import traceback
+
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            from mpi4py import MPI
+
+            live = MPI.Is_initialized() and not MPI.Is_finalized()
+            world = MPI.COMM_WORLD if live else None
+            size = world.Get_size() if world is not None else 1
+        except Exception:  # noqa: BLE001 - fall back to the default hook
+            world, size = None, 1
+        if world is None or size == 1 or kind is KeyboardInterrupt:
+            previous(kind, value, tb)
+            return
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"{prog}: rank {world.Get_rank()} of {size} failed; aborting the job so the "
+                         f"other ranks do not wait:\n{text}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        world.Abort(1)
+
+    sys.excepthook = hook
 
 
 def select_device(mpi_comm):

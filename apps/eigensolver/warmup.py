@@ -1,10 +1,10 @@
 """Compile the device code of a solve before the communicator opens.
 
-A tiny solve on this rank alone (local_comm: the host backend on MPI.COMM_SELF) makes CuPy compile every elementwise,
-reduction and raw kernel the real solve and its accuracy metrics use, so no run-time compile
-happens after hpccoll's CUDA backend is open - the place where CuPy's NVRTC failed on the GPU
-machine of 2026-11-30 (hpccoll._nvrtc now shares CuPy's NVRTC; this keeps compiles out of the
-timed runs either way).  CuPy caches the kernels for the process (and on disk)."""
+A tiny solve on this rank alone (local_comm: the host backend on MPI.COMM_SELF) makes CuPy
+compile every elementwise, reduction and raw kernel that the real run uses - the problem's
+construction, the input checks, the solver, the accuracy metrics - so that no run-time compile
+happens once hpccoll's CUDA backend is open, nor inside a timed solve.  CuPy caches the
+kernels for the process (and on disk)."""
 from __future__ import annotations
 
 
@@ -18,26 +18,30 @@ def local_comm():
 
 
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
-    """Solve a small known problem on this rank's GPU (n = 3 nb + 5; one leaf + 37 for
-    stedc="dc") and evaluate its accuracy."""
+    """Build and solve a small known problem on this rank's GPU (n = 3 nb + 5; one leaf + 37 for
+    stedc="dc") the way `solve` does: problem columns, symmetrization, input checks, sygvd, the
+    distributed metrics and the column digests."""
     import cupy as cp
+    from mpi4py import MPI
 
     from . import metrics
-    from .layout import BlockCyclic, distribute, gather
-    from .problems import make_problem
+    from .checks import check_input
+    from .layout import BlockCyclic
+    from .problems import generated_columns, parse_problem
+    from .tiles import symmetrize
     from .solver import sygvd
     from .tridiag_dc import LEAF_DEVICE
 
     n = LEAF_DEVICE + 37 if stedc == "dc" else 3 * nb + 5  # dc: past one leaf, so the merge compiles too
-    prob = make_problem("known", n, cond_b=10.0, seed=1)
-    desc = BlockCyclic(prob.n, prob.n, nb, 1)
-    A, B = cp.asarray(prob.A), cp.asarray(prob.B)
+    spec = parse_problem("known", n, cond_b=10.0, seed=1)
+    desc = BlockCyclic(n, n, nb, 1)
+    A, B = generated_columns(spec, desc.local_cols(0), cp)
+    symmetrize(A, desc, MPI.COMM_SELF)
+    symmetrize(B, desc, MPI.COMM_SELF)
+    check_input(A, B, desc, MPI.COMM_SELF, check_symmetry=True)
     with local_comm() as comm:
-        w, X = sygvd(cp.asarray(distribute(prob.A, desc, 0)), cp.asarray(distribute(prob.B, desc, 0)), desc,
-                     comm, stedc=stedc)
-        Xg = gather(X, desc, comm)
-    metrics.residual(A, B, Xg, w)
-    metrics.b_orthogonality(B, Xg)
-    metrics.eigenvalue_error(w, prob.eigenvalues)
+        w, X = sygvd(A, B, desc, comm, stedc=stedc)
+        metrics.distributed_accuracy(A, B, X, w, desc, comm)
+    metrics.column_digests(X)
     metrics.sha256(w)
     cp.cuda.get_current_stream().synchronize()

@@ -209,7 +209,7 @@ def test_reproducibility_job(slurm, tmp_path):
     meta = job_txt(out)
     assert "--comm mpi" in meta["command"] and "--ranks 2" in meta["command"]
     assert not list(out.glob("failed_*.json"))
-    assert len(list(out.glob(f"known_n{n}_p2_mpi_run*.json"))) == repeat
+    assert len(list(out.glob(f"known_n{n}_p2_mpi_*_run[0-9][0-9][0-9].json"))) == repeat
     assert "| mpi |" in (out / "report.md").read_text()
     report = json.loads((out / "report.json").read_text())
     (config,) = report["configurations"]

@@ -38,9 +38,12 @@ def expected_kernels(dtype: str, loop: bool = False) -> set[str]:
 
 @pytest.fixture(scope="module")
 def cubins(tmp_path_factory):
-    """Compile every (source, dtype) once, into a fresh cache (no stale cubin can pass)."""
+    """Compile every (source, dtype) once, into $HPCCOLL_TEST_KERNEL_CACHE when set (tests/run
+    keeps one between runs), else a fresh folder.  No stale cubin can pass either way: a cached
+    cubin's name holds a digest of every source in cuda/, the NVRTC version and the options."""
     old = os.environ.get("HPCCOLL_CACHE_DIR")
-    os.environ["HPCCOLL_CACHE_DIR"] = str(tmp_path_factory.mktemp("kcache"))
+    kept = os.environ.get("HPCCOLL_TEST_KERNEL_CACHE")
+    os.environ["HPCCOLL_CACHE_DIR"] = kept or str(tmp_path_factory.mktemp("kcache"))
     try:
         out = {dt: compile_module("collectives.cu", dt, "sm_90") for dt in DTYPE_CODES}
         out["sol"] = compile_module("sol.cu", "float32", "sm_90")

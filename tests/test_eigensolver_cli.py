@@ -1,0 +1,395 @@
+"""hpccoll-eigensolver's command line, problems, checks, metrics and I/O, without an MPI job of
+their own: argument checks, the generated problems' construction, and end-to-end runs under
+`mpiexec -n 2` and `-n 3` started as subprocesses with a timeout, so that a run that hangs
+fails the test instead of the suite."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+
+from hpccoll_eigensolver import BlockCyclic, metrics
+from hpccoll_eigensolver.cli import build_parser
+from hpccoll_eigensolver.problems import (Butterfly, ProblemError, generated_columns, make_problem,
+                                          parse_problem, read_columns)
+from hpccoll_eigensolver.report import build_report
+
+REPO = Path(__file__).resolve().parents[1]
+#: seconds one end-to-end run may take before it counts as hung (they take 2-5 s)
+HANG_TIMEOUT = float(os.environ.get("HPCCOLL_TEST_HANG_TIMEOUT", "90"))
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).with_name("mpiexec")
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for k in list(env):
+        if k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_")):  # not inside this process's own MPI job
+            env.pop(k)
+    return env
+
+
+def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
+    """hpccoll-eigensolver ARGS, under mpiexec -n ranks when given; a hang fails the test."""
+    cmd = [sys.executable, "-m", "hpccoll_eigensolver.cli", *map(str, args)]
+    if ranks:
+        cmd = [_mpiexec(), "-n", str(ranks)] + cmd
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env())
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hung: no exit within {timeout:.0f} s: {' '.join(cmd)}\n{exc.stdout or ''}{exc.stderr or ''}")
+
+
+# -- arguments: checked at parse time -----------------------------------------------------------------
+@pytest.mark.parametrize("argv,needle", [
+    (["solve", "--n", "0"], "--n"), (["solve", "--nb", "0"], "--nb"), (["solve", "--repeat", "0"], "--repeat"),
+    (["solve", "--cond-b", "nan"], "--cond-b"), (["solve", "--cond-b", "inf"], "--cond-b"),
+    (["solve", "--cond-b", "0.5"], "--cond-b"), (["solve", "--seed", "-1"], "--seed"),
+    (["solve", "--symmetry-tol", "-1"], "--symmetry-tol"), (["compare", "--ranks", "0"], "--ranks"),
+    (["compare", "--repeat", "0"], "--repeat"), (["compare", "--comm", "mpi,bogus"], "--comm"),
+])
+def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_help_lists_the_new_options():
+    for cmd, opts in (("solve", ("--overwrite", "--gather-vectors", "--symmetry-tol", "--no-trace-memory")),
+                      ("compare", ("--overwrite", "--ranks"))):
+        text = build_parser()._subparsers._group_actions[0].choices[cmd].format_help()
+        assert all(o in text for o in opts), cmd
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: np.zeros((3, 3), complex), "complex"),
+    (lambda d: np.zeros((3, 4)), "square"),
+    (lambda d: np.array(["a"] * 9).reshape(3, 3), "dtype"),
+])
+def test_file_problems_are_checked_from_their_headers(tmp_path, make, needle):
+    np.save(tmp_path / "A.npy", make(tmp_path))
+    np.save(tmp_path / "B.npy", np.eye(3))
+    with pytest.raises(ProblemError, match=needle):
+        parse_problem(f"file:{tmp_path / 'A.npy'},{tmp_path / 'B.npy'}", 0)
+
+
+def test_file_problem_names_a_missing_file_and_a_shape_mismatch(tmp_path):
+    np.save(tmp_path / "A.npy", np.eye(3))
+    np.save(tmp_path / "B.npy", np.eye(4))
+    with pytest.raises(ProblemError, match="does not exist"):
+        parse_problem(f"file:{tmp_path / 'A.npy'},{tmp_path / 'nope.npy'}", 0)
+    with pytest.raises(ProblemError, match="same order"):
+        parse_problem(f"file:{tmp_path / 'A.npy'},{tmp_path / 'B.npy'}", 0)
+
+
+# -- the generated problems ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100])
+def test_butterfly_is_orthogonal_and_mixes_every_row(n):
+    U = np.eye(n)
+    Butterfly(n, np.random.default_rng(n)).apply(U)
+    np.testing.assert_allclose(U.T @ U, np.eye(n), atol=1e-14)
+    assert n == 1 or np.all(U != 0), "some output row does not depend on some input row"
+    Butterfly(n, np.random.default_rng(n)).apply(U, transpose=True)
+    np.testing.assert_allclose(U, np.eye(n), atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson", "random"])
+def test_a_column_has_the_same_bits_whichever_columns_are_built_with_it(kind):
+    """The construction is elementwise per column: the bits of column j do not depend on the
+    other columns built in the same call (so not on the number of ranks or the block size)."""
+    spec = parse_problem(kind, 77, cond_b=1e4, seed=9)
+    A, B = generated_columns(spec, np.arange(77))
+    pick = np.array([76, 3, 40, 0, 41])
+    A2, B2 = generated_columns(spec, pick)
+    assert A[:, pick].tobytes() == np.asfortranarray(A2).tobytes()
+    assert B[:, pick].tobytes() == np.asfortranarray(B2).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson", "random"])
+def test_generated_problems_are_symmetric_definite_and_have_their_spectrum(kind):
+    p = make_problem(kind, 90, cond_b=1e4, seed=2)
+    assert p.A.tobytes() == make_problem(kind, 90, cond_b=1e4, seed=2).A.tobytes()
+    assert p.A.tobytes() != make_problem(kind, 90, cond_b=1e4, seed=3).A.tobytes()
+    np.testing.assert_array_equal(p.A, p.A.T)
+    np.testing.assert_array_equal(p.B, p.B.T)
+    assert np.linalg.cond(p.B) == pytest.approx(1e4, rel=1e-6)
+    if p.eigenvalues is not None:
+        w = sl.eigh(p.A, p.B, eigvals_only=True)
+        assert metrics.eigenvalue_error(w, p.eigenvalues) < 1e-12
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_read_columns_reads_the_columns_asked_for(tmp_path, order):
+    M = np.asarray(np.arange(35.0).reshape(5, 7)[:, :5], order=order).astype(np.float32)
+    np.save(tmp_path / "M.npy", M)
+    digests = []
+    got = read_columns(str(tmp_path / "M.npy"), [4, 0, 1], digests=digests)
+    np.testing.assert_array_equal(got, M[:, [4, 0, 1]].astype(np.float64))
+    assert got.dtype == np.float64 and got.flags.f_contiguous
+    assert [d.hex() for d in digests] == [
+        __import__("hashlib").sha256(np.ascontiguousarray(M[:, j], dtype=np.float64).tobytes()).hexdigest()
+        for j in (4, 0, 1)]
+
+
+# -- metrics and digests on one process --------------------------------------------------------------
+class _SelfComm:
+    """One process's Bcast/Allreduce (what distributed_accuracy needs) without MPI."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Bcast(self, buf, root=0):
+        pass
+
+    def Allreduce(self, send, recv):
+        recv[...] = send
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 8 * 50])
+def test_distributed_accuracy_on_one_rank_is_the_full_matrix_metric(chunk_bytes):
+    p = make_problem("known", 50, cond_b=1e3, seed=1)
+    w, X = sl.eigh(p.A, p.B)
+    desc = BlockCyclic(50, 50, 7, 1)
+    got = metrics.distributed_accuracy(p.A, p.B, np.asfortranarray(X), w, desc, _SelfComm(), chunk_bytes=chunk_bytes)
+    # on a correct solution both measure rounding, which another summation order changes by O(1)
+    assert 0.5 < got["residual"] / metrics.residual(p.A, p.B, X, w) < 2
+    assert 0.5 < got["b_orthogonality"] / metrics.b_orthogonality(p.B, X) < 2
+    # on a perturbed one they measure the perturbation: equal to many digits
+    Xp = np.asfortranarray(X + 1e-9 * np.random.default_rng(0).standard_normal(X.shape))
+    got = metrics.distributed_accuracy(p.A, p.B, Xp, w, desc, _SelfComm(), chunk_bytes=chunk_bytes)
+    assert got["residual"] == pytest.approx(metrics.residual(p.A, p.B, Xp, w), rel=1e-6)
+    assert got["b_orthogonality"] == pytest.approx(metrics.b_orthogonality(p.B, Xp), rel=1e-6)
+
+
+def test_eigenvector_digest_is_made_of_column_digests():
+    X = np.asfortranarray(np.random.default_rng(0).standard_normal((9, 6)))
+    cols = metrics.column_digests(X, chunk_bytes=8 * 9 * 2)
+    assert len(cols) == 6 and metrics.combine_digests(cols) == metrics.matrix_sha256(X)
+    assert metrics.matrix_sha256(X[:, ::-1]) != metrics.matrix_sha256(X)
+    for key in ("residual", "b_orthogonality", "eigenvectors_sha256"):
+        assert key in metrics.DEFINITIONS
+
+
+# -- end to end under mpiexec: never a hang, one message, a non-zero exit ------------------------------
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    p = make_problem("known", 40, seed=4)
+    np.save(d / "A.npy", p.A)
+    np.save(d / "B.npy", p.B)
+    a = p.A.copy()
+    a[3, 7] = np.nan
+    np.save(d / "A_nan.npy", a)
+    a = p.A.copy()
+    a[3, 7] += 0.1
+    np.save(d / "A_nonsym.npy", a)
+    np.save(d / "A_complex.npy", p.A.astype(complex))
+    b = p.B.copy()
+    b[0, 1] = b[1, 0] = 10 * np.abs(b).max()           # positive diagonal, indefinite
+    np.save(d / "B_indefinite.npy", b)
+    b = p.B.copy()
+    b[5, 5] = -1.0
+    np.save(d / "B_negdiag.npy", b)
+    return d
+
+
+def _one_error(proc, needle: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert len(errors) == 1, f"want the error printed once, got {len(errors)}:\n{out}"
+    assert needle in errors[0], out
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("files,extra,needle", [
+    (("A_nan", "B"), (), "must be finite"),
+    (("A", "B_indefinite"), (), "not positive definite"),
+    (("A", "B_indefinite"), ("--no-reference",), "not positive definite"),
+    (("A", "B_negdiag"), (), "positive definite"),
+    (("A_nonsym", "B"), (), "not symmetric"),
+    (("A_complex", "B"), (), "complex"),
+], ids=["nan-in-A", "indefinite-B", "indefinite-B-no-reference", "negative-diagonal", "nonsymmetric-A",
+        "complex-A"])
+def test_bad_input_fails_on_every_rank_once_without_a_hang(bad_inputs, ranks, files, extra, needle):
+    prob = f"file:{bad_inputs / (files[0] + '.npy')},{bad_inputs / (files[1] + '.npy')}"
+    _one_error(run_cli("solve", "--problem", prob, "--nb", 8, "--comm", "mpi", *extra, ranks=ranks), needle)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_cond_b_nan_or_inf_is_an_argument_error_printed_once(value):
+    proc = run_cli("solve", "--n", 32, "--cond-b", value, "--comm", "mpi", ranks=2)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and out.count("error: argument --cond-b") == 1, out
+
+
+def test_unwritable_out_fails_before_the_solve(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    for out in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):
+        proc = run_cli("solve", "--n", 48, "--comm", "mpi", "--out", out, ranks=2)
+        _one_error(proc, "--out")
+        assert "solve " not in proc.stdout, "it solved before checking --out"
+
+
+def test_report_and_compare_check_their_directories(tmp_path):
+    proc = run_cli("report", tmp_path / "no" / "such" / "dir")
+    assert proc.returncode == 2 and "no such directory" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "f").write_text("x")
+    proc = run_cli("compare", "--n", 16, "--comm", "mpi", "--out", tmp_path / "f")
+    assert proc.returncode == 2 and "not a directory" in proc.stderr, proc.stdout + proc.stderr
+    assert "==" not in proc.stdout, "compare launched a configuration before checking --out"
+
+
+def _runs(out: Path) -> list[Path]:
+    return sorted(out.glob("*_run[0-9][0-9][0-9].json"))
+
+
+def test_results_are_never_overwritten_silently(tmp_path):
+    out = tmp_path / "runs"
+    common = ("solve", "--n", 40, "--nb", 8, "--comm", "mpi", "--out", out)
+    assert run_cli(*common, ranks=2).returncode == 0
+    first = _runs(out)
+    assert len(first) == 1
+    before = first[0].read_bytes()
+    _one_error(run_cli(*common, ranks=2), "--overwrite")
+    assert first[0].read_bytes() == before
+    # another matrix of the same n, and another --stedc: their own files
+    assert run_cli(*common, "--seed", 1, ranks=2).returncode == 0
+    assert run_cli(*common, "--stedc", "dc", ranks=2).returncode == 0
+    assert len(_runs(out)) == 3
+    assert run_cli(*common, "--overwrite", ranks=2).returncode == 0
+    assert len(_runs(out)) == 3
+    build_report(str(out))
+    rep = json.loads((out / "report.json").read_text())
+    assert len(rep["configurations"]) == 3, "runs of different problems or options were grouped together"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_solve_json_defines_its_metrics_and_records_blas_and_memory(tmp_path, ranks):
+    out = tmp_path / "runs"
+    proc = run_cli("solve", "--n", 45, "--nb", 4, "--comm", "mpi", "--repeat", 2, "--out", out, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "units of n eps" in proc.stdout and "n·eps" in proc.stdout
+    runs = _runs(out)
+    assert len(runs) == 2
+    rec = json.loads(runs[0].read_text())
+    defs = rec["metric_definitions"]
+    for key in ("residual", "b_orthogonality", "eigenvalue_error", "eigenvalue_error_vs_scipy",
+                "peak_rss_bytes", "tracemalloc_peak_bytes", "device_pool_peak_bytes"):
+        assert key in defs, key
+    assert "n eps" in defs["residual"] and "n eps" in defs["b_orthogonality"]
+    blas = rec["machine"]["blas"]
+    assert blas["env"]["OMP_NUM_THREADS"] == "1"
+    assert any(lib.get("num_threads") for lib in blas["libraries"]), blas
+    assert "thread" in rec["reproducibility"]
+    mem = rec["memory"]["per_rank"]
+    assert [m["rank"] for m in mem] == list(range(ranks))
+    assert all(m["peak_rss_bytes"] > 10 * 2**20 and m["tracemalloc_peak_bytes"] > 0 for m in mem)
+    assert rec["residual"] < 1 and rec["b_orthogonality"] < 100 and rec["eigenvalue_error"] < 1e-12
+    # X, written by the ranks into one file, is the solution the JSON describes
+    X = np.load(out / rec["eigenvectors_file"])
+    p = make_problem("known", 45)
+    w = np.asarray(rec["eigenvalues"])
+    assert metrics.matrix_sha256(X) == rec["eigenvectors_sha256"]
+    assert metrics.residual(p.A, p.B, X, w) < 1
+    assert rec["eigenvectors_sha256"] == json.loads(runs[1].read_text())["eigenvectors_sha256"]
+
+
+def test_same_problem_and_solution_bits_on_2_and_3_ranks(tmp_path):
+    """The generated problem is identical on any number of ranks (its digest and the
+    eigenvalues' bits agree up to the rank-count-dependent solve)."""
+    recs = []
+    for ranks in (2, 3):
+        out = tmp_path / f"p{ranks}"
+        proc = run_cli("solve", "--n", 50, "--nb", 5, "--comm", "mpi", "--problem", "clustered", "--out", out,
+                       "--save-vectors", "no", ranks=ranks)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        recs.append(json.loads(_runs(out)[0].read_text()))
+    assert recs[0]["problem_digest"] == recs[1]["problem_digest"]
+    assert metrics.eigenvalue_error(np.asarray(recs[0]["eigenvalues"]), np.asarray(recs[1]["eigenvalues"])) < 1e-13
+
+
+def test_gathered_vectors_equal_the_ones_written_by_columns(tmp_path):
+    digests = []
+    for how in ((), ("--gather-vectors",)):
+        out = tmp_path / ("g" if how else "c")
+        assert run_cli("solve", "--n", 30, "--nb", 4, "--comm", "mpi", "--out", out, *how, ranks=3).returncode == 0
+        rec = json.loads(_runs(out)[0].read_text())
+        digests.append(metrics.matrix_sha256(np.load(out / rec["eigenvectors_file"])))
+    assert digests[0] == digests[1]
+
+
+def test_an_uncaught_exception_on_one_rank_aborts_the_job():
+    """runinfo.install_abort_hook: rank 1 raises while rank 0 waits in a collective."""
+    code = ("from hpccoll_eigensolver.runinfo import install_abort_hook; install_abort_hook('t')\n"
+            "from mpi4py import MPI\n"
+            "if MPI.COMM_WORLD.Get_rank() == 1:\n    raise RuntimeError('boom on rank 1')\n"
+            "MPI.COMM_WORLD.Barrier()\n")
+    try:
+        proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=HANG_TIMEOUT, env=_env())
+    except subprocess.TimeoutExpired:
+        pytest.fail("rank 0 was left waiting: the job did not abort")
+    assert proc.returncode != 0
+    assert "rank 1 of 2 failed" in proc.stderr and "boom on rank 1" in proc.stderr
+
+
+def test_compare_exits_1_when_a_configuration_failed_and_refuses_stale_failures(tmp_path):
+    out = tmp_path / "cmp"
+    args = ("compare", "--n", 24, "--nb", 4, "--ranks", 2, "--comm", "mpi,nccl", "--out", out)
+    proc = run_cli(*args, timeout=3 * HANG_TIMEOUT)
+    rep = json.loads((out / "report.json").read_text())
+    if not rep["failures"]:
+        pytest.skip("nccl ran here (a GPU machine): nothing failed")
+    assert proc.returncode == 1 and "configurations failed (nccl)" in proc.stderr, proc.stdout + proc.stderr
+    again = run_cli(*args)
+    assert again.returncode == 2 and "--overwrite" in again.stderr, again.stdout + again.stderr
+
+
+# -- the test command itself ---------------------------------------------------------------------------
+def test_slurm_stage_installs_nothing_unless_asked(tmp_path):
+    """tests/slurm/run without Slurm on PATH: skipped with a reason, apt-get never called; with
+    HPCCOLL_TEST_INSTALL=1 it calls apt-get."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = tmp_path / "apt-get-called"
+    (fake / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\n")
+    (fake / "apt-get").chmod(0o755)
+    for tool in ("bash", "id", "dirname", "env", "nproc", "mktemp", "cat"):
+        path = shutil.which(tool)
+        if path:
+            (fake / tool).symlink_to(path)
+    env = dict(_env(), PATH=str(fake), PYTHON=sys.executable)
+    env.pop("HPCCOLL_TEST_INSTALL", None)
+    proc = subprocess.run([shutil.which("bash"), str(REPO / "tests" / "slurm" / "run")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stdout + proc.stderr
+    assert not marker.exists(), "tests/slurm/run ran apt-get unasked"
+    if os.geteuid() == 0:
+        env["HPCCOLL_TEST_INSTALL"] = "1"
+        proc = subprocess.run([shutil.which("bash"), str(REPO / "tests" / "slurm" / "run")], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert marker.exists() and "install" in marker.read_text()
+        assert proc.returncode != 0   # the fake apt-get installed nothing
+
+
+def test_test_command_keeps_the_kernel_cache_and_ci_asks_for_installs():
+    run = (REPO / "tests" / "run").read_text()
+    assert "HPCCOLL_TEST_KERNEL_CACHE" in run and "apt-get" not in run.replace("apt-get install Slurm", "")
+    assert "HPCCOLL_TEST_INSTALL=1" in (REPO / ".ci" / "run").read_text()
+    assert "HPCCOLL_TEST_KERNEL_CACHE" in (REPO / "tests" / "test_device_code.py").read_text()
