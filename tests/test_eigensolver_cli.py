@@ -392,4 +392,4 @@ def test_test_command_keeps_the_kernel_cache_and_ci_asks_for_installs():
     run = (REPO / "tests" / "run").read_text()
     assert "HPCCOLL_TEST_KERNEL_CACHE" in run and "apt-get" not in run.replace("apt-get install Slurm", "")
     assert "HPCCOLL_TEST_INSTALL=1" in (REPO / ".ci" / "run").read_text()
-    assert "HPCCOLL_TEST_KERNEL_CACHE" in (REPO / "tests" / "test_device_code.py").read_text()
+    assert "HPCCOLL_TEST_KERNEL_CACHE" in (REPO / "tests" / "unit" / "test_device_code.py").read_text()
