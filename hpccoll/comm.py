@@ -231,6 +231,11 @@ class Communicator:
     def _dispatch(self, call, det, algo, stream) -> bool:
         """Run one validated call on the backend it belongs to; True when that was the device
         backend (the fast path may then remember it)."""
+        if call.name in _HOST_ONLY:  # no device kernels: MPI, device buffers staged through host
+            if self._device is None and self._hier is None:
+                _check_host_algorithm(call.name, algo)
+            getattr(self._host, _METHOD[call.name])(call, det, algo)
+            return False
         if self._hier is not None:
             self._hier.run(call, det, algo, stream)
             return False
@@ -287,7 +292,8 @@ class Communicator:
         run_group = getattr(self._device, "run_group", None) if self._hier is None else None
         pending: list = []
         for item in items + [None]:
-            if item is not None and run_group is not None and item[0].recv.is_device:
+            if (item is not None and run_group is not None and item[0].recv.is_device
+                    and item[0].name not in _HOST_ONLY):
                 pending.append(item)
                 continue
             if pending:
@@ -328,6 +334,21 @@ class Communicator:
         """recvbuf = concatenation over ranks of sendbuf."""
         self._run("Allgather", sendbuf, recvbuf, algorithm=algorithm,
                   deterministic=deterministic, stream=stream)
+
+    def Alltoall(self, sendbuf, recvbuf, *, stream=None):
+        """Block j of sendbuf (sendbuf.size // size elements) goes to rank j; block i of recvbuf
+        comes from rank i (sendbuf may be IN_PLACE: recvbuf holds the input).  Runs through MPI
+        on every backend (device buffers staged through host memory, after the device has
+        finished its queued work); no reduction, so the same bits on every backend."""
+        self._run("Alltoall", sendbuf, recvbuf, stream=stream)
+
+    def Alltoallv(self, sendbuf, recvbuf, *, stream=None):
+        """Alltoall with per-rank block sizes.  sendbuf, recvbuf: mpi4py's buffer specs
+        (array, counts) or (array, counts, displs), counts and displacements in elements of the
+        array's flat memory order (displs default to the exclusive prefix sum of counts):
+        sendbuf's block j goes to rank j, recvbuf's block i comes from rank i.  Received blocks
+        must not overlap; elements outside them keep their values.  Runs as Alltoall does."""
+        self._run("Alltoallv", sendbuf, recvbuf, stream=stream)
 
     # -- persistent collectives (MPI-4; hpccoll/request.py) ---------------------------
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None,
@@ -551,7 +572,10 @@ class _FastCall:
 
 
 _METHOD = {"Allreduce": "allreduce", "Bcast": "bcast",
-           "Reduce_scatter_block": "reduce_scatter_block", "Allgather": "allgather"}
+           "Reduce_scatter_block": "reduce_scatter_block", "Allgather": "allgather",
+           "Alltoall": "alltoall", "Alltoallv": "alltoallv"}
+# Collectives no device backend implements yet: every communicator runs them on its host backend.
+_HOST_ONLY = frozenset({"Alltoall", "Alltoallv"})
 
 
 def _empty_like(x):

@@ -34,10 +34,33 @@ def _msg(u8: np.ndarray, blocks: int = 1):
     if per // unit > MAX_COUNT:
         raise ValueError(f"hpccoll host backend: a block of {per} bytes has no unit of 2^k bytes that "
                          f"brings its MPI count under {MAX_COUNT + 1}; pad the buffer to a multiple of 1 KiB")
+    return [u8, _unit_type(unit)]
+
+
+def _unit_type(unit: int):
+    """MPI.BYTE, or a committed contiguous type of `unit` bytes (kept)."""
+    if unit == 1:
+        return MPI.BYTE
     t = _UNITS.get(unit)
     if t is None:
         t = _UNITS[unit] = MPI.BYTE.Create_contiguous(unit).Commit()
-    return [u8, t]
+    return t
+
+
+def _vunit(sizes) -> int:
+    """Bytes per unit of an Alltoallv whose counts and displacements are `sizes` bytes: 1 when
+    every one fits an MPI count, else the largest power of two up to 1 MiB dividing them all.
+    Units of other sizes on other ranks still match: the type signatures are all bytes."""
+    if max(sizes, default=0) <= MAX_COUNT:
+        return 1
+    unit = 1 << 20
+    while any(s % unit for s in sizes):
+        unit >>= 1
+    if max(sizes) // unit > MAX_COUNT:
+        raise ValueError(f"hpccoll host backend: Alltoallv counts/displacements of up to {max(sizes)} bytes "
+                         f"have no unit of 2^k bytes that brings them under {MAX_COUNT + 1}; make them "
+                         "multiples of 1 KiB")
+    return unit
 
 
 class _Staged:
@@ -120,6 +143,28 @@ class HostBackend:
         for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
             self.comm.Bcast(u8[off:off + MAX_COUNT], root=call.root)
         buf.commit()
+
+    def alltoall(self, call: Call, deterministic: bool, algorithm: str) -> None:
+        recv = _Staged(call.recv, fetch=call.in_place)
+        if call.in_place:
+            src = np.array(recv.host, copy=True)
+        else:
+            src = np.ascontiguousarray(_Staged(call.send).host)
+        self.comm.Alltoall(_msg(src.reshape(-1).view(np.uint8), self.size),
+                           _msg(recv.host.reshape(-1).view(np.uint8), self.size))
+        recv.commit()
+
+    def alltoallv(self, call: Call, deterministic: bool, algorithm: str) -> None:
+        send = np.ascontiguousarray(_Staged(call.send).host).reshape(-1).view(np.uint8)
+        recv = _Staged(call.recv)   # fetched: elements outside the received blocks keep their values
+        item = np.dtype(call.recv.flat.dtype).itemsize
+        (scnt, sdsp), (rcnt, rdsp) = call.sendv, call.recvv
+        sizes = [item * x for x in (*scnt, *sdsp, *rcnt, *rdsp)]
+        unit = _vunit(sizes)
+        t = _unit_type(unit)
+        spec = lambda u8, cnt, dsp: [u8, ([item * c // unit for c in cnt], [item * d // unit for d in dsp]), t]  # noqa: E731
+        self.comm.Alltoallv(spec(send, scnt, sdsp), spec(recv.host.reshape(-1).view(np.uint8), rcnt, rdsp))
+        recv.commit()
 
     def barrier(self) -> None:
         self.comm.Barrier()
