@@ -145,14 +145,14 @@ def test_columns_in_the_requested_place(n, leaf):
 
 def test_work_arrays_stay_in_chunks(monkeypatch):
     """The secular equation, z-hat and the eigenvector columns work in chunks of CHUNK_HOST
-    elements (the memory model's constant): a tiny chunk gives the same eigenvalues bit for bit
-    and the same vectors to rounding."""
+    roots, rows or columns (the memory model's constant): chunks of 3 give the same eigenvalues
+    bit for bit and the same vectors to rounding."""
     from hpccoll_eigensolver import tridiag_dc
 
     rng = np.random.default_rng(_seed())
     d, e = rng.standard_normal(200), rng.standard_normal(199)
     w, Z = eigh_tridiagonal_dc(d, e, leaf=16)
-    monkeypatch.setattr(tridiag_dc, "CHUNK_HOST", 300)
+    monkeypatch.setattr(tridiag_dc, "CHUNK_HOST", 3)
     w2, Z2 = eigh_tridiagonal_dc(d, e, leaf=16)
     assert w2.tobytes() == w.tobytes()
     np.testing.assert_allclose(Z2, Z, atol=1e-13)

@@ -25,7 +25,8 @@ from ._xp import householder, is_device, trsm, w_update
 from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
-ORMTR_BLOCK = 256  # reflectors per compact-WY block (a multiple of nb): wider blocks, fatter GEMMs
+ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
+ORMTR_COLUMNS = 128  # columns of Z per update GEMM: its product is a temporary of n x this
 
 
 def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto"):
@@ -154,5 +155,7 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
         M = xp.triu(Vb.T @ Vb, 1)
         M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
         Zb = Z[p0 + 1:]
-        Zb -= Vb @ trsm(xp, M, Vb.T @ Zb, lower=False)
+        Y = trsm(xp, M, Vb.T @ Zb, lower=False)
+        for c0 in range(0, Zb.shape[1], ORMTR_COLUMNS):
+            Zb[:, c0:c0 + ORMTR_COLUMNS] -= Vb @ Y[:, c0:c0 + ORMTR_COLUMNS]
     return Z

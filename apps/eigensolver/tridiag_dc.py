@@ -33,9 +33,9 @@ only the children's eigenvalues (replicated) and z, two rows of the children's Q
   each rank its rows of the merged eigenvectors: (its rows x k) @ (k x k), the right factor
   generated from the roots in chunks of columns and never stored whole.
 
-A rank holds at most two copies of its rows (rows x n at the top merge) and chunks of
-CHUNK elements; the solver then delivers the eigenvectors by columns with one Alltoallv
-(layout.rows_to_columns)."""
+A rank holds at most two copies of its rows (rows x n at the top merge) and work arrays of
+k x chunk_width(k) elements; the solver then delivers the eigenvectors by columns with one
+Alltoallv (layout.rows_to_columns)."""
 from __future__ import annotations
 
 import math
@@ -60,9 +60,11 @@ LEAVES = "device"
 # any stream).
 STREAMS = 4
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
-# Elements of a (roots x poles) or (poles x columns) work array materialized at once, on the
-# host and on the GPU: a constant of the memory model (docs/eigensolver.md).
-CHUNK_HOST = 1 << 18
+# The work arrays of a merge with k poles (roots x poles in the secular equation, poles x
+# columns of the eigenvectors) are k x chunk_width(k): on the host CHUNK_HOST roots or columns
+# at a time, on the GPU about CHUNK_DEVICE elements.  A constant of the memory model
+# (docs/eigensolver.md): it does not shrink with the rank count, so it is kept small.
+CHUNK_HOST = 64
 CHUNK_DEVICE = 1 << 22
 EPS = float(np.finfo(np.float64).eps)
 
@@ -90,8 +92,9 @@ class _step:
             PROFILE[self.name] = PROFILE.get(self.name, 0.0) + time.perf_counter() - self.t0
 
 
-def _chunk(xp) -> int:
-    return CHUNK_HOST if xp is np else CHUNK_DEVICE
+def chunk_width(k: int, xp) -> int:
+    """Roots, rows or columns per work array of a merge with k poles."""
+    return CHUNK_HOST if xp is np else max(1, CHUNK_DEVICE // max(k, 1))
 
 
 @dataclass
@@ -170,12 +173,11 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
         scale = 1.0          # T = 0 (or empty): the leaves give Q = I and every merge just sorts
     leaf = _leaf_size(leaf, xp, n, team.size)
     bounds, tears, dt, et = _tear(d, e, scale, leaf, xp)
-    nleaves = len(bounds) - 1
-    first = [(r * nleaves) // team.size for r in range(team.size + 1)]
+    first = _first_leaves(len(bounds) - 1, team.size)
     row_starts = [bounds[i] for i in first]
     r0, r1 = row_starts[team.rank], row_starts[team.rank + 1]
     mine = range(first[team.rank], first[team.rank + 1])
-    nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(nleaves)]
+    nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1)]
     if r1 > r0:
         with _step("leaves", xp):
             pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
@@ -223,12 +225,24 @@ def _checked_and_scale(d, e, xp):
     return d, e, scale
 
 
+def row_starts_of(n: int, nranks: int, *, device: bool = False, leaf: int | None = None) -> list:
+    """The row blocks stedc_rows gives the ranks: rank r computes rows [starts[r], starts[r+1])."""
+    leaf = _leaf_size(leaf, None if device else np, n, nranks)
+    bounds = list(range(0, n, leaf)) + [n]
+    return [bounds[i] for i in _first_leaves(len(bounds) - 1, nranks)]
+
+
+def _first_leaves(nleaves: int, nranks: int) -> list:
+    """The first leaf of each rank (and nleaves): contiguous groups, as even as they go."""
+    return [(r * nleaves) // nranks for r in range(nranks + 1)]
+
+
 def _leaf_size(leaf, xp, n: int, nranks: int) -> int:
     """Rows per leaf: the default of the array module, at most n / nranks (every rank gets a
     leaf), at least 2 (no diagonal entry is torn twice)."""
     if leaf is None:
         leaf = LEAF if xp is np else LEAF_DEVICE
-    return max(min(int(leaf), -(-n // nranks)), 2)
+    return max(min(int(leaf), -(-n // nranks)), 2)   # (xp None: the GPU's)
 
 
 def _tear(d, e, scale, leaf, xp):
@@ -411,7 +425,7 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, origin, tau, cols, r0: int, r1:
         with _step("vectors", xp):
             zhat = _zhat(dx, ox, tx, xp.asarray(plan.zk), plan.rho, xp)
         topk_x, botk_x = xp.asarray(topk), xp.asarray(botk)
-        width = max(1, _chunk(xp) // k)
+        width = chunk_width(k, xp)
         for c0 in range(0, k, width):
             c1 = min(c0 + width, k)
             with _step("vectors", xp):
@@ -683,7 +697,7 @@ def _parts(d, z2, roots, origin, tau, xp):
     as (d_i - d_origin) - tau.  In chunks of roots x poles (host)."""
     k = d.size
     out = [np.empty(roots.size) for _ in range(4)]
-    rows = max(1, CHUNK_HOST // max(k, 1))
+    rows = chunk_width(k, np)
     cols = np.arange(k)
     for r0 in range(0, roots.size, rows):
         o = origin[r0:r0 + rows]
@@ -710,7 +724,7 @@ def _zhat(d, origin, tau, z, rho, xp):
         kernel = raw_module("dc_kernels.cu").get_function("dc_zhat")
         kernel((k,), (TPB,), (d, origin, tau, z, np.float64(rho), np.int64(k), zhat))
         return zhat
-    rows = max(1, CHUNK_HOST // k)
+    rows = chunk_width(k, np)
     lam_o = d[origin]
     for i0 in range(0, k, rows):
         i1 = min(i0 + rows, k)
