@@ -230,8 +230,8 @@ class _Step:
     def column(self, owner: int, comm, skip=()) -> None:
         """One column step on the current stream; comm: anything with Bcast/Allreduce.
         `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
-        stages - col, bcast, gemv (the product, sytrd_symv), allreduce, w - so that timing variants with and without a
-        stage gives its cost inside the captured graph."""
+        stages - col, bcast, gemv (the product, sytrd_symv), allreduce, w - so that timing
+        variants with and without a stage gives its cost inside the captured graph."""
         k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
