@@ -286,5 +286,27 @@ def test_secular_kernel_offsets_match_the_host_iteration():
     for j0, j1 in [(0, 20), (20, 40), (40, 57), (56, 57)]:
         o, t = _secular(d, z, 0.7, np, j0, j1)
         assert o.tolist() == o_all[j0:j1].tolist() and t.tobytes() == t_all[j0:j1].tobytes()
-    src = (__import__("pathlib").Path(_xp.__file__).parent / "dc_kernels.cu").read_text()
-    assert "const long long j = j0 + blockIdx.x;" in src and "originOut[blockIdx.x] = o;" in src
+    # the launch in _secular passes (d, z2, k, j0, rho, wlast, eps, steps, origin, tau)
+    import re
+    from pathlib import Path
+
+    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_text()
+    params = re.search(r"void dc_secular\(([^)]*)\)", src).group(1)
+    names = [p.split()[-1].lstrip("*") for p in params.split(",")]
+    assert names == ["d", "z2", "k", "j0", "rho", "wlast", "eps", "steps", "originOut", "tauOut"]
+
+
+def test_dc_kernels_compile():
+    """dc_kernels.cu (the divide and conquer's secular equation and z-hat) compiles with NVRTC
+    for sm_90."""
+    from pathlib import Path
+
+    from hpccoll._nvrtc import _check
+
+    lib = _nvrtc_or_skip()
+    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_bytes()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"dc_kernels.cu", 0, None, None), "create")
+    opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")
+    _check(lib, lib.nvrtcCompileProgram(prog, 1, opts), "compile", prog)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
