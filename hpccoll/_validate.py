@@ -121,47 +121,49 @@ def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=N
             raise ValueError(f"Alltoall: recvbuf has {recv.count} elements, not a multiple of size={size} "
                              "(a block from every rank)")
         if not in_place and send.count != recv.count:
-            raise ValueError(f"Alltoall: sendbuf has {send.count} elements, recvbuf {recv.count}: both hold "
-                             f"size={size} blocks of the same count")
+            raise ValueError(f"Alltoall: recvbuf has {recv.count} elements, sendbuf {send.count}: they must "
+                             f"have the same size ({size} blocks of equal count)")
     else:  # pragma: no cover - internal misuse
         raise AssertionError(name)
     return Call(name, send, recv, rop, None, in_place)
 
 
 def _vector(fn, argname: str, spec, size: int, writable: bool):
-    """(Buf, counts, displs) of an Alltoallv argument: (array, counts) or (array, counts, displs)."""
+    """(Buf, counts, displs) of an Alltoallv argument, mpi4py's (array, counts) or (array,
+    counts, displs); displs default to the running sum of counts."""
     if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
         raise TypeError(f"{fn}: {argname} must be (array, counts) or (array, counts, displs) as in "
                         f"mpi4py, not {type(spec).__name__}")
-    buf = as_buf(spec[0], f"{argname}[0]", fn, writable=writable)
-    counts = _ints(fn, f"{argname} counts", spec[1], size)
+    buf = as_buf(spec[0], f"{argname}'s array", fn, writable=writable)
+    counts = _ints(fn, f"{argname}'s counts", spec[1], size)
     if len(spec) == 3 and spec[2] is not None:
-        displs = _ints(fn, f"{argname} displs", spec[2], size)
+        displs = _ints(fn, f"{argname}'s displs", spec[2], size)
     else:
         displs, acc = [], 0
         for c in counts:
             displs.append(acc)
             acc += c
     for r, (c, d) in enumerate(zip(counts, displs)):
-        if c > 2**31 - 1:
-            raise ValueError(f"{fn}: {argname} counts[{r}] = {c} exceeds an MPI count (2**31-1 elements): "
-                             "split the exchange")
         if d + c > buf.count:
-            raise ValueError(f"{fn}: {argname} block {r} (displs[{r}]={d}, counts[{r}]={c}) ends at element "
-                             f"{d + c}, past the array's {buf.count}: fix the counts/displs or enlarge the array")
+            raise ValueError(f"{fn}: {argname}'s block for rank {r} (displacement {d}, count {c}) ends at element "
+                             f"{d + c}, past the array's {buf.count}: use displs[j] + counts[j] <= {buf.count}")
     return buf, tuple(counts), tuple(displs)
 
 
-def _ints(fn, what: str, seq, size: int) -> list[int]:
+def _ints(fn, what: str, values, size: int) -> list[int]:
+    """`size` non-negative ints (numpy integers too), or an error naming `what`."""
     try:
-        vals = [v.__index__() if not isinstance(v, bool) else None for v in seq]
-    except (AttributeError, TypeError):
-        raise TypeError(f"{fn}: {what} must be a sequence of {size} integers") from None
-    if len(vals) != size or any(v is None for v in vals):
-        raise ValueError(f"{fn}: {what} has {len(vals)} entries: pass one integer per rank ({size})")
-    if any(v < 0 for v in vals):
-        raise ValueError(f"{fn}: {what} has a negative entry ({min(vals)}): counts and displacements are >= 0")
-    return vals
+        vals = list(values)
+    except TypeError:
+        raise TypeError(f"{fn}: {what} must be a sequence of {size} ints, not {type(values).__name__}") from None
+    if len(vals) != size:
+        raise ValueError(f"{fn}: {what} has {len(vals)} entries: give one per rank ({size})")
+    for j, v in enumerate(vals):
+        if isinstance(v, bool) or not hasattr(v, INDEXLIKE):
+            raise TypeError(f"{fn}: {what}[{j}] = {v!r} is not an integer: pass element counts as ints")
+        if v.__index__() < 0:
+            raise ValueError(f"{fn}: {what}[{j}] = {v} is negative: counts and displacements are >= 0")
+    return [v.__index__() for v in vals]
 
 
 def _prepare_alltoallv(size: int, sendbuf, recvbuf) -> Call:
@@ -170,9 +172,14 @@ def _prepare_alltoallv(size: int, sendbuf, recvbuf) -> Call:
         raise ValueError("Alltoallv: IN_PLACE is not supported: pass (array, counts[, displs]) as sendbuf")
     send, sc, sd = _vector(fn, "sendbuf", sendbuf, size, writable=False)
     recv, rc, rd = _vector(fn, "recvbuf", recvbuf, size, writable=True)
-    _same_dtype(fn, send, recv)
-    _same_place(fn, send, recv)
+    _same_dtype(fn, send, recv, "sendbuf's array", "recvbuf's array")
+    _same_place(fn, send, recv, "sendbuf's array", "recvbuf's array")
     _disjoint(fn, send, recv)
+    blocks = sorted((d, d + c, j) for j, (c, d) in enumerate(zip(rc, rd)) if c)  # sent blocks may overlap
+    for (_, end, i), (start, _, j) in zip(blocks, blocks[1:]):
+        if start < end:
+            raise ValueError(f"Alltoallv: recvbuf's blocks from ranks {i} and {j} overlap (elements {start}.."
+                             f"{end - 1}): give each source its own range of displacements")
     return Call(fn, send, recv, None, None, False, VSpec(sc, sd, rc, rd))
 
 

@@ -271,16 +271,17 @@ def test_compare_end_to_end(tmp_path):
         assert any(f["comm"] == "sentinel" for f in rep["failures"])
 
 
-@pytest.mark.parametrize("n,block", [(37, 8), (64, 16), (5, 64), (300, 256), (70, 1)])
-def test_ormtr_applies_the_reflectors_including_identity_ones(n, block):
-    """_ormtr (compact WY through the UT transform, one triangular solve per panel) equals the
-    explicit product H_0 ... H_{n-2} applied to Z, with some tau = 0 (identity reflectors whose
-    v is not zero) in the mix; fresh random data each run."""
-    from hpccoll_eigensolver.layout import BlockCyclic
-    from hpccoll_eigensolver.solver import _ormtr
+@pytest.mark.parametrize("n,nb,block", [(37, 8, 8), (64, 8, 16), (5, 4, 64), (300, 32, 256), (70, 8, 1)])
+def test_ormtr_applies_the_reflectors_including_identity_ones(n, nb, block):
+    """ormtr (compact WY through the UT transform, one triangular solve per block of panels)
+    equals the explicit product H_0 ... H_{n-2} applied to Z, with some tau = 0 (identity
+    reflectors whose v is not zero) in the mix; fresh random data each run.  One rank: the
+    local V is all of it."""
+    from hpccoll import Communicator
+    from hpccoll_eigensolver.householder import ormtr
 
     rng = np.random.default_rng()
-    V = np.zeros((n, n))
+    V = np.zeros((n, n), order="F")
     for j in range(n - 1):
         V[j + 1, j] = 1.0
         V[j + 2:, j] = rng.standard_normal(n - j - 2)
@@ -291,5 +292,21 @@ def test_ormtr_applies_the_reflectors_including_identity_ones(n, block):
     Q = np.eye(n)
     for j in range(n - 1):
         Q = Q @ (np.eye(n) - tau[j] * np.outer(V[:, j], V[:, j]))
-    got = _ormtr(V, tau, Z, BlockCyclic(n, n, 8, 1), np, block=block)
+    with Communicator(backend="host", deterministic=True) as comm:
+        if comm.size != 1:
+            pytest.skip("single-process test")
+        got = ormtr(V, tau, np.asfortranarray(Z), BlockCyclic(n, n, nb, 1), comm, np, block=block)
     np.testing.assert_allclose(got, Q @ Z, atol=1e-12 * n)
+
+
+def test_sygvd_rejects_bad_options():
+    from hpccoll import Communicator
+
+    n = 6
+    with Communicator(backend="host") as comm:
+        desc = BlockCyclic(n, n, 4, 1)
+        for kw, match in [({"stedc": "lapack"}, "stedc='lapack': use 'auto', 'dc', 'host', 'gpu'"),
+                          ({"stedc": "gpu"}, "stedc='gpu' needs device"),
+                          ({"sytrd": "fast"}, "sytrd='fast': use 'auto', 'fused'")]:
+            with pytest.raises(ValueError, match=match):
+                sygvd(np.eye(n), np.eye(n), desc, comm, **kw)

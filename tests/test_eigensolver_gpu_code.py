@@ -65,7 +65,7 @@ def test_w_update_matches_latrd():
 @pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1")])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
-    HPCCOLL_EIG_SYMV can select."""
+    symv_defines can select (bench/symv_bench.py)."""
     from pathlib import Path
 
     assert _compile(Path(_xp.__file__).parent / "sytrd_step.cu", _xp.module_options(defines))[:4] == b"\x7fELF"
@@ -79,26 +79,31 @@ def _standard_form(n, seed):
 
 @pytest.mark.parametrize("n,nb,nprocs", [(1, 4, 1), (2, 4, 1), (37, 8, 1), (37, 8, 3), (64, 16, 2), (50, 7, 4)])
 def test_sytrd_twin_matches_the_array_version(n, nb, nprocs):
-    """The kernels' formulation (absolute rows, zero masks, fixed-size buffers), run for all ranks
-    in one process, gives the tridiagonal and reflectors of solver._sytrd_ops on one rank."""
+    """The kernels' formulation (absolute rows, zero masks, fixed-size buffers, C v from the lower
+    triangles), run for all ranks in one process, gives the tridiagonal and reflectors of
+    householder.sytrd_ops on one rank; both read C's lower triangle only (the twin gets junk
+    above the diagonal)."""
     from hpccoll import Communicator
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.solver import _sytrd_ops
+    from hpccoll_eigensolver.householder import sytrd_ops
     from hpccoll_eigensolver.sytrd_device import sytrd_twin
 
     C = _standard_form(n, seed=n * 10 + nprocs)
+    junk = np.triu(np.random.default_rng().standard_normal((n, n)), 1)
     desc = BlockCyclic(n, n, nb, nprocs)
-    d, e, V, tau = sytrd_twin([distribute(C, desc, r) for r in range(nprocs)], desc)
+    d, e, V, tau = sytrd_twin([distribute(np.tril(C) + junk, desc, r) for r in range(nprocs)], desc)
     with Communicator(backend="host", deterministic=True) as comm:
         if comm.size != 1:
             pytest.skip("single-process reference")
         one = BlockCyclic(n, n, nb, 1)
-        d1, e1, V1, tau1 = _sytrd_ops(np.asfortranarray(C.copy()), one, comm, np)
+        V1 = np.asfortranarray(np.tril(C))            # overwritten by the reflectors
+        d1, e1, tau1 = sytrd_ops(V1, one, comm, np)
     scale = np.abs(C).max()
     np.testing.assert_allclose(d, d1, atol=1e-12 * scale * n)
     np.testing.assert_allclose(e, e1, atol=1e-12 * scale * n)
     np.testing.assert_allclose(tau, tau1, atol=1e-12 * n)
     np.testing.assert_allclose(V, V1, atol=1e-10 * n)
+    assert np.array_equal(V1, np.tril(V1, -1))        # column j: zeros above row j + 1
     T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
     np.testing.assert_allclose(np.linalg.eigvalsh(T), np.linalg.eigvalsh(C), atol=1e-11 * scale * n)
 
@@ -201,26 +206,23 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide):
                 assert col_units == sum(1 for (_a, c2) in units if c2 == ch), (rank, j, ch)
 
 
-def test_symv_variant_from_the_environment(monkeypatch):
-    """HPCCOLL_EIG_SYMV picks sytrd_symv's compile-time variant; anything but known macros with
-    integer values is refused with the variable's name."""
+def test_symv_variant_text():
+    """symv_defines turns a variant text into sytrd_symv's compile-time macros; anything but known
+    macros with integer values is refused."""
     from hpccoll_eigensolver.sytrd_device import symv_defines
 
-    monkeypatch.delenv("HPCCOLL_EIG_SYMV", raising=False)
-    assert symv_defines() == ()
-    monkeypatch.setenv("HPCCOLL_EIG_SYMV", "SY_C=128,SY_WIDE=0")
-    assert symv_defines() == ("SY_C=128", "SY_WIDE=0")
+    assert symv_defines("") == symv_defines("default") == ()
+    assert symv_defines("SY_C=128,SY_WIDE=0") == ("SY_C=128", "SY_WIDE=0")
     for bad in ("SY_C", "SY_ASYNC=1", "SY_C=x", "SY_C=-1"):
-        monkeypatch.setenv("HPCCOLL_EIG_SYMV", bad)
-        with pytest.raises(ValueError, match="HPCCOLL_EIG_SYMV"):
-            symv_defines()
+        with pytest.raises(ValueError, match="symv variant"):
+            symv_defines(bad)
 
 
-def test_sytrd_mode_policy(monkeypatch):
+def test_sytrd_mode_policy():
     """Which column step auto picks: the fused transfers only on hpccoll's CUDA backend with the
-    deterministic sentinel algorithm, one rank per GPU, the lower-triangle product and n up to
-    FUSED_MAX_N; the collectives in CUDA graphs on the other device communicators; eager on
-    the host; and a clear error where fused is forced but cannot run."""
+    deterministic sentinel algorithm, one rank per GPU and n up to FUSED_MAX_N; the collectives
+    in CUDA graphs on the other device communicators; eager on the host; and a clear error
+    where fused is asked for but cannot run, or the mode is unknown."""
     from types import SimpleNamespace
 
     from hpccoll_eigensolver import sytrd_device as sd
@@ -229,8 +231,6 @@ def test_sytrd_mode_policy(monkeypatch):
         return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic,
                                _device=SimpleNamespace(ranks_per_gpu=per_gpu))
 
-    monkeypatch.delenv("HPCCOLL_EIG_SYTRD", raising=False)
-    monkeypatch.delenv("HPCCOLL_EIG_GEMV", raising=False)
     big = sd.FUSED_MAX_N + 1
     assert sd.mode_for(comm(), 4096) == "fused"
     assert sd.mode_for(comm(), sd.FUSED_MAX_N) == "fused"
@@ -243,27 +243,55 @@ def test_sytrd_mode_policy(monkeypatch):
     assert sd.mode_for(comm(backend="host"), 4096) == "eager"
     wrapped = SimpleNamespace(uncounted=comm(), backend="cuda")   # a CountingComm-like proxy
     assert sd.mode_for(wrapped, 4096) == "fused"
-    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "fused")
-    assert sd.mode_for(comm(), big) == "fused"                     # forced: any n
+    assert sd.mode_for(comm(), big, "fused") == "fused"            # asked for: any n
     with pytest.raises(ValueError, match="share a GPU"):
-        sd.mode_for(comm(per_gpu=2), 4096)
+        sd.mode_for(comm(per_gpu=2), 4096, "fused")
     with pytest.raises(ValueError, match="cuda backend"):
-        sd.mode_for(comm(backend="nccl"), 4096)
-    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "graph")
-    assert sd.mode_for(comm(), 4096) == "graph"
-    monkeypatch.setenv("HPCCOLL_EIG_SYTRD", "fast")
-    with pytest.raises(ValueError, match="HPCCOLL_EIG_SYTRD"):
-        sd.mode_for(comm(), 4096)
+        sd.mode_for(comm(backend="nccl"), 4096, "fused")
+    assert sd.mode_for(comm(), 4096, "graph") == "graph"
+    assert sd.mode_for(comm(backend="host"), 4096, "graph") == "eager"
+    assert sd.mode_for(comm(), 4096, "ops") == "ops"
+    with pytest.raises(ValueError, match="sytrd='fast'"):
+        sd.mode_for(comm(), 4096, "fast")
 
 
-def test_env_settings_reject_bad_values(monkeypatch):
-    """The solver's integer settings: unset gives the default, a bad value a ValueError that
-    names the variable and what it takes (never a bare int() traceback)."""
-    monkeypatch.delenv("HPCCOLL_DC_LEAF", raising=False)
-    assert _xp.env_int("HPCCOLL_DC_LEAF", 512, 2) == 512
-    monkeypatch.setenv("HPCCOLL_DC_LEAF", "128")
-    assert _xp.env_int("HPCCOLL_DC_LEAF", 512, 2) == 128
-    for bad in ("abc", "1", "-4", "3.5"):
-        monkeypatch.setenv("HPCCOLL_DC_LEAF", bad)
-        with pytest.raises(ValueError, match=r"HPCCOLL_DC_LEAF=.*integer >= 2.*rows"):
-            _xp.env_int("HPCCOLL_DC_LEAF", 512, 2, "rows per leaf")
+def test_secular_kernel_offsets_match_the_host_iteration():
+    """dc_kernels.cu's dc_secular solves roots j0 .. j1-1 (a rank's share) into outputs 0 ..
+    j1-j0-1; its host twin _secular on a slice gives the roots of the whole solve, bit for bit
+    (a root's iteration does not depend on the others), so a rank's share is the whole
+    solve's."""
+    from hpccoll_eigensolver.tridiag_dc import _secular
+
+    rng = np.random.default_rng()
+    k = 57
+    d = np.sort(rng.standard_normal(k))
+    z = rng.standard_normal(k)
+    z /= np.linalg.norm(z)
+    o_all, t_all = _secular(d, z, 0.7, np)
+    for j0, j1 in [(0, 20), (20, 40), (40, 57), (56, 57)]:
+        o, t = _secular(d, z, 0.7, np, j0, j1)
+        assert o.tolist() == o_all[j0:j1].tolist() and t.tobytes() == t_all[j0:j1].tobytes()
+    # the launch in _secular passes (d, z2, k, j0, rho, wlast, eps, steps, origin, tau)
+    import re
+    from pathlib import Path
+
+    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_text()
+    params = re.search(r"void dc_secular\(([^)]*)\)", src).group(1)
+    names = [p.split()[-1].lstrip("*") for p in params.split(",")]
+    assert names == ["d", "z2", "k", "j0", "rho", "wlast", "eps", "steps", "originOut", "tauOut"]
+
+
+def test_dc_kernels_compile():
+    """dc_kernels.cu (the divide and conquer's secular equation and z-hat) compiles with NVRTC
+    for sm_90."""
+    from pathlib import Path
+
+    from hpccoll._nvrtc import _check
+
+    lib = _nvrtc_or_skip()
+    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_bytes()
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"dc_kernels.cu", 0, None, None), "create")
+    opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")
+    _check(lib, lib.nvrtcCompileProgram(prog, 1, opts), "compile", prog)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))

@@ -1,9 +1,9 @@
-"""The divide-and-conquer tridiagonal eigensolver (hpccoll_eigensolver.tridiag_dc) on the host:
-eigenvalues against LAPACK, orthogonality and residual in units of n*eps*|T|, on the matrices
-that break D&C codes (clusters, Wilkinson, graded, glued, zero couplings), with small leaves so
-that every test merges several levels; bitwise reproducible; the tree cut at its top merge
-(split_tree, solve_half, merge_halves: what the distributed stedc="dc" runs) bit for bit the
-whole tree; the solver's stedc="dc" path."""
+"""The divide-and-conquer tridiagonal eigensolver (hpccoll_eigensolver.tridiag_dc) on one
+process: eigenvalues against LAPACK, orthogonality and residual in units of n*eps*|T|, on the
+matrices that break D&C codes (clusters, Wilkinson, graded, glued, zero couplings), with small
+leaves so that every test merges several levels; bitwise reproducible; columns delivered in a
+requested order; the solver's stedc="dc" path.  The distributed solve (rows over ranks) is
+tested under MPI (tests/mpi/test_eigensolver_mpi.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -100,8 +100,8 @@ def test_solver_with_stedc_dc_on_the_host():
 
 
 def test_deflation_rotations_in_one_gemm_equal_the_sequence():
-    """_rotate applies chains of Givens rotations as one block-diagonal GEMM: the same columns
-    as dlaed2's one-at-a-time DROTs (column a <- c a + s b, b <- c b - s a)."""
+    """_rotate applies chains of Givens rotations as one block-diagonal GEMM, in place: the same
+    columns as dlaed2's one-at-a-time DROTs (column a <- c a + s b, b <- c b - s a)."""
     from hpccoll_eigensolver.tridiag_dc import _rotate
 
     rng = np.random.default_rng(_seed())
@@ -121,53 +121,38 @@ def test_deflation_rotations_in_one_gemm_equal_the_sequence():
         qa, qb = want[:, a].copy(), want[:, b].copy()
         want[:, a] = c * qa + s * qb
         want[:, b] = c * qb - s * qa
-    np.testing.assert_allclose(_rotate(Q, rots, np), want, atol=1e-14)
+    got = _rotate(Q, rots, np)
+    assert got is Q
+    np.testing.assert_allclose(Q, want, atol=1e-14)
 
 
-# -- the tree cut at its top merge (what the distributed stedc="dc" runs on two ranks) --------
-def _whole_tree(d, e, leaf):
-    """The pre-split algorithm: every leaf of T at once, merged by one pairwise bottom-up loop
-    over the whole tree, eigenvalues scaled back: the bits the split must reproduce."""
+@pytest.mark.parametrize("n,leaf", [(1, 4), (9, 4), (64, 64), (131, 16)])
+def test_columns_in_the_requested_place(n, leaf):
+    """stedc_rows(place=...) stores the eigenvector of w[p] in column place[p], with the bits of
+    the natural order (what the solver's Alltoallv wants: the columns grouped by owner)."""
+    from hpccoll_eigensolver.tridiag_dc import stedc_rows
+
+    rng = np.random.default_rng(_seed())
+    d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
+    w, Z = eigh_tridiagonal_dc(d, e, leaf=leaf)
+    place = rng.permutation(n)
+    res = stedc_rows(d, e, None, np, leaf=leaf, place=place)
+    assert res.row_starts == [0, n] and res.w.tobytes() == w.tobytes()
+    rows = res.take_rows()
+    assert res.rows is None and rows.flags.f_contiguous
+    assert rows[:, place].tobytes() == np.asfortranarray(Z).tobytes()
+
+
+def test_work_arrays_stay_in_chunks(monkeypatch):
+    """The secular equation, z-hat and the eigenvector columns work in chunks of CHUNK_HOST
+    roots, rows or columns (the memory model's constant): chunks of 3 give the same eigenvalues
+    bit for bit and the same vectors to rounding."""
     from hpccoll_eigensolver import tridiag_dc
 
-    tree = tridiag_dc.split_tree(d, e, np, leaf)
-    pieces = tridiag_dc._leaves(tree.d, tree.e, list(tree.bounds), np)
-    w, Q = tridiag_dc._merge_pairwise(tree.bounds, pieces, tree.tears, np)
-    return w * tree.scale, Q
-
-
-# n, leaf: 2 to 17 leaves (odd leaf counts leave a block out at some level), a short last leaf
-# or none, a right half of one leaf (517 = 16 * 32 + 5) or of one full leaf and a short one
-@pytest.mark.parametrize("n,leaf", [(9, 4), (12, 4), (20, 4), (33, 4), (68, 4), (300, 32), (448, 32),
-                                    (517, 32), (131, 16), (250, 16), (129, 64)])
-def test_split_halves_and_top_merge_are_the_whole_tree_bitwise(n, leaf):
-    from hpccoll_eigensolver.tridiag_dc import merge_halves, solve_half, split_tree
-
-    seed = _seed()
-    rng = np.random.default_rng(seed)
-    d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
-    e[rng.integers(0, n - 1, 3)] = 0.0   # some torn couplings are zero: rho = 0 merges
-    tree = split_tree(d, e, np, leaf)
-    leaves = len(tree.bounds) - 1
-    assert tree.top < leaves <= 2 * tree.top and tree.top & (tree.top - 1) == 0
-    (a0, a1), (b0, b1) = tree.half_rows(0), tree.half_rows(1)
-    assert (a0, a1, b1) == (0, b0, n) and a1 == tree.top * leaf
-    halves = [solve_half(tree, half, np) for half in (0, 1)]
-    assert halves[0][1].shape == (a1, a1) and halves[1][1].shape == (n - b0, n - b0)
-    w, Z = merge_halves(tree, *halves, np)
-    w_dc, Z_dc = eigh_tridiagonal_dc(d, e, leaf=leaf)
-    w_ref, Z_ref = _whole_tree(d, e, leaf)
-    msg = f"n={n} leaf={leaf} seed={seed}"
-    assert w.tobytes() == w_dc.tobytes() == w_ref.tobytes(), msg
-    assert Z.tobytes() == Z_dc.tobytes() == Z_ref.tobytes(), msg
-
-
-def test_split_tree_is_none_without_a_top_merge():
-    from hpccoll_eigensolver.tridiag_dc import split_tree
-
-    assert split_tree(np.ones(64), np.ones(63), np, 64) is None        # one leaf
-    assert split_tree(np.zeros(300), np.zeros(299), np, 32) is None    # T = 0
-    assert split_tree(np.zeros(0), np.zeros(0), np, 32) is None        # empty
-    assert split_tree(np.ones(65), np.ones(64), np, 64).top == 1
-    with pytest.raises(ValueError, match="e has 5 entries, d has 5"):
-        split_tree(np.ones(5), np.ones(5))
+    rng = np.random.default_rng(_seed())
+    d, e = rng.standard_normal(200), rng.standard_normal(199)
+    w, Z = eigh_tridiagonal_dc(d, e, leaf=16)
+    monkeypatch.setattr(tridiag_dc, "CHUNK_HOST", 3)
+    w2, Z2 = eigh_tridiagonal_dc(d, e, leaf=16)
+    assert w2.tobytes() == w.tobytes()
+    np.testing.assert_allclose(Z2, Z, atol=1e-13)

@@ -4,7 +4,8 @@
     desc = BlockCyclic(n, n, nb, comm.Get_size())
     w, X_local = sygvd(distribute(A, desc, rank), distribute(B, desc, rank), desc, comm)
 
-Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algorithm."""
+Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algorithm and
+docs/eigensolver.md for the memory model."""
 from .layout import BlockCyclic, distribute, gather, numroc
 from .solver import PHASES, NotPositiveDefinite, sygvd
 

@@ -49,22 +49,6 @@ def kept_streams(purpose: str, count: int = 1) -> list:
     return streams
 
 
-def env_int(name: str, default: int, minimum: int = 1, what: str = "") -> int:
-    """The integer environment setting `name` (default when unset), or a ValueError that names
-    it and says what it takes."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise ValueError(f"{name}={text!r}: use an integer >= {minimum}{f' ({what})' if what else ''}; "
-                         f"unset it for the default {default}")
-    return value
-
-
 def module_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Compiler options of raw_module: C++17, hpccoll's device headers on the include path
     (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls), the macros."""
@@ -133,6 +117,25 @@ def trsm(xp, L, b, *, trans: bool = False, lower: bool = True):
     return solve_triangular(L, b, lower=lower, trans=1 if trans else 0, check_finite=False)
 
 
+def sygst_block(xp, a, L):
+    """C = L^-1 a L^-T for a small symmetric block a (its lower triangle is read) and lower
+    triangular L, returned symmetric (both triangles, from C's lower one).  Host: LAPACK dsygst
+    (unblocked for a block this size, as inside LAPACK's blocked sygst); GPU: two triangular
+    solves."""
+    if is_device(xp):
+        low = xp.tril(a)
+        sym = low + xp.tril(a, -1).T
+        c = trsm(xp, L, trsm(xp, L, sym).T)
+    else:
+        from scipy.linalg.lapack import dsygst
+
+        c, info = dsygst(np.asfortranarray(a, dtype=np.float64), np.asfortranarray(L, dtype=np.float64),
+                         itype=1, lower=1)
+        if info != 0:
+            raise RuntimeError(f"dsygst failed with info={info}")
+    return xp.tril(c) + xp.tril(c, -1).T
+
+
 def tridiagonal_matrix(xp, d, e):
     """The dense symmetric tridiagonal matrix with diagonal d and off-diagonal e."""
     T = xp.diag(d)
@@ -176,14 +179,6 @@ W_UPDATE_BODY = "out = w + ((-0.5 * t) * dot) * v;"
 _kernels: dict = {}
 
 
-def fused(xp) -> bool:
-    """Use the fused ElementwiseKernels: on the GPU unless HPCCOLL_EIG_FUSED=0 (the fallback if
-    they ever misbehave: the same steps as separate CuPy ops, as on the host)."""
-    import os
-
-    return is_device(xp) and os.environ.get("HPCCOLL_EIG_FUSED", "1") != "0"
-
-
 def _ew(name: str):
     k = _kernels.get(name)
     if k is None:
@@ -208,9 +203,9 @@ def householder(xp, col, buf, scale) -> None:
     m = col.size - 1
     x = col[2:]
     xn2 = x @ x if m > 1 else xp.zeros((), dtype=col.dtype)   # numpy norm = sqrt(x . x)
-    if fused(xp):
+    if is_device(xp):
         _ew("hh")(col[1], xn2, col[0], buf[m + 1:m + 2], buf[m + 2:m + 3], scale, buf[m:m + 1], buf[0:1])
-    else:  # the same arithmetic, one array op at a time (NumPy, or CuPy with HPCCOLL_EIG_FUSED=0)
+    else:  # the same arithmetic, one array op at a time
         alpha = col[1]
         xnorm = xp.sqrt(xn2)
         flat = xnorm == 0
@@ -227,7 +222,7 @@ def householder(xp, col, buf, scale) -> None:
 def w_update(xp, w, t, v, out) -> None:
     """out = w + (-0.5 t (w . v)) v  (LAPACK latrd's w correction), one fused kernel on the GPU."""
     dot = w @ v
-    if fused(xp):
+    if is_device(xp):
         _ew("w")(w, t, dot, v, out)
     else:
         out[...] = w + ((-0.5 * t) * dot) * v

@@ -13,7 +13,8 @@ from ._xp import get_xp, sync
 
 
 class CountingComm:
-    """Forwards Allreduce/Bcast/Allgather/Reduce_scatter_block to `comm`, counting each call.
+    """Forwards Allreduce/Bcast/Allgather/Reduce_scatter_block/Alltoall/Alltoallv to `comm`,
+    counting each call.
 
     sync_each: wait for the device before and after each call so its time is the
     collective's own (adds one host sync per collective on GPU; no effect on the host)."""
@@ -85,6 +86,13 @@ class CountingComm:
     def Reduce_scatter_block(self, sendbuf, recvbuf, *args, **kw):
         self._timed("Reduce_scatter_block", sendbuf, self.comm.Reduce_scatter_block,
                     sendbuf, recvbuf, *args, **kw)
+
+    def Alltoall(self, sendbuf, recvbuf, **kw):
+        self._timed("Alltoall", recvbuf, self.comm.Alltoall, sendbuf, recvbuf, **kw)
+
+    def Alltoallv(self, sendbuf, recvbuf, **kw):
+        """Recorded with the bytes this rank receives."""
+        self._timed("Alltoallv", recvbuf[0], self.comm.Alltoallv, sendbuf, recvbuf, **kw)
 
     def Barrier(self):
         self.comm.Barrier()

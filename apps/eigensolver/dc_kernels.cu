@@ -90,10 +90,12 @@ __device__ double originExact(const Parts& q, double t, double c_o, double rho, 
   return p <= 0.0 ? (sq - p) / (2.0 * B) : 2.0 * c_o / (p + sq);
 }
 
-extern "C" __global__ void dc_secular(const double* d, const double* z2, long long k, double rho, double wlast,
-                                      double eps, int steps, long long* originOut, double* tauOut) {
+// Grid: one block per root of j0, j0 + 1, ...; root j0 + b is written at originOut[b], tauOut[b]
+// (a rank solves its share of the roots: tridiag_dc.stedc_rows).
+extern "C" __global__ void dc_secular(const double* d, const double* z2, long long k, long long j0, double rho,
+                                      double wlast, double eps, int steps, long long* originOut, double* tauOut) {
   __shared__ double sh[8][TPB];
-  const long long j = blockIdx.x;
+  const long long j = j0 + blockIdx.x;
   const bool last = j == k - 1;
   const double Delta = last ? wlast : d[j + 1] - d[j];
   const double mid = Delta / 2.0;
@@ -127,7 +129,7 @@ extern "C" __global__ void dc_secular(const double* d, const double* z2, long lo
     q = pick ? e1 : e0;
   }
   if (threadIdx.x == 0) {
-    originOut[j] = o;
-    tauOut[j] = t;
+    originOut[blockIdx.x] = o;
+    tauOut[blockIdx.x] = t;
   }
 }

@@ -102,3 +102,55 @@ def gather(local, desc: BlockCyclic, comm):
         if cols.size:
             out[:, xp.asarray(cols)] = recv[r, :cols.size].T
     return out
+
+
+def panel_bcast(local, desc: BlockCyclic, comm, k0: int, r0: int | None = None):
+    """Rows r0.. (default k0) of the global columns [k0, k1) of the block starting at k0, on every
+    rank: the owner's copy by one Bcast.  Returns an (m - r0) x (k1 - k0) F-order view of a
+    buffer of the local array's module (a C-order (k1 - k0) x (m - r0) buffer, so that the
+    broadcast is one contiguous message)."""
+    xp = get_xp(local)
+    r0 = k0 if r0 is None else r0
+    k1 = min(k0 + desc.nb, desc.n)
+    owner = desc.owner(k0)
+    buf = xp.empty((k1 - k0, desc.m - r0), dtype=local.dtype)
+    if comm.Get_rank() == owner:
+        lj = desc.local_index(k0)
+        buf[...] = local[r0:, lj:lj + k1 - k0].T
+    comm.Bcast(buf, root=owner)
+    return buf.T
+
+
+def column_order(desc: BlockCyclic):
+    """Global column indices grouped by owner, rank 0's first (each group ascending): where
+    rows_to_columns expects the columns of a row block, so that the block each rank receives is
+    one contiguous range of the sender's F-order array."""
+    return np.concatenate([desc.local_cols(r) for r in range(desc.nprocs)]).astype(np.int64)
+
+
+def rows_to_columns(rows, row_starts, desc: BlockCyclic, comm):
+    """The block-cyclic local columns (m x local_n, F order) of a matrix that the ranks hold in
+    contiguous row blocks: rank r holds rows [row_starts[r], row_starts[r + 1]) as an F-order
+    array whose columns are in column_order(desc).  One Alltoallv.  Pass `rows` without keeping
+    a reference to it (e.g. `rows_to_columns(parts.pop(), ...)`): it is freed once sent, so the
+    call holds two copies of the rank's share at a time, not three."""
+    xp = get_xp(rows)
+    rank, P = comm.Get_rank(), desc.nprocs
+    heights = [row_starts[r + 1] - row_starts[r] for r in range(P)]
+    widths = [desc.local_n(r) for r in range(P)]
+    h, nloc = heights[rank], widths[rank]
+    if tuple(rows.shape) != (h, desc.n):
+        raise ValueError(f"rows_to_columns: rank {rank} holds rows of shape {tuple(rows.shape)}, "
+                         f"expected ({h}, {desc.n})")
+    send = xp.asfortranarray(rows).reshape(-1, order="F")
+    del rows
+    recv = xp.empty(desc.m * nloc, dtype=send.dtype)
+    comm.Alltoallv((send, [h * w for w in widths]), (recv, [g * nloc for g in heights]))
+    del send
+    out = xp.empty((desc.m, nloc), dtype=recv.dtype, order="F")
+    at = 0
+    for r, g in enumerate(heights):
+        if g and nloc:
+            out[row_starts[r]:row_starts[r] + g] = recv[at:at + g * nloc].reshape((g, nloc), order="F")
+        at += g * nloc
+    return out

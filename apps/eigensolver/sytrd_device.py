@@ -1,84 +1,75 @@
 """Householder tridiagonalization on the GPU with the column step as device kernels
 (sytrd_step.cu), replayed as one CUDA graph per panel.
 
-Why: the CuPy-op version of the column step (solver._sytrd_ops) issues ~20 Python-dispatched
+Why: the CuPy-op version of the column step (householder.sytrd_ops) issues ~20 Python-dispatched
 operations per column and spends 550-800 us per column at n = 2048-4096, while its two
 collectives take ~10 us (bench/results/eigensolver/2026-11-30-h200x2-ANALYSIS.md).  Here the
 column index lives in device memory (st[0]) and every launch has the same shape for every
 column, so one captured graph of nb steps serves every full panel of the same owner:
 
-    [owner] sytrd_col  ->  Bcast(bb, root=owner)  ->  sytrd_gemv  ->  Allreduce(y, cv)  ->
+    [owner] sytrd_col  ->  Bcast(bb, root=owner)  ->  sytrd_symv  ->  Allreduce(y, cv)  ->
     sytrd_w (advances st)
 
 Both collectives have fixed sizes (n + 4 and n doubles), so they are captured once too.
 Communicators that cannot run under stream capture (the host backend) run the same kernels
 and collectives eagerly ("eager").
 
-"fused" (the default on hpccoll's deterministic sentinel communicator): no collective
+"fused" (auto's choice on hpccoll's deterministic sentinel communicator): no collective
 launches at all.  sytrd_col stores the owner's column straight into every rank's symmetric
 workspace and sytrd_symv its final sums, with hpccoll's sentinel protocol per element
 (FusedWorkspace; sytrd_step.cu explains the buffers and why the double buffering is the
 credit); the readers poll.  Three graph nodes per column instead of five, the same bits as
 the sentinel Allreduce.  The math is sytrd_twin's, which the CPU tests check
-against solver._sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
+against householder.sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
 reproducible on a deterministic communicator.
 
-HPCCOLL_EIG_SYTRD: "auto" (fused on the sentinel communicator, graph on the other device
-communicators, eager on the host), "fused", "graph", "eager", or "ops" (the CuPy-op column
-step)."""
+C v comes from the lower triangle of the local columns only (sytrd_symv: each stored element
+read once), so C may hold anything above its diagonal.  When a panel is done its owner stores
+the panel's reflectors in the panel's columns of C (householder.py's convention).
+
+The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator up to FUSED_MAX_N,
+graph on the other device communicators, eager on the host), "fused", "graph", "eager", or
+"ops" (the CuPy-op column step)."""
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np
 
-from ._xp import env_int, householder, kept_streams, raw_module
+from ._xp import householder, kept_streams, raw_module
 from .layout import BlockCyclic
 
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
-GEMV_SPLITS = 8     # sytrd_gemv: at most this many column chunks per row tile
 SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
-
+MODES = ("auto", "fused", "graph", "eager", "ops")
 
 SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW", "SY_PREFETCH")
 
 
-def symv_defines() -> tuple[str, ...]:
-    """sytrd_symv's compile-time variant from HPCCOLL_EIG_SYMV, e.g. "SY_C=128,SY_WIDE=99999"
-    (the macros of sytrd_step.cu that bench/symv_bench.py compares; empty: the source's
-    defaults)."""
-    text = os.environ.get("HPCCOLL_EIG_SYMV", "").strip()
+def symv_defines(text: str) -> tuple[str, ...]:
+    """sytrd_symv's compile-time variant (the macros of sytrd_step.cu) from a text like
+    "SY_C=128,SY_WIDE=99999" ("" or "default": the source's defaults), for _Step(defines=...):
+    bench/symv_bench.py compares variants."""
+    text = text.strip()
     if not text or text == "default":
         return ()
     out = []
     for item in text.split(","):
         name, _, value = item.partition("=")
         if name not in SYMV_MACROS or not value.isdigit():
-            raise ValueError(f"HPCCOLL_EIG_SYMV={text!r}: use comma-separated NAME=INTEGER with NAME in "
+            raise ValueError(f"symv variant {text!r}: use comma-separated NAME=INTEGER with NAME in "
                              f"{', '.join(SYMV_MACROS)} (or 'default')")
         out.append(f"{name}={int(value)}")
     return tuple(out)
 
 
-def product_for() -> str:
-    """'lower' (sytrd_symv, the default: half the bytes) or 'full' (sytrd_gemv):
-    HPCCOLL_EIG_GEMV."""
-    want = os.environ.get("HPCCOLL_EIG_GEMV", "lower")
-    if want not in ("lower", "full"):
-        raise ValueError(f"HPCCOLL_EIG_GEMV={want!r}: use lower or full")
-    return want
-
-
 def fusable(comm) -> str | None:
     """Why the fused transfers cannot serve `comm` (None: they can): they need hpccoll's CUDA
-    backend (its symmetric workspace and peer mappings) and the lower-triangle product."""
+    backend (its symmetric workspace and peer mappings) and one rank per GPU."""
     inner = getattr(comm, "uncounted", comm)
     if getattr(inner, "backend", None) != "cuda":
         return f"backend {getattr(inner, 'backend', None)!r} is not hpccoll's cuda backend"
-    if product_for() != "lower":
-        return "HPCCOLL_EIG_GEMV=full (the fused stores live in the lower-triangle product)"
     import hpccoll.ext
 
     shared = hpccoll.ext.ranks_per_gpu(inner)
@@ -89,29 +80,28 @@ def fusable(comm) -> str | None:
     return None
 
 
-# auto takes the fused transfers up to this n (HPCCOLL_EIG_FUSED_MAX_N).  Measured on 2xH200,
-# sentinel, one job each: n = 8192 sytrd 0.411 s fused against 0.427 with the collectives
-# (c732c26); n = 16384 2.279 against 2.098 (07dc5c0).  The crossover between them is not located.
-FUSED_MAX_N = env_int("HPCCOLL_EIG_FUSED_MAX_N", 8192, 0, "the largest n auto runs fused")
+# auto takes the fused transfers up to this n.  Measured on 2xH200, sentinel, one job each:
+# n = 8192 sytrd 0.411 s fused against 0.427 with the collectives; n = 16384 2.279 against
+# 2.098.  The crossover between them is not located.
+FUSED_MAX_N = 8192
 
 
-def mode_for(comm, n: int | None = None) -> str:
-    """'fused', 'graph', 'eager' or 'ops' for this communicator and order n
-    (HPCCOLL_EIG_SYTRD overrides).
+def mode_for(comm, n: int | None = None, want: str = "auto") -> str:
+    """'fused', 'graph', 'eager' or 'ops' for this communicator, order n and wish `want`
+    (one of MODES).
 
     auto: fused on hpccoll's deterministic sentinel communicator (the same bits as its
     Allreduce) up to FUSED_MAX_N, graph on the other device communicators and above it (the LL
     and LL128 paths keep their own collectives: LL128's atomics are what the report
     measures), eager on the host."""
-    want = os.environ.get("HPCCOLL_EIG_SYTRD", "auto")
-    if want not in ("auto", "fused", "graph", "eager", "ops"):
-        raise ValueError(f"HPCCOLL_EIG_SYTRD={want!r}: use auto, fused, graph, eager or ops")
+    if want not in MODES:
+        raise ValueError(f"sygvd: sytrd={want!r}: use {', '.join(map(repr, MODES))}")
     inner = getattr(comm, "uncounted", comm)
     backend = getattr(inner, "backend", None)
     if want == "fused":
         why = fusable(comm)
         if why:
-            raise ValueError(f"HPCCOLL_EIG_SYTRD=fused: {why}; use auto or graph")
+            raise ValueError(f"sygvd: sytrd='fused': {why}; use 'auto' or 'graph'")
         return "fused"
     if want == "graph" and backend not in ("cuda", "nccl"):
         return "eager"
@@ -181,7 +171,8 @@ def release_fused(comm) -> None:
 class _Step:
     """Buffers, kernels and launch shapes of one tridiagonalization (one rank)."""
 
-    def __init__(self, C, desc: BlockCyclic, rank: int, fused: FusedWorkspace | None = None):
+    def __init__(self, C, desc: BlockCyclic, rank: int, fused: FusedWorkspace | None = None,
+                 defines: tuple[str, ...] = ()):
         import cupy as cp
 
         n, nb = desc.n, desc.nb
@@ -201,13 +192,11 @@ class _Step:
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
-        self.product = product_for()
-        self.defines = symv_defines()                        # the kernel variant (HPCCOLL_EIG_SYMV)
+        self.defines = tuple(defines)                        # sytrd_symv's variant (symv_defines)
         self.sy_c = int(dict(d.split("=") for d in self.defines).get("SY_C", SY_C))
         self.nt = (n + SY_R - 1) // SY_R
         self.nch = max(1, -(-self.nloc // self.sy_c))            # symv: column chunks at most
-        splits = self.nch if self.product == "lower" else GEMV_SPLITS
-        self.ypart = cp.zeros(splits * n, dtype=cp.float64)          # per-chunk row sums
+        self.ypart = cp.zeros(self.nch * n, dtype=cp.float64)        # per-chunk row sums
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
         self.ctick = cp.zeros(self.nch, dtype=cp.int64)              # symv: per-chunk tickets
@@ -216,12 +205,12 @@ class _Step:
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
         mod = raw_module("sytrd_step.cu", self.defines)
-        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "gemv", "symv", "w", "wfix")}
-        self.n64, self.nb32, self.smax32 = np.int64(n), np.int32(nb), np.int32(splits)
+        self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "symv", "w", "wfix")}
+        self.n64, self.nb32 = np.int64(n), np.int32(nb)
         # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is
         # layout_glob / layout_first_after below, tested against desc.local_cols)
         self.nloc64, self.np32, self.rank32 = np.int64(self.nloc), np.int32(desc.nprocs), np.int32(rank)
-        self.gemv_grid = (self.nt if self.product == "lower" else self.g1) * splits + 2 * nb
+        self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
 
@@ -233,8 +222,8 @@ class _Step:
     def column(self, owner: int, comm, skip=()) -> None:
         """One column step on the current stream; comm: anything with Bcast/Allreduce.
         `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
-        stages - col, bcast, gemv, allreduce, w - so that timing variants with and without a
-        stage gives its cost inside the captured graph."""
+        stages - col, bcast, gemv (the product, sytrd_symv), allreduce, w - so that timing
+        variants with and without a stage gives its cost inside the captured graph."""
         k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
@@ -242,28 +231,28 @@ class _Step:
         if "bcast" not in skip and not fused:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
-        if "gemv" not in skip and self.product == "lower":
-            k["symv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
+        if "gemv" not in skip:
+            k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
                                                 self.d, self.e, self.tau, self.fz))
-        elif "gemv" not in skip:
-            k["gemv"]((self.gemv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
-                                                self.y, self.ypart, self.tick, self.smax32, self.s, self.d,
-                                                self.e, self.tau))
         if "allreduce" not in skip and not fused:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
                                         self.part1, self.fz))
 
-    def end_panel(self, p0: int, p1: int, V) -> None:
-        """V's columns of the panel; the trailing update C -= V W^T + W V^T on owned columns > p1."""
+    def end_panel(self, p0: int, p1: int) -> None:
+        """The panel's reflectors into its columns of C (the owner's); the trailing update
+        C -= V W^T + W V^T on owned columns > p1 (full height: the rows above the diagonal are
+        never read)."""
         import cupy as cp
 
         nb, pw = self.nb, p1 - p0
         self.k["wfix"]((min(1024, -(-self.n * pw // TPB)),), (TPB,), (self.n64, self.P, self.nb32, self.al,
                                                                     np.int64(pw)))
-        V[:, p0:p1] = self.P[:, :pw]
+        if self.desc.owner(p0) == self.rank:
+            lj = self.desc.local_index(p0)
+            self.C[:, lj:lj + pw] = self.P[:, :pw]
         lt = int(np.searchsorted(self.cols_h, p1))
         if lt < self.nloc:
             left = cp.asarray(np.r_[0:pw, nb:nb + pw])
@@ -274,8 +263,8 @@ class _Step:
 
 
 def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
-    """d, e, V, tau of C = Q T Q^T (as solver._sytrd_ops returns them); C (CuPy, F order) is
-    overwritten.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
+    """d, e, tau of C = Q T Q^T (as householder.sytrd_ops returns them); C (CuPy, F order, its
+    lower triangle read) is overwritten, its panels' columns by their reflectors.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
     CountingComm, whose `uncounted` communicator is captured (the collectives are then recorded
     in bulk, timed from a graph of the two collectives alone; fused transfers are recorded with
     no time: they happen inside the kernels).
@@ -287,7 +276,6 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     fused = fused_workspace(comm, n) if mode == "fused" else None
     st = _Step(C, desc, rank, fused)
-    V = cp.zeros((n, n), dtype=cp.float64, order="F")
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
     outer = cp.cuda.get_current_stream()
@@ -302,7 +290,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
                     st.column(desc.owner(p0), comm)
             else:
                 graphs[(desc.owner(p0), p1 - p0)].launch(stream=stream)
-            st.end_panel(p0, p1, V)
+            st.end_panel(p0, p1)
         if fused is not None and hasattr(comm, "record"):
             comm.record("Bcast (fused into sytrd_col)", st.bb.nbytes, n, 0.0, estimated=True)
             comm.record("Allreduce (fused into sytrd_symv)", st.y.nbytes, n, 0.0, estimated=True)
@@ -317,7 +305,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
         except Exception:
             _kept(comm).pop(n, None)  # its words are in an unknown state
             raise
-    return st.d, st.e[:max(n - 1, 0)], V, st.tau
+    return st.d, st.e[:max(n - 1, 0)], st.tau
 
 
 def _capture(st: _Step, comm, desc: BlockCyclic, panels, stream):
@@ -393,8 +381,9 @@ def layout_first_after(j: int, nb: int, nprocs: int, rank: int) -> int:
 
 def sytrd_twin(C_locals, desc: BlockCyclic):
     """NumPy twin of the kernels' math for all ranks in one process (tests only): the column
-    step with absolute row indexing and zero masks exactly as sytrd_step.cu computes it, so the
-    CPU tests can check the formulation against solver._sytrd_ops.  Returns d, e, V, tau."""
+    step with absolute row indexing and zero masks exactly as sytrd_step.cu computes it, C v
+    from the lower triangles alone as sytrd_symv sums it, so the CPU tests can check the
+    formulation against householder.sytrd_ops.  Returns d, e, V (n x n), tau."""
     n, nb, nprocs = desc.n, desc.nb, desc.nprocs
     Cs = [np.array(c, dtype=np.float64, order="F") for c in C_locals]
     cols = [desc.local_cols(r) for r in range(nprocs)]
@@ -418,11 +407,14 @@ def sytrd_twin(C_locals, desc: BlockCyclic):
             else:
                 bb[0] = col[0]
             v = bb[4:]
-            # Bcast; sytrd_gemv (every rank, then the Allreduce sum)
+            # Bcast; sytrd_symv (every rank, then the Allreduce sum): each local column g > j
+            # adds its lower part, rows g.. times v[g], and (transposed) rows g+1.. dotted with v
             cv = np.zeros(n)
             for r in range(nprocs):
-                act = cols[r] > j
-                cv[j + 1:] += Cs[r][j + 1:, act] @ v[cols[r][act]]
+                for c in np.nonzero(cols[r] > j)[0]:
+                    g = cols[r][c]
+                    cv[g:] += Cs[r][g:, c] * v[g]
+                    cv[g] += Cs[r][g + 1:, c] @ v[g + 1:]
             P[:, k] = v
             d[j] = bb[0]
             if j + 1 < n:

@@ -15,13 +15,13 @@
 //         v = HVec(bb, j).at(i): 0 at rows <= j, 1 at row j+1, x[i] scale below.  Fixed size, so
 //         one captured Bcast serves every column
 //   y, cv C v partial products and their Allreduce sum, 2n each: rows in [0, n), column
-//         contributions of sytrd_symv (lower triangle) in [n, 2n) (zero with sytrd_gemv)
+//         contributions of sytrd_symv (lower triangle) in [n, 2n)
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
 //         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
 //         st[4] = block ticket of sytrd_w
 //   tick  per-row-tile tickets of the product kernels, ctick per-column-chunk tickets of
 //         sytrd_symv (zero at rest)
-// Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv (or sytrd_gemv) | Allreduce(y, cv) |
+// Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv | Allreduce(y, cv) |
 // sytrd_w.
 // sytrd_col and sytrd_w end in their grid's last block (a ticket), which does the step's
 // serial part: dlarfg's scalars, and W's correction scalar plus the advance of st.  Neither
@@ -37,7 +37,6 @@ typedef long long i64;
 #include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
-#define GEMV_TARGET 1024   // sytrd_gemv aims at this many busy blocks (132 SMs x 8 resident)
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
@@ -53,7 +52,7 @@ struct Layout {
   }
 };
 
-// ---- the fused transfers (HPCCOLL_EIG_SYTRD=fused, sytrd_device.FusedWorkspace) ----
+// ---- the fused transfers (sygvd(sytrd="fused"), sytrd_device.FusedWorkspace) ----
 // The Bcast of bb and the Allreduce of y as stores of the producing kernels straight into
 // every rank's symmetric workspace, with hpccoll's sentinel protocol per 8-byte element
 // (proto_sentinel.cuh: a receive word at rest holds Sentinel::kWord; data equal to it is sent
@@ -248,13 +247,6 @@ __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 
   return t;
 }
 
-// Column chunks per row tile of sytrd_gemv: about `target` busy blocks over `tiles` tiles, at
-// least `minCols` of the m trailing local columns per chunk, 1..smax.
-__device__ __forceinline__ i64 chunksFor(i64 target, i64 tiles, i64 m, i64 minCols, int smax) {
-  const i64 S = min(target / tiles, (m + minCols - 1) / minCols);
-  return max((i64)1, min(S, (i64)smax));
-}
-
 // The step's scalars from bb: d_j, and tau_j, e_j below the last column (one thread).
 __device__ __forceinline__ void storeScalars(const HVec& v, i64 n, double* d, double* e, double* tau) {
   d[v.j] = v.scalar(0);
@@ -264,7 +256,7 @@ __device__ __forceinline__ void storeScalars(const HVec& v, i64 n, double* d, do
   }
 }
 
-// The product kernels' last 2nb blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, RAW W
+// sytrd_symv's 2nb panel-dot blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, RAW W
 // column q - nb: sytrd_w adds al[q] times the V dot), 0 for the panel's columns not yet used.
 __device__ __forceinline__ void panelDot(const double* P, i64 n, int nb, i64 k, const HVec& v, double* s, i64 q,
                                          double* sh) {
@@ -334,57 +326,10 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
   }
 }
 
-// Every rank, after the Bcast.  y = C_local v over the local columns > j, at rows >= j (0 at
-// row j; rows below were zeroed by earlier columns).  Blocks [0, nblk - 2nb) take row tiles
-// of 32 rows from row tile j / 32 on, each tile's local columns split into S chunks so that
-// about GEMV_TARGET blocks are busy whatever j is; a warp reads 256 contiguous bytes of a
-// column per load.  With S > 1 each chunk writes its partial rows to ypart and the tile's last
-// chunk (a ticket per tile) adds them in chunk order.  The rest of those blocks exit at once.
-// Split-0 blocks also store v as P's V column k; block 0 stores d_j, tau_j, e_j.  Blocks
-// [nblk - 2nb, nblk): one s[q] = P[:, q] . v each over the panel's used columns.
-extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
-    const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
-    const double* bb, double* y, double* ypart, i64* tick, int smax, double* s, double* d, double* e,
-    double* tau) {
-  __shared__ double sh[TPB];
-  const Layout L{nb, nprocs, rank};
-  const i64 j = st[0], k = st[1];
-  const HVec v(bb, j, nullptr, nb);  // the full product is never fused
-  const i64 RT = (n + 31) / 32;
-  const i64 gemvBlocks = (i64)gridDim.x - 2 * nb;
-  if (blockIdx.x < gemvBlocks) {
-    const i64 t0 = j / 32, tiles = RT - t0;
-    const i64 lo = L.firstAfter(j), m = nloc - lo;
-    const i64 S = chunksFor(GEMV_TARGET, tiles, m, 4 * NW, smax);  // one unrolled pass of 4 columns per warp
-    const i64 b = blockIdx.x;
-    if (b >= tiles * S) return;
-    const i64 tile = t0 + b / S, split = b % S;
-    const i64 chunk = (m + S - 1) / S;
-    const i64 c0 = lo + split * chunk, c1 = min(nloc, c0 + chunk);
-    const int lane = threadIdx.x & 31;
-    const i64 r = tile * 32 + lane;
-    double acc = 0.0;
-    if (r > j && r < n) {
-#pragma unroll 4
-      for (i64 c = c0 + (threadIdx.x >> 5); c < c1; c += NW) acc += C[r + c * n] * v.at(L.glob(c));
-    }
-    const double sum = tileSum(acc, sh);  // warp 0 holds the chunk's rows
-    if (split == 0 && threadIdx.x >= 32 && threadIdx.x < 64 && r < n) P[r + k * n] = v.at(r);
-    if (b == 0 && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
-    if (S == 1) {
-      if (threadIdx.x < 32 && r < n) y[r] = sum;
-      return;
-    }
-    if (threadIdx.x < 32 && r < n) ypart[split * n + r] = sum;
-    if (lastBlock(tick + tile, S) && threadIdx.x < 32 && r < n) y[r] = orderedSum(ypart + r, S, n);
-    return;
-  }
-  panelDot(P, n, nb, k, v, s, blockIdx.x - gemvBlocks, sh);
-}
-
-// Every rank, after the Bcast: the same product as sytrd_gemv from the LOWER triangle of the
-// local columns only (C is symmetric; the trailing updates keep rows >= the column current),
-// which halves the bytes read - the phase's memory traffic.  Element (i, g) with i > g of
+// Every rank, after the Bcast: y = C v over the local columns > j from the LOWER triangle of
+// the local columns only (C is symmetric and only its lower triangle is kept current: sygst
+// forms no other part, and the trailing updates' rows above the diagonal are never read), so
+// each stored element is read once - the phase's memory traffic.  Element (i, g) with i > g of
 // local column c (global g > j) adds C[i, g] v[g] to row i and C[i, g] v[i] to column g; the
 // diagonal adds C[g, g] v[g] once.  Rows go to y[:n], columns to y[n:] (by global index), and
 // the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
@@ -402,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_gemv(
 // (ticket ctick[chunk], over the chunk's busy tiles) adds each column's partials in tile
 // order.  Unit (tile, chunk 0) also stores the tile's rows of v as P's V column k, and zeroes
 // its rows of y where no chunk reaches the tile.  2nb blocks (the grid's first, SY_DOT_FIRST)
-// compute s[q] as in sytrd_gemv.  Both halves of y hold stale values at rows <= j, which nothing reads.
+// compute s[q] = P[:, q] . v over the panel's used columns (panelDot).  Both halves of y hold stale values at rows <= j, which nothing reads.
 #define SY_R 256
 #define SY_U (SY_R / 32)
 // Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns

@@ -1,61 +1,76 @@
 """Symmetric tridiagonal eigensolver by divide and conquer (Cuppen; Gu-Eisenstat eigenvectors),
-written once for NumPy and CuPy (`xp`): the GPU path of the `stedc` step without a dense solve.
-
-Why: on GPUs the solver's stedc step ran cuSOLVER syevd on the dense n x n tridiagonal T (0.55 s
-at n = 8192 on an H200, as much as the whole one-GPU solve). Divide and conquer spends its time
-in one GEMM per merge (n x k x k) and O(k^2) elementwise work; cuSOLVER's own tridiagonal D&C
-(cusolverDnXstedc) is not in CUDA 13.0's cuSOLVER. Same arithmetic on host and device, no
-atomics, reductions in a fixed order: bitwise reproducible run to run on the same hardware.
+written once for NumPy and CuPy (`xp`), on one process or over the ranks of a communicator
+that each compute a contiguous block of rows of the eigenvector matrix: the stedc step of the
+solver without a dense solve and without an n x n matrix on any rank.
 
     T = [T1 0; 0 T2] + rho v v^T,   v = e_m + s e_{m+1},  s = sign(beta), rho = |beta|
     (beta = e[m-1]; T1, T2 with rho subtracted from their touching diagonal entries)
-    T1 = Q1 L1 Q1^T, T2 = Q2 L2 Q2^T (recursively; leaves: dense eigh, batched)
+    T1 = Q1 L1 Q1^T, T2 = Q2 L2 Q2^T (recursively; leaves: dense eigh)
     T = Q (L + rho z z^T) Q^T,  z = Q^T v = [last row of Q1; s * first row of Q2]
 
 The rank-one problem: deflation as LAPACK dlaed2 (tiny z components; nearly equal diagonal
 entries, joined by Givens rotations), the secular equation f(lam) = 1 + rho sum z_i^2/(d_i - lam)
 solved per root by bisection in coordinates relative to the nearer pole (so d_i - lam is
 formed without cancellation), and the eigenvectors from z recomputed from the roots
-(Gu-Eisenstat, as dlaed3), which keeps them numerically orthogonal.
+(Gu-Eisenstat, as dlaed3), which keeps them numerically orthogonal.  Same arithmetic on host
+and device, no atomics, reductions in a fixed order: bitwise reproducible run to run.
 
-The tree can be cut at its top merge (split_tree -> DCTree; solve_half for each half;
-merge_halves): the distributed solver (solver._stedc) solves the halves on two ranks and the
-top merge on every rank, with the bits of eigh_tridiagonal_dc, which runs the same steps."""
+T is scaled to |T| ~ 1 (as dstedc: the merges' tolerances are then absolute) and torn at every
+leaf boundary; the leaves are merged pairwise, bottom-up, left to right (an odd block out waits
+for the next level).
+
+Distributed (stedc_rows with a communicator): the leaves are dealt to the P ranks in contiguous
+groups, and rank r keeps rows [row_starts[r], row_starts[r+1]) of every block's eigenvector
+matrix on the way up: its leaves' eigenvectors, then its rows of each merge.  A merge needs
+only the children's eigenvalues (replicated) and z, two rows of the children's Q.  Per level:
+
+  one Allreduce of the level's z rows (each entry from the one rank that holds it, zeros from
+  the others: an exact sum); at the first level it carries the leaves' eigenvalues too;
+  the deflation, a sequential scan of k numbers, on every rank (the same bits in, the same
+  decisions out);
+  the secular equation's roots dealt to the ranks, one Allgather: every root is computed
+  once, so every rank has the same eigenvalues, bit for bit;
+  each rank its rows of the merged eigenvectors: (its rows x k) @ (k x k), the right factor
+  generated from the roots in chunks of columns and never stored whole.
+
+A rank holds at most two copies of its rows (rows x n at the top merge) and work arrays of
+k x chunk_width(k) elements; the solver then delivers the eigenvectors by columns with one
+Alltoallv (layout.rows_to_columns)."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import env_int, kept_streams, raw_module, tridiagonal_matrix
+from ._xp import kept_streams, raw_module, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
-# leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
-# takes matrices of at most 32 rows); HPCCOLL_DC_LEAF.  512 with 4 streams was the fastest at
-# n = 8192 on 2xH200 (bench/dc_profile.py --leaf 128,256,512 --streams 1,4 at 49edb7b: random T
-# 0.090 s against 0.132 for the earlier 256 on one stream)
-LEAF_DEVICE = env_int("HPCCOLL_DC_LEAF", 512, 2, "rows per leaf of the GPU divide and conquer")
+# Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
+# takes matrices of at most 32 rows); 512 with 4 streams was the fastest at n = 8192 on 2xH200
+# (bench/dc_profile.py).
+LEAF_DEVICE = 512
 # Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
-# "host" (LAPACK's MRRR tridiagonal solver per leaf, O(m^2), then one upload); see
-# bench/dc_profile.py, which times both.
-LEAVES = os.environ.get("HPCCOLL_DC_LEAVES", "device")
-if LEAVES not in ("device", "host"):
-    raise ValueError(f"HPCCOLL_DC_LEAVES={LEAVES!r}: use device or host")
-# Device leaves go round-robin over this many streams: one syevd of 256 rows is a chain of small
-# kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on any
-# stream).  HPCCOLL_DC_STREAMS; bench/dc_profile.py --streams compares.
-STREAMS = env_int("HPCCOLL_DC_STREAMS", 4, 1, "CUDA streams for the leaves")
+# "host" (LAPACK's MRRR tridiagonal solver per leaf, then one upload); bench/dc_profile.py
+# times both.
+LEAVES = "device"
+# Device leaves go round-robin over this many streams: one syevd of a leaf is a chain of small
+# kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on
+# any stream).
+STREAMS = 4
 SECULAR_STEPS = 64   # at most (every test matrix converged in <= 12); see _secular
-CHUNK = 1 << 24      # elements of the (roots x poles) work arrays materialized at once
+# The work arrays of a merge with k poles (roots x poles in the secular equation, poles x
+# columns of the eigenvectors) are k x chunk_width(k): on the host CHUNK_HOST roots or columns
+# at a time, on the GPU about CHUNK_DEVICE elements.  A constant of the memory model
+# (docs/eigensolver.md): it does not shrink with the rank count, so it is kept small.
+CHUNK_HOST = 64
+CHUNK_DEVICE = 1 << 22
 EPS = float(np.finfo(np.float64).eps)
 
 # Seconds per step, summed over a solve, when a dict is put here (bench/dc_profile.py); each
 # step then ends with a device synchronize, so leave it None outside profiling.
 PROFILE: dict | None = None
-
 
 TPB = 256  # dc_kernels.cu's block
 
@@ -77,95 +92,122 @@ class _step:
             PROFILE[self.name] = PROFILE.get(self.name, 0.0) + time.perf_counter() - self.t0
 
 
-def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
-    """(w ascending, Z) with T = Z diag(w) Z^T for the symmetric tridiagonal T = (d, e); float64.
+def chunk_width(k: int, xp) -> int:
+    """Roots, rows or columns per work array of a merge with k poles."""
+    return CHUNK_HOST if xp is np else max(1, CHUNK_DEVICE // max(k, 1))
 
-    d: (n,), e: (n-1,) arrays of module xp (numpy or cupy); results of the same module.
-    The tree's two halves and its top merge are split_tree / solve_half / merge_halves, which
-    the distributed solver runs on two ranks; this is the same three steps on one."""
+
+@dataclass
+class Rows:
+    """A rank's share of a tridiagonal eigensolution: w (every eigenvalue, ascending; the same
+    bits on every rank), row_starts (P + 1 boundaries: rank r has rows [row_starts[r],
+    row_starts[r+1])), and `rows`, this rank's rows of the eigenvector matrix (F order, the
+    eigenvector of w[p] in column place[p]; take it with take_rows, which lets it go)."""
+
+    w: object
+    row_starts: list
+    rows: object
+
+    def take_rows(self):
+        rows, self.rows = self.rows, None
+        return rows
+
+
+def eigh_tridiagonal_dc(d, e, xp=np, leaf: int | None = None):
+    """(w ascending, Z) with T = Z diag(w) Z^T for the symmetric tridiagonal T = (d, e), on this
+    process; float64.  d: (n,), e: (n-1,) arrays of module xp (numpy or cupy); results of the
+    same module."""
+    return _solved(stedc_rows(d, e, None, xp, leaf=leaf))
+
+
+def _solved(res: Rows):
+    return res.w, res.take_rows()
+
+
+class _Team:
+    """The ranks of a solve (comm None: this process alone) and the two collectives it uses."""
+
+    def __init__(self, comm, xp):
+        self.comm, self.xp = comm, xp
+        self.rank, self.size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+
+    def sum_disjoint(self, x):
+        """x summed over the ranks, where every entry is nonzero on at most one rank (exact)."""
+        if self.size == 1:
+            return x
+        out = self.xp.empty_like(x)
+        self.comm.Allreduce(x, out)
+        return out
+
+    def gather(self, x):
+        """(size, x.size): every rank's x, in rank order."""
+        if self.size == 1:
+            return x[None]
+        out = self.xp.empty((self.size, x.size), dtype=x.dtype)
+        self.comm.Allgather(x, out)
+        return out
+
+
+@dataclass
+class _Node:
+    a: int            # rows and columns [a, b) of T
+    b: int
+    w: object         # eigenvalues (host, ascending; scaled), None until shared
+    Q: object         # this rank's rows of the eigenvectors, rows [max(a, r0), min(b, r1)), or None
+
+
+def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Rows:
+    """Every eigenvalue, and this rank's block of rows of the eigenvectors, of the symmetric
+    tridiagonal T = (d, e) (the same d, e on every rank); see the module doc.
+
+    comm: an hpccoll Communicator, or None for this process alone (then the rows are all of Z).
+    leaf: rows per leaf (default LEAF on the host, LEAF_DEVICE on the GPU; at most n / P, so
+    that every rank has a leaf).  place: a permutation of range(n), the column of `rows`
+    that receives the eigenvector of w[p] (default: p)."""
+    team = _Team(comm, xp)
     d, e, scale = _checked_and_scale(d, e, xp)
     n = int(d.shape[0])
-    if scale == 0.0:  # empty or zero T
-        return xp.zeros(n), xp.eye(n)
-    leaf = _leaf_size(leaf, xp)
-    if n <= leaf:  # one leaf: no tree
-        w, Z = _dense(d / scale, e / scale, xp)
-        return w * scale, Z
-    tree = _tree(d, e, scale, leaf, xp)
-    return merge_halves(tree, solve_half(tree, 0, xp), solve_half(tree, 1, xp), xp)
+    if n == 0:
+        return Rows(xp.zeros(0), [0] * (team.size + 1), xp.zeros((0, 0), order="F"))
+    if scale == 0.0:
+        scale = 1.0          # T = 0 (or empty): the leaves give Q = I and every merge just sorts
+    leaf = _leaf_size(leaf, xp, n, team.size)
+    bounds, tears, dt, et = _tear(d, e, scale, leaf, xp)
+    first = _first_leaves(len(bounds) - 1, team.size)
+    row_starts = [bounds[i] for i in first]
+    r0, r1 = row_starts[team.rank], row_starts[team.rank + 1]
+    mine = range(first[team.rank], first[team.rank + 1])
+    nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1)]
+    if r1 > r0:
+        with _step("leaves", xp):
+            pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
+                             xp)
+        for i, (w, Q) in zip(mine, pieces):
+            nodes[i].w, nodes[i].Q = _host(w), Q
+    place = np.arange(n) if place is None else np.asarray(place)
+    shared = False       # are the leaves' eigenvalues known to every rank yet?
+    while len(nodes) > 1 or not shared:
+        pairs = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
+        zs = _share_level(team, nodes, pairs, n, r0, r1, shared, xp)
+        shared = True
+        if not pairs:
+            break
+        merged = _merge_level(team, pairs, zs, tears, r0, r1, place if len(nodes) == 2 else None, xp)
+        nodes = merged + ([nodes[-1]] if len(nodes) % 2 else [])
+    top = nodes[0]
+    Z = top.Q
+    if len(bounds) == 2 and Z is not None:   # one leaf, never merged: put its columns in place
+        Z = _placed(Z, place, xp)
+    if Z is None:
+        Z = xp.zeros((0, n), order="F")
+    return Rows(xp.asarray(top.w * scale), row_starts, Z)
 
 
-@dataclass(frozen=True)
-class DCTree:
-    """The divide-and-conquer tree of T = (d, e), as eigh_tridiagonal_dc walks it.
-
-    T is scaled to |T| ~ 1 (as dstedc: the tolerances of the merges are then absolute) and
-    torn at every leaf boundary b, T = blockdiag + rho v v^T with rho = |e[b-1]| subtracted
-    from the two diagonal entries it couples.  The leaves [bounds[i], bounds[i+1]) are solved
-    dense and merged pairwise, bottom-up, left to right; so the last merge joins the first
-    `top` leaves (the largest power of two below the leaf count: a perfect subtree) with the
-    rest, and either half, merged on its own by the same pairwise loop, is the very block that
-    loop would have built inside the whole tree (the left half's blocks come in even numbers
-    at every level, so the right half's pairs are the same pairs)."""
-
-    d: object                # scaled, torn diagonal (xp array)
-    e: object                # scaled off-diagonal (xp array)
-    bounds: tuple            # leaf boundaries, 0 = b_0 < ... < b_L = n
-    tears: dict              # boundary -> (rho, sign of e[b-1]) of the coupling torn there
-    top: int                 # leaves in the left half
-    scale: float             # |T|: eigenvalues come back multiplied by it
-
-    def half_rows(self, half: int) -> tuple[int, int]:
-        """Rows [a, b) of half 0 (left) or 1 (right)."""
-        split = self.bounds[self.top]
-        return (0, split) if half == 0 else (split, self.bounds[-1])
-
-
-def split_tree(d, e, xp=np, leaf: int | None = None) -> DCTree | None:
-    """The tree of T = (d, e) when it has a top merge to split, else None (n <= leaf, or T = 0:
-    solve with eigh_tridiagonal_dc).  Then merge_halves(tree, solve_half(tree, 0, xp),
-    solve_half(tree, 1, xp), xp) is eigh_tridiagonal_dc(d, e, xp, leaf), bit for bit."""
-    d, e, scale = _checked_and_scale(d, e, xp)
-    leaf = _leaf_size(leaf, xp)
-    if scale == 0.0 or int(d.shape[0]) <= leaf:
-        return None
-    return _tree(d, e, scale, leaf, xp)
-
-
-def solve_half(tree: DCTree, half: int, xp=np):
-    """(w, Q) of the scaled, torn block of half 0 (left) or 1 (right): its leaves, merged
-    pairwise bottom-up (eigenvalues ascending, still scaled)."""
-    a, b = tree.half_rows(half)
-    bounds = tree.bounds[:tree.top + 1] if half == 0 else tree.bounds[tree.top:]
-    with _step("leaves", xp):
-        pieces = _leaves(tree.d[a:b], tree.e[a:b - 1], [x - a for x in bounds], xp)
-    return _merge_pairwise(bounds, pieces, tree.tears, xp)
-
-
-def _merge_pairwise(bounds, pieces, tears, xp):
-    """(w, Q) of the consecutive leaves [bounds[i], bounds[i+1]) with eigenpairs pieces[i],
-    merged pairwise, bottom-up, left to right (an odd block out waits for the next level),
-    each merge undoing the tear at the boundary between its two blocks."""
-    blocks = [(bounds[i], bounds[i + 1], w, Q) for i, (w, Q) in enumerate(pieces)]
-    while len(blocks) > 1:
-        merged = []
-        for i in range(0, len(blocks) - 1, 2):
-            (a0, a1, w1, Q1), (_, b1, w2, Q2) = blocks[i], blocks[i + 1]
-            rho, s = tears[a1]
-            w, Q = _merge(w1, Q1, w2, Q2, rho, s, xp)
-            merged.append((a0, b1, w, Q))
-        if len(blocks) % 2:
-            merged.append(blocks[-1])
-        blocks = merged
-    return blocks[0][2], blocks[0][3]
-
-
-def merge_halves(tree: DCTree, left, right, xp=np):
-    """(w ascending, Z) of T from the halves' (w, Q) (solve_half's): the tree's top merge, and
-    the eigenvalues scaled back."""
-    rho, s = tree.tears[tree.bounds[tree.top]]
-    w, Z = _merge(*left, *right, rho, s, xp)
-    return w * tree.scale, Z
+def _placed(Z, place, xp):
+    """Z's columns moved to columns place[p]."""
+    out = xp.empty(Z.shape, dtype=Z.dtype, order="F")
+    out[:, xp.asarray(place)] = Z
+    return out
 
 
 def _checked_and_scale(d, e, xp):
@@ -183,32 +225,223 @@ def _checked_and_scale(d, e, xp):
     return d, e, scale
 
 
-def _leaf_size(leaf, xp) -> int:
+def row_starts_of(n: int, nranks: int, *, device: bool = False, leaf: int | None = None) -> list:
+    """The row blocks stedc_rows gives the ranks: rank r computes rows [starts[r], starts[r+1])."""
+    leaf = _leaf_size(leaf, None if device else np, n, nranks)
+    bounds = list(range(0, n, leaf)) + [n]
+    return [bounds[i] for i in _first_leaves(len(bounds) - 1, nranks)]
+
+
+def _first_leaves(nleaves: int, nranks: int) -> list:
+    """The first leaf of each rank (and nleaves): contiguous groups, as even as they go."""
+    return [(r * nleaves) // nranks for r in range(nranks + 1)]
+
+
+def _leaf_size(leaf, xp, n: int, nranks: int) -> int:
+    """Rows per leaf: the default of the array module, at most n / nranks (every rank gets a
+    leaf), at least 2 (no diagonal entry is torn twice)."""
     if leaf is None:
         leaf = LEAF if xp is np else LEAF_DEVICE
-    return max(int(leaf), 2)   # >= 2: no diagonal entry is torn twice
+    return max(min(int(leaf), -(-n // nranks)), 2)   # (xp None: the GPU's)
 
 
-def _tree(d, e, scale, leaf, xp) -> DCTree:
-    """T scaled by 1/scale and torn at the multiples of `leaf` (n > leaf)."""
+def _tear(d, e, scale, leaf, xp):
+    """(bounds, tears, d, e) of T scaled by 1/scale and torn at the multiples of `leaf`: bounds
+    the leaf boundaries 0 = b_0 < ... < b_L = n; tears {b: (rho, sign of e[b-1])} of each
+    coupling torn, rho = |e[b-1]| subtracted from the two diagonal entries it couples."""
     n = int(d.shape[0])
     d, e = d / scale, e / scale
     bounds = tuple(range(0, n, leaf)) + (n,)
-    cuts = np.array(bounds[1:-1])
+    cuts = np.array(bounds[1:-1], dtype=np.int64)
+    if not cuts.size:
+        return bounds, {}, d, e
     betas = _host(e[xp.asarray(cuts - 1)])          # one copy, not one per boundary
     rhos = np.abs(betas)
     tears = {int(b): (float(rho), 1.0 if beta >= 0 else -1.0) for b, rho, beta in zip(cuts, rhos, betas)}
     cut, rho_x = xp.asarray(cuts), xp.asarray(rhos)
     d[cut - 1] -= rho_x
     d[cut] -= rho_x
-    leaves = len(bounds) - 1                         # >= 2
-    top = 1 << ((leaves - 1).bit_length() - 1)       # the largest power of two below `leaves`
-    return DCTree(d, e, bounds, tears, top, scale)
+    return bounds, tears, d, e
+
+
+def _share_level(team: _Team, nodes, pairs, n: int, r0: int, r1: int, shared: bool, xp):
+    """The z vectors of the level's merges (host), from the ranks that hold their rows: one
+    Allreduce, which at the first level (shared False) also gives every rank the leaves'
+    eigenvalues (stored in the nodes).  Host buffers: a few n numbers, through MPI."""
+    head = 0 if shared else n
+    buf = np.zeros(head + sum(R.b - L.a for L, R in pairs))
+    if not shared:
+        for node in nodes:
+            if node.Q is not None:
+                buf[node.a:node.b] = node.w
+    at, spans = head, []
+    for L, R in pairs:
+        m, width = L.b, R.b - L.a
+        if r0 <= m - 1 < r1:                         # the last row of the left child's Q
+            buf[at:at + m - L.a] = _host(L.Q[m - 1 - max(L.a, r0)])
+        if r0 <= m < r1:                             # the first row of the right child's Q
+            buf[at + m - L.a:at + width] = _host(R.Q[m - max(R.a, r0)])
+        spans.append((at, at + width))
+        at += width
+    buf = team.sum_disjoint(buf)
+    if not shared:
+        for node in nodes:
+            node.w = buf[node.a:node.b].copy()
+    return [buf[a:b] for a, b in spans]
+
+
+@dataclass
+class _Plan:
+    """The rank-one problem of one merge after deflation (the same on every rank)."""
+
+    n1: int           # rows of the left child
+    perm: object      # sorted position -> column of blockdiag(Q1, Q2)
+    D: object         # the poles in sorted order (after the deflation's rotations)
+    keep: object      # positions kept for the secular equation, ordered by their pole
+    gone: object      # positions deflated
+    rots: list        # deflation rotations (a, b, c, s) on sorted positions
+    top: object       # per position: has entries in the left child's rows
+    bot: object       # ... in the right child's rows
+    dk: object        # kept poles, ascending
+    zk: object        # their z
+    rho: float
+
+    @property
+    def k(self) -> int:
+        return int(self.keep.size)
+
+
+def _deflation(L: _Node, R: _Node, z, tear) -> _Plan:
+    """dlaed2's deflation of the merge of L and R with the torn coupling tear = (rho, s)."""
+    rho, s = tear
+    n1 = L.b - L.a
+    D = np.concatenate([L.w, R.w])
+    z = z.copy()
+    z[n1:] *= s
+    perm = np.argsort(D, kind="stable")
+    D = D[perm]
+    top = perm < n1
+    bot = ~top
+    if rho == 0.0:   # no coupling: the merge only sorts
+        none = np.zeros(0, dtype=np.int64)
+        return _Plan(n1, perm, D, none, np.arange(D.size), [], top, bot, D[:0], D[:0], 0.0)
+    # z has norm sqrt(2) (two unit rows): scale to a unit vector, rho to match (dlaed2)
+    z = z[perm] / np.sqrt(2.0)
+    rho = 2.0 * rho
+    tol = 8.0 * EPS * max(np.max(np.abs(D)), np.max(np.abs(z)))
+    keep, gone, rots = _deflate(D, z, rho, tol)
+    # rows each column has entries in: the left child's (top) or the right's (bottom); a rotation mixes
+    for a, b, _, _ in rots:
+        top[a] = top[b] = top[a] | top[b]
+        bot[a] = bot[b] = bot[a] | bot[b]
+    keep = np.array(keep, dtype=np.int64)
+    dk, zk = D[keep], z[keep]
+    order = np.argsort(dk, kind="stable")         # rotations can reorder the kept poles slightly
+    return _Plan(n1, perm, D, keep[order], np.array(gone, dtype=np.int64), rots, top, bot, dk[order], zk[order], rho)
+
+
+def _roots(team: _Team, plans, xp):
+    """(origin, tau) of every root of every merge of the level (host arrays): each rank solves
+    a contiguous share of each merge's roots, one Allgather of all shares."""
+    P, q = team.size, team.rank
+    segs = [-(-p.k // P) for p in plans]
+    if not sum(segs):
+        return [(np.zeros(0, dtype=np.int64), np.zeros(0)) for _ in plans]
+    mine = np.zeros(2 * sum(segs))
+    at = 0
+    with _step("secular", xp):
+        for p, s in zip(plans, segs):
+            j0, j1 = min(q * s, p.k), min(q * s + s, p.k)
+            if j1 > j0:
+                origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1)
+                mine[at:at + j1 - j0] = _host(origin)
+                mine[at + s:at + s + j1 - j0] = _host(tau)
+            at += 2 * s
+    every = team.gather(mine)
+    out, at = [], 0
+    for p, s in zip(plans, segs):
+        # shares are contiguous ranges of the roots in rank order, padded at the end only
+        origin = every[:, at:at + s].reshape(-1)[:p.k].astype(np.int64)
+        tau = every[:, at + s:at + 2 * s].reshape(-1)[:p.k].copy()
+        out.append((origin, tau))
+        at += 2 * s
+    return out
+
+
+def _merge_level(team: _Team, pairs, zs, tears, r0: int, r1: int, place, xp):
+    """The merged nodes of one level: eigenvalues on every rank, this rank's rows of the
+    eigenvectors where it has rows.  place: the storage columns of the top merge (else None)."""
+    with _step("deflate", xp):
+        plans = [_deflation(L, R, z, tears[L.b]) for (L, R), z in zip(pairs, zs)]
+    roots = _roots(team, plans, xp)
+    out = []
+    for (L, R), plan, (origin, tau) in zip(pairs, plans, roots):
+        lam = np.concatenate([plan.dk[origin] + tau, plan.D[plan.gone]])
+        order = np.argsort(lam, kind="stable")
+        Q = None
+        if min(R.b, r1) > max(L.a, r0):
+            rank_of = np.empty(lam.size, dtype=np.int64)
+            rank_of[order] = np.arange(lam.size)          # item -> its place in ascending order
+            cols = rank_of if place is None else place[rank_of]
+            Q = _merge_rows(L, R, plan, origin, tau, cols, r0, r1, xp)
+        L.Q = R.Q = None
+        out.append(_Node(L.a, R.b, lam[order], Q))
+    return out
+
+
+def _merge_rows(L: _Node, R: _Node, plan: _Plan, origin, tau, cols, r0: int, r1: int, xp):
+    """This rank's rows of the merged eigenvectors: item t (the kept roots in order, then the
+    deflated positions) goes to column cols[t]."""
+    m = L.b
+    hL = max(0, min(m, r1) - max(L.a, r0))
+    hR = max(0, min(R.b, r1) - max(m, r0))
+    h, kn, n1 = hL + hR, R.b - L.a, plan.n1
+    with _step("rotate", xp):
+        Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
+        perm = plan.perm
+        posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
+        if hL:
+            Qs[:hL, xp.asarray(posL)] = L.Q[:, xp.asarray(perm[posL])]
+        if hR:
+            Qs[hL:, xp.asarray(posR)] = R.Q[:, xp.asarray(perm[posR] - n1)]
+        L.Q = R.Q = None
+        if plan.rots:
+            _rotate(Qs, plan.rots, xp)
+    keep, gone, k = plan.keep, plan.gone, plan.k
+    # the left rows meet only the columns with entries there (likewise the right): two GEMMs of
+    # about half the flops of one
+    topk, botk = np.nonzero(plan.top[keep])[0], np.nonzero(plan.bot[keep])[0]
+    QkL = Qs[:hL][:, xp.asarray(keep[topk])] if hL and topk.size else None
+    QkR = Qs[hL:][:, xp.asarray(keep[botk])] if hR and botk.size else None
+    G = Qs[:, xp.asarray(gone)] if gone.size else None
+    del Qs
+    Z = xp.empty((h, kn), order="F")
+    cols_x = xp.asarray(cols)
+    if G is not None:
+        Z[:, cols_x[k:]] = G
+        del G
+    if k:
+        dx, ox, tx = xp.asarray(plan.dk), xp.asarray(origin), xp.asarray(tau)
+        with _step("vectors", xp):
+            zhat = _zhat(dx, ox, tx, xp.asarray(plan.zk), plan.rho, xp)
+        topk_x, botk_x = xp.asarray(topk), xp.asarray(botk)
+        width = chunk_width(k, xp)
+        for c0 in range(0, k, width):
+            c1 = min(c0 + width, k)
+            with _step("vectors", xp):
+                U = _u_chunk(dx, zhat, ox, tx, c0, c1, xp)
+            with _step("gemm", xp):
+                dst = cols_x[c0:c1]
+                if hL:
+                    Z[:hL, dst] = QkL @ U[topk_x] if QkL is not None else 0.0
+                if hR:
+                    Z[hL:, dst] = QkR @ U[botk_x] if QkR is not None else 0.0
+    return Z
 
 
 def _leaves(d, e, bounds, xp):
     """(w, Q) of every leaf [bounds[i], bounds[i+1]) of the torn (d, e), in order (bounds[0] = 0):
-    on the host, or on the GPU by cuSOLVER or (HPCCOLL_DC_LEAVES=host) by LAPACK."""
+    on the host, or on the GPU by cuSOLVER or (LEAVES = "host") by LAPACK."""
     if xp is not np and LEAVES == "host":
         return _leaves_on_host(d, e, bounds, xp)
     return _dense_batch(d, e, bounds, xp)
@@ -220,21 +453,19 @@ def _dense(d, e, xp):
 
 def _dense_batch(d, e, bounds, xp):
     """eigh of every leaf [bounds[i], bounds[i+1]) (d already torn); equal-size leaves in one
-    batched call.  Whether a leaf goes through the batched call depends on its size alone, never
-    on how many leaves come with it: a half of the tree (solve_half) then gets the same bits
-    for its leaves as the whole tree (NumPy's batched eigh is LAPACK per matrix; CuPy's is
-    syevjBatched, a different method from the syevd of one matrix)."""
+    batched call on the host (and on the GPU below 33 rows, where CuPy batches through
+    syevjBatched), one call each otherwise."""
     out = []
     sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
     m = sizes[0]                                  # every leaf but maybe the last has m rows
     nb = len(sizes) if sizes[-1] == m else len(sizes) - 1
-    batched = xp is np or m <= 32   # CuPy batches eigh through syevjBatched (<= 32 rows)
+    batched = (xp is np or m <= 32) and m >= 2
     if batched:
         T = xp.zeros((nb, m, m))
         idx = xp.arange(m)
         T[:, idx, idx] = d[:nb * m].reshape(nb, m)
         ep = xp.concatenate([e, xp.zeros(1)])            # e has n - 1 entries: pad the last leaf's
-        ee = ep[:nb * m].reshape(nb, m)[:, :m - 1]       # m >= 2 (leaf sizes are)
+        ee = ep[:nb * m].reshape(nb, m)[:, :m - 1]
         T[:, idx[1:], idx[:-1]] = ee
         T[:, idx[:-1], idx[1:]] = ee
         w, Q = xp.linalg.eigh(T)
@@ -285,75 +516,6 @@ def _leaves_on_host(d, e, bounds, xp):
     return out
 
 
-def _merge(w1, Q1, w2, Q2, rho, s, xp):
-    """Eigen-decomposition of blockdiag(Q1 diag(w1) Q1^T, Q2 diag(w2) Q2^T) + rho v v^T."""
-    n1, n2 = int(w1.shape[0]), int(w2.shape[0])
-    n = n1 + n2
-    with _step("assemble", xp):
-        Q = xp.zeros((n, n))
-        Q[:n1, :n1] = Q1
-        Q[n1:, n1:] = Q2
-        D = xp.concatenate([w1, w2])
-        z = xp.concatenate([Q1[n1 - 1, :], s * Q2[0, :]])
-    if rho == 0.0:
-        order = xp.argsort(D, kind="stable") if xp is np else xp.argsort(D)
-        return D[order], Q[:, order]
-    with _step("deflate", xp):
-        # the rank-one problem, on the host: n numbers (deflation is a sequential scan)
-        Dh = _host(D)
-        zh = _host(z)
-        # z has norm sqrt(2) (two unit rows): scale to a unit vector, rho to match (dlaed2)
-        zh = zh / np.sqrt(2.0)
-        rho = 2.0 * rho
-        perm = np.argsort(Dh, kind="stable")
-        Dh, zh = Dh[perm], zh[perm]
-        tol = 8.0 * EPS * max(np.max(np.abs(Dh)), np.max(np.abs(zh)))
-        keep, gone, rots = _deflate(Dh, zh, rho, tol)
-        # rows each column of Qs has entries in: Q1's (top) or Q2's (bottom); a rotation mixes
-        top = perm < n1
-        bot = ~top
-        for a, b, _, _ in rots:
-            top[a] = top[b] = top[a] | top[b]
-            bot[a] = bot[b] = bot[a] | bot[b]
-    with _step("rotate", xp):
-        Qs = Q[:, xp.asarray(perm)]
-        if rots:
-            Qs = _rotate(Qs, rots, xp)
-    k = len(keep)
-    lam_parts, vec_parts = [], []
-    if k:
-        dk, zk = Dh[keep], zh[keep]
-        order_k = np.argsort(dk, kind="stable")   # rotations can reorder the kept poles slightly
-        keep = np.array(keep)[order_k]
-        dk, zk = dk[order_k], zk[order_k]
-        with _step("secular", xp):
-            origin, tau = _secular(dk, zk, rho, xp)
-            lam = _host(xp.asarray(dk)[origin] + tau)
-        with _step("vectors", xp):
-            U = _vectors(dk, zk, rho, origin, tau, xp)
-        with _step("gemm", xp):
-            # Q1's rows meet only the columns with entries there (likewise Q2's): two GEMMs of
-            # about half the flops of one n x k x k product
-            Zk = xp.empty((n, k))
-            for rows, has in ((slice(0, n1), top[keep]), (slice(n1, n), bot[keep])):
-                cols = np.nonzero(has)[0]
-                if cols.size:
-                    Zk[rows] = Qs[rows, xp.asarray(keep[cols])] @ U[xp.asarray(cols)]
-                else:
-                    Zk[rows] = 0.0
-        lam_parts.append(lam)
-        vec_parts.append(Zk)
-    with _step("finish", xp):
-        if gone:
-            gone_arr = np.array(gone)
-            lam_parts.append(Dh[gone_arr])
-            vec_parts.append(Qs[:, xp.asarray(gone_arr)])
-        lam = np.concatenate(lam_parts)
-        order = np.argsort(lam, kind="stable")
-        Z = xp.concatenate(vec_parts, axis=1)[:, xp.asarray(order)]
-    return xp.asarray(lam[order]), Z
-
-
 def _deflate(Dh, zh, rho, tol):
     """dlaed2's scan over the sorted poles (Dh, zh updated in place): a tiny z component
     deflates its pole; two poles closer than tol (in the rotated sense) are joined by a Givens
@@ -394,7 +556,7 @@ def _host(a):
 
 
 def _rotate(Q, rots, xp):
-    """Apply the deflation rotations to the columns of Q, in order, as dlaed2's DROT:
+    """Apply the deflation rotations to the columns of Q in place, in order, as dlaed2's DROT:
     column a <- c a + s b, column b <- c b - s a (so that z_a becomes 0 and z_b becomes tau).
 
     The rotations come in chains (each one's b is the next one's a).  A chain of L columns is
@@ -423,16 +585,15 @@ def _rotate(Q, rots, xp):
         G[at:at + L, at:at + L] = g
         at += L
     idx = xp.asarray(np.array(cols))
-    Q = Q.copy()
     Q[:, idx] = Q[:, idx] @ xp.asarray(G)
     return Q
 
 
-def _secular(d, z, rho, xp):
-    """Roots of f(lam) = 1 + rho sum z_i^2 / (d_i - lam) (d strictly increasing, rho > 0): one in
-    each (d_j, d_{j+1}), the last in (d_k, d_k + rho |z|^2].  Returned as (origin, tau) with
-    lam_j = d[origin_j] + tau_j, origin the nearer pole, so d_i - lam_j = (d_i - d_origin) - tau
-    is formed without cancellation.
+def _secular(d, z, rho, xp, j0: int = 0, j1: int | None = None):
+    """Roots j0 .. j1-1 of f(lam) = 1 + rho sum z_i^2 / (d_i - lam) (d strictly increasing,
+    rho > 0; host arrays d, z): one in each (d_j, d_{j+1}), the last in (d_k, d_k + rho |z|^2].
+    Returned as (origin, tau) (arrays of xp) with lam_j = d[origin_j] + tau_j, origin the nearer
+    pole, so d_i - lam_j = (d_i - d_origin) - tau is formed without cancellation.
 
     Each iteration proposes two steps from the current t and keeps, per root, the one with the
     smaller |f| (both inside the root's bracket; else a geometric bisection on the origin's side):
@@ -442,57 +603,60 @@ def _secular(d, z, rho, xp):
       - "origin exact": the origin's pole with its true weight, the rest linear in tau; fast
         when the root sits within ~1e-14 of a pole whose weight is tiny (Wilkinson matrices),
         where the middle way only halves the distance per step.
-    Stops when f is zero to within its rounding error at every root (same inputs, same steps)."""
+    Stops when f is zero to within its rounding error at every root (same inputs, same steps);
+    a root's iteration does not depend on which other roots are solved with it."""
     k = d.size
+    j1 = k if j1 is None else j1
     dx, z2 = xp.asarray(d), xp.asarray(z * z)
     if xp is not np:  # the same iteration, one block per root, no host round trip (dc_kernels.cu)
-        origin, tau = xp.empty(k, dtype=xp.int64), xp.empty(k)
+        count = j1 - j0
+        origin, tau = xp.empty(count, dtype=xp.int64), xp.empty(count)
         secular = raw_module("dc_kernels.cu").get_function("dc_secular")
-        secular((k,), (TPB,), (dx, z2, np.int64(k), np.float64(rho), np.float64(rho * float((z * z).sum())),
-                               np.float64(EPS), np.int32(SECULAR_STEPS), origin, tau))
+        secular((count,), (TPB,), (dx, z2, np.int64(k), np.int64(j0), np.float64(rho),
+                                   np.float64(rho * float((z * z).sum())), np.float64(EPS),
+                                   np.int32(SECULAR_STEPS), origin, tau))
         return origin, tau
     width = np.empty(k)
     width[:-1] = d[1:] - d[:-1]
     width[-1] = rho * float((z * z).sum())
-    last = xp.asarray(np.arange(k) == k - 1)
-    Delta = xp.asarray(width)
-    left0 = xp.arange(k)
+    roots = np.arange(j0, j1)
+    last = roots == k - 1
+    Delta = width[j0:j1]
     mid = Delta / 2.0
-    psi, _, phi, _ = _parts(dx, z2, left0, mid, xp)
+    psi, _, phi, _ = _parts(dx, z2, roots, roots, mid, xp)
     right = (1.0 + rho * (psi + phi) <= 0.0) & ~last     # f(mid) <= 0: the root is in the right half
-    origin = xp.where(right, left0 + 1, left0)
-    lo = xp.where(right, -mid, 0.0)
-    hi = xp.where(right, 0.0, xp.where(last, Delta, mid))
+    origin = np.where(right, roots + 1, roots)
+    lo = np.where(right, -mid, 0.0)
+    hi = np.where(right, 0.0, np.where(last, Delta, mid))
     t = (lo + hi) / 2.0
-    pL = xp.where(right, -Delta, 0.0)                    # the interval's poles, relative to the origin
-    pR = xp.where(right, 0.0, Delta)
+    pL = np.where(right, -Delta, 0.0)                    # the interval's poles, relative to the origin
+    pR = np.where(right, 0.0, Delta)
     c_o = rho * z2[origin]                               # the origin's pole weight
-    parts = _parts(dx, z2, origin, t, xp)
+    parts = _parts(dx, z2, roots, origin, t, xp)
     for _ in range(SECULAR_STEPS):
         psi, dpsi, phi, dphi = parts
         f = 1.0 + rho * (psi + phi)
         # converged (as LAPACK dlaed4): |f| within a few rounding errors of its terms (psi <= 0
         # <= phi, sums of one sign) plus eps |tau| f', the change of f over a relative error
-        # eps of tau.  (8 k eps |terms| before 2026-11-30 stopped up to ~k eps / f' away from
-        # the root: 880 eps on one random matrix in 400, the last root of a merge of 128)
-        done = xp.abs(f) <= EPS * (8.0 * (1.0 + rho * (xp.abs(psi) + xp.abs(phi))) + xp.abs(t) * rho * (dpsi + dphi))
+        # eps of tau
+        done = np.abs(f) <= EPS * (8.0 * (1.0 + rho * (np.abs(psi) + np.abs(phi))) + np.abs(t) * rho * (dpsi + dphi))
         if bool(done.all()):
             break
-        lo = xp.where(f < 0.0, t, lo)                    # f increases with lam
-        hi = xp.where(f >= 0.0, t, hi)
+        lo = np.where(f < 0.0, t, lo)                    # f increases with lam
+        hi = np.where(f >= 0.0, t, hi)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            s_mid = _middle_way(psi, dpsi, phi, dphi, t, pL, pR, Delta, rho, right, last, xp)
-            s_org = _origin_exact(psi, dpsi, phi, dphi, t, c_o, rho, right, xp)
+            s_mid = _middle_way(psi, dpsi, phi, dphi, t, pL, pR, Delta, rho, right, last, np)
+            s_org = _origin_exact(psi, dpsi, phi, dphi, t, c_o, rho, right, np)
         floor = EPS * EPS * Delta                        # geometric bisection on the origin's side
-        split = xp.sqrt(xp.maximum(xp.abs(lo), floor) * xp.maximum(xp.abs(hi), floor))
-        split = xp.where(right, -split, split)
-        cands = [xp.where((s >= lo) & (s <= hi) & xp.isfinite(s), s, split) for s in (s_mid, s_org)]
-        evals = [_parts(dx, z2, origin, c, xp) for c in cands]
-        fs = [xp.abs(1.0 + rho * (e[0] + e[2])) for e in evals]
+        split = np.sqrt(np.maximum(np.abs(lo), floor) * np.maximum(np.abs(hi), floor))
+        split = np.where(right, -split, split)
+        cands = [np.where((s >= lo) & (s <= hi) & np.isfinite(s), s, split) for s in (s_mid, s_org)]
+        evals = [_parts(dx, z2, roots, origin, c, xp) for c in cands]
+        fs = [np.abs(1.0 + rho * (e[0] + e[2])) for e in evals]
         pick = fs[1] < fs[0]
-        t_new = xp.where(pick, cands[1], cands[0])
-        t = xp.where(done, t, t_new)
-        parts = [xp.where(done, p0, xp.where(pick, p2, p1)) for p0, p1, p2 in zip(parts, evals[0], evals[1])]
+        t_new = np.where(pick, cands[1], cands[0])
+        t = np.where(done, t, t_new)
+        parts = [np.where(done, p0, np.where(pick, p2, p1)) for p0, p1, p2 in zip(parts, evals[0], evals[1])]
     return origin, t
 
 
@@ -527,48 +691,56 @@ def _origin_exact(psi, dpsi, phi, dphi, t, c_o, rho, right, xp):
     return xp.where(right, down, up)
 
 
-def _parts(d, z2, origin, tau, xp):
-    """psi, psi', phi, phi' at lam = d[origin] + tau for every root j at once: psi sums
+def _parts(d, z2, roots, origin, tau, xp):
+    """psi, psi', phi, phi' at lam = d[origin] + tau for the given roots j: psi sums
     z_i^2 / (d_i - lam) over the poles i <= j, phi over i >= j+1; differences d_i - lam formed
-    as (d_i - d_origin) - tau.  In chunks of roots x poles."""
+    as (d_i - d_origin) - tau.  In chunks of roots x poles (host)."""
     k = d.size
-    out = [xp.empty(origin.size) for _ in range(4)]
-    rows = max(1, CHUNK // max(k, 1))
-    cols = xp.arange(k)
-    for r0 in range(0, origin.size, rows):
+    out = [np.empty(roots.size) for _ in range(4)]
+    rows = chunk_width(k, np)
+    cols = np.arange(k)
+    for r0 in range(0, roots.size, rows):
         o = origin[r0:r0 + rows]
         t = tau[r0:r0 + rows]
-        j = xp.arange(r0, r0 + o.size)
+        j = roots[r0:r0 + rows]
         delta = (d[None, :] - d[o][:, None]) - t[:, None]
         q = z2[None, :] / delta
         q2 = q / delta
         left = cols[None, :] <= j[:, None]
-        out[0][r0:r0 + rows] = xp.where(left, q, 0.0).sum(axis=1)
-        out[1][r0:r0 + rows] = xp.where(left, q2, 0.0).sum(axis=1)
-        out[2][r0:r0 + rows] = xp.where(left, 0.0, q).sum(axis=1)
-        out[3][r0:r0 + rows] = xp.where(left, 0.0, q2).sum(axis=1)
+        out[0][r0:r0 + rows] = np.where(left, q, 0.0).sum(axis=1)
+        out[1][r0:r0 + rows] = np.where(left, q2, 0.0).sum(axis=1)
+        out[2][r0:r0 + rows] = np.where(left, 0.0, q).sum(axis=1)
+        out[3][r0:r0 + rows] = np.where(left, 0.0, q2).sum(axis=1)
     return out
 
 
-def _vectors(d, z, rho, origin, tau, xp):
-    """Eigenvectors of diag(d) + rho z z^T from the roots: z recomputed from them (Gu-Eisenstat,
-    as dlaed3), u_j = zhat / (d - lam_j) normalized."""
-    dx = xp.asarray(d)
+def _zhat(d, origin, tau, z, rho, xp):
+    """z recomputed from the roots (Gu-Eisenstat, as dlaed3): zhat_i^2 = prod_j (lam_j - d_i) /
+    (rho prod_{j != i} (d_j - d_i)), a product of ratios (lam_j - d_i)/(d_j - d_i) near 1, times
+    (lam_i - d_i); zhat_i takes z_i's sign.  Arrays of xp."""
     k = d.size
-    # zhat_i^2 = prod_j (lam_j - d_i) / (rho prod_{j != i} (d_j - d_i)): a product of ratios
-    # (lam_j - d_i)/(d_j - d_i) near 1, times (lam_i - d_i)
-    lam_minus_d = (dx[origin][None, :] - dx[:, None]) + tau[None, :]      # [i, j] = lam_j - d_i
+    zhat = xp.empty(k)
     if xp is not np:  # the product in one fused pass (dc_kernels.cu)
-        zhat = xp.empty(k)
-        zhat_kernel = raw_module("dc_kernels.cu").get_function("dc_zhat")
-        zhat_kernel((k,), (TPB,), (dx, origin.astype(xp.int64, copy=False), tau, xp.asarray(z, dtype=xp.float64),
-                                   np.float64(rho), np.int64(k), zhat))
-    else:
-        dd = dx[None, :] - dx[:, None]                                      # [i, j] = d_j - d_i
-        eye = xp.eye(k, dtype=bool)
-        ratio = xp.where(eye, 1.0, lam_minus_d / xp.where(eye, 1.0, dd))
-        zhat2 = xp.prod(ratio, axis=1) * xp.diagonal(lam_minus_d) / rho
-        zhat = xp.copysign(xp.sqrt(xp.abs(zhat2)), xp.asarray(z))
+        kernel = raw_module("dc_kernels.cu").get_function("dc_zhat")
+        kernel((k,), (TPB,), (d, origin, tau, z, np.float64(rho), np.int64(k), zhat))
+        return zhat
+    rows = chunk_width(k, np)
+    lam_o = d[origin]
+    for i0 in range(0, k, rows):
+        i1 = min(i0 + rows, k)
+        di = d[i0:i1, None]
+        lam_minus_d = (lam_o[None, :] - di) + tau[None, :]                # [i, j] = lam_j - d_i
+        eye = np.arange(i0, i1)[:, None] == np.arange(k)[None, :]
+        ratio = np.where(eye, 1.0, lam_minus_d / np.where(eye, 1.0, d[None, :] - di))
+        zhat2 = np.prod(ratio, axis=1) * lam_minus_d[eye] / rho
+        zhat[i0:i1] = np.copysign(np.sqrt(np.abs(zhat2)), z[i0:i1])
+    return zhat
+
+
+def _u_chunk(d, zhat, origin, tau, c0: int, c1: int, xp):
+    """Columns c0 .. c1-1 of the rank-one problem's eigenvectors: u_j = zhat / (d - lam_j),
+    normalized (k x (c1 - c0), arrays of xp)."""
+    lam_minus_d = (d[origin[c0:c1]][None, :] - d[:, None]) + tau[None, c0:c1]
     U = -zhat[:, None] / lam_minus_d                  # zhat_i / (d_i - lam_j)
     U /= xp.sqrt((U * U).sum(axis=0))[None, :]
     return U

@@ -206,7 +206,11 @@ class HostBackend(Backend):
         v = call.v
         recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
         src = np.ascontiguousarray(_Staged(call.send).host)
-        t = _unit(src.itemsize)  # counts in elements of this size: each fits an int (validated)
+        big = max(v.send_counts + v.send_displs + v.recv_counts + v.recv_displs)
+        if big > MAX_COUNT:
+            raise ValueError(f"Alltoallv: a count or displacement of {big} elements exceeds an MPI count "
+                             f"({MAX_COUNT}): split the exchange into several calls")
+        t = _unit(src.itemsize)  # counts in elements of this size
         self._complete(self.comm.Ialltoallv([_bytes(src), (v.send_counts, v.send_displs), t],
                                             [_bytes(recv.host), (v.recv_counts, v.recv_displs), t]), call.name)
         recv.commit()

@@ -90,40 +90,38 @@ def test_gpu_ll128_path_is_accurate():
         c.Free()
 
 
-@pytest.mark.parametrize("product", ["lower", "full"])
 @pytest.mark.parametrize("n,nb", [(203, 32), (128, 64), (77, 16), (1100, 64)])
-def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb, product, monkeypatch):
+def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
     """The device column step replayed in CUDA graphs gives the same bits as the same kernels
-    launched eagerly, and the CuPy-op version's tridiagonal and reflectors to rounding; with
-    C v from the lower triangle (sytrd_symv: tiles of 256 rows, so 1100 has 5 tiles and
-    column chunks) and from the full local columns (sytrd_gemv)."""
-    monkeypatch.setenv("HPCCOLL_EIG_GEMV", product)
+    launched eagerly - the tridiagonal, tau and the reflectors left in C's columns - and the
+    CuPy-op version's to rounding; C v from the lower triangle (sytrd_symv: tiles of 256 rows,
+    so 1100 has 5 tiles and column chunks).  C holds its lower triangle only, as sygst leaves it."""
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.solver import _sytrd_ops
+    from hpccoll_eigensolver import BlockCyclic, distribute, gather
+    from hpccoll_eigensolver.householder import sytrd_ops
     from hpccoll_eigensolver.sytrd_device import sytrd_device
 
     rng = np.random.default_rng(n + WORLD.Get_size())
     a = rng.standard_normal((n, n))
     C = WORLD.bcast((a + a.T) / 2, root=0)
     desc = BlockCyclic(n, n, nb, gpu_comm.size)
-
-    def local():
-        return cp.asfortranarray(cp.asarray(distribute(C, desc, gpu_comm.rank)))
-
-    g = sytrd_device(local(), desc, gpu_comm, "graph")
-    e = sytrd_device(local(), desc, gpu_comm, "eager")
-    o = _sytrd_ops(local(), desc, gpu_comm, cp)
-    for x, y in zip(g, e):
-        assert cp.asnumpy(x).tobytes() == cp.asnumpy(y).tobytes()
-    for x, y in zip(g, o):
-        np.testing.assert_allclose(cp.asnumpy(x), cp.asnumpy(y), atol=1e-9 * n)
-    d, sub = cp.asnumpy(g[0]), cp.asnumpy(g[1])
+    outs = []
+    for run in ("graph", "eager", "ops"):
+        local = cp.asfortranarray(cp.asarray(distribute(np.tril(C), desc, gpu_comm.rank)))
+        res = sytrd_ops(local, desc, gpu_comm, cp) if run == "ops" else sytrd_device(local, desc, gpu_comm, run)
+        outs.append([cp.asnumpy(x) for x in res] + [gather(local, desc, gpu_comm).get()])
+    for x, y in zip(outs[0], outs[1]):
+        assert x.tobytes() == y.tobytes()
+    for x, y in zip(outs[0], outs[2]):
+        np.testing.assert_allclose(x, y, atol=1e-9 * n)
+    d, sub = outs[0][0], outs[0][1]
     T = np.diag(d) + np.diag(sub, 1) + np.diag(sub, -1)
     np.testing.assert_allclose(np.linalg.eigvalsh(T), np.linalg.eigvalsh(C), atol=1e-11 * n * np.abs(C).max())
-    assert len(set(WORLD.allgather(cp.asnumpy(g[0]).tobytes()))) == 1  # identical on every rank
+    V = outs[0][3]
+    assert np.array_equal(V, np.tril(V, -1))                          # reflector j: rows j+1..
+    assert len(set(WORLD.allgather(d.tobytes()))) == 1                # identical on every rank
 
 
 def test_gpu_stedc_dc_matches_scipy(gpu_comm, monkeypatch):
@@ -218,8 +216,9 @@ def test_gpu_sytrd_fused_equals_the_collectives(sentinel_comm, n, nb):
     C = (a + a.T) / 2
     outs = []
     for mode in ("graph", "fused", "fused"):
-        local = cp.asfortranarray(cp.asarray(distribute(C, desc, sentinel_comm.rank)))
-        outs.append([cp.asnumpy(x).tobytes() for x in sytrd_device(local, desc, sentinel_comm, mode)])
+        local = cp.asfortranarray(cp.asarray(distribute(np.tril(C), desc, sentinel_comm.rank)))
+        res = sytrd_device(local, desc, sentinel_comm, mode)
+        outs.append([cp.asnumpy(x).tobytes() for x in (*res, local)])  # with the reflectors left in C
     assert outs[1] == outs[0]
     assert outs[2] == outs[0]
     assert len(set(WORLD.allgather(outs[1][0]))) == 1

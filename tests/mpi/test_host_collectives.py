@@ -330,3 +330,163 @@ def test_message_without_a_unit_under_the_limit_is_refused(comm, monkeypatch):
     mine = np.zeros(1001, dtype=np.int32)
     with pytest.raises(ValueError, match="pad the buffer"):
         comm.Allgather(mine, np.empty(WORLD.Get_size() * 1001, dtype=np.int32))
+
+
+# -- Alltoall / Alltoallv --------------------------------------------------------------------
+
+def _shared_rng(request, it: int) -> np.random.Generator:
+    """The same generator on every rank (for choices all ranks must agree on: counts)."""
+    return np.random.default_rng([zlib.crc32(request.node.nodeid.encode()), it, 99])
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=_in_place_ids)
+@pytest.mark.parametrize("n", COUNTS[:3])
+@pytest.mark.parametrize("dtype", dtypes())
+def test_alltoall(comm, request, dtype, n, in_place):
+    size, rank = comm.size, comm.rank
+    for it in range(ITERATIONS):
+        x = random_input(_rng(request, it), dtype, n * size)
+        want = gather(x).reshape(size, size, n)[:, rank].reshape(-1)   # block `rank` of every rank's input
+        if in_place:
+            comm.Alltoall(hpccoll.IN_PLACE, x)
+            got = x
+        else:
+            got = np.full(n * size, 5, dtype=dtype)
+            comm.Alltoall(x, got)
+        assert_bitwise(got, want)
+
+
+def test_alltoall_fortran_2d_in_memory_order(comm, request):
+    """2-D arrays go in their memory order: an F-ordered (n, size) array's column j is block j."""
+    size, rank = comm.size, comm.rank
+    x = np.asfortranarray(random_input(_rng(request, 0), np.float64, 5 * size).reshape(5, size))
+    out = np.asfortranarray(np.zeros((5, size)))
+    comm.Alltoall(x, out)
+    everyone = gather(x)                      # (size, 5, size), each rank's array
+    for i in range(size):
+        assert_bitwise(out[:, i], everyone[i][:, rank])
+
+
+def _random_counts(rng, size: int, zeros: bool):
+    """counts[i][j]: elements rank i sends to rank j; odd sizes, some zero."""
+    c = rng.integers(0, 9, size=(size, size)) * 2 + 1
+    if zeros:
+        c[rng.random((size, size)) < 0.3] = 0
+    return c
+
+
+def _displs(rng, counts, gaps: bool):
+    """Displacements of blocks of `counts`, in a random order, with random gaps; and the length."""
+    order = rng.permutation(len(counts)) if gaps else np.arange(len(counts))
+    displs, at = np.zeros(len(counts), dtype=np.int64), 0
+    for j in order:
+        at += int(rng.integers(0, 3)) if gaps else 0
+        displs[j] = at
+        at += int(counts[j])
+    return displs, at + (int(rng.integers(0, 3)) if gaps else 0)
+
+
+@pytest.mark.parametrize("zeros", [False, True], ids=["nonzero", "zeros"])
+@pytest.mark.parametrize("gaps", [False, True], ids=["packed", "gaps"])
+@pytest.mark.parametrize("dtype", [np.dtype("float64"), np.dtype("int32"), np.dtype("float16")], ids=str)
+def test_alltoallv(comm, request, dtype, gaps, zeros):
+    """Fresh counts (odd, some zero) and data every iteration, displacements out of order and
+    with gaps: every received block is the sender's block for this rank, and the elements
+    between received blocks keep their values."""
+    size, rank = comm.size, comm.rank
+    for it in range(ITERATIONS):
+        shared = _shared_rng(request, it)
+        counts = _random_counts(shared, size, zeros)
+        mine = _rng(request, it)
+        sdispls, slen = _displs(mine, counts[rank], gaps)
+        rdispls, rlen = _displs(mine, counts[:, rank], gaps)
+        x = random_input(mine, dtype, slen)
+        got = np.full(rlen, 3, dtype=dtype)
+        before = got.copy()
+        if gaps:
+            comm.Alltoallv((x, counts[rank], sdispls), (got, counts[:, rank].tolist(), rdispls.tolist()))
+        else:
+            comm.Alltoallv((x, counts[rank]), (got, counts[:, rank]))
+        xs = WORLD.allgather((x, sdispls))
+        want = before.copy()
+        for i, (xi, di) in enumerate(xs):
+            c = counts[i, rank]
+            want[rdispls[i]:rdispls[i] + c] = xi[di[rank]:di[rank] + c]
+        assert_bitwise(got, want)
+
+
+def test_alltoallv_nothing_to_send(comm, request):
+    """All counts zero, and zero-length arrays: a valid call that moves nothing."""
+    size = comm.size
+    got = np.full(4, 2.0)
+    comm.Alltoallv((np.zeros(0), [0] * size), (got, [0] * size))
+    assert_bitwise(got, np.full(4, 2.0))
+
+
+@pytest.mark.parametrize("per_block", [250, 300])
+def test_alltoallv_over_the_int_count_limit(comm, request, monkeypatch, per_block):
+    """Counts go in elements of the dtype's size (a contiguous type), so a block of more bytes
+    than MPI's int still goes (the limit lowered to 1000): 250 and 300 float64 (2000 and 2400
+    bytes); a block of more ELEMENTS than the limit is refused before any communication."""
+    from hpccoll.backends import host
+
+    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    size, rank = comm.size, comm.rank
+    x = random_input(_rng(request, 0), np.float64, per_block * size)
+    got = np.empty(per_block * size)
+    comm.Alltoallv((x, [per_block] * size), (got, [per_block] * size))
+    assert_bitwise(got, gather(x).reshape(size, size, per_block)[:, rank].reshape(-1))
+    with pytest.raises(ValueError, match="Alltoallv: a count or displacement of 2001 elements exceeds an MPI count"):
+        comm.Alltoallv((np.zeros(2001 * size), [2001] * size), (np.zeros(2001 * size), [2001] * size))
+
+
+def _bad(comm, exc, match, *args):
+    with pytest.raises(exc, match=match):
+        comm.Alltoallv(*args)
+
+
+def test_alltoall_bad_inputs_name_the_argument(comm):
+    size = comm.size
+    with pytest.raises(ValueError, match=rf"Alltoall: recvbuf has {size * 3 + 1} elements, not a multiple of size={size}"):
+        comm.Alltoall(np.zeros(size * 3 + 1), np.zeros(size * 3 + 1))
+    with pytest.raises(ValueError, match=rf"Alltoall: recvbuf has {size * 2} elements, sendbuf {size * 3}"):
+        comm.Alltoall(np.zeros(size * 3), np.zeros(size * 2))
+    with pytest.raises(TypeError, match="Alltoall: sendbuf is float32 but recvbuf is float64"):
+        comm.Alltoall(np.zeros(size, np.float32), np.zeros(size))
+
+
+def test_alltoallv_bad_inputs_name_the_argument(comm):
+    size = comm.size
+    ones, x = [1] * size, np.zeros(size)
+    _bad(comm, ValueError, rf"sendbuf's counts has {size + 1} entries: give one per rank \({size}\)",
+         (x, ones + [1]), (x, ones))
+    _bad(comm, ValueError, r"recvbuf's displs has 1 entries", (x, ones), (x, ones, [0]))
+    _bad(comm, ValueError, r"sendbuf's counts\[0\] = -1 is negative", (x, [-1] + ones[1:]), (x, ones))
+    _bad(comm, ValueError, r"recvbuf's displs\[1\] = -2 is negative", (x, ones), (x, ones, [0, -2] + [0] * (size - 2)))
+    _bad(comm, TypeError, r"sendbuf's counts\[0\] = 1.0 is not an integer", (x, [1.0] + ones[1:]), (x, ones))
+    _bad(comm, TypeError, r"sendbuf's counts\[0\] = True is not an integer", (x, [True] + ones[1:]), (x, ones))
+    _bad(comm, ValueError, rf"recvbuf's block for rank {size - 1} \(displacement {size}, count 1\) ends at "
+         rf"element {size + 1}, past the array's {size}", (x, ones), (x, ones, list(range(1, size + 1))))
+    _bad(comm, ValueError, r"recvbuf's blocks from ranks 0 and 1 overlap", (x, ones), (np.zeros(2 * size), ones, [0] * size))
+    _bad(comm, TypeError, r"sendbuf's array is float64 but recvbuf's array is int32",
+         (x, ones), (np.zeros(size, np.int32), ones))
+    _bad(comm, TypeError, r"sendbuf must be \(array, counts\) or \(array, counts, displs\)", x, (x, ones))
+    _bad(comm, TypeError, r"recvbuf's counts must be a sequence", (x, ones), (x, 3))
+    _bad(comm, ValueError, "IN_PLACE is not supported", hpccoll.IN_PLACE, (x, ones))
+    ro = np.zeros(size)
+    ro.flags.writeable = False
+    _bad(comm, ValueError, "recvbuf's array is read-only", (x, ones), (ro, ones))
+
+
+def test_alltoallv_check_mode_catches_counts_that_do_not_pair():
+    """With check=True, a count rank i sends that rank j does not expect raises MismatchError on
+    every rank (without it MPI would truncate or hang)."""
+    size, rank = WORLD.Get_size(), WORLD.Get_rank()
+    with hpccoll.Communicator(backend="host", check=True) as c:
+        send = [1] * size
+        recv = [1] * size
+        if rank == 0:
+            recv[size - 1] = 2                          # expects 2 from the last rank, which sends 1
+        with pytest.raises(hpccoll.MismatchError, match=f"rank {size - 1} sends 1 elements to rank 0, which expects 2"):
+            c.Alltoallv((np.zeros(size), send), (np.zeros(size + 1), recv))
+        c.Alltoallv((np.arange(size, dtype=float), send), (np.zeros(size), [1] * size))

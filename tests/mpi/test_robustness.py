@@ -276,9 +276,9 @@ def test_alltoall_bad_inputs(comm):
     size = WORLD.size
     with pytest.raises(ValueError, match=f"Alltoall: recvbuf has {size + 1} elements, not a multiple of size={size}"):
         comm.Alltoall(np.ones(size + 1), np.empty(size + 1))
-    with pytest.raises(ValueError, match="Alltoallv: sendbuf counts has 1 entries: pass one integer per rank"):
+    with pytest.raises(ValueError, match="Alltoallv: sendbuf's counts has 1 entries: give one per rank"):
         comm.Alltoallv((np.ones(4), [4]), (np.empty(4), [1] * size))
-    with pytest.raises(ValueError, match="Alltoallv: recvbuf block 0 .* past the array's 1"):
+    with pytest.raises(ValueError, match="Alltoallv: recvbuf's block for rank 0 .* past the array's 1"):
         comm.Alltoallv((np.ones(size), [1] * size), (np.empty(1), [2] + [0] * (size - 1)))
     with pytest.raises(TypeError, match="Alltoallv: sendbuf must be \\(array, counts\\)"):
         comm.Alltoallv(np.ones(4), (np.empty(4), [1] * size))

@@ -1,0 +1,161 @@
+"""The Householder reflectors of the tridiagonalization: making them (sytrd: C = Q T Q^T) and
+applying them (ormtr: Q Z), with the reflectors distributed like C.
+
+sytrd (LAPACK latrd style, 1-D column block-cyclic): per column one Bcast of [v, d_j, tau, e_j]
+from the owner and one Allreduce of the partial products C v.  The panel's V and W (n x 2 nb)
+are replicated, so V^T v and W^T v are local; trailing updates are local GEMMs.  C is held as
+its lower triangle with the strict upper triangle zero (as sygst leaves it), so C v is two
+local GEMVs per rank - the rows of the lower part and, transposed, its columns - and C is
+exactly symmetric.  On the GPU the column step runs as device kernels (sytrd_device.py, the
+same math); here, and for sytrd="ops" on the GPU, as array operations.
+
+When a panel is done its owner stores V's columns in the panel's own columns of C (column j
+holds v_j: zeros above row j + 1, 1 there): the reflectors stay distributed, n^2 / P values
+per rank, in memory C no longer needs.
+
+ormtr: Q Z = H_0 H_1 ... H_{n-2} Z on the owned columns of Z, blocks of reflectors last to
+first.  Each block (a few panels) reaches every rank by one Bcast per panel from its owner;
+then H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT
+transform: the inverse of LAPACK larft's recurrence), applied with one triangular solve."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._xp import householder, is_device, trsm, w_update
+from .layout import BlockCyclic, panel_bcast
+from .triangular import own_blocks
+
+ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
+ORMTR_COLUMNS = 128  # columns of Z per update GEMM: its product is a temporary of n x this
+
+
+def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto"):
+    """Tridiagonalize the distributed symmetric C (its lower triangle): C = Q T Q^T.  Returns
+    d, e (T's diagonals) and tau (the reflectors' scalars), replicated; C's columns then hold
+    the reflectors (see the module doc).  mode: sytrd_device.mode_for's choice on the GPU
+    ("auto", "fused", "graph", "eager", "ops"); the host always runs the array operations."""
+    if is_device(xp):
+        from . import sytrd_device
+
+        mode = sytrd_device.mode_for(comm, desc.n, mode)
+        if mode != "ops":
+            return sytrd_device.sytrd_device(C, desc, comm, mode)
+    return sytrd_ops(C, desc, comm, xp)
+
+
+def sytrd_ops(C, desc: BlockCyclic, comm, xp):
+    """sytrd as array operations (NumPy, or CuPy for mode "ops").
+
+    Written for few, large device operations per column (each CuPy call costs ~7 us of CPU):
+    the panel's V and W sit side by side in one C-order array P = [V_p | W_p] (n x 2 pw,
+    unfilled columns zero), so P[j:] is contiguous and the two rank-k corrections become one
+    GEMV pair with the halves of the row swapped; the broadcast buffers of a panel are rows of
+    one array, whose scalars (d, tau, e) are gathered once per panel."""
+    n, nb, rank = desc.n, desc.nb, comm.Get_rank()
+    cols = desc.local_cols(rank)
+    cols_x = xp.asarray(cols)
+    nloc = cols.size
+    d = xp.zeros(n, dtype=xp.float64)
+    e = xp.zeros(max(n - 1, 0), dtype=xp.float64)
+    tau = xp.zeros(n, dtype=xp.float64)
+    ybuf = xp.zeros(n, dtype=xp.float64)             # C v partial products (full height)
+    cvbuf = xp.empty(n, dtype=xp.float64)            # their sum over ranks
+    scale = xp.empty(1, dtype=xp.float64)            # Householder scratch
+    ld = n + 3 + (n + 3) % 2                         # even: every buffer row starts 16-byte aligned
+    for p0 in range(0, n, nb):
+        p1 = min(p0 + nb, n)
+        pw = p1 - p0
+        owner = desc.owner(p0)
+        P = xp.zeros((n, 2 * pw), dtype=xp.float64)  # [V_p | W_p], C order
+        swap = xp.asarray(np.r_[np.arange(pw, 2 * pw), np.arange(pw)])
+        bufs = xp.empty((pw, ld), dtype=xp.float64)  # row k: [v (m), d_j, tau_j, e_j] of column p0+k
+        done = 0
+        for j in range(p0, p1):
+            k, m = j - p0, n - j - 1
+            buf = bufs[k, :m + 3]
+            if rank == owner:
+                col = C[j:, desc.local_index(j)]
+                if k:  # the panel's delayed rank-2k update, on this column only
+                    col = col - P[j:] @ P[j, swap]
+                if m > 0:
+                    householder(xp, col, buf, scale)
+                else:
+                    buf[0] = col[0]
+                    buf[1:] = 0.0
+            comm.Bcast(buf, root=owner)
+            done = k + 1
+            if m == 0:
+                break
+            v = buf[:m]
+            P[j + 1:, k] = v
+            if m == 1:  # a one-element reflector has tau = 0: nothing to update
+                continue
+            lt = int(np.searchsorted(cols, j + 1))
+            j2 = (j + 1) & ~1                        # even start: the Allreduce buffers stay aligned
+            if lt < nloc:
+                # the lower triangle's rows, then its columns (transposed) without the diagonal;
+                # rows <= j of the trailing columns lie in the zero upper triangle
+                Ct = C[:, lt:]
+                vc = P[cols_x[lt:], k]
+                xp.matmul(Ct, vc, out=ybuf)
+                ybuf[cols_x[lt:]] += Ct[j + 1:].T @ v - C[cols_x[lt:], xp.arange(lt, nloc)] * vc
+            else:
+                ybuf[j2:] = 0.0
+            comm.Allreduce(ybuf[j2:], cvbuf[j2:])    # the only reduction of the column
+            Cv = cvbuf[j + 1:]
+            if k:
+                Pj = P[j + 1:]
+                Cv -= Pj @ (Pj.T @ v)[swap]
+            t = buf[m + 1:m + 2]
+            w_update(xp, t * Cv, t, v, P[j + 1:, pw + k])
+        # the panel's scalars, one gather each
+        kk = np.arange(done)
+        mm = n - (p0 + kk) - 1
+        flat_idx = xp.asarray(kk * ld + mm)
+        flat = bufs.reshape(-1)
+        d[p0:p0 + done] = flat[flat_idx]
+        ne = min(done, n - 1 - p0)
+        if ne > 0:
+            tau[p0:p0 + ne] = flat[flat_idx[:ne] + 1]
+            e[p0:p0 + ne] = flat[flat_idx[:ne] + 2]
+        if rank == owner:                            # the reflectors, where C's panel was
+            lj = desc.local_index(p0)
+            C[:, lj:lj + pw] = P[:, :pw]
+        # C -= V W^T + W V^T on the lower triangle of the owned trailing blocks, one GEMM
+        # each ([V | W] [W_g | V_g]^T); the diagonal block's strict upper part is zeroed again
+        for g0, g1, l0, l1 in own_blocks(desc, rank, p1):
+            C[g0:, l0:l1] -= P[g0:] @ P[g0:g1][:, swap].T
+            C[g0:g1, l0:l1] = xp.tril(C[g0:g1, l0:l1])
+    return d, e, tau
+
+
+def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
+    """Overwrite the owned columns Z with Q Z, Q = H_0 H_1 ... H_{n-2}; V: the local columns
+    holding the reflectors (sytrd's C), tau replicated.
+
+    Blocks of `block` reflectors (rounded to whole panels) last to first; per block, one Bcast
+    per panel gives every rank the unit lower trapezoidal Vb, and Z[p0+1:] -= Vb (M^-1 (Vb^T Z))
+    with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
+    is zeroed and its diagonal of M set to 1, which leaves it out."""
+    n, nb = desc.n, desc.nb
+    if block < 1:
+        raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
+    bw = max(nb, block // nb * nb)
+    for p0 in reversed(range(0, max(n - 1, 0), bw)):
+        p1 = min(p0 + bw, n)
+        Vb = xp.zeros((n - p0 - 1, p1 - p0), dtype=xp.float64, order="F")
+        for q0 in range(p0, min(p1, n - 1), nb):
+            q1 = min(q0 + nb, p1)
+            Vb[q0 - p0:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + 1)
+        if not Z.shape[1]:
+            continue
+        t = tau[p0:p1]
+        live = t != 0
+        Vb *= live[None, :]
+        M = xp.triu(Vb.T @ Vb, 1)
+        M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
+        Zb = Z[p0 + 1:]
+        Y = trsm(xp, M, Vb.T @ Zb, lower=False)
+        for c0 in range(0, Zb.shape[1], ORMTR_COLUMNS):
+            Zb[:, c0:c0 + ORMTR_COLUMNS] -= Vb @ Y[:, c0:c0 + ORMTR_COLUMNS]
+    return Z

@@ -1,0 +1,56 @@
+"""The solver's memory model: the bytes one rank holds at the peak of each phase, as a function
+of n, nb and the rank count P (docs/eigensolver.md explains each term).
+
+With u = n * local_n doubles (the rank's share of one n x n matrix, about n^2 / P) every phase
+holds the caller's A_local and B_local (2u) plus:
+
+  potrf   B's copy (becoming L), the trailing update's product       2u  + panel
+  sygst   L, C, the trailing update's product                         3u  + 2 panels
+  sytrd   L, C (becoming the reflectors V)                            2u  + panel work (6 nb n)
+  stedc   L, V, two copies of the rank's rows of the eigenvectors     2u + 2 h n + chunks
+          (h = rows ~ n / P; the Alltoallv then holds sent and
+          received shares, and the assembled columns: at most 2u)
+  ormtr   L, V, Z                                                     3u  + Vb, a product (n x 128 each)
+  trsm    L, Z                                                        2u  + panel
+
+so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  On
+the GPU the same arrays are device arrays, sytrd's trailing update adds one product (u),
+and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool add a constant."""
+from __future__ import annotations
+
+from .layout import BlockCyclic
+
+PHASE_ORDER = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
+
+
+def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = False) -> dict:
+    """{phase: bytes} rank `rank` holds at the peak of each phase (float64), and "peak": their
+    maximum.  Counts the arrays of size n * something; O(n) vectors are left out.  device: the
+    GPU path (CuPy arrays; the CUDA context and library workspaces not included)."""
+    from . import householder, tridiag_dc
+
+    desc = BlockCyclic(n, n, nb, nprocs)
+    w = desc.local_n(rank)
+    u = n * w
+    b = min(nb, n)
+    h = _dc_rows(n, nprocs, rank, device)
+    k_chunk = tridiag_dc.CHUNK_DEVICE if device else tridiag_dc.CHUNK_HOST * n
+    model = {
+        "potrf": 2 * u + u + u + b * n,
+        "sygst": 2 * u + 2 * u + u + 4 * b * n,
+        "sytrd": 2 * u + 2 * u + (u if device else 0) + 6 * b * n,
+        "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
+        "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + householder.ORMTR_COLUMNS),
+        "trsm": 2 * u + 2 * u + b * n,
+    }
+    out = {phase: 8 * int(v) for phase, v in model.items()}
+    out["peak"] = max(out.values())
+    return out
+
+
+def _dc_rows(n: int, nprocs: int, rank: int, device: bool) -> int:
+    """Rows of the eigenvectors rank `rank` computes in the divide and conquer."""
+    from .tridiag_dc import row_starts_of
+
+    starts = row_starts_of(n, nprocs, device=device)
+    return starts[rank + 1] - starts[rank]

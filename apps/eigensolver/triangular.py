@@ -1,0 +1,142 @@
+"""The phases that use the Cholesky factor, on the 1 x P column block-cyclic layout with L
+distributed like B (each rank keeps its own columns of L, nothing more):
+
+  potrf   B = L L^T, right-looking: the owner of each panel factors it (L11 = chol(B11),
+          L21 = B21 L11^-T) and broadcasts it; every rank updates its trailing columns,
+          B22 -= L21 L21^T.  One Bcast per panel.
+  sygst   C = L^-1 A L^-T by LAPACK dsygst's blocked algorithm (itype 1, lower).  Per panel the
+          owner forms C11 = L11^-1 A11 L11^-T and A21 L11^-T - 1/2 L21 C11, broadcasts it with
+          L21, every rank applies the symmetric rank-2nb update to its trailing columns, and the
+          owner keeps W = A21 L11^-T - L21 C11.  LAPACK then solves L22 X = W for the panel
+          (C21 = X), a result that feeds nothing later: so every panel's solve runs in one
+          forward substitution at the end, L^-1 applied to the strictly block-lower part of C
+          (a second pass of panel Bcasts of L).  Only C's lower triangle is formed, and its strict
+          upper triangle is zeroed: the tridiagonalization reads nothing else, so C is exactly
+          symmetric by construction (an unsymmetric L^-1 (L^-1 A)^T costs accuracy in
+          proportion to cond(B)).
+  trsm    X = L^-T Y on the owned columns of Y, by backward substitution over the panels, last
+          to first.  One Bcast per panel.
+
+A panel's Bcast carries at most (n - k0) x 2 nb values; the trailing updates are local GEMMs.
+Every rank receives every panel of L, so every rank sees a failed Cholesky pivot (NaN or <= 0)
+and raises NotPositiveDefinite at the end of potrf (one host sync)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._xp import potrf as potrf_block
+from ._xp import sygst_block, trsm
+from .layout import BlockCyclic, panel_bcast
+
+
+class NotPositiveDefinite(np.linalg.LinAlgError):
+    """B is not (numerically) symmetric positive definite."""
+
+
+def own_blocks(desc: BlockCyclic, rank: int, start: int = 0):
+    """(g0, g1, l0, l1) of each block of columns `rank` owns with global start g0 >= start:
+    global columns [g0, g1) are local columns [l0, l1)."""
+    step = desc.nb * desc.nprocs
+    first = rank * desc.nb
+    if start > first:
+        first += -(-(start - first) // step) * step
+    for g0 in range(first, desc.n, step):
+        l0 = desc.local_index(g0)
+        g1 = min(g0 + desc.nb, desc.n)
+        yield g0, g1, l0, l0 + g1 - g0
+
+
+def potrf(B, desc: BlockCyclic, comm, xp):
+    """Overwrite the local columns B of the distributed symmetric positive definite matrix with
+    those of its lower Cholesky factor L (zeros above the diagonal)."""
+    n, nb, rank = desc.n, desc.nb, comm.Get_rank()
+    cols = desc.local_cols(rank)
+    cols_x = xp.asarray(cols)
+    failed = xp.zeros((), dtype=bool)
+    for k0 in range(0, n, nb):
+        k1 = min(k0 + nb, n)
+        w = k1 - k0
+        if rank == desc.owner(k0):
+            lj = desc.local_index(k0)
+            blk = B[k0:, lj:lj + w]
+            L11 = potrf_block(xp, blk[:w])          # NaNs where B11 is not positive definite
+            blk[:w] = L11
+            if k1 < n:                              # L21 L11^T = B21
+                blk[w:] = trsm(xp, L11, blk[w:].T).T
+            B[:k0, lj:lj + w] = 0.0
+        Lp = panel_bcast(B, desc, comm, k0)         # (n - k0) x w
+        failed |= ~xp.all(xp.diagonal(Lp[:w]) > 0)  # a NaN pivot compares False
+        lt = int(np.searchsorted(cols, k1))
+        if lt < cols.size:
+            # full columns from row k1: B22 stays symmetric in both triangles (the diagonal
+            # block a later panel factors is read whole)
+            L21 = Lp[w:]
+            B[k1:, lt:] -= L21 @ L21[cols_x[lt:] - k1].T
+    if bool(failed):
+        raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
+    return B
+
+
+def sygst(A, L, desc: BlockCyclic, comm, xp):
+    """Overwrite the local columns A of the distributed symmetric A with the lower triangle of
+    C = L^-1 A L^-T (strict upper triangle zero); L as potrf leaves it."""
+    n, nb, rank = desc.n, desc.nb, comm.Get_rank()
+    cols = desc.local_cols(rank)
+    cols_x = xp.asarray(cols)
+    for k0 in range(0, n, nb):
+        k1 = min(k0 + nb, n)
+        w = k1 - k0
+        owner = desc.owner(k0)
+        if rank == owner:
+            lj = desc.local_index(k0)
+            L11 = L[k0:k1, lj:lj + w]
+            C11 = sygst_block(xp, A[k0:k1, lj:lj + w], L11)     # symmetric, both triangles
+            A[k0:k1, lj:lj + w] = C11
+        if k1 == n:
+            break
+        buf = xp.empty((2 * w, n - k1), dtype=A.dtype)           # [A21 L11^-T - C11 L21^T / 2 ; L21^T]
+        if rank == owner:
+            A21, L21 = A[k1:, lj:lj + w], L[k1:, lj:lj + w]
+            half = 0.5 * (L21 @ C11)
+            A21[...] = trsm(xp, L11, A21.T).T - half
+            buf[:w] = A21.T
+            buf[w:] = L21.T
+        comm.Bcast(buf, root=owner)
+        Pk = buf.T                                               # (n - k1) x 2w: [X21 | L21]
+        lt = int(np.searchsorted(cols, k1))
+        if lt < cols.size:
+            # A22 -= X21 L21^T + L21 X21^T on the owned trailing columns (LAPACK's dsyr2k)
+            swap = xp.asarray(np.r_[np.arange(w, 2 * w), np.arange(w)])
+            A[k1:, lt:] -= Pk @ Pk[cols_x[lt:] - k1][:, swap].T
+        if rank == owner:
+            A21 -= half                                          # W: LAPACK's second dsymm
+    # C21 = L22^-1 W for every panel at once: L^-1 on the strictly block-lower part
+    for j0 in range(nb, n, nb):
+        j1 = min(j0 + nb, n)
+        Lp = panel_bcast(L, desc, comm, j0)
+        lt = int(np.searchsorted(cols, j0))                      # owned columns left of block j
+        if lt:
+            X = A[j0:j1, :lt]
+            X[...] = trsm(xp, Lp[:j1 - j0], X)
+            if j1 < n:
+                A[j1:, :lt] -= Lp[j1 - j0:] @ X
+    for g0, g1, l0, l1 in own_blocks(desc, rank):
+        A[:g0, l0:l1] = 0.0
+        A[g0:g1, l0:l1] = xp.tril(A[g0:g1, l0:l1])
+    return A
+
+
+def back_transform(Y, L, desc: BlockCyclic, comm, xp):
+    """Overwrite the local columns Y with X = L^-T Y (backward substitution, panels last to first)."""
+    n, nb = desc.n, desc.nb
+    nloc = Y.shape[1]
+    for j0 in reversed(range(0, n, nb)):
+        j1 = min(j0 + nb, n)
+        w = j1 - j0
+        Lp = panel_bcast(L, desc, comm, j0)
+        if not nloc:
+            continue
+        if j1 < n:
+            Y[j0:j1] -= Lp[w:].T @ Y[j1:]
+        Y[j0:j1] = trsm(xp, Lp[:w], Y[j0:j1], trans=True)
+    return Y
