@@ -218,7 +218,7 @@ def test_symv_variant_text():
             symv_defines(bad)
 
 
-def test_sytrd_mode_policy():
+def test_sytrd_mode_policy(monkeypatch):
     """Which column step auto picks: the fused transfers only on hpccoll's CUDA backend with the
     deterministic sentinel algorithm, one rank per GPU and n up to FUSED_MAX_N; the collectives
     in CUDA graphs on the other device communicators; eager on the host; and a clear error
@@ -227,9 +227,12 @@ def test_sytrd_mode_policy():
 
     from hpccoll_eigensolver import sytrd_device as sd
 
+    import hpccoll.ext
+
     def comm(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, per_gpu=1):
-        return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic,
-                               _device=SimpleNamespace(ranks_per_gpu=per_gpu))
+        return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic, per_gpu=per_gpu)
+
+    monkeypatch.setattr(hpccoll.ext, "ranks_per_gpu", lambda c: c.per_gpu)  # (no GPU: the fake's own count)
 
     big = sd.FUSED_MAX_N + 1
     assert sd.mode_for(comm(), 4096) == "fused"
@@ -286,12 +289,4 @@ def test_dc_kernels_compile():
     for sm_90."""
     from pathlib import Path
 
-    from hpccoll._nvrtc import _check
-
-    lib = _nvrtc_or_skip()
-    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_bytes()
-    prog = ctypes.c_void_p()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"dc_kernels.cu", 0, None, None), "create")
-    opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")
-    _check(lib, lib.nvrtcCompileProgram(prog, 1, opts), "compile", prog)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    assert _compile(Path(_xp.__file__).parent / "dc_kernels.cu")[:4] == b"\x7fELF"

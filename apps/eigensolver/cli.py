@@ -422,7 +422,7 @@ def cmd_solve(args) -> int:
         if device == "gpu":
             from .sytrd_device import mode_for
 
-            sytrd_mode = mode_for(comm, args.n)
+            sytrd_mode = mode_for(comm, args.n, args.sytrd)
         return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
     except NotPositiveDefinite as exc:   # raised by every rank alike (L is replicated)
         raise CliError(f"B is not positive definite: {exc}") from None
@@ -489,7 +489,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         meter.start()
         ctl.Barrier()
         t0 = time.perf_counter()
-        w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc)
+        w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc, sytrd=sytrd_mode)
         sync(xp)
         solve_s = time.perf_counter() - t0
         if bar is not None:
@@ -689,11 +689,17 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                    help="CPU path: do not run tracemalloc during the solve (it records the peak of NumPy "
                         "allocations but slows Python-heavy phases, up to 1.5x at n=2048)")
     p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
-                   help="how the tridiagonal eigenproblem is solved: host: LAPACK dstevd on rank 0; gpu: "
-                        "cuSOLVER syevd of the dense tridiagonal on rank 0 (device arrays only); dc: "
-                        "hpccoll_eigensolver's divide and conquer on the arrays' device (tridiag_dc.py), "
-                        "its two halves on ranks 0 and 1, the top merge on every rank; "
-                        "auto (default) = on GPUs dc from n=4096, gpu below; host without GPUs")
+                   help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
+                        "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "
+                        "delivered by columns); host: LAPACK dstevd on rank 0; gpu: cuSOLVER syevd of the "
+                        "dense tridiagonal on rank 0 (device arrays only; host and gpu hold n x n on rank 0 "
+                        "for a moment); auto (default): see solver.stedc_choice")
+    p.add_argument("--sytrd", choices=("auto", "fused", "graph", "eager", "ops"), default="auto",
+                   help="the tridiagonalization's column step on GPUs: fused (device kernels that move the "
+                        "column's data themselves, on the deterministic sentinel communicator), graph (the "
+                        "column's kernels and collectives replayed as CUDA graphs), eager (the same kernels "
+                        "launched one by one), ops (array operations); auto (default): fused where it can run "
+                        "and n <= sytrd_device.FUSED_MAX_N, else graph; host arrays always take ops")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,8 +61,11 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLI
 def git_commit() -> str | None:
     """HPCCOLL_COMMIT when set (a copy of the tree whose git HEAD is stale), else git's HEAD of
     the tree this package lives in, else None."""
-    if os.environ.get("HPCCOLL_COMMIT"):
-        return os.environ["HPCCOLL_COMMIT"]
+    from hpccoll.config import Config
+
+    commit = Config.from_env().commit  # HPCCOLL_COMMIT: a copy of the tree without its history
+    if commit:
+        return commit
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
@@ -107,7 +110,6 @@ def machine_info(xp) -> dict:
         except Exception:  # noqa: BLE001 - informational only
             pass
     # solver switches still read from the environment: a run says which variant produced it
-    info["eig_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("HPCCOLL_EIG_", "HPCCOLL_DC_"))}
     return info
 
 
