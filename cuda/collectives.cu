@@ -562,7 +562,7 @@ __device__ void barrier(const Args& a) {
     body;                                                                                           \
   }
 
-// A chain (hpccoll/_fuse.py): only in the in-kernel loop module, whose fence it needs.
+// A chain (hpccoll/backends/cuda/fusion.py): only in the in-kernel loop module, whose fence it needs.
 #define HC_CHAIN_KERNEL(name, body)                                                                 \
   extern "C" __global__ void __launch_bounds__(HC_MAX_THREADS) name(const Args a, const Chain c) { \
     streamOrderBegin();                                                                             \

@@ -2,8 +2,8 @@
 (sytrd_step.cu), replayed as one CUDA graph per panel.
 
 Why: the CuPy-op version of the column step (householder.sytrd_ops) issues ~20 Python-dispatched
-operations per column and spends 550-800 us per column at n = 2048-4096, while its two
-collectives take ~10 us (bench/results/eigensolver/2026-11-30-h200x2-ANALYSIS.md).  Here the
+operations per column, hundreds of microseconds of Python per column, while its two collectives
+take about ten (docs/eigensolver.md).  Here the
 column index lives in device memory (st[0]) and every launch has the same shape for every
 column, so one captured graph of nb steps serves every full panel of the same owner:
 

@@ -353,8 +353,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns
 // per warp in flight (4 spilled registers at 2 blocks per SM), and whether the 2nb panel-dot
 // blocks come first in the grid (they then run beside the first wave instead of after it).
-// A cp.async variant that streamed the columns through shared memory (3867fac) ran at half
-// the speed of this register version (bench/results/...-3867fac-symv-bench.*) and was removed.
+// (A cp.async variant that streamed the columns through shared memory ran at half the speed of
+// this register version.)
 #ifndef SY_C
 #define SY_C 64
 #endif
@@ -368,8 +368,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #define SY_MINB 2          // resident blocks per SM the registers must allow
 #endif
 // Chunks are 2 SY_C wide while at least SY_WIDE trailing local columns remain (fewer, longer
-// units: their fixed cost matters less early; bench/symv_bench.py at 3867fac: 61 vs 66 us at
-// j = 0, n = 8192, but 16 vs 12 us at 3n/4, where the narrow chunks keep more units busy).
+// units: their fixed cost matters less early; late in the reduction the narrow chunks keep more
+// units busy).
 #ifndef SY_WIDE
 #define SY_WIDE 2048
 #endif
@@ -378,13 +378,13 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #endif
 // Loads in flight in the last units' sums of partials (up to NT per column, nch per row: 32-64
 // at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16).  The tickets and these sums cost
-// ~4 us per launch (SY_NOTICKET at c732c26); 64 is a variant to time, not yet measured.
+// a few microseconds per launch (SY_NOTICKET=1 drops the tickets, for timing them).
 #ifndef SY_SUMW
 #define SY_SUMW 16
 #endif
 // 1: the unit prefetches its warps' first columns into L2 while it waits for v (a fused
-// unit's v comes from L2 with volatile loads: at n = 16384 the fused column step was 11 us
-// slower than the collectives' one, 07dc5c0).  A variant to time, not yet measured.
+// unit's v comes from L2 with volatile loads, which made the fused column step slower than the
+// collectives' one at n = 16384).  A variant to time.
 #ifndef SY_PREFETCH
 #define SY_PREFETCH 0
 #endif

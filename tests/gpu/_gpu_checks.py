@@ -1,9 +1,9 @@
 """Helpers shared by the GPU test files (pytest puts this folder on sys.path).
 
 Importing this module (every GPU test file does, at collection) also imports, before any GPU
-work, the modules that the tests or CuPy import lazily later: on the nvidia-h200-x2 machines of
-2026-11-30 a process that had done GPU work sometimes read source files back with NUL bytes
-(bench/NOTES.md, "The machine"); modules imported before the first GPU call were never hit."""
+work, the modules that the tests or CuPy import lazily later: on some GPU machines a process
+that had done GPU work read source files back with NUL bytes; modules imported before the first
+GPU call were never hit."""
 import contextlib
 
 import numpy as np

@@ -21,9 +21,8 @@ from _gpu_checks import world as _world
 import hpccoll
 from hpccoll.ops import BFLOAT16, OPS, np_dtype, reduce_in_rank_order
 
-# Imported at collection, before any GPU work in this process: on the 2026-11-30 machines,
-# source files read by a process after it had run GPU work came back with NUL bytes (the same
-# files read clean in a fresh process; bench/results/2026-11-30-h200x2-*-gpu-tests.md).
+# Imported at collection, before any GPU work in this process: on some GPU machines, source files
+# read by a process after it had run GPU work came back with NUL bytes (_gpu_checks.py).
 try:
     import torch as _torch
 except Exception:  # noqa: BLE001 - no torch (or a broken one): its test skips

@@ -119,7 +119,7 @@ _CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 class CaptureInfo:
     """cuStreamGetCaptureInfo_v3 (CUDA >= 12.3) and cuGraphKernelNodeSetParams_v2, for the
-    capture fusion (hpccoll/_fuse.py)."""
+    capture fusion (fusion.py)."""
 
     def __init__(self):
         lib = libcuda()
