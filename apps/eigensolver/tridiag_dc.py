@@ -132,20 +132,26 @@ class _Team:
         self.rank, self.size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
 
     def sum_disjoint(self, x):
-        """x summed over the ranks, where every entry is nonzero on at most one rank (exact)."""
+        """x summed over the ranks, where every entry is nonzero on at most one rank (exact);
+        the result is where x is (host or device)."""
         if self.size == 1:
             return x
-        out = self.xp.empty_like(x)
+        out = _module_of(x, self.xp).empty_like(x)
         self.comm.Allreduce(x, out)
         return out
 
     def gather(self, x):
-        """(size, x.size): every rank's x, in rank order."""
+        """(size, x.size): every rank's x, in rank order, where x is (host or device)."""
         if self.size == 1:
             return x[None]
-        out = self.xp.empty((self.size, x.size), dtype=x.dtype)
+        out = _module_of(x, self.xp).empty((self.size, x.size), dtype=x.dtype)
         self.comm.Allgather(x, out)
         return out
+
+
+def _module_of(x, xp):
+    """numpy for a host array, else xp (the solve's array module)."""
+    return np if isinstance(x, np.ndarray) else xp
 
 
 @dataclass
