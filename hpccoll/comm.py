@@ -215,13 +215,13 @@ class Communicator:
     # -- collectives -----------------------------------------------------------
     def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
              deterministic=None, stream=None):
-        algo = self.algorithm if algorithm is None else algorithm
+        key = self.algorithm if algorithm is None else algorithm  # what a repeat must match
         det = self.deterministic if deterministic is None else bool(deterministic)
         if self._group is not None:
-            self._enqueue(name, sendbuf, recvbuf, op, root, algo, det, stream)
+            self._enqueue(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
             return
         fast = self._fast.get(name)  # (Free() empties it: a freed communicator never matches)
-        if fast is not None and fast.matches(sendbuf, recvbuf, op, root, algo, det):
+        if fast is not None and fast.matches(sendbuf, recvbuf, op, root, key, det):
             # a repeat of the last call: the same arrays, arguments and policy
             lock = self._lock
             if not lock.acquire(False):
@@ -230,67 +230,80 @@ class Communicator:
                 if fast.plan is not None:
                     fast.plan.launch(stream)
                 else:
-                    fast.backend.run(fast.call, det, algo, stream)
+                    fast.backend.run(fast.call, det, fast.algo, stream)
                     fast.repeats += 1
                     if fast.repeats == 1 and fast.backend.caps.plans:
-                        self._plan_fast(fast, det, algo)
+                        self._plan_fast(fast, det)
             finally:
                 lock.release()
             return
-        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det, stream)
+        call, backend, algo = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
         if not self._lock.acquire(False):
             raise _in_flight(name)
         try:
             backend.run(call, det, algo, stream)
         finally:
             self._lock.release()
-        self._remember(name, call, backend, sendbuf, recvbuf, op, root, algo, det)
+        self._remember(name, call, backend, sendbuf, recvbuf, op, root, key, algo, det)
 
     def _backend_for(self, call) -> Backend:
         b = self._backend
         return b if b.takes(call) else self._host
 
-    def _prepare(self, name, sendbuf, recvbuf, op, root, algo, det, stream=None):
-        """(call, backend): a call validated (and in check mode agreed across ranks) on a live
-        communicator, and the backend that runs it.  Validation is local; so is the check of the
-        algorithm's name, which the backend does (`resolve`)."""
+    def _algorithm_for(self, backend, algorithm) -> str:
+        """The algorithm a call runs with: its own; else the communicator's default where the
+        call runs on the backend the default is for (a device communicator's host-buffer calls
+        run on the host backend, where a device algorithm means nothing: "auto" there)."""
+        if algorithm is not None:
+            return algorithm
+        if backend is self._host and self._backend is not self._host:
+            return "auto"
+        return self.algorithm
+
+    def _prepare(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream=None):
+        """(call, backend, algorithm): a call validated (and in check mode agreed across ranks)
+        on a live communicator, the backend that runs it, and the algorithm it runs with.
+        Validation is local; so is the check of the algorithm's name, which the backend does
+        (`resolve`)."""
         self._live(name)
         if stream is not None and not (isinstance(stream, int) or hasattr(stream, "ptr") or hasattr(
                 stream, "cuda_stream") or hasattr(stream, "handle")):
             raise TypeError(f"{name}: stream={stream!r}: pass a CuPy or torch stream, a raw handle (int), or None")
         if not self.check:  # (the backend checks the algorithm's name before it communicates)
             call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
-            return call, self._backend_for(call)
+            backend = self._backend_for(call)
+            return call, backend, self._algorithm_for(backend, algorithm)
         gather = self._host.allgather_object
         try:
             call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
             backend = self._backend_for(call)
+            algo = self._algorithm_for(backend, algorithm)
             self._resolve(backend, call, det, algo)
             outcome = signature(call, self._size, algo, det)
         except (TypeError, ValueError, HpccollError) as exc:
             agree(gather, self._rank, name, exc)  # raises exc here, MismatchError on the other ranks
             raise  # pragma: no cover - agree always raises for an exception
         agree(gather, self._rank, name, outcome, call.v)
-        return call, backend
+        return call, backend, algo
 
     @staticmethod
     def _resolve(backend, call, det, algo) -> None:
         backend.resolve(call.name, call.recv.dtype, call.op.name if call.op else None, call.send.nbytes, det, algo)
 
-    def _plan_fast(self, fast, det, algo) -> None:
+    def _plan_fast(self, fast, det) -> None:
         """On a call's first repeat, prepare its launch (a one-off call pays only for the note);
         a prepared launch holds raw pointers, so the call (and its arrays) need not be kept."""
-        fast.plan = fast.backend.plan(fast.call, det, algo)
+        fast.plan = fast.backend.plan(fast.call, det, fast.algo)
         if fast.plan is not None:
             fast.call = None
 
-    def _remember(self, name, call, backend, sendbuf, recvbuf, op, root, algo, det) -> None:
+    def _remember(self, name, call, backend, sendbuf, recvbuf, op, root, key, algo, det) -> None:
         """Note this call for the repeated call's fast path (not in check mode: every call of
-        check mode is agreed)."""
+        check mode is agreed).  key: the algorithm a repeat must ask for; algo: what it runs."""
         if self.check or not _FastCall.eligible(sendbuf, recvbuf, call, backend):
             self._fast[name] = None
             return
-        self._fast[name] = _FastCall(call, backend, sendbuf, recvbuf, op, root, algo, det)
+        self._fast[name] = _FastCall(call, backend, sendbuf, recvbuf, op, root, key, det, algo)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
         """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
@@ -358,8 +371,8 @@ class Communicator:
             raise HpccollError(f"{name}: not allowed inside a group (its calls are issued when the "
                                f"block exits): call it {where} the block")
 
-    def _enqueue(self, name, sendbuf, recvbuf, op, root, algo, det, stream) -> None:
-        call, backend = self._prepare(name, sendbuf, recvbuf, op, root, algo, det, stream)
+    def _enqueue(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream) -> None:
+        call, backend, algo = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
         self._group.append((backend, (call, det, algo, stream)))
 
     def _issue(self, items) -> None:
@@ -411,6 +424,7 @@ class Communicator:
 
             stream_ptr(req._stream)  # a stream of the wrong type raises here
         backend = self._backend_for(call)
+        req._algo = self._algorithm_for(backend, req._algo)
         self._resolve(backend, call, req._det, req._algo)  # unknown or unfit algorithm names raise here
         req._call, req._backend = call, backend
         self._plan_request(req)
@@ -549,7 +563,7 @@ class _FastCall:
     A view, a slice or a reshape is a new object.  Anything else takes the full path: validation,
     algorithm choice, staging."""
 
-    __slots__ = ("call", "backend", "plan", "repeats", "send", "recv", "send_ref", "args", "meta")
+    __slots__ = ("call", "backend", "algo", "plan", "repeats", "send", "recv", "send_ref", "args", "meta")
 
     @staticmethod
     def eligible(sendbuf, recvbuf, call, backend) -> bool:
@@ -564,12 +578,13 @@ class _FastCall:
         return (type(recvbuf) is np.ndarray and call.recv.nbytes <= _FAST_HOST_BYTES
                 and (sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is np.ndarray))
 
-    def __init__(self, call, backend, sendbuf, recvbuf, op, root, algo, det):
+    def __init__(self, call, backend, sendbuf, recvbuf, op, root, key, det, algo=None):
         self.call, self.backend, self.plan, self.repeats = call, backend, None, 0
+        self.algo = key if algo is None else algo  # what the call runs with (key: what it asked for)
         self.recv = weakref.ref(recvbuf)
         self.send_ref = not (sendbuf is None or _is_in_place(sendbuf))
         self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)
-        self.args = (op, root, algo, det)
+        self.args = (op, root, key, det)
         self.meta = (recvbuf.dtype, recvbuf.shape, sendbuf.dtype if self.send_ref else None,
                      sendbuf.shape if self.send_ref else None)
 

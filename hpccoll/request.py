@@ -28,7 +28,7 @@ class Request:
     def __init__(self, comm, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream):
         self._comm, self._name = comm, name
         self._send, self._recv, self._op, self._root = sendbuf, recvbuf, op, root
-        self._algo = comm.algorithm if algorithm is None else algorithm
+        self._algo = algorithm  # (None: the communicator's default; _validate_persistent decides)
         self._det = comm.deterministic if deterministic is None else bool(deterministic)
         self._stream = stream
         self._call = self._plan = self._backend = None  # the validated call, its backend, its prepared launch

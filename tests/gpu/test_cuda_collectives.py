@@ -676,3 +676,25 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
             np.testing.assert_allclose(y.get(), ref, rtol=1e-5, atol=1e-5)
     finally:
         c.Free()
+
+
+def test_a_device_default_algorithm_leaves_host_calls_to_the_host_backend():
+    """A communicator opened with a device algorithm as its default still takes numpy buffers
+    (they run on the host backend, 'auto' there); a device algorithm passed to such a call
+    explicitly is refused, naming the call."""
+    c = hpccoll.Communicator(backend="cuda", algorithm="oneshot_sentinel", deterministic=True)
+    try:
+        rng = np.random.default_rng([c.rank, 61])
+        x = rng.standard_normal(37)
+        y = np.empty_like(x)
+        for _ in range(3):  # the repeat takes the fast path: still the host backend
+            c.Allreduce(x, y)
+            _assert_bitwise(y, reduce_in_rank_order(OPS["SUM"], _world().allgather(x)), "host buffers")
+        with pytest.raises(ValueError, match="Allreduce: algorithm='oneshot_ll' runs device buffers"):
+            c.Allreduce(x, y, algorithm="oneshot_ll")
+        req = c.Allreduce_init(x, y)
+        req.Start()
+        req.Wait()
+        req.Free()
+    finally:
+        c.Free()
