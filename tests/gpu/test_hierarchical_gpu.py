@@ -22,6 +22,8 @@ def hc():
     import os
 
     size = WORLD.Get_size()
+    if size % 2:
+        pytest.skip(f"two simulated nodes of equal size need an even rank count, not {size}")
     old = os.environ.get("HPCCOLL_NODE_SIZE")
     os.environ["HPCCOLL_NODE_SIZE"] = str(size // 2)
     try:
