@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpccoll.bench import cli as bench_cli
-from hpccoll.bench import collectives, ranks, report, rows, sizes, sweep, tune
+from hpccoll.bench import collectives, ranks, report, sizes, sweep, tune
 from hpccoll.bench.baselines import torch_baselines_first
+from hpccoll.bench.rows import ROW_KEYS
 
 
 def _parser():
@@ -139,7 +140,7 @@ def test_json_schema(tmp_path):
     for key in ("hostname", "gpu", "driver"):
         assert key in d["machine"]
     for r in d["rows"]:
-        for key in rows.ROW_KEYS:
+        for key in ROW_KEYS:
             assert key in r
     assert d["rows"][2]["in_kernel_us"] is None  # nccl: N/A is null
 
@@ -186,8 +187,8 @@ def test_h200_table_is_a_valid_table():
     assert t["gpu"] == "NVIDIA H200"
     for key in ("allreduce", "allreduce_deterministic"):
         assert set(t[key]) == set(g[key])
-        for rows in t[key].values():
-            assert rows[-1][0] is None and all(r[0] is not None for r in rows[:-1])
+        for table_rows in t[key].values():
+            assert table_rows[-1][0] is None and all(r[0] is not None for r in table_rows[:-1])
 
 
 def test_single_rank_host_run(tmp_path, capsys):
