@@ -9,7 +9,8 @@ Compares this checkout's cuda/ with REV's (read with `git show`), per module (on
 dtype and rank count, plus collectives.cu's float32 in-kernel-loop modules; persistent.cu is the
 eager engine) and per function; prints the functions that differ.  Both trees are compiled
 with the same NVRTC options, each with its own cuda/ on the include path.  Exit status 1 when
-any function differs."""
+any function differs.  (A REV whose kernels ignore HC_NRANKS builds its generic module for every
+rank count: against it every kernel of a rank-count module shows as changed.)"""
 from __future__ import annotations
 
 import argparse

@@ -26,7 +26,8 @@ class _Parser(argparse.ArgumentParser):
 def _abort_job(kind, value, tb) -> None:
     """sys.excepthook: the traceback as usual; then, when other ranks exist (they would wait for
     this one in their next collective forever), the process ends in MPI_Abort instead of
-    MPI_Finalize (mpi4py.run.set_abort_status: after Python has flushed its output)."""
+    MPI_Finalize (mpi4py.run.set_abort_status: at interpreter exit, once the traceback is out;
+    an immediate Abort could kill the job before the launcher has forwarded it)."""
     sys.__excepthook__(kind, value, tb)
     from mpi4py import MPI
     from mpi4py.run import set_abort_status

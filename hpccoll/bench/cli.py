@@ -75,10 +75,13 @@ def check(args) -> None:
     if cmd == "tune":
         from ..comm import _device_backend_reason
 
-        whys = world.allgather(_device_backend_reason())
-        if any(whys):
+        ranks_of: dict[str, list[int]] = {}
+        for r, w in enumerate(world.allgather(_device_backend_reason())):
+            if w:
+                ranks_of.setdefault(w, []).append(r)
+        if ranks_of:
             raise SystemExit("hpccoll tune: tunes hpccoll's GPU kernels and needs the cuda backend on every "
-                             "rank: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w)
+                             "rank: " + "; ".join(f"rank {', '.join(map(str, rs))}: {w}" for w, rs in ranks_of.items())
                              + "; nothing written")
 
 
