@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, run the GPU tests (2 ranks; 4 ranks on 2 GPUs under
 # MPS) and the benchmark.  Results and logs go to $OUT.  Usage (from the repo root):
-#   bash bench/device_run.sh [repair|info|tests|tests3|tests4|persist|persist3|elab|pbench|mpson|mpsoff|bench|dbench|nopdl|profile|hier|lab|bwlab|pushlab|pulllab|eagerbind|abmods|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
+#   bash bench/device_run.sh [info|tests|tests3|tests4|persist|persist3|elab|pbench|mpson|mpsoff|bench|dbench|nopdl|profile|hier|lab|bwlab|pushlab|eagerbind|eig|eig8k|gemm|dc|symvpick|symv|fused|dcpick|sytrd]...
 set -uo pipefail
 OUT=${OUT:-/tmp/hpccoll-out}
 mkdir -p "$OUT"
@@ -37,40 +37,14 @@ gpu_tests() {  # gpu_tests NRANKS: one job per test file, so a failure aborts on
 
 for stage in "${@:-all}"; do
   case $stage in
-    repair) python3 bench/fs_repair.py /tmp/stdfix 2>&1 | tee "$OUT/fs-repair.txt"
-            [[ ${PIPESTATUS[0]} == 10 ]] && export PYTHONPATH=/tmp/stdfix${PYTHONPATH:+:$PYTHONPATH} && echo "PYTHONPATH=$PYTHONPATH"
-            python3 -c "import numpy.testing, scipy.sparse; print('numpy.testing and scipy.sparse import')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
-            python3 -c "import torch; print('torch', torch.__version__, 'imports')" 2>&1 | tail -1 | tee -a "$OUT/fs-repair.txt"
-            # read the Python/CUDA sources the runs use once, before any GPU work (page cache)
-            site=$(python3 -c "import site; print(site.getsitepackages()[0])")
-            # (torch too: its symm_mem baselines failed in GPU processes with NUL-byte source reads)
-            ( cd "$site" && find numpy scipy cupy cupyx cupy_backends torch -type f \( -name '*.py' -o -name '*.h' -o -name '*.cuh' -o -name '*.hpp' -o -name '*.inl' \) -print0 2>/dev/null \
-              | xargs -0 cat > /dev/null ) && echo "warmed $site" | tee -a "$OUT/fs-repair.txt" ;;
-    info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt"
-          # files that read back with NUL bytes broke imports on two machines (2026-11-30): list any
-          python3 - <<'PYEOF' 2>&1 | tee -a "$OUT/info.txt"
-import glob, os, site
-roots = site.getsitepackages()
-bad = []
-for r in roots:
-    for sub in ("numpy/testing", "cupy/_core/include", "torch/distributed", "cupy/cuda"):
-        for f in glob.glob(os.path.join(r, sub, "**", "*"), recursive=True):
-            if os.path.isfile(f) and f.endswith((".py", ".h", ".cuh", ".hpp")):
-                with open(f, "rb") as fh:
-                    if b"\0" in fh.read():
-                        bad.append(f)
-print("files with NUL bytes:", len(bad), bad[:10])
-PYEOF
-          ;;
+    info) "${MPIEXEC[@]}" -n 2 hpccoll info 2>&1 | tee "$OUT/info.txt" ;;
     tests) gpu_tests 2 | tee "$OUT/gpu-tests-2ranks.txt" ;;
     tests4) mps_on; gpu_tests 4 | tee "$OUT/gpu-tests-4ranks.txt"; mps_off ;;
     tests3) mps_on; gpu_tests 3 | tee "$OUT/gpu-tests-3ranks.txt"; mps_off ;;
     persist) TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 2 | tee "$OUT/gpu-tests-persist-2ranks.txt" ;;
     persist3) mps_on; TEST_FILES=tests/gpu/test_persistent_gpu.py gpu_tests 3 | tee "$OUT/gpu-tests-persist-3ranks.txt"; mps_off ;;
     elab) timeout ${ELAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/engine_lab.py --json "$OUT/engine-lab.json" \
-            ${ELAB_PARTS:+--parts "$ELAB_PARTS"} ${ELAB_VARIANTS:+--variants "$ELAB_VARIANTS"} \
-            ${ELAB_BLOCKS:+--variant-blocks "$ELAB_BLOCKS"} ${ELAB_KIB:+--variant-kib "$ELAB_KIB"} 2>&1 \
-            | grep -v Warning | tail -250 | tee "$OUT/engine-lab.txt" ;;
+            ${ELAB_PARTS:+--parts "$ELAB_PARTS"} 2>&1 | grep -v Warning | tail -250 | tee "$OUT/engine-lab.txt" ;;
     pbench) i=0; for order in ${ENGINE_ORDERS:-stream}; do  # e.g. ENGINE_ORDERS="stream caller caller stream"
               i=$((i + 1))
               timeout ${BENCH_LIMIT:-200} "${MPIEXEC[@]}" -n 2 hpccoll bench allreduce --sizes "${SIZES:-8:256K}" --dtype "${DTYPE:-float32}" \
@@ -158,18 +132,11 @@ PYEOF
              --json "$OUT/sytrd-profile.json" 2>&1 | tail -20 | tee "$OUT/sytrd-profile.txt" ;;
     pushlab) CUPY_ACCELERATORS= timeout ${PUSHLAB_LIMIT:-200} "${MPIEXEC[@]}" -n 2 python3 bench/push_lab.py --sizes "${SIZES:-256K,1M,2M,4M}" \
              --json "$OUT/push-lab.json" 2>&1 | tee "$OUT/push-lab.txt" ;;
-    abmods)  # the collectives built per rank count (default) against the generic modules, twice each
-      for m in 1 0 1 0; do echo "## HPCCOLL_RANK_MODULES=$m"
-        HPCCOLL_RANK_MODULES=$m CUPY_ACCELERATORS= timeout 150 "${MPIEXEC[@]}" -n 2 -x HPCCOLL_RANK_MODULES hpccoll bench allreduce \
-          --sizes "${AB_SIZES:-128,1K,4K,8K,64K,1M}" --algorithms oneshot_ll,oneshot_sentinel 2>&1 | grep -E "^ +[0-9]+[KM]? |SoL|rror"
-      done | tee "$OUT/ab-rank-modules.txt" ;;
     eagerbind)  # the eager engine's blocking call, processes unbound and bound to a core each, twice
       { lscpu | grep -E "^(Thread|Core|Socket|CPU\(s\)|Model name)"; echo "cpu0 siblings $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list)";
         for b in none core none core; do echo "## mpiexec --bind-to $b"
           CUPY_ACCELERATORS= timeout 150 mpiexec --allow-run-as-root --oversubscribe --bind-to $b --report-bindings -n 2 hpccoll bench allreduce \
             --sizes 1K,4K --algorithms auto,oneshot_ll --persistent 2>&1 | grep -E "^ +(1K|4K) |bound|binding|Error"; done; } | tee "$OUT/eager-bind.txt" ;;
-    pulllab) CUPY_ACCELERATORS= timeout ${PULLLAB_LIMIT:-200} "${MPIEXEC[@]}" -n 2 python3 bench/pull_lab.py --sizes "${PULL_SIZES:-128,1K,4K,16K,64K}" \
-             --json "$OUT/pull-lab.json" 2>&1 | grep -v Warning | tee "$OUT/pull-lab.txt" ;;
     bwlab) CUPY_ACCELERATORS= timeout ${BWLAB_LIMIT:-240} "${MPIEXEC[@]}" -n 2 python3 bench/bw_lab.py --sizes "${SIZES:-64K,256K,1M,2M,4M,8M}" \
              ${BWLAB_VARIANTS:+--variants "$BWLAB_VARIANTS"} ${BWLAB_ALGOS:+--algorithms "$BWLAB_ALGOS"} --json "$OUT/bw-lab.json" 2>&1 | tee "$OUT/bw-lab.txt" ;;
     dc) CUPY_ACCELERATORS= timeout 240 python3 bench/dc_profile.py --json "$OUT/dc-profile.json" 2>&1 | tee "$OUT/dc-profile.txt" ;;

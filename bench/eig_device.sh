@@ -93,7 +93,7 @@ FAST=(--ranks 2 --repeat 3 --no-sync-collectives --no-reference --save-vectors n
 read -r -a ANCHORS <<< "${EIG_ANCHORS:---cusolvermp --single-gpu}"
 want n4096 && compare "n4096 dc sentinel,nccl+anchors" 70 150 n4096 --n 4096 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
 want n8192 && compare "n8192 dc sentinel,nccl+anchors" 140 240 n8192 --n 8192 --comm sentinel,nccl "${ANCHORS[@]}" "${FAST[@]}"
-# 2a. 16384 (issue #5: 2 GPUs faster than one there too): the problem built on the GPU once (the
+# 2a. 16384 (are 2 GPUs faster than one there too?): the problem built on the GPU once (the
 #     host's QRs would take minutes) for both steps that use it.  n16384: sentinel and NCCL
 #     against the one-GPU path, repeat 2.  n16384-fused: the sentinel path's column step with
 #     its fused transfers (HPCCOLL_EIG_SYTRD=fused) and with the collectives (graph), one job.

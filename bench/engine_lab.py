@@ -1,6 +1,7 @@
-"""Where an eager-engine call's time goes (hpccoll/_engine.py, cuda/persistent.cu), on 2 ranks:
+"""Where an eager-engine call's time goes (hpccoll/backends/cuda/engine.py, cuda/persistent.cu),
+on 2 ranks:
 
-    mpiexec -n 2 python bench/engine_lab.py [--n 2000] [--json out.json]
+    mpiexec -n 2 python bench/engine_lab.py [--n 2000] [--parts sysread,host,...] [--json out.json]
 
 Each part timed per call on the host (perf_counter around one call, median of --n, then the
 MAX over ranks), in one run:
@@ -8,7 +9,7 @@ MAX over ranks), in one run:
 - host:      cuStreamIsCapturing, cuStreamQuery, and the bare Python loop of a post and a check;
 - echo:      host writes a mapped word, the GPU (already running, polling) sees it and writes a
              completion word back, the host sees that: the engine's signalling without the
-             collective, in the engine's configuration and simpler ones;
+             collective, in the engine's configuration and simpler ones (kernels/lab_engine.cu);
 - engine:    Engine.call directly with count 0 (no collective) and 1 KiB, and
              Communicator.Allreduce of 1 KiB with the engine (its fast path) and without
              (launch + stream synchronize), for scale; a persistent request's Start + Wait;
@@ -18,25 +19,14 @@ MAX over ranks), in one run:
              and on arrays of the call's size, Allreduce + synchronize on those arrays, and a
              persistent request's Start + Wait on them;
 - phase:     (--parts phase) Engine.call after the host spins 0-3 us first, minus the spin:
-             does the host's time before a post move the call in steps of a PCIe round trip?
-- variants:  (--variants NAME,...) the same calls on engines compiled with variant defines,
-             interleaved, two passes:
-  library   the library's engine
-  llpair    the ll variant with HC_LL_WARP=0: a pack's two LL slots side by side (proto_ll.cuh),
-            the layout before
-  ppt1, ppt4  HC_ENGINE_PPT=1 / 4: another block after 1 / 4 packs per thread (the library: 2)
-  ll        HC_ENGINE_SENTINEL=0: LL slots (32 B a pack) instead of the sentinel's (16 B,
-            re-armed), as the library's float engine had until 595677b's run (start_persistent
-            fills the region with the sentinel, whose high words no LL flag of these epochs equals)
-  (69d8881's run compared the kept path, the LL-word relay and the warp layout against the
-  engine before them, and 5f384ed's and 1a99d78's a doorbell per block against the relay from
-  block 0 (variants "bells", "nofence" then): bench/NOTES.md, sessions 14 and 15.)"""
+             does the host's time before a post move the call in steps of a PCIe round trip?"""
 from __future__ import annotations
 
 import argparse
 import ctypes
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -50,49 +40,31 @@ def _median_us(fn, n: int) -> float:
     return statistics.median(ts[n // 10:]) * 1e6
 
 
-VARIANTS = {  # name: (compile defines of persistent.cu, packs per thread before another block)
-    "library": ((), 2),
-    "llpair": (("-DHC_ENGINE_SENTINEL=0", "-DHC_LL_WARP=0"), 2),
-    "ppt1": (("-DHC_ENGINE_PPT=1",), 1),
-    "ppt4": (("-DHC_ENGINE_PPT=4",), 4),
-    "ll": (("-DHC_ENGINE_SENTINEL=0",), 2),
-}
-
-
-def variant_defines(name: str) -> tuple[tuple[str, ...], int]:
-    """(compile defines, packs per thread before another block) of a --variants name."""
-    if name not in VARIANTS:
-        raise SystemExit(f"engine_lab: unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
-    return VARIANTS[name]
-
-
 def main() -> int:
     import cupy as cp
+    from _lab import open_lab, write_lab_json
 
     import hpccoll
-    from hpccoll import bench
-    from hpccoll._driver import Module, launch_raw
-    from hpccoll._engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS, _driver_fns
-    from hpccoll._nvrtc import compile_module
+    from hpccoll.backends.cuda.driver import Module, launch_raw
+    from hpccoll.backends.cuda.engine import BYTES_PER_BLOCK, DEFAULT_BLOCKS, _driver_fns
+    from hpccoll.backends.cuda.nvrtc import compile_file
+    from hpccoll.bench.ranks import max_over_ranks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", default="sysread,host,echo,engine,sizes",
-                    help="sections to run, of sysread,host,echo,engine,sizes,calls,phase,variants")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--variant-blocks", default="1,4")
-    ap.add_argument("--variant-kib", default="4,8,16,32,64,128")
+                    help="sections to run, of sysread,host,echo,engine,sizes,calls,phase")
     opts = ap.parse_args()
     parts = set(opts.parts.split(","))
-    comm, say, sol = bench.open_lab("engine_lab")
-    mpi, dev = comm.mpi_comm, comm._device
+    comm, say, sol = open_lab("engine_lab")
+    mpi, dev = comm.mpi_comm, comm._backend
     lib = _driver_fns()
-    mod = Module(compile_module("lab_engine.cu", "float32", dev.arch))
+    mod = Module(compile_file(Path(__file__).resolve().parent / "kernels" / "lab_engine.cu", "float32", dev.arch))
     rows = []
 
     def record(part, what, us, **kw):
-        us = bench._max(mpi, us)
+        us = max_over_ranks(mpi, us)
         rows.append({"part": part, "what": what, "us": us, **kw})
         say(f"{part:8s} {what:58s} {us:8.2f} us")
 
@@ -105,11 +77,11 @@ def main() -> int:
     out = cp.zeros(2, dtype=cp.uint64)
     s = cp.cuda.Stream(non_blocking=True)
 
-    # sizes and variants: every size's result is checked bitwise against the rank-order sum
+    # sizes, calls, phase: every size's result is checked bitwise against the rank-order sum
     big = 64 * 1024  # floats: 256 KiB
     xb = cp.asarray(np.random.default_rng([comm.rank, 5]).standard_normal(big).astype(np.float32))
     yb = cp.empty_like(xb)
-    yb.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
+    yb.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: engine.py)
     cp.cuda.get_current_stream().synchronize()
     ref_all = mpi.allgather(cp.asnumpy(xb))
 
@@ -182,16 +154,16 @@ def main() -> int:
         comm.synchronize()
         record("engine", "off: Allreduce 1 KiB + synchronize (launch)",
                _median_us(lambda: (comm.Allreduce(x, y), comm.synchronize()), opts.n))
-        y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: _engine.py)
+        y.fill(0)  # CuPy's fill kernel loaded before any engine starts (lazy loading: engine.py)
         for order in ("stream", "caller"):
             # "caller": without the stream query (every timed call here follows a finished one,
             # so the caller's contract holds)
             with comm.persistent("float32", blocks=1, max_bytes=32 * 1024, order=order):
-                eng = dev.engines()["float32"]
+                eng = dev.engines.engines()["float32"]
                 record("engine", f"order {order}, 1 block: Engine.call 1 KiB",
                        _median_us(lambda: eng.call(x.data.ptr, y.data.ptr, 256, "SUM", 0), opts.n))
             with comm.persistent("float32", order=order):
-                eng = dev.engines()["float32"]
+                eng = dev.engines.engines()["float32"]
                 record("engine", f"order {order}: Engine.call count 0 (signalling only)",
                        _median_us(lambda: eng.call(0, 0, 0, "SUM", 0), opts.n))
                 record("engine", f"order {order}: Engine.call 1 KiB",
@@ -225,7 +197,7 @@ def main() -> int:
         for blocks in (1, 2, 4, 8):
             cap = min(big * 4, blocks * BYTES_PER_BLOCK)
             with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
-                eng = dev.engines()["float32"]
+                eng = dev.engines.engines()["float32"]
                 for kib in (4, 8, 16, 32, 64, 128, 256):
                     n = kib * 256
                     if n * 4 > cap:
@@ -245,7 +217,7 @@ def main() -> int:
         outs = {kib: cp.zeros_like(x) for kib, x in arrays.items()}
         cp.cuda.get_current_stream().synchronize()
         with comm.persistent("float32", max_bytes=DEFAULT_BLOCKS * BYTES_PER_BLOCK, order="caller"):
-            eng = dev.engines()["float32"]
+            eng = dev.engines.engines()["float32"]
             for kib in arrays:
                 n = kib * 256
                 xs, ys = arrays[kib], outs[kib]
@@ -295,7 +267,7 @@ def main() -> int:
             return call
 
         with comm.persistent("float32", max_bytes=DEFAULT_BLOCKS * BYTES_PER_BLOCK, order="caller"):
-            eng = dev.engines()["float32"]
+            eng = dev.engines.engines()["float32"]
             for kib in (1, 32):
                 n = kib * 256
                 ok = checked_call(eng, n)
@@ -317,37 +289,8 @@ def main() -> int:
                     record("phase", f"{kib:3d} KiB Engine.call after {x_ns:5d} ns of host spin, minus the spin, bitwise {ok}",
                            t, bytes=n * 4, spin_ns=x_ns, ok=ok)
 
-    if "variants" in parts:
-        # The same calls on engines compiled with variant defines, interleaved (for each engine
-        # size and pass: every variant), so that the machine's drift hits every variant alike.
-        import hpccoll._engine as engine_mod
-
-        base_module = dev._engine_module
-        names = [v for v in opts.variants.split(",") if v]
-        specs = {v: variant_defines(v) for v in names}
-        for pass_ in (0, 1):
-            for blocks in (int(b) for b in opts.variant_blocks.split(",")):
-                for v in names:
-                    defs, ppt = specs[v]
-                    dev._engine_module = lambda dtype, defs=defs: dev._load("persistent.cu", dtype, dev.rank_defines + defs)
-                    engine_mod.PACKS_PER_THREAD = ppt
-                    cap = min(big * 4, blocks * engine_mod.BYTES_PER_BLOCK)
-                    with comm.persistent("float32", blocks=blocks, max_bytes=cap, order="caller"):
-                        eng = dev.engines()["float32"]
-                        for kib in (int(k) for k in opts.variant_kib.split(",")):
-                            n = kib * 256
-                            if n * 4 > cap:
-                                continue
-                            ok = checked_call(eng, n)
-                            record("variants", f"pass {pass_} {v:8s} {blocks}-block engine: {kib:4d} KiB "
-                                   f"({eng.blocks_for(n)} used), bitwise {ok}",
-                                   _median_us(lambda: eng.call(xb.data.ptr, yb.data.ptr, n, "SUM", 0), opts.n),
-                                   variant=v, defines=list(defs), ppt=ppt, blocks=blocks, bytes=n * 4,
-                                   used=eng.blocks_for(n), ok=ok, pass_=pass_)
-        dev._engine_module = base_module
-        engine_mod.PACKS_PER_THREAD = 2
     rt.freeHost(host)
-    bench.write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
+    write_lab_json(comm, opts, sol, rows, "bench/engine_lab.py",
                          timing="host perf_counter per call, median of n (first 10% dropped), MAX over ranks")
     comm.Free()
     return 0

@@ -1,5 +1,5 @@
 """The eigensolver's local GEMMs through CuPy (cuBLAS) and through nvmath-python's stateful
-Matmul (planned once, executed many times), one GPU, float64 - issue #5 asks which is faster.
+Matmul (planned once, executed many times), one GPU, float64: which is faster?
 
     python3 bench/gemm_nvmath_vs_cupy.py [--n 4096,8192] [--ranks 2] [--nb 64] [--json out.json]
 

@@ -1,6 +1,6 @@
-"""Latency lab (GPU machine, 2 ranks): hpccoll's one-shot sentinel kernel timed in-kernel next
-to stripped variants of the same algorithm (cuda/lab_latency.cu), with the SoL model, all in
-one run - to find where hpccoll's in-kernel time (2.3-3.7 us) exceeds SoL (0.84 us).
+"""Latency lab (GPU machine, 2 ranks): hpccoll's one-shot kernels timed in-kernel next to
+stripped variants of the same algorithm (bench/kernels/lab_latency.cu), with the SoL model, all
+in one run - to find where hpccoll's in-kernel time exceeds the model.
 
     mpiexec -n 2 python3 bench/latency_lab.py [--iters 1000] [--sizes 128,1K,4K,8K] [--json out.json]
 
@@ -10,25 +10,32 @@ LLBuffer primitives), `prims_ld` (prims + the input re-read twice per op, as hpc
 `full` (hpccoll's allreduceOneShot launched like the others); `hpccoll_ll` (the library's one-shot
 LL, which sends the next collective as soon as a pack arrived) against the same loop stripped:
 `ll_min`, `ll_timer` (+ the bounded poll's checks), `ll_late` (the next send after the reduction
-and the store).  Each result is checked bitwise
-against the rank-order sum.  Per-op µs = event time of one launch of `iters` ops / iters,
-median of 5, MAX over ranks, every launch preceded by a device barrier (bench._align)."""
+and the store).  Each result is checked bitwise against the rank-order sum.  Per-op µs = event
+time of one launch of `iters` ops / iters, median of 5, MAX over ranks, every launch preceded by
+a device barrier (hpccoll.bench.timing)."""
 from __future__ import annotations
 
 import argparse
 import ctypes
+from pathlib import Path
 
 import numpy as np
+
+KERNELS = Path(__file__).resolve().parent / "kernels"
 
 
 def main() -> int:
     import cupy as cp
+    from _lab import open_lab, write_lab_json
+    from mpi4py import MPI
 
     import hpccoll
-    from hpccoll import bench
-    from hpccoll._driver import Args, Module, launch_raw
-    from hpccoll._nvrtc import compile_module
+    from hpccoll._abi import Args
     from hpccoll._validate import prepare
+    from hpccoll.backends.cuda.driver import Module, launch_raw
+    from hpccoll.backends.cuda.nvrtc import compile_file
+    from hpccoll.bench.sizes import parse_sizes
+    from hpccoll.bench.timing import time_events
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=1000)
@@ -36,9 +43,10 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     K = opts.iters + (opts.iters & 1)  # even: successive launches keep the parity alternation
-    comm, say, sol = bench.open_lab("latency_lab")
-    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
-    mod = Module(compile_module("lab_latency.cu", "float32", dev.arch))
+    comm, say, sol = open_lab("latency_lab")
+    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._backend
+    # the lab's kernels built like the library's (for its rank count), so `full` is hpccoll's
+    mod = Module(compile_file(KERNELS / "lab_latency.cu", "float32", dev.arch, dev.kernels.defines))
     names = ("min", "timer", "prims", "prims_ld", "full")
     variants = {v: mod.fn(f"hc_lab_oneshot_{v}") for v in names}
     ll_names = ("ll_min", "ll_timer", "ll_late")
@@ -51,12 +59,12 @@ def main() -> int:
         epochs[0] += K + 2
         return ctypes.c_uint64(epochs[0])
 
-    base = dev._launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
+    base = dev.kernels.launcher("float32", "hc_allreduce_oneshot_sentinel_sum", region).args
     s = cp.cuda.Stream(non_blocking=True)
     out = cp.zeros(4, cp.uint64)
     rng = np.random.default_rng([rank, 5])
     rows = []
-    for nbytes in bench.parse_sizes(opts.sizes):
+    for nbytes in parse_sizes(opts.sizes):
         n = max(4, nbytes // 4 // 4 * 4)
         if n // 4 > 512:
             say(f"skip {nbytes} B: the lab kernels use one block of <= 512 threads")
@@ -70,18 +78,16 @@ def main() -> int:
 
         def everywhere_right(own_ok: bool = True) -> bool:
             good = own_ok and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
-            return bool(mpi.allreduce(int(good), op=_min()))
+            return bool(mpi.allreduce(int(good), op=MPI.MIN))
 
         for name, algo in (("hpccoll", "oneshot_sentinel"), ("hpccoll_ll", "oneshot_ll")):
             y.fill(0)
             dev.run(call, True, algo, s, iters=2)
             comm.synchronize(s)
-            row[f"{name}_us"] = bench._time_events(mpi, s, lambda algo=algo: dev.run(call, True, algo, s, iters=K),
-                                                   K, 1)
+            row[f"{name}_us"] = time_events(mpi, s, lambda algo=algo: dev.run(call, True, algo, s, iters=K), K, 1)
             comm.synchronize(s)
             row[f"{name}_ok"] = everywhere_right()
-        a = Args()
-        ctypes.memmove(ctypes.addressof(a), ctypes.addressof(base), ctypes.sizeof(Args))
+        a = Args.from_buffer_copy(base)
         a.in_, a.out, a.count, a.iters = x.data.ptr, y.data.ptr, n, K
         a.region, a.sub = region
         block = (n // 4 + 31) // 32 * 32
@@ -96,7 +102,7 @@ def main() -> int:
             out.fill(0)
             cp.cuda.runtime.deviceSynchronize()
             mpi.Barrier()
-            row[f"{name}_us"] = bench._time_events(mpi, s, launch, K, 1)
+            row[f"{name}_us"] = time_events(mpi, s, launch, K, 1)
             s.synchronize()
             row[f"{name}_ok"] = everywhere_right(int(out[1].get()) == 0)
         rows.append(row)
@@ -106,15 +112,9 @@ def main() -> int:
     for r in rows:
         say(f"{r['bytes']:>7} " + " ".join(f"{r[v + '_us']:>10.3f}" for v in cols)
             + "   ok " + " ".join(str(r[k + "_ok"]) for k in cols))
-    bench.write_lab_json(comm, opts, sol, rows, "bench/latency_lab.py")
+    write_lab_json(comm, opts, sol, rows, "bench/latency_lab.py")
     comm.Free()
     return 0
-
-
-def _min():
-    from mpi4py import MPI
-
-    return MPI.MIN
 
 
 if __name__ == "__main__":

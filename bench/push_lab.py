@@ -2,37 +2,40 @@
 memory over NVLink, both ranks at once (as in an allreduce), by SM stores (the library's way:
 a thread per 16-byte pack, load then volatile store) or by the Tensor Memory Accelerator's bulk
 copies (cp.async.bulk from shared memory), next to the copy engine (cudaMemcpyAsync), in one
-run.  Question (bench/NOTES.md, session 9): at 4 MiB the allreduce's SM stores reach ~315 GB/s
-where the copy engine reaches ~360; would bulk copies close that gap?
+run: the floor of a one-launch one-shot at 1-4 MiB (what the allreduce's pushes could reach).
 
     mpiexec -n 2 python3 bench/push_lab.py [--sizes 256K,1M,2M,4M] [--blocks 128] [--json out.json]
 
 SM stores run on --blocks blocks of 512 threads (the library's grid at >= 1 MiB); bulk copies
 on at most that many, each block moving a whole number of 8 or 16 KiB steps.  st_ce35 / st_ce50
 split one push: the copy engine moves the first 35 / 50 % on a forked stream while the SM
-stores move the rest, joined again (session 15's question: do the two together beat either?).
+stores move the rest, joined again (do the two together beat either?).
 
-Per size and way: µs per push in a CUDA graph of bench.GRAPH_OPS pushes (the copy engine's as
+Per size and way: µs per push in a CUDA graph of GRAPH_OPS pushes (the copy engine's as
 memcpy nodes), GB/s = bytes / time, and the pushed bytes checked against the peer's source."""
 from __future__ import annotations
 
 import argparse
 import ctypes
+from pathlib import Path
 
 import numpy as np
 
 WAYS = ("st", "st_blk", "tma8k", "tma16k", "copy_engine", "st_ce35", "st_ce50")
 SPLIT = {"st_ce35": 0.35, "st_ce50": 0.5}  # the copy engine's share of a split push (the rest: SM stores)
-CHUNK = {"tma8k": 8192, "tma16k": 16384}  # bytes per bulk-copy step (cuda/lab_push.cu pushTma<CH>)
+CHUNK = {"tma8k": 8192, "tma16k": 16384}  # bytes per bulk-copy step (kernels/lab_push.cu pushTma<CH>)
+KERNELS = Path(__file__).resolve().parent / "kernels"
 
 
 def main() -> int:
     import cupy as cp
+    from _lab import open_lab, write_lab_json
     from mpi4py import MPI
 
-    from hpccoll import bench
-    from hpccoll._driver import Module, launch_raw
-    from hpccoll._nvrtc import compile_module
+    from hpccoll.backends.cuda.driver import Module, launch_raw
+    from hpccoll.backends.cuda.nvrtc import compile_file
+    from hpccoll.bench.sizes import parse_sizes
+    from hpccoll.bench.timing import GRAPH_OPS, time_graph
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="256K,1M,2M,4M")
@@ -40,10 +43,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
-    comm, say, sol = bench.open_lab("push_lab")
-    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._device
+    comm, say, sol = open_lab("push_lab")
+    rank, mpi, dev = comm.rank, comm.mpi_comm, comm._backend
     peer = 1 - rank
-    mod = Module(compile_module("lab_push.cu", "float32", dev.arch))
+    mod = Module(compile_file(KERNELS / "lab_push.cu", "float32", dev.arch))
     fns = {w: mod.fn(f"hc_push_{w}") for w in WAYS if w != "copy_engine" and w not in SPLIT}
     side = cp.cuda.Stream(non_blocking=True)  # the copy engine's branch of a split push
     fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
@@ -51,7 +54,7 @@ def main() -> int:
     region = L.oneshot  # 2 parities x 2 sources x 4 MiB: room for 4 MiB from each rank
     rng = np.random.default_rng([rank, 11])
     rows = []
-    for nbytes in bench.parse_sizes(opts.sizes):
+    for nbytes in parse_sizes(opts.sizes):
         # bulk copies move whole CH-byte steps per block, on at most --blocks blocks
         steps_ok = all(nbytes % ch == 0 and (nbytes // ch) % min(opts.blocks, nbytes // ch) == 0 for ch in CHUNK.values())
         if nbytes > 4 * 1024 * 1024 or not steps_ok:
@@ -93,7 +96,7 @@ def main() -> int:
                 mine.fill(0)
                 cp.cuda.Device().synchronize()
                 mpi.Barrier()
-                row["us"] = bench.time_graph(mpi, push, opts.iters)
+                row["us"] = time_graph(mpi, push, opts.iters)
                 cp.cuda.Device().synchronize()
                 mpi.Barrier()
                 row["ok"] = bool(mpi.allreduce(int(np.array_equal(mine.get(), theirs)), op=MPI.MIN))
@@ -104,8 +107,10 @@ def main() -> int:
             rows.append(row)
             say(f"{nbytes:>9} {way:>12} {row['us'] if row['us'] is None else round(row['us'], 3)} us "
                 f"{round(row.get('GBps', 0), 1)} GB/s ok {row['ok']}" + (f" ({row['error']})" if "error" in row else ""))
+    cp.cuda.Device().synchronize()
     mpi.Barrier()
-    dev._init_regions()  # the one-shot region back to the sentinel pattern
+    dev.layout.arm(dev.ws)  # the one-shot region back to the sentinel pattern
+    cp.cuda.Device().synchronize()
     mpi.Barrier()
     say(f"\n{'bytes':>9} " + " ".join(f"{w:>12}" for w in WAYS) + "   (us per push, graph; GB/s)")
     for nbytes in sorted({r["bytes"] for r in rows}):
@@ -115,7 +120,7 @@ def main() -> int:
             cells.append(f"{r['us']:6.2f}/{r['GBps']:4.0f}{'' if r['ok'] else '!'}" if r.get("us") else f"{'fail':>12}")
         say(f"{nbytes:>9} " + " ".join(f"{c:>12}" for c in cells))
     say("('!': the bytes that arrived differ from the peer's source)")
-    bench.write_lab_json(comm, opts, sol, rows, "bench/push_lab.py", graph_ops=bench.GRAPH_OPS)
+    write_lab_json(comm, opts, sol, rows, "bench/push_lab.py", graph_ops=GRAPH_OPS)
     comm.Free()
     return 0
 

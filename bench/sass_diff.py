@@ -7,12 +7,13 @@ GPU-tested commit needs no new GPU run; one that does not, does.
 
 Compares this checkout's cuda/ with REV's (read with `git show`), per module (one per source,
 dtype and rank count, plus collectives.cu's float32 in-kernel-loop modules; persistent.cu is the
-eager engine) and per function; prints the functions that differ.  (cuda/ before 07d437e ignores HC_NRANKS: its modules are the generic build, so against
-such a REV every kernel of a specialized module shows as changed.)"""
+eager engine) and per function; prints the functions that differ.  Both trees are compiled
+with the same NVRTC options, each with its own cuda/ on the include path.  Exit status 1 when
+any function differs.  (A REV whose kernels ignore HC_NRANKS builds its generic module for every
+rank count: against it every kernel of a rank-count module shows as changed.)"""
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import subprocess
 import sys
@@ -43,26 +44,30 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,3", help="rank counts the modules are built for (HC_NRANKS)")
     ap.add_argument("--sources", default="collectives.cu,persistent.cu")
     opts = ap.parse_args()
-    sys.path.insert(0, str(HERE / "tests"))
+    sys.path.insert(0, str(HERE / "tests" / "unit"))
     from test_device_code import _sass_by_function  # noqa: E402  (the SASS parser the tests use)
 
-    from hpccoll import _nvrtc
+    from hpccoll.backends.cuda import nvrtc
+    from hpccoll.backends.cuda.kernels import LOOP_FENCE
 
-    # the library builds every module for its rank count (HC_NRANKS, backends/cuda.py rank_defines)
+    # the library builds every module for its rank count (HC_NRANKS, backends/cuda/kernels.py)
     ranks = [f"-DHC_NRANKS={n}" for n in opts.ranks.split(",") if n]
     sources = [s for s in opts.sources.split(",") if s]
     modules = [(src, dt, (r,)) for src in sources for dt in opts.dtypes.split(",") if dt for r in ranks]
     if "collectives.cu" in sources:
-        modules += [("collectives.cu", "float32", (r, "-DHC_LOOP_FENCE=1")) for r in ranks]
+        modules += [("collectives.cu", "float32", (r, LOOP_FENCE)) for r in ranks]
+
+    def compile_in(cuda: pathlib.Path, src: str, dtype: str, defs) -> bytes:
+        """The module as the library builds it, but with `cuda` as its source and include folder."""
+        opts_ = [o for o in nvrtc.options(dtype, opts.arch, defs) if not o.startswith("-I")] + [f"-I{cuda}"]
+        return nvrtc.compile_source((cuda / src).read_bytes(), src, opts_)
+
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         trees = {"here": HERE / "cuda", opts.rev: _tree_at(opts.rev, tmp / "rev")}
-        sass = {}
-        for label, cuda in trees.items():
-            _nvrtc.cuda_dir = lambda cuda=cuda: cuda
-            os.environ["HPCCOLL_CACHE_DIR"] = str(tmp / f"cache-{len(sass)}")
-            sass[label] = {(src, dt, defs): _sass_by_function(_nvrtc.compile_module(src, dt, opts.arch, defs), tmp)
-                           for src, dt, defs in modules}
+        sass = {label: {(src, dt, defs): _sass_by_function(compile_in(cuda, src, dt, defs), tmp)
+                        for src, dt, defs in modules}
+                for label, cuda in trees.items()}
     changed = 0
     for key in sass["here"]:
         a, b = sass["here"][key], sass[opts.rev][key]

@@ -1,6 +1,5 @@
 """Where the tridiagonalization's column step spends its time on GPUs, stage by stage
-(apps/eigensolver/sytrd_device.py; issue #5: 79 us per column at n = 8192 on 2xH200, about
-twice what its memory traffic and launches explain).
+(apps/eigensolver/sytrd_device.py).
 
     mpiexec -n 2 python3 bench/sytrd_profile.py [--n 8192] [--nb 64] [--comm sentinel] [--json out.json]
 
@@ -37,9 +36,10 @@ def main() -> int:
     import cupy as cp
     from mpi4py import MPI
 
+    from hpccoll_eigensolver._xp import kept_streams
     from hpccoll_eigensolver.layout import BlockCyclic
     from hpccoll_eigensolver.runinfo import make_communicator, select_device
-    from hpccoll_eigensolver.sytrd_device import _Step, _stream
+    from hpccoll_eigensolver.sytrd_device import _Step
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -52,7 +52,7 @@ def main() -> int:
     cols = desc.local_cols(rank)
     # random local columns: the timing does not depend on the values (nor on symmetry)
     C = cp.asfortranarray(cp.random.default_rng(7 + rank).standard_normal((n, cols.size)))
-    stream = _stream()
+    stream = kept_streams("sytrd")[0]  # the solver's capture stream (the legacy stream cannot be captured)
     rows = []
     for product in opts.gemv.split(","):
         os.environ["HPCCOLL_EIG_GEMV"] = product

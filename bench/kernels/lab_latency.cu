@@ -1,6 +1,5 @@
 // lab_latency.cu - stripped one-shot allreduces for bisecting the gap between hpccoll's
-// in-kernel latency (2.3-3.7 us per op on 2xH200) and the SoL model (0.84 us); driven by
-// bench/latency_lab.py.  Not used by the library.
+// in-kernel latency and the SoL model; driven by bench/latency_lab.py.  Not used by the library.
 //
 // 2 ranks, fp32 SUM, one block, one thread per 16-byte pack, `iters` allreduces in a row on
 // hpccoll's one-shot region (a.region, sub-buffers of a.sub bytes per (parity, source)), parity
@@ -52,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_timer(const Arg
   labOneShot<1>(a, out);
 }
 
-// Bisection between `min` and hpccoll's kernel (session 3): the same loop on the LLBuffer
+// Bisection between `min` and hpccoll's kernel: the same loop on the LLBuffer
 // primitives (`prims`: input loaded once; `prims_ld`: loaded from a.in twice per iteration, as
 // allreduceOneShot does), and allreduceOneShot itself launched like the other lab kernels
 // (`full`: epochs, abort check and all; differs from hpccoll_us only in the launch path).
@@ -88,13 +87,12 @@ extern "C" __global__ void __launch_bounds__(512) hc_lab_oneshot_full(const Args
   if (threadIdx.x == 0) out[0] = globaltimer() - t0;
 }
 
-// LL variants (session 11): the library's one-shot LL loop sends collective i+1 right after
-// collective i's pack arrived, and still took 1.07-1.49 us per op in-kernel against a ping-pong
-// one-way trip of 0.70 (2xH200, 257172a).  The same loop stripped: `ll_min` (poll without timer,
-// early send), `ll_timer` (+ the bounded poll's timer and abort checks every 256 spins),
-// `ll_late` (min, the next send after the reduction and the result's store).  On hpccoll's
-// one-shot LL region; epochs from `base` (the host passes a fresh range per launch, far from
-// the library's own epochs, so a stale slot never carries a flag of this launch).
+// LL variants: the library's one-shot LL loop sends collective i+1 right after collective i's
+// pack arrived.  The same loop stripped: `ll_min` (poll without timer, early send), `ll_timer`
+// (+ the bounded poll's timer and abort checks every 256 spins), `ll_late` (min, the next send
+// after the reduction and the result's store).  On hpccoll's one-shot LL region; epochs from
+// `base` (the host passes a fresh range per launch, far from the library's own epochs, so a
+// stale slot never carries a flag of this launch).
 template <int TIMER, int EARLY>
 __device__ __forceinline__ void labLL(const Args& a, u64* out, u64 base) {
   const int peer = a.rank ^ 1;

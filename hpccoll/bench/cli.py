@@ -1,10 +1,14 @@
-"""`hpccoll bench` and `hpccoll tune`: their arguments, checked before anything runs, and their
-entry points (the benchmark itself loads only when one runs)."""
+"""`hpccoll bench` and `hpccoll tune`: their arguments, checked on every rank before anything
+runs, and their entry points.  Light on purpose: the benchmark itself loads only when one runs."""
 from __future__ import annotations
 
 import os
 
-COLLECTIVES = ("allreduce", "bcast", "allgather", "reduce_scatter")
+from .collectives import COLLECTIVE_CALL, unknown_algorithms
+from .sizes import parse_sizes
+
+#: the options that name a file rank 0 writes, per command
+OUTPUTS = {"bench": ("json", "plot"), "tune": ("out", "json")}
 
 
 def _common_args(p, sizes_default: str) -> None:
@@ -17,7 +21,7 @@ def _common_args(p, sizes_default: str) -> None:
 def add_parsers(sub) -> None:
     b = sub.add_parser("bench", help="latency sweep of a collective (eager, graph, in-kernel, blocking; "
                                      "SoL model; NCCL / torch symm_mem / MPI baselines)")
-    b.add_argument("collective", choices=list(COLLECTIVES))
+    b.add_argument("collective", choices=list(COLLECTIVE_CALL))
     _common_args(b, "8:64M")
     b.add_argument("--algorithms", default="all",
                    help="all (every hpccoll algorithm valid here, plus auto), auto, or NAME,NAME,...")
@@ -40,28 +44,74 @@ def add_parsers(sub) -> None:
     t.add_argument("--json", default=None, help="also write the raw sweep here (rank 0)")
 
 
-def main(args) -> int:
+def check(args) -> None:
+    """Raise SystemExit(message) on every rank alike for the first argument that cannot work,
+    before anything runs (collective: the output folders are checked where rank 0, which
+    writes the files, sees them; tune asks every rank for a GPU)."""
     from mpi4py import MPI
 
-    from .sweep import _err, format_table, parse_sizes, plot, run_sweep, tune, write_json
+    from ..ops import np_dtype
 
+    world, cmd = MPI.COMM_WORLD, args.cmd
     try:
         parse_sizes(args.sizes)
-        from ..ops import np_dtype
-
         np_dtype(args.dtype)
     except (ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: {exc}") from None
+        raise SystemExit(f"hpccoll {cmd}: {exc}") from None
     if args.iters < 1:
-        raise SystemExit(f"hpccoll {getattr(args, 'cmd', 'bench')}: --iters must be >= 1, not {args.iters}")
-    if getattr(args, "cmd", "bench") == "tune":
+        raise SystemExit(f"hpccoll {cmd}: --iters must be >= 1, not {args.iters}")
+    if cmd == "bench":
+        why = unknown_algorithms(args.collective, args.algorithms)
+        if why:
+            raise SystemExit(f"hpccoll bench: {why}")
+    why = None
+    if world.Get_rank() == 0:
+        for dest in OUTPUTS[cmd]:
+            if getattr(args, dest) and not why:
+                why = unwritable(f"--{dest}", getattr(args, dest))
+    why = world.bcast(why, root=0)
+    if why:
+        raise SystemExit(f"hpccoll {cmd}: {why}")
+    if cmd == "tune":
+        from ..comm import _device_backend_reason
+
+        ranks_of: dict[str, list[int]] = {}
+        for r, w in enumerate(world.allgather(_device_backend_reason())):
+            if w:
+                ranks_of.setdefault(w, []).append(r)
+        if ranks_of:
+            raise SystemExit("hpccoll tune: tunes hpccoll's GPU kernels and needs the cuda backend on every "
+                             "rank: " + "; ".join(f"rank {', '.join(map(str, rs))}: {w}" for w, rs in ranks_of.items())
+                             + "; nothing written")
+
+
+def unwritable(option: str, path: str) -> str | None:
+    """Why `path` cannot be written here (a folder; its folder missing or read-only), or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{option} {path} is a folder: name a file in it"
+    if not os.path.isdir(folder):
+        return f"{option} {path}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"{option} {path}: not writable"
+    return None
+
+
+def main(args) -> int:
+    """Run `hpccoll bench` or `hpccoll tune` with parsed `args` (every rank); the exit status."""
+    check(args)
+    if args.cmd == "tune":
+        from .tune import tune
+
         return tune(args)
-    rank = MPI.COMM_WORLD.Get_rank()
-    if args.baselines:  # before anything imports torch or creates an NCCL communicator
-        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        os.environ["NCCL_NVLS_ENABLE"] = "0"
+    from mpi4py import MPI
+
+    from .ranks import describe
+    from .report import format_table, plot, write_json
+    from .sweep import run_sweep
+
     result = run_sweep(args)
-    if rank == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_table(result), flush=True)
         if args.json:
             write_json(result, args.json)
@@ -70,7 +120,6 @@ def main(args) -> int:
             try:
                 plot(result, args.plot)
                 print(f"# wrote {args.plot}", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                print(f"# plot skipped: {_err(exc)}", flush=True)
-    bad = [r for r in result["rows"] if r.get("ok") is False]
-    return 1 if bad else 0
+            except Exception as exc:  # noqa: BLE001 - e.g. no matplotlib: the table and JSON stand
+                print(f"# plot skipped: {describe(exc)}", flush=True)
+    return 1 if any(r.get("ok") is False for r in result["rows"]) else 0

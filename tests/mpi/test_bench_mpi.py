@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 import pytest
 from mpi4py import MPI
 
 from hpccoll.bench import cli as bench_cli
-from hpccoll.bench import sweep as bench
+from hpccoll.bench import sweep
+from hpccoll.cli import main
 
 pytestmark = pytest.mark.mpi(min_size=2)
 WORLD = MPI.COMM_WORLD
@@ -61,8 +63,26 @@ def test_bench_host_rows(collective):
 def test_bench_host_deterministic_float64():
     if not _no_gpu():
         pytest.skip("a GPU is usable here")
-    res = bench.run_sweep(_args(["bench", "allreduce", "--sizes", "24,1K", "--dtype", "float64",
+    res = sweep.run_sweep(_args(["bench", "allreduce", "--sizes", "24,1K", "--dtype", "float64",
                                  "--iters", "2", "--deterministic"]), log=lambda *m: None)
     assert [(r["bytes"], r["count"], r["ok"]) for r in res["rows"]] == [(24, 3, True), (1024, 128, True)]
     # every rank returns the same result
     assert WORLD.allgather([r["ok"] for r in res["rows"]]) == [[True, True]] * WORLD.Get_size()
+
+
+@pytest.mark.parametrize("argv, words", [(["bench", "allreduce", "--algorithms", "foo"], "unknown foo"),
+                                         (["bench", "allreduce", "--sizes", "8:4"], "sizes '8:4'"),
+                                         (["tune", "--out", "/no/such/dir/t.json"], "/no/such/dir does not exist"),
+                                         (["bench", "nonsense"], "invalid choice")])
+def test_errors_print_once(argv, words, capsys, monkeypatch):
+    """Every rank refuses the same arguments; only rank 0 says why."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # (main installs its own)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code not in (0, None)
+    err = capsys.readouterr().err
+    if WORLD.Get_rank() == 0:
+        assert words in err, err
+    else:
+        assert err == ""
+    WORLD.Barrier()

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from hpccoll.bench import cli as bench_cli
-from hpccoll.bench import sweep as bench
+from hpccoll.bench import collectives, ranks, report, sizes, sweep, tune
+from hpccoll.bench.baselines import torch_baselines_first
+from hpccoll.bench.rows import ROW_KEYS
 
 
 def _parser():
@@ -20,29 +24,29 @@ def _parser():
 @pytest.mark.parametrize("text, expect", [("8", 8), ("4K", 4096), ("64M", 64 << 20), ("1G", 1 << 30),
                                           ("16KiB", 16384), ("2kb", 2048), (" 3 ", 3)])
 def test_parse_size(text, expect):
-    assert bench.parse_size(text) == expect
+    assert sizes.parse_size(text) == expect
 
 
 @pytest.mark.parametrize("bad", ["", "K", "4X", "-8", "1.5M"])
 def test_parse_size_rejects(bad):
     with pytest.raises(ValueError, match="size"):
-        bench.parse_size(bad)
+        sizes.parse_size(bad)
 
 
 def test_parse_sizes_range_and_list():
-    r = bench.parse_sizes("8:64M")
+    r = sizes.parse_sizes("8:64M")
     assert r[0] == 8 and r[-1] == 64 << 20 and len(r) == 24
     assert all(b == 2 * a for a, b in zip(r, r[1:]))
-    assert bench.parse_sizes("4K,64K,1M") == [4096, 65536, 1 << 20]
-    assert bench.parse_sizes("1K:1K") == [1024]
+    assert sizes.parse_sizes("4K,64K,1M") == [4096, 65536, 1 << 20]
+    assert sizes.parse_sizes("1K:1K") == [1024]
     with pytest.raises(ValueError):
-        bench.parse_sizes("64M:8")
+        sizes.parse_sizes("64M:8")
     with pytest.raises(ValueError):
-        bench.parse_sizes("0:8")
+        sizes.parse_sizes("0:8")
 
 
 def test_fmt_bytes():
-    assert [bench.fmt_bytes(b) for b in (8, 1000, 4096, 3 << 20, 1 << 30)] == ["8", "1000", "4K", "3M", "1G"]
+    assert [sizes.fmt_bytes(b) for b in (8, 1000, 4096, 3 << 20, 1 << 30)] == ["8", "1000", "4K", "3M", "1G"]
 
 
 def test_parsers_defaults():
@@ -54,16 +58,16 @@ def test_parsers_defaults():
 
 
 def test_algorithm_list():
-    assert bench.algorithm_list("allreduce", "all", "float32", False, False, on_gpu=False) == ["mpi"]
-    full = bench.algorithm_list("allreduce", "all", "float32", False, True, on_gpu=True)
-    assert full == list(bench.ALLREDUCE_ALGORITHMS) + ["auto"]
-    det = bench.algorithm_list("allreduce", "all", "float32", True, True, on_gpu=True)
+    assert collectives.algorithm_list("allreduce", "all", "float32", False, False, on_gpu=False) == ["mpi"]
+    full = collectives.algorithm_list("allreduce", "all", "float32", False, True, on_gpu=True)
+    assert full == list(collectives.ALLREDUCE_ALGORITHMS) + ["auto"]
+    det = collectives.algorithm_list("allreduce", "all", "float32", True, True, on_gpu=True)
     assert "twoshot_ll128" not in det and "auto" in det
-    ints = bench.algorithm_list("allreduce", "all", "int32", False, True, on_gpu=True)
+    ints = collectives.algorithm_list("allreduce", "all", "int32", False, True, on_gpu=True)
     assert ints == ["oneshot_ll", "twoshot_ll", "auto"]
-    assert bench.algorithm_list("bcast", "all", "float32", False, True, on_gpu=True) == ["ll", "auto"]
-    assert bench.algorithm_list("reduce_scatter", "all", "float32", False, True, True) == ["sentinel", "ll", "auto"]
-    assert bench.algorithm_list("allreduce", "oneshot_ll, auto", "float32", False, True, True) == ["oneshot_ll", "auto"]
+    assert collectives.algorithm_list("bcast", "all", "float32", False, True, on_gpu=True) == ["ll", "auto"]
+    assert collectives.algorithm_list("reduce_scatter", "all", "float32", False, True, True) == ["sentinel", "ll", "auto"]
+    assert collectives.algorithm_list("allreduce", "oneshot_ll, auto", "float32", False, True, True) == ["oneshot_ll", "auto"]
 
 
 def fake_result(nranks=2):
@@ -90,7 +94,7 @@ def fake_result(nranks=2):
                                 "graph_unfused_us": {"oneshot_sentinel": 2.4, "auto": 2.5}.get(algo),
                                 "blocking_us": blk, "barrier_us": 0.9 if blk else None, "ok": True})
     for r in res["rows"]:
-        bench.annotate(r, res, nranks)
+        sweep.annotate(r, res, nranks)
     return res
 
 
@@ -108,7 +112,7 @@ def test_annotate():
 
 
 def test_format_table():
-    txt = bench.format_table(fake_result())
+    txt = report.format_table(fake_result())
     lines = txt.splitlines()
     header = next(line for line in lines if "algorithm" in line)
     for col in ("size", "count", "dtype", "eager", "graph", "unfused", "in-kern", "blocking", "busbw", "xSoL",
@@ -129,14 +133,14 @@ def test_format_table():
 
 def test_json_schema(tmp_path):
     p = tmp_path / "r.json"
-    bench.write_json(fake_result(), str(p))
+    report.write_json(fake_result(), str(p))
     d = json.loads(p.read_text())
     for key in ("machine", "commit", "date", "ranks", "sol_us", "sol", "command", "rows"):
         assert key in d
     for key in ("hostname", "gpu", "driver"):
         assert key in d["machine"]
     for r in d["rows"]:
-        for key in bench.ROW_KEYS:
+        for key in ROW_KEYS:
             assert key in r
     assert d["rows"][2]["in_kernel_us"] is None  # nccl: N/A is null
 
@@ -144,17 +148,17 @@ def test_json_schema(tmp_path):
 def test_plot_written(tmp_path):
     pytest.importorskip("matplotlib")
     p = tmp_path / "r.png"
-    bench.plot(fake_result(), str(p))
+    report.plot(fake_result(), str(p))
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tuning_rows():
     w = [(8, "oneshot_ll"), (64, "oneshot_ll"), (1024, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel"),
          (4 << 20, "twoshot_sentinel")]
-    assert bench.tuning_rows(w) == [[64, "oneshot_ll"], [1024, "oneshot_sentinel"], [None, "twoshot_sentinel"]]
-    assert bench.tuning_rows([]) == []
+    assert tune.tuning_rows(w) == [[64, "oneshot_ll"], [1024, "oneshot_sentinel"], [None, "twoshot_sentinel"]]
+    assert tune.tuning_rows([]) == []
     rows = fake_result()["rows"]
-    assert bench.winners_of(rows) == [(1024, "oneshot_sentinel"), (4096, "oneshot_sentinel")]
+    assert tune.winners_of(rows) == [(1024, "oneshot_sentinel"), (4096, "oneshot_sentinel")]
 
 
 def test_winners_are_picked_by_one_node_per_call():
@@ -162,13 +166,13 @@ def test_winners_are_picked_by_one_node_per_call():
     algorithm for calls alone: the unfused time does."""
     rows = [{"algorithm": "oneshot_sentinel", "bytes": 8 << 20, "graph_us": 26.0, "graph_unfused_us": 30.5, "ok": True},
             {"algorithm": "twoshot_sentinel", "bytes": 8 << 20, "graph_us": 27.6, "ok": True}]
-    assert bench.winners_of(rows) == [(8 << 20, "twoshot_sentinel")]
+    assert tune.winners_of(rows) == [(8 << 20, "twoshot_sentinel")]
 
 
 def test_tuning_rows_work_with_choose():
     from hpccoll import policy as select
 
-    rows = bench.tuning_rows([(8, "oneshot_ll"), (4096, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel")])
+    rows = tune.tuning_rows([(8, "oneshot_ll"), (4096, "oneshot_sentinel"), (1 << 20, "twoshot_sentinel")])
     table = {"allreduce": {"2": rows}}
     assert select.choose(table, "Allreduce", "float32", "SUM", 8, 2, False, True) == "oneshot_ll"
     assert select.choose(table, "Allreduce", "float32", "SUM", 4096, 2, False, True) == "oneshot_sentinel"
@@ -183,8 +187,8 @@ def test_h200_table_is_a_valid_table():
     assert t["gpu"] == "NVIDIA H200"
     for key in ("allreduce", "allreduce_deterministic"):
         assert set(t[key]) == set(g[key])
-        for rows in t[key].values():
-            assert rows[-1][0] is None and all(r[0] is not None for r in rows[:-1])
+        for table_rows in t[key].values():
+            assert table_rows[-1][0] is None and all(r[0] is not None for r in table_rows[:-1])
 
 
 def test_single_rank_host_run(tmp_path, capsys):
@@ -228,8 +232,7 @@ def test_nccl_rows_only_with_nccl_open_and_not_deterministic():
 
 
 def test_tune_winners_take_nccl_only_when_asked():
-    from hpccoll.bench.sweep import tuning_rows, winners_of
-
+    tuning_rows, winners_of = tune.tuning_rows, tune.winners_of
     rows = [{"algorithm": "twoshot_sentinel", "bytes": 1 << 20, "graph_us": 7.5, "ok": True},
             {"algorithm": "nccl", "bytes": 1 << 20, "graph_us": 13.0, "ok": True},
             {"algorithm": "twoshot_sentinel", "bytes": 64 << 20, "graph_us": 260.0, "ok": True},
@@ -241,7 +244,7 @@ def test_tune_winners_take_nccl_only_when_asked():
 def test_format_table_prints_the_graph_floor():
     r = fake_result()
     r["sol"].update(floor_empty_pdl_us=0.73, floor_empty_us=0.74, floor_store_pdl_us=1.14, floor_store_us=1.15)
-    line = next(x for x in bench.format_table(r).splitlines() if x.startswith("# graph floor"))
+    line = next(x for x in report.format_table(r).splitlines() if x.startswith("# graph floor"))
     assert "empty+pdl 0.73" in line and "empty 0.74" in line and "store+pdl 1.14" in line and "store 1.15" in line
 
 
@@ -252,14 +255,14 @@ def test_nul_byte_syntax_error_is_explained(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "bad.py").write_bytes(b"x = 1\0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    bench._nul_files.cache_clear()
+    ranks.nul_files.cache_clear()
     try:
         compile(b"x = 1\0", "<mem>", "exec")
     except SyntaxError as exc:
-        text = bench._err(exc)
+        text = ranks.describe(exc)
     assert "null bytes" in text and "raised in" in text
-    assert "1 of 2 nulpkg .py files read back with NUL bytes now: ['bad.py']" == bench._nul_files("nulpkg")
-    bench._nul_files.cache_clear()
+    assert "1 of 2 nulpkg .py files read back with NUL bytes now: ['bad.py']" == ranks.nul_files("nulpkg")
+    ranks.nul_files.cache_clear()
 
 
 def test_torch_baselines_first_skips_cleanly_without_torch_or_gpu(monkeypatch):
@@ -271,28 +274,73 @@ def test_torch_baselines_first_skips_cleanly_without_torch_or_gpu(monkeypatch):
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")
     opts = argparse.Namespace(dtype="float32", iters=3)
-    rows, why = bench.torch_baselines_first(opts, [8], MPI.COMM_SELF, lambda *m: None)
+    rows, why = torch_baselines_first(opts, [8], MPI.COMM_SELF, lambda *m: None)
     assert rows == {} and "torch" in why
+
+
+def _lab():
+    """bench/_lab.py, the lab scripts' shared helpers (outside the package)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import _lab
+    finally:
+        sys.path.pop(0)
+    return _lab
 
 
 def test_write_lab_json_records_the_lab_on_rank_0_only(tmp_path):
     """The labs' shared record: machine, commit, SoL, rows, extras and the command line; nothing
     from other ranks, nothing without --json."""
-    import argparse
-    import json
     import types
 
-    from hpccoll.bench import sweep as bench
+    from hpccoll.bench.timing import REPS
 
+    lab = _lab()
     path = tmp_path / "lab.json"
     opts = argparse.Namespace(sizes="1M,4M", json=str(path), iters=0)
     comm = types.SimpleNamespace(rank=0, backend="host", device=None)
-    bench.write_lab_json(comm, opts, {"sol_us": 0.84}, [{"bytes": 1}], "bench/x_lab.py", graph_ops=20)
+    lab.write_lab_json(comm, opts, {"sol_us": 0.84}, [{"bytes": 1}], "bench/x_lab.py", graph_ops=20)
     rec = json.loads(path.read_text())
     assert rec["sol"] == {"sol_us": 0.84} and rec["rows"] == [{"bytes": 1}] and rec["graph_ops"] == 20
-    assert rec["machine"]["backend"] == "host" and "commit" in rec and rec["median_of"] == bench.REPS
+    assert rec["machine"]["backend"] == "host" and "commit" in rec and rec["median_of"] == REPS
     assert rec["command"] == f"bench/x_lab.py --sizes 1M,4M --json {path}"  # falsy options left out
     path.unlink()
-    bench.write_lab_json(types.SimpleNamespace(rank=1, backend="host", device=None), opts, {}, [], "x")
-    bench.write_lab_json(comm, argparse.Namespace(json=None), {}, [], "x")
+    lab.write_lab_json(types.SimpleNamespace(rank=1, backend="host", device=None), opts, {}, [], "x")
+    lab.write_lab_json(comm, argparse.Namespace(json=None), {}, [], "x")
     assert not path.exists()
+
+
+def test_the_lab_helpers_are_not_in_the_package():
+    import hpccoll.bench as pkg
+
+    for mod in (pkg, report, sweep, tune):
+        assert not hasattr(mod, "open_lab") and not hasattr(mod, "write_lab_json")
+    assert callable(_lab().open_lab)
+
+
+def test_algorithm_names_come_from_the_policy():
+    from hpccoll import policy
+
+    assert collectives.ALLREDUCE_ALGORITHMS == ("oneshot_sentinel", "oneshot_ll", "twoshot_sentinel",
+                                                "twoshot_ll", "twoshot_ll128")
+    assert collectives.algorithms_of("reduce_scatter") == ("sentinel", "ll")
+    assert collectives.algorithms_of("bcast") == collectives.algorithms_of("allgather") == ("ll",)
+    for coll, call in collectives.COLLECTIVE_CALL.items():
+        for a in collectives.algorithms_of(coll):
+            assert call in policy.ALGORITHMS[a][0]
+
+
+@pytest.mark.parametrize("coll, spec", [("allreduce", "all"), ("allreduce", " all "), ("allreduce", "auto"),
+                                        ("allreduce", "oneshot_ll, auto"), ("reduce_scatter", "sentinel,ll"),
+                                        ("bcast", "ll")])
+def test_valid_algorithm_specs(coll, spec):
+    assert collectives.unknown_algorithms(coll, spec) is None
+
+
+@pytest.mark.parametrize("coll, spec, named", [("allreduce", "foo", "foo"), ("allreduce", "oneshot_ll,bar", "bar"),
+                                               ("bcast", "oneshot_ll", "oneshot_ll"), ("allreduce", "nccl", "nccl"),
+                                               ("allreduce", "all,auto", "all"), ("allreduce", ",", "no algorithm")])
+def test_invalid_algorithm_specs_name_the_bad_and_the_valid(coll, spec, named):
+    why = collectives.unknown_algorithms(coll, spec)
+    assert named in why and "--algorithms" in why
+    assert all(a in why for a in ("auto",) + collectives.algorithms_of(coll))
