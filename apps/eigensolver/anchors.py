@@ -14,7 +14,7 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
     """A run record with the keys `solve` writes (cli.RUN_SCHEMA)."""
     from . import metrics
     from ._xp import to_host
-    from .cli import RUN_SCHEMA, config_digest, config_identity
+    from .runs import RUN_SCHEMA, config_digest, config_identity
     from .report import GUARANTEE
     from .runinfo import MemoryMeter, git_commit, machine_info
 
@@ -47,7 +47,7 @@ def run_single_gpu(args) -> int:
     problem lives on the one GPU (built there by problems.make_problem)."""
     from . import metrics
     from ._xp import gpu_available, to_host
-    from .cli import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
+    from .runs import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
                       print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
     from .problems import make_problem
     from .runinfo import MemoryMeter

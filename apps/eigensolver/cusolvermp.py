@@ -146,7 +146,7 @@ def _run(args, world) -> int:
 
     from . import metrics
     from .anchors import anchor_record
-    from .cli import (SCIPY_REFERENCE_MAX_N, build_local_problem, check_out_dir, config_digest, config_identity,
+    from .runs import (SCIPY_REFERENCE_MAX_N, build_local_problem, check_out_dir, config_digest, config_identity,
                       print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json,
                       write_vectors)
     from .layout import BlockCyclic

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import hpccoll
 from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
 from hpccoll_eigensolver.checks import InputError, check_input
-from hpccoll_eigensolver.cli import build_local_problem, write_vectors
+from hpccoll_eigensolver.runs import build_local_problem, write_vectors
 from hpccoll_eigensolver.problems import gather_problem_on_root, make_problem, parse_problem
 from hpccoll_eigensolver.tiles import asymmetry, symmetrize
 

@@ -304,17 +304,16 @@ def test_script_refuses_a_missing_venv(tmp_path):
     assert r.returncode == 2 and "HPCCOLL_VENV" in r.stderr, r.stderr
 
 
-def _common_block(text: str) -> str:
-    m = re.search(r"^# --- common:.*?^# --- end common ---$", text, re.S | re.M)
-    assert m, "no common block"
-    return m.group(0)
-
-
-def test_common_block_identical():
-    blocks = {s: _common_block((SLURM / s).read_text()) for s in SCRIPTS}
-    first = blocks[SCRIPTS[0]]
-    for s, b in blocks.items():
-        assert b == first, f"slurm/{s}: the common block differs from slurm/{SCRIPTS[0]}'s"
+def test_jobs_share_one_common_file():
+    """Every job sources slurm/common.sh and repeats none of it."""
+    common = (SLURM / "common.sh").read_text()
+    shared = [name for name in ("die()", "write_job_txt()", "MPI_PLUGIN=", "TASK_GPUS=") if name in common]
+    assert len(shared) == 4, "common.sh lost a part the jobs use"
+    for s in SCRIPTS:
+        text = (SLURM / s).read_text()
+        assert 'source "$common"' in text, f"slurm/{s} does not source common.sh"
+        for name in ("die()", "write_job_txt()", "MPI_PLUGINS="):
+            assert name not in text, f"slurm/{s} repeats {name} of common.sh"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -330,6 +329,6 @@ def test_script_header(script):
 def test_shellcheck_clean():
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    files = [str(SLURM / s) for s in SCRIPTS] + [str(Path(__file__).with_name("run"))]
+    files = [str(SLURM / s) for s in SCRIPTS] + [str(SLURM / "common.sh"), str(Path(__file__).with_name("run"))]
     r = subprocess.run(["shellcheck", *files], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,291 @@
+"""What one eigensolver run writes and checks: result names (digests of the problem and the
+options), refusal to overwrite, the output directory's check, the run's JSON and vectors, its
+printed line, the problem's columns on each rank, and the helpers that make every rank agree
+before it raises (so an error on one rank is an error on every rank).  Shared by the CLI (cli.py)
+and the reference solvers (anchors.py, cusolvermp.py)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+PROG = "hpccoll-eigensolver"
+SCIPY_REFERENCE_MAX_N = 4096
+SAVE_VECTORS_MAX_N = 4096
+RUN_SCHEMA = "hpccoll-eigensolver/run/2"
+FAILURE_SCHEMA = "hpccoll-eigensolver/failure/2"
+EXIT_ERROR = 2   # arguments, input or output directory rejected (argparse's status too)
+
+class CliError(Exception):
+    """An error every rank (or the driver) sees alike: printed once, exit status `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+def check_out_dir(path: str) -> None:
+    """Create `path` if missing and prove it writable (a file created and removed there); raise
+    CliError naming the problem."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"--out {path}: exists and is not a directory: pass a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".hpccoll-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise CliError(f"--out {path}: cannot write there ({exc.strerror or exc}): pass a writable directory") \
+            from None
+
+
+def problem_tag(problem: str) -> str:
+    return "file" if problem.startswith("file:") else problem
+
+
+def config_identity(args, problem_digest: str, ranks: int, comm: str, device: str) -> dict:
+    """The options that make a run's bits, besides the machine: they name its files."""
+    return {"problem_digest": problem_digest, "n": args.n, "nb": args.nb, "ranks": ranks, "comm": comm,
+            "stedc": getattr(args, "stedc", None), "device": device}
+
+
+def config_digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def run_stem(args, n: int, ranks: int, comm: str, r: int, digest: str) -> str:
+    return f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_{digest[:10]}_run{r:03d}"
+
+
+def refuse_overwrite(out: str | None, stems: list[str], overwrite: bool) -> None:
+    """CliError when a result of these stems exists in out and overwrite is off."""
+    if not out or overwrite:
+        return
+    for stem in stems:
+        for name in (stem + ".json", stem + "_X.npy"):
+            if os.path.exists(os.path.join(out, name)):
+                raise CliError(f"--out {out}: {name} exists (a result of the same problem and options): "
+                               "pass --overwrite to replace it, or another --out")
+
+
+def save_vectors(args, n: int) -> bool:
+    return bool(args.out) and (args.save_vectors == "yes" or
+                               (args.save_vectors == "auto" and n <= SAVE_VECTORS_MAX_N))
+
+
+def progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar on rank 0 when stderr is a terminal, else None."""
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
+
+
+METRICS_LEGEND = ("metrics: residual = ||AX - BXW||_F/(n ||A||_F ||X||_F eps) and B-orth = ||X^T B X - I||_F/(n eps), "
+                  "both in units of n eps (O(1) is a correct solve); eig-err = max|w - ref|/max|ref| against the "
+                  "constructed spectrum (known) and scipy.linalg.eigh (scipy); memory = peak RSS (host) or CuPy "
+                  "pool high-water mark (GPU), max over ranks")
+
+
+def _fmt(x, spec=".3g"):
+    return "-" if x is None else format(x, spec)
+
+
+def print_run(rec: dict) -> None:
+    ph = " ".join(f"{k} {v:.3f}" for k, v in rec["phases"].items())
+    coll = rec.get("collectives") or {}
+    mem = (rec.get("memory") or {}).get("per_rank") or []
+    key = "device_pool_peak_bytes" if rec.get("device") == "gpu" else "peak_rss_bytes"
+    peaks = [m.get(key) for m in mem if m.get(key) is not None]
+    print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}] n={rec['n']} solve {rec['solve_seconds']:.3f}s "
+          f"({ph}); collectives {coll.get('count', 0)} calls {coll.get('bytes', 0) / 2**20:.1f} MiB "
+          f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {_fmt(rec['residual'])} n·eps "
+          f"B-orth {_fmt(rec['b_orthogonality'])} n·eps eig-err(known) {_fmt(rec.get('eigenvalue_error'))} "
+          f"eig-err(scipy) {_fmt(rec.get('eigenvalue_error_vs_scipy'))}; memory "
+          f"{_fmt(max(peaks) / 2**20 if peaks else None, '.0f')} MiB; w {rec['eigenvalues_sha256'][:16]} "
+          f"X {(rec.get('eigenvectors_sha256') or '-')[:16]}", flush=True)
+
+
+# -- collective error handling (under MPI) -----------------------------------------------------------
+def agree(ctl, fn, what: str, everywhere: bool = True):
+    """Run fn() on this rank; if it raised on any rank, raise CliError on every rank (one message,
+    naming the ranks when only some failed; everywhere=False: fn does work on rank 0 only, the
+    ranks go unnamed) - for local work that other ranks must not wait past."""
+    try:
+        value, err = fn(), None
+    except CliError as exc:
+        value, err = None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - forwarded to every rank
+        value, err = None, f"{type(exc).__name__}: {exc}"
+    errs = ctl.allgather(err)
+    failed = [(r, e) for r, e in enumerate(errs) if e]
+    if failed:
+        msgs = list(dict.fromkeys(e for _, e in failed))
+        where = "" if len(failed) == len(errs) or not everywhere else f" (on rank{'s' if len(failed) > 1 else ''} " \
+            f"{', '.join(str(r) for r, _ in failed)})"
+        raise CliError(f"{what}{where}: {'; '.join(msgs)}")
+    return value
+
+
+def fail_together(ctl, message: str, timeout: float = 30.0):
+    """Called by a rank that failed where the others may be inside a collective of the library:
+    if every rank fails alike within `timeout`, raise CliError everywhere (printed once);
+    otherwise print this rank's error and abort the job."""
+    from mpi4py import MPI
+
+    one = np.ones(1, dtype=np.int32)
+    total = np.zeros(1, dtype=np.int32)
+    req = ctl.Iallreduce(one, total, op=MPI.SUM)
+    t0 = time.monotonic()
+    while not req.Test():
+        if time.monotonic() - t0 > timeout:
+            sys.stderr.write(f"{PROG}: rank {ctl.Get_rank()}: {message}\n{PROG}: the other ranks did not fail "
+                             "alike; aborting the job\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(EXIT_ERROR)
+        time.sleep(0.01)
+    raise CliError(message)
+
+
+# -- X on disk, by columns ---------------------------------------------------------------------------
+def _npy_create(path: str, n: int) -> int:
+    """An n x n float64 Fortran-order .npy of zeros' size (sparse); returns the data offset."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": True, "shape": (n, n)})
+        offset = f.tell()
+        f.truncate(offset + 8 * n * n)
+    return offset
+
+
+def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> None:
+    """X as an n x n float64 .npy (Fortran order) at path, never whole in one process's memory.
+
+    By default every rank writes its own columns into the file rank 0 created (the directory
+    must be shared); gather_to_root: the columns travel to rank 0 block by block and it writes
+    them.  Written under a temporary name and renamed when complete.  Collective over ctl."""
+    from ._xp import to_host
+    from .problems import _runs
+
+    rank, size, n = ctl.Get_rank(), ctl.Get_size(), desc.n
+    tmp = f"{path}.part"
+    offset = agree(ctl, lambda: _npy_create(tmp, n) if rank == 0 else None, f"writing {path}", False)
+    offset = ctl.bcast(offset, root=0)
+
+    def put(fd, cols, block):
+        for pos, c0, length in _runs(cols):
+            data = np.asfortranarray(block[:, pos:pos + length], dtype="<f8").tobytes(order="F")
+            os.pwrite(fd, data, offset + 8 * n * c0)
+
+    step = max(1, (32 * 2**20) // (8 * max(1, n)))
+
+    def mine():
+        cols = desc.local_cols(rank)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            for k in range(0, cols.size, step):
+                put(fd, cols[k:k + step], to_host(X_loc[:, k:k + step]))
+        finally:
+            os.close(fd)
+
+    def gathered():
+        fd = os.open(tmp, os.O_WRONLY) if rank == 0 else None
+        try:
+            for q in range(size):
+                cols = desc.local_cols(q)
+                for k in range(0, cols.size, step):
+                    m = min(step, cols.size - k)
+                    if q == rank == 0:
+                        put(fd, cols[k:k + m], to_host(X_loc[:, k:k + m]))
+                    elif rank == q:
+                        ctl.Send(np.asfortranarray(to_host(X_loc[:, k:k + m])), dest=0, tag=29)
+                    elif rank == 0:
+                        buf = np.empty((n, m), order="F")
+                        ctl.Recv(buf, source=q, tag=29)
+                        put(fd, cols[k:k + m], buf)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    if gather_to_root:
+        gathered()  # point-to-point in a fixed order: a failure on one rank aborts the job
+        agree(ctl, lambda: None, f"writing {path}")
+    else:
+        agree(ctl, mine, f"writing {path} (every rank writes its columns: put --out on a filesystem all "
+                         "ranks share, or pass --gather-vectors)")
+    agree(ctl, lambda: os.replace(tmp, path) if rank == 0 else None, f"writing {path}", False)
+
+
+def write_json(out: str, stem: str, record: dict) -> str:
+    path = os.path.join(out, stem + ".json")
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+# -- solve ------------------------------------------------------------------------------------------
+def reference_eigenvalues(A, B):
+    """(scipy.linalg.eigh(A, B) eigenvalues, seconds, error text) on the host."""
+    from scipy.linalg import eigh
+
+    t0 = time.perf_counter()
+    try:
+        w = eigh(A, B, eigvals_only=True)
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the solve's own checks decide
+        return None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+    return w, time.perf_counter() - t0, None
+
+
+def build_local_problem(spec, desc, ctl, xp):
+    """This rank's (A_loc, B_loc, per-column digests or None): local work agreed on, then the
+    collective symmetrization of generated problems."""
+    from .problems import generated_columns, read_columns
+    from .tiles import symmetrize
+
+    rank = ctl.Get_rank()
+    cols = desc.local_cols(rank)
+
+    def local():
+        if spec.kind == "file":
+            dA, dB = [], []
+            A = read_columns(spec.files[0], cols, xp, spec.file_info[0], dA)
+            B = read_columns(spec.files[1], cols, xp, spec.file_info[1], dB)
+            return A, B, (dA, dB)
+        A, B = generated_columns(spec, cols, xp)
+        return A, B, None
+
+    A, B, digests = agree(ctl, local, f"--problem {spec.kind if spec.kind != 'file' else 'file:'}")
+    if spec.kind != "file":
+        symmetrize(A, desc, ctl)
+        symmetrize(B, desc, ctl)
+    return A, B, digests
+
+
+def _content_digest(ctl, desc, local_digests):
+    """SHA-256 over A's and then B's column digests in column order (rank 0; None elsewhere)."""
+    from . import metrics
+
+    everyone = ctl.gather(local_digests, root=0)
+    if ctl.Get_rank() != 0:
+        return None
+    out = []
+    for which in (0, 1):
+        cols = [None] * desc.n
+        for q, per in enumerate(everyone):
+            for j, d in zip(desc.local_cols(q), per[which]):
+                cols[j] = d
+        out += cols
+    return metrics.combine_digests(out)
+
+
+def _visible(out: str) -> None:
+    if not os.path.isdir(out):
+        raise CliError(f"--out {out} is not visible here: put it on a filesystem all ranks share, or pass "
+                       "--gather-vectors")
