@@ -163,7 +163,7 @@ def tridiagonal_eigh(d: np.ndarray, e: np.ndarray):
 # -- small fused steps of the Householder tridiagonalization ----------------------------------
 # On the GPU each is one CuPy ElementwiseKernel (one launch instead of ~10 for the scalar
 # chain); on the host the same arithmetic in NumPy, in the same order.  HH_SCALARS_BODY is
-# plain C so tests/test_eigensolver_gpu_code.py can compile it with NVRTC without a GPU.
+# plain C so tests/unit/test_eigensolver_gpu_code.py can compile it with NVRTC without a GPU.
 HH_SCALARS_BODY = """
     double xnorm = sqrt(xn2);
     bool flat = xnorm == 0.0;

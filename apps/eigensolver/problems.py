@@ -205,7 +205,7 @@ class Butterfly:
             self.layers.append((h, blocks, tail, np.cos(theta), np.sin(theta)))
         self._on = {}
 
-    def _device(self, xp):
+    def _on_device(self, xp):
         """The layers' cosines and sines as arrays of xp (moved to the device once)."""
         key = id(xp)
         if key not in self._on:
@@ -215,7 +215,7 @@ class Butterfly:
     def apply(self, X, transpose: bool = False) -> None:
         """X := U X (or U^T X) in place, X an n x m array (numpy or cupy, any memory order)."""
         xp = get_xp(X)
-        layers = self._device(xp)
+        layers = self._on_device(xp)
         for h, blocks, tail, c, s in (reversed(layers) if transpose else layers):
             if transpose:
                 s = -s

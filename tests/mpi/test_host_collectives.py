@@ -436,7 +436,7 @@ def test_alltoallv_over_the_int_count_limit(comm, request, monkeypatch, per_bloc
     got = np.empty(per_block * size)
     comm.Alltoallv((x, [per_block] * size), (got, [per_block] * size))
     assert_bitwise(got, gather(x).reshape(size, size, per_block)[:, rank].reshape(-1))
-    with pytest.raises(ValueError, match="Alltoallv: a count or displacement of 2001 elements exceeds an MPI count"):
+    with pytest.raises(ValueError, match=r"Alltoallv: a count or displacement of \d+ elements exceeds an MPI count"):
         comm.Alltoallv((np.zeros(2001 * size), [2001] * size), (np.zeros(2001 * size), [2001] * size))
 
 

@@ -21,7 +21,7 @@ from hpccoll_eigensolver.problems import (Butterfly, ProblemError, generated_col
                                           parse_problem, read_columns)
 from hpccoll_eigensolver.report import build_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: seconds one end-to-end run may take before it counts as hung (they take 2-5 s)
 HANG_TIMEOUT = float(os.environ.get("HPCCOLL_TEST_HANG_TIMEOUT", "90"))
 

@@ -189,13 +189,13 @@ def test_report_from_synthetic_runs(tmp_path):
 
 
 def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
-    """The report's target table from the recorded 8192 job (3867fac: sentinel, NCCL,
-    cuSOLVERMp, one GPU): the verdicts follow from the medians, and a person's analysis.md in
-    the directory is carried into report.md."""
+    """The report's target table from a recorded 8192 job (sentinel, NCCL, cuSOLVERMp, one GPU):
+    the verdicts follow from the medians, and a person's analysis.md in the directory is
+    carried into report.md."""
     import tarfile
 
-    job = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "eigensolver",
-                       "2026-11-30-h200x2-3867fac")
+    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
+                       "2026-11-30-h200x2-2a29633")
     with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
         for m in tar.getmembers():
             if m.isfile() and "n8192/" in m.name and m.name.endswith(".json"):
@@ -221,8 +221,8 @@ def test_report_from_recorded_gpu_runs(tmp_path):
     import tarfile
 
     # the job's run JSONs are packed in runs.tar.xz (bench/results/eigensolver/README.md)
-    job = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "eigensolver",
-                       "2026-11-30-h200x2-1288430")
+    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
+                       "2026-11-30-h200x2-f4b2279")
     n = 0
     with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
         for m in tar.getmembers():
