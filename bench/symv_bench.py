@@ -31,13 +31,13 @@ def main() -> int:
     p.add_argument("--js", default="0,2048,4096,6144")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--variants", default="default",
-                   help="';'-separated variants, each 'default' or an HPCCOLL_EIG_SYMV value (NAME=VALUE,...)")
+                   help="';'-separated variants, each 'default' or sytrd_symv's defines (NAME=VALUE,...)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     import cupy as cp
 
     from hpccoll_eigensolver.layout import BlockCyclic
-    from hpccoll_eigensolver.sytrd_device import _Step
+    from hpccoll_eigensolver.sytrd_device import _Step, symv_defines
 
     n, nb = a.n, a.nb
     desc = BlockCyclic(n, n, nb, a.nprocs)
@@ -49,9 +49,8 @@ def main() -> int:
     bb[3] = 0.37
     rows = []
     for variant in a.variants.split(";"):
-        # the solver's own buffers and launch, built for this variant (HPCCOLL_EIG_SYMV, as in a solve)
-        os.environ["HPCCOLL_EIG_SYMV"] = variant.strip()
-        step = _Step(C, desc, a.rank)
+        # the solver's own buffers and launch, built for this variant's defines
+        step = _Step(C, desc, a.rank, defines=symv_defines(variant.strip()))
         step.P[...] = P
         step.bb[...] = bb
 

@@ -29,8 +29,8 @@ def main() -> int:
     ap.add_argument("--nb", type=int, default=64)
     ap.add_argument("--comm", default="sentinel")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--gemv", default="lower,full",
-                    help="the C v product(s) to profile: lower (sytrd_symv), full (sytrd_gemv)")
+    ap.add_argument("--symv", default="default",
+                    help="';'-separated sytrd_symv variants, each 'default' or defines (NAME=VALUE,...)")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     import cupy as cp
@@ -39,7 +39,7 @@ def main() -> int:
     from hpccoll_eigensolver._xp import kept_streams
     from hpccoll_eigensolver.layout import BlockCyclic
     from hpccoll_eigensolver.runinfo import make_communicator, select_device
-    from hpccoll_eigensolver.sytrd_device import _Step
+    from hpccoll_eigensolver.sytrd_device import _Step, symv_defines
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -54,9 +54,8 @@ def main() -> int:
     C = cp.asfortranarray(cp.random.default_rng(7 + rank).standard_normal((n, cols.size)))
     stream = kept_streams("sytrd")[0]  # the solver's capture stream (the legacy stream cannot be captured)
     rows = []
-    for product in opts.gemv.split(","):
-        os.environ["HPCCOLL_EIG_GEMV"] = product
-        st = _Step(C, desc, rank)
+    for product in opts.symv.split(";"):
+        st = _Step(C, desc, rank, defines=symv_defines(product.strip()))
         with stream:
             rows += _profile(st, product, desc, comm, stream, world, opts, cols)
     comm.Free()
@@ -99,10 +98,7 @@ def _profile(st, product, desc, comm, stream, world, opts, cols):
             us = world.allreduce(statistics.median(times[1:]), op=MPI.MAX)
             per_variant[name] = us
         lt = int(np.searchsorted(cols, p0))
-        if product == "lower":  # each trailing local column from its diagonal down
-            gemv_bytes = int(8 * (n - cols[lt:]).sum())
-        else:                   # trailing rows x trailing local columns
-            gemv_bytes = 8 * (n - p0) * (cols.size - lt)
+        gemv_bytes = int(8 * (n - cols[lt:]).sum())  # each trailing local column from its diagonal down
         row = {"product": product, "p0": p0, "us_per_column": per_variant,
                "stage_us": {k[1:]: per_variant["whole"] - v for k, v in per_variant.items() if k != "whole"},
                "gemv_bytes": gemv_bytes}
@@ -110,7 +106,7 @@ def _profile(st, product, desc, comm, stream, world, opts, cols):
         row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us > 0 else None
         rows.append(row)
         if rank == 0:
-            print(f"{product:5s} p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "
+            print(f"{product:12s} p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "
                   + "  ".join(f"{k} {v:6.2f}" for k, v in row["stage_us"].items())
                   + f"  | gemv reads {gemv_bytes / 1e6:.1f} MB"
                   + (f" = {row['gemv_GBps']:.0f} GB/s" if row["gemv_GBps"] else ""), flush=True)

@@ -3,8 +3,6 @@ alone (a compile, a capture, an allocation) runs through `guarded`: its failure 
 on every rank, so no rank is left waiting in a kernel or a collective for one that gave up."""
 from __future__ import annotations
 
-import functools
-import os
 
 
 class Skip(Exception):
@@ -49,32 +47,5 @@ def guarded(mpi_comm, fn, what: str = ""):
 
 
 def describe(exc: BaseException) -> str:
-    """One line naming the exception.  A SyntaxError about NUL bytes also names where it was
-    raised and which of torch's sources read back with NUL bytes now: importlib drops its own
-    frames, so the failing import does not name the file (a damaged file system did this)."""
-    text = f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
-    if isinstance(exc, SyntaxError) and "null bytes" in text:
-        import traceback
-
-        where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
-                          for f in traceback.extract_tb(exc.__traceback__)[-3:])
-        text += f" (raised in {where}; {nul_files()})"
-    return text
-
-
-@functools.lru_cache(maxsize=1)
-def nul_files(pkg: str = "torch") -> str:
-    """Which of pkg's .py files read back with NUL bytes in this process now."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(pkg)
-    bad, n = [], 0
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for d, _, files in os.walk(root):
-            for f in files:
-                if f.endswith(".py"):
-                    n += 1
-                    with open(os.path.join(d, f), "rb") as fh:
-                        if b"\0" in fh.read():
-                            bad.append(os.path.relpath(os.path.join(d, f), root))
-    return f"{len(bad)} of {n} {pkg} .py files read back with NUL bytes now: {bad[:5]}"
+    """One line naming the exception."""
+    return f"{exc.__class__.__name__}: {exc}".splitlines()[0][:300]
