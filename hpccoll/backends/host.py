@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .._abi import CANONICAL_NAN
 from ..errors import CollectiveTimeout
-from ..ops import MAX, MIN, PROD, SUM, from_ordered_keys, ordered_keys, reduce_in_rank_order
+from ..ops import MAX, MIN, PROD, SUM, fp_quiet, fp_restore, from_ordered_keys, ordered_keys, reduce_in_rank_order
 from .base import Backend, Capabilities
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
@@ -321,22 +321,32 @@ class _HostAllreducePlan:
                     canonicalize()
         else:  # in rank order: ((x0 op x1) op x2) ..., as ops.reduce_in_rank_order
             gathered = np.empty((b.size, n), dtype=x.dtype)
-            mine = np.empty_like(x)
+            in_place = call.in_place
+            mine = np.empty_like(x) if in_place else x  # (in place: x is out, overwritten below)
             send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
             ufunc = np.add if op is SUM else np.multiply if op is PROD else None
             if ufunc is None:  # integer MAX / MIN
                 ufunc = np.maximum if op is MAX else np.minimum
-            rows = [gathered[r] for r in range(b.size)]
+            # out = row 0 op row 1, then op each further row in rank order (one rank: a copy)
+            first = (gathered[0], gathered[1]) if b.size > 1 else None
+            rest = [gathered[r] for r in range(2, b.size)]
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                np.copyto(mine, x)  # (in place: x is out, overwritten below)
+                if in_place:
+                    np.copyto(mine, x)
                 complete(comm.Iallgather(send_msg, recv_msg), "Allreduce")
-                with np.errstate(over="ignore", invalid="ignore"):
-                    np.copyto(out, rows[0])
-                    for row in rows[1:]:
+                token = fp_quiet()
+                try:
+                    if first is None:
+                        np.copyto(out, gathered[0])
+                    else:
+                        ufunc(*first, out=out)
+                    for row in rest:
                         ufunc(out, row, out=out)
+                finally:
+                    fp_restore(token)
                 if is_float:
                     canonicalize()
         self.launch = launch

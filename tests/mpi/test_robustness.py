@@ -117,6 +117,20 @@ def test_repeated_calls_follow_fresh_data(comm, det, in_place):
                                                atol=1e-2, equal_nan=True, err_msg=what)
 
 
+@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
+def test_overflow_never_raises_under_the_callers_seterr(comm, det):
+    """np.seterr(all='raise') in the caller does not make a reduction raise (on the first call
+    or on the prepared repeats): overflow gives inf on every rank, as MPI's reduction does."""
+    x = np.full(5, np.finfo(np.float32).max, dtype=np.float32)
+    out = np.empty_like(x)
+    with np.errstate(all="raise"):
+        for op in (hpccoll.SUM, hpccoll.PROD):
+            for _ in range(3):  # the first call, the fast path, the prepared call
+                comm.Allreduce(x, out, op=op, deterministic=det)
+                assert np.isposinf(out).all()
+                _same_everywhere(out, f"{op} det={det}")
+
+
 def test_repeat_with_a_reassigned_dtype_is_validated_again(comm):
     x = np.ones(8, np.float64)
     out = np.empty(8, np.float64)

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll.ops import (BFLOAT16, MAX, MIN, PROD, SUM, SUPPORTED_DTYPES, as_op, dtype_name,
-                         np_dtype, reduce_in_rank_order)
+                         np_dtype, fp_quiet, fp_restore, reduce_in_rank_order)
 
 
 @pytest.mark.parametrize("name", ["SUM", "PROD", "MAX", "MIN"])
@@ -182,3 +182,23 @@ def test_max_min_through_ordered_keys_match_the_reference():
             pick = keys.max(axis=0) if op is MAX else keys.min(axis=0)
             got = from_ordered_keys(pick, np.empty(100, dtype), op)
             assert np.array_equal(got.view(u), reduce_in_rank_order(op, xs).view(u))
+
+
+def test_reductions_never_raise_under_the_callers_seterr():
+    """The host reductions silence floating-point errors whatever np.seterr says (MPI's raise
+    none; a raise on one rank would leave the others waiting), and put the caller's state back."""
+    big = np.full(7, np.finfo(np.float32).max, dtype=np.float32)
+    before = np.geterr()
+    with np.errstate(all="raise"):
+        out = reduce_in_rank_order(SUM, [big, big, -big])
+        assert np.isposinf(out).all()  # (max + max) overflows first: rank order
+        out = reduce_in_rank_order(PROD, [np.full(3, 1e-30, np.float32)] * 3)
+        assert (out == 0).all()
+        token = fp_quiet()
+        try:
+            np.add(big, big)
+        finally:
+            fp_restore(token)
+        with pytest.raises(FloatingPointError):
+            np.add(big, big)
+    assert np.geterr() == before
