@@ -2,8 +2,8 @@
 
     mpiexec -n 4 python bench/host_overhead.py --json out.json
 
-For each size: raw `MPI.Comm.Allreduce` (blocking), raw `Iallreduce` completed by `Test`, hpccoll's host backend by default, with
-deterministic=True, and in check mode; the median over repetitions of the mean time per call
+For each size: raw `MPI.Comm.Allreduce` (blocking), raw `Iallreduce` completed by `Test`,
+hpccoll's host backend by default, with deterministic=True, and in check mode; the median over repetitions of the mean time per call
 of `--calls` back-to-back calls, after a barrier.  hpccoll's calls run with its timeout machinery
 on (nonblocking MPI, completed against the deadline), as they always do."""
 from __future__ import annotations
