@@ -60,6 +60,29 @@ def test_gpu_matches_scipy(gpu_comm, kind, n, nb):
     assert metrics.b_orthogonality(prob.B, Xg) < 100
 
 
+@pytest.mark.parametrize("cond_b", [1e3, 1e8, 1e12])
+@pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson"])
+def test_gpu_accuracy_as_lapack(gpu_comm, kind, cond_b):
+    """The host backend's accuracy matrix (tests/mpi/test_eigensolver_mpi.py) on the GPU path:
+    residual, B-orthogonality and eigenvalue error within 2x of LAPACK sygvd's (SciPy) as B gets
+    ill-conditioned; the eigenvalue error has a floor of 4 eps (ulp-level noise)."""
+    import numpy as np
+
+    from hpccoll_eigensolver import gather, metrics
+    from hpccoll_eigensolver.problems import make_problem
+
+    eps = np.finfo(float).eps
+    prob = make_problem(kind, 160, cond_b=cond_b, seed=3)
+    w, X, desc = _solve(gpu_comm, prob, 16)
+    Xg, w = gather(X, desc, gpu_comm).get(), w.get()
+    ws, Xs = sl.eigh(prob.A, prob.B)
+    what = f"{kind} cond(B)={cond_b:g}"
+    assert metrics.residual(prob.A, prob.B, Xg, w) <= 2 * metrics.residual(prob.A, prob.B, Xs, ws), what
+    assert metrics.b_orthogonality(prob.B, Xg) <= 2 * metrics.b_orthogonality(prob.B, Xs), what
+    ours, lapack = metrics.eigenvalue_error(w, prob.eigenvalues), metrics.eigenvalue_error(ws, prob.eigenvalues)
+    assert ours <= 2 * max(lapack, 4 * eps), f"{what}: {ours:.3g} vs LAPACK {lapack:.3g}"
+
+
 @pytest.mark.parametrize("stedc", ["gpu", "host", "dc"])
 def test_gpu_bitwise_reproducible_and_identical_across_ranks(gpu_comm, stedc, monkeypatch):
     from hpccoll_eigensolver import gather, metrics, tridiag_dc
