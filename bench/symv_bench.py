@@ -9,7 +9,9 @@ has no communication), so variants of its tiling can be compared in one process:
     python3 bench/symv_bench.py --n 8192 --variants "SY_C=64,SY_G=3;SY_C=32,SY_G=3" --json out.json
 
 Bytes counted: the lower triangle of the trailing local columns (i >= g > j) plus the panel
-dot products' columns (2k columns of n - j - 1 rows)."""
+dot products' columns (2k columns of n - j - 1 rows).  The same run first measures the GPU's
+memory bandwidth (a device-to-device copy of 2 GiB: bytes read + written over its time), and
+every row prints its share of it."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +21,22 @@ import sys
 
 import numpy as np
 
+
+
+def hbm_gbps(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device memory bandwidth, GB/s: a copy of `nbytes` reads and writes them (median of reps)."""
+    src = cp.ones(nbytes // 8, dtype=cp.float64)
+    dst = cp.empty_like(src)
+    times = []
+    for _ in range(reps + 2):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        cp.copyto(dst, src)
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3)
+    del src, dst
+    return 2 * nbytes / float(np.median(times[2:])) * 1e-9
 
 
 def main() -> int:
@@ -39,6 +57,8 @@ def main() -> int:
     from hpccoll_eigensolver.layout import BlockCyclic
     from hpccoll_eigensolver.sytrd_device import _Step, symv_defines
 
+    hbm = hbm_gbps(cp)
+    print(f"device memory bandwidth (2 GiB copy, read + write): {hbm:.0f} GB/s", flush=True)
     n, nb = a.n, a.nb
     desc = BlockCyclic(n, n, nb, a.nprocs)
     cols = desc.local_cols(a.rank)
@@ -73,13 +93,14 @@ def main() -> int:
             us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.reps
             g = cols[cols > j]
             nbytes = 8 * (int(np.sum(n - g)) + 2 * a.k * (n - j - 1))
-            rows.append({"variant": variant, "j": j, "us": us, "bytes": nbytes, "GBps": nbytes / us * 1e-3,
-                         "max_rel_err": err, "grid": step.gemv_grid})
-            print(f"{variant:32s} j={j:6d} {us:8.2f} us  {nbytes / 1e6:7.1f} MB  {nbytes / us * 1e-3:7.0f} GB/s"
-                  f"  err {err:.1e}", flush=True)
+            gbps = nbytes / us * 1e-3
+            rows.append({"variant": variant, "j": j, "us": us, "bytes": nbytes, "GBps": gbps,
+                         "of_hbm": gbps / hbm, "max_rel_err": err, "grid": step.symv_grid})
+            print(f"{variant:32s} j={j:6d} {us:8.2f} us  {nbytes / 1e6:7.1f} MB  {gbps:7.0f} GB/s"
+                  f" ({gbps / hbm:4.0%} of the copy's)  err {err:.1e}", flush=True)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"n": n, "nb": nb, "nprocs": a.nprocs, "rank": a.rank, "k": a.k, "reps": a.reps,
+            json.dump({"n": n, "nb": nb, "nprocs": a.nprocs, "hbm_copy_GBps": hbm, "rank": a.rank, "k": a.k, "reps": a.reps,
                        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                        "commit": os.environ.get("HPCCOLL_COMMIT", "unknown"), "rows": rows}, fh, indent=1)
     # SY_NOTICKET=1 is timing only (no finalizers: its y is wrong by design)
