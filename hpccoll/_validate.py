@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._buffers import Buf, as_buf, is_in_place
-from .errors import HpccollError, MismatchError
+from .errors import MismatchError
 from .ops import Op, as_op
 
 INDEXLIKE = "__index__"
@@ -231,10 +231,4 @@ def agree(allgather, rank: int, name: str, outcome, vspec: VSpec | None = None) 
                                         f"which expects {sj.recv_counts[i]} from it (recvbuf counts[{i}])")
 
 
-def check_agreement(mpi_comm, call: Call, algorithm: str = "auto", deterministic: bool = False) -> None:
-    """agree() for a call that validated on this rank, through mpi_comm's blocking allgather."""
-    agree(lambda obj, _name: mpi_comm.allgather(obj), mpi_comm.Get_rank(), call.name,
-          signature(call, mpi_comm.Get_size(), algorithm, deterministic), call.v)
-
-
-__all__ = ["Call", "VSpec", "prepare", "agree", "signature", "check_agreement", "block_count", "HpccollError"]
+__all__ = ["Call", "VSpec", "prepare", "agree", "signature", "block_count"]

@@ -11,6 +11,7 @@ calls it runs (its `caps`), the host backend for everything else."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import weakref
@@ -377,19 +378,13 @@ class Communicator:
 
     def _issue(self, items) -> None:
         """A group's calls in order: runs of calls for one backend through its run_group."""
-        i = 0
-        while i < len(items):
-            backend = items[i][0]
-            j = i
-            while j < len(items) and items[j][0] is backend:
-                j += 1
-            batch = [item for _b, item in items[i:j]]
+        for backend, run in itertools.groupby(items, key=lambda item: item[0]):
+            batch = [call for _b, call in run]
             if backend.caps.groups:
                 backend.run_group(batch)
             else:
-                for item in batch:
-                    backend.run(*item)
-            i = j
+                for call in batch:
+                    backend.run(*call)
 
     # -- persistent collectives (MPI-4; hpccoll/request.py) ---------------------------
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None,
@@ -578,9 +573,9 @@ class _FastCall:
         return (type(recvbuf) is np.ndarray and call.recv.nbytes <= _FAST_HOST_BYTES
                 and (sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is np.ndarray))
 
-    def __init__(self, call, backend, sendbuf, recvbuf, op, root, key, det, algo=None):
+    def __init__(self, call, backend, sendbuf, recvbuf, op, root, key, det, algo):
         self.call, self.backend, self.plan, self.repeats = call, backend, None, 0
-        self.algo = key if algo is None else algo  # what the call runs with (key: what it asked for)
+        self.algo = algo  # what the call runs with (key: what it asked for)
         self.recv = weakref.ref(recvbuf)
         self.send_ref = not (sendbuf is None or _is_in_place(sendbuf))
         self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)

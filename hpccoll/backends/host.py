@@ -19,7 +19,8 @@ from mpi4py import MPI
 
 from .._abi import CANONICAL_NAN
 from ..errors import CollectiveTimeout
-from ..ops import MAX, MIN, PROD, SUM, fp_quiet, fp_restore, from_ordered_keys, ordered_keys, reduce_in_rank_order
+from ..ops import (_INT, MAX, MIN, PROD, SUM, canonicalize_nans, fp_quiet, fp_restore, from_ordered_keys,
+                   ordered_keys, reduce_in_rank_order)
 from .base import Backend, Capabilities
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
@@ -89,17 +90,6 @@ class _Staged:
             cupy.cuda.runtime.deviceSynchronize()
 
 
-def _canonicalize(out: np.ndarray, name: str) -> None:
-    """Every NaN of a float result to the canonical NaN, in place (np.isnan is skipped for the
-    common all-finite case by one reduction: a NaN anywhere makes the sum NaN)."""
-    view = out if name != "bfloat16" else out.astype(np.float32)
-    with np.errstate(all="ignore"):
-        if not np.isnan(view.sum()):  # NaN-free (a sum of finite values may overflow to inf: not NaN)
-            return
-    nan = np.isnan(view)
-    out.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[out.itemsize])[nan] = CANONICAL_NAN[name]
-
-
 class HostBackend(Backend):
     name = "host"
     caps = Capabilities(device=False, host_buffers=True, algorithms=("mpi", "host"), plans=True)
@@ -161,7 +151,7 @@ class HostBackend(Backend):
             src = MPI.IN_PLACE if call.in_place else x
             self._complete(self.comm.Iallreduce(src, out, op=_MPI_OPS[op]), call.name)
             if name in _FLOATS and op in (SUM, PROD):
-                _canonicalize(out, name)
+                canonicalize_nans(out)
         else:
             out[...] = reduce_in_rank_order(op, self._gather_all(np.array(x, copy=True), call.name))
         recv.commit()
@@ -270,7 +260,7 @@ class _HostAllreducePlan:
         is_float = dtype in _FLOATS
         if is_float:
             canon = CANONICAL_NAN[dtype]
-            ints = {2: np.int16, 4: np.int32, 8: np.int64}[out.itemsize]
+            ints = _INT[out.itemsize]
             bits_out = out.view(ints)
             nan = np.empty(n, dtype=bool)
             mag = np.empty(n, dtype=ints)

@@ -25,7 +25,7 @@ class _Arr:
 
 
 def _fc(send, recv, op=hpccoll.SUM, root=None, algo="auto", det=False):
-    return _FastCall(object(), object(), send, recv, op, root, algo, det)
+    return _FastCall(object(), object(), send, recv, op, root, algo, det, algo)
 
 
 def test_same_call_matches():
