@@ -1,7 +1,8 @@
 """Check mode: ranks that call a collective with different arguments all get MismatchError.
 
 Without check mode such a mismatch hangs or computes garbage; with it every rank raises
-the same error, and the communicator stays usable."""
+the same error, and the communicator stays usable.  Everything that must agree is compared
+(deterministic and algorithm too), and a validation error on one rank is an error on every rank."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,10 @@ from mpi4py import MPI
 import hpccoll
 from hpccoll import MismatchError
 
+from conftest import assert_still_works
+
 pytestmark = pytest.mark.mpi(min_size=2)
+WORLD = MPI.COMM_WORLD
 
 
 @pytest.fixture(scope="module")
@@ -19,14 +23,6 @@ def checked():
     c = hpccoll.Communicator(backend="host", check=True)
     yield c
     c.Free()
-
-
-def assert_still_works(c):
-    """After a mismatch the communicator still computes the right answer (nothing left in flight)."""
-    x = np.full(5, c.rank + 1, dtype=np.int64)
-    out = np.empty_like(x)
-    c.Allreduce(x, out)
-    assert np.all(out == c.size * (c.size + 1) // 2)
 
 
 def assert_raised_on_every_rank(raised: bool):
@@ -145,4 +141,48 @@ def test_mismatch_inside_a_group_raises_at_the_call_and_issues_nothing(checked):
             n = 8 + (r == 1)
             checked.Allreduce(np.ones(n), np.empty(n))
     assert not done.any(), "a call queued before the mismatch was issued"
+    assert_still_works(checked)
+
+
+def test_check_mode_compares_deterministic(checked):
+    x = np.ones(4)
+    with pytest.raises(MismatchError, match="disagree on deterministic: rank 0 has True, rank 1 has False"):
+        checked.Allreduce(x, np.empty(4), deterministic=WORLD.rank == 0)
+    assert_still_works(checked)
+
+
+def test_check_mode_compares_algorithm(checked):
+    x = np.ones(4)
+    with pytest.raises(MismatchError, match="disagree on algorithm: rank 0 has mpi, rank 1 has auto"):
+        checked.Allreduce(x, np.empty(4), algorithm="mpi" if WORLD.rank == 0 else "auto")
+    assert_still_works(checked)
+
+
+def test_a_validation_error_on_one_rank_is_an_error_on_every_rank(checked):
+    """Rank 1 passes a buffer of the wrong size: it raises its ValueError, every other rank a
+    MismatchError naming it; nobody ran the call, so a rank that catches and carries on pairs
+    its next call with the others' next call."""
+    n = 5 if WORLD.rank != 1 else 4
+    try:
+        checked.Allreduce(np.ones(5), np.empty(n))
+    except MismatchError as exc:
+        assert WORLD.rank != 1 and "rank 1 rejected its arguments" in str(exc)
+    except ValueError as exc:
+        assert WORLD.rank == 1 and "recvbuf has 4 elements, sendbuf 5" in str(exc)
+    else:
+        pytest.fail("no rank may run the call")
+    assert_still_works(checked)
+    with pytest.raises(ValueError, match="algorithm='bogus' is unknown|rank 0 rejected"):
+        checked.Allreduce(np.ones(2), np.empty(2), algorithm="bogus" if WORLD.rank == 0 else "auto")
+    assert_still_works(checked)
+
+
+def test_alltoallv_counts_are_checked_across_ranks(checked):
+    size, rank = WORLD.size, WORLD.rank
+    send = [1] * size
+    recv = [1] * size
+    if rank == 0:
+        recv[1] = 2  # rank 1 sends one element to rank 0, which expects two
+    with pytest.raises(MismatchError, match="rank 1 sends 1 elements to rank 0, which expects 2"):
+        checked.Alltoallv((np.ones(size), send), (np.empty(sum(recv)), recv))
     assert_still_works(checked)
