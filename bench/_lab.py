@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 
 from hpccoll.bench.ranks import say
-from hpccoll.bench.report import git_commit, machine_info, write_json
+from hpccoll.bench.report import machine_info, write_json
 from hpccoll.bench.sol import measure_sol
 from hpccoll.bench.timing import REPS, set_aligner
+from hpccoll.config import git_commit
 
 
 def open_lab(name: str):

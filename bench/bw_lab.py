@@ -31,12 +31,12 @@ VARIANTS = {
 def main() -> int:
     import cupy as cp
     from _lab import open_lab, write_lab_json
-    from mpi4py import MPI
 
     from hpccoll._abi import Args
     from hpccoll.backends.cuda import launch
     from hpccoll.backends.cuda.driver import Launcher, Module
     from hpccoll.backends.cuda.nvrtc import compile_module
+    from hpccoll.bench.ranks import agree
     from hpccoll.bench.sizes import parse_sizes
     from hpccoll.bench.timing import GRAPH_OPS, time_graph
 
@@ -101,7 +101,7 @@ def main() -> int:
                     good = np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
                 except Exception as exc:  # noqa: BLE001  (a failing variant is a result, not the end)
                     row["graph_us"], row["error"], good = None, f"{type(exc).__name__}: {exc}", False
-                row["ok"] = bool(mpi.allreduce(int(good), op=MPI.MIN))
+                row["ok"] = agree(mpi, good)
                 if row.get("graph_us"):
                     row["GBps"] = nbytes / (row["graph_us"] * 1e3)
                 rows.append(row)

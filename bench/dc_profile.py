@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
 import numpy as np
+
+from hpccoll.config import git_commit
 
 
 def _matrices(n: int, rng):
@@ -92,7 +93,7 @@ def main() -> int:
         name = cp.cuda.runtime.getDeviceProperties(0)["name"]
         with open(opts.json, "w") as fh:
             json.dump({"gpu": name.decode() if isinstance(name, bytes) else str(name),
-                       "commit": os.environ.get("HPCCOLL_COMMIT"), "rows": rows}, fh, indent=1)
+                       "commit": git_commit(), "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
+
+from hpccoll.config import git_commit
 
 
 def _time(fn, reps: int = 20) -> float:
@@ -95,7 +96,7 @@ def main() -> int:
         name = cp.cuda.runtime.getDeviceProperties(0)["name"]
         with open(opts.json, "w") as fh:
             json.dump({"gpu": name.decode() if isinstance(name, bytes) else str(name),
-                       "commit": os.environ.get("HPCCOLL_COMMIT"), "dtype": "float64",
+                       "commit": git_commit(), "dtype": "float64",
                        "nvmath": nvmath_version,
                        "cupy": cp.__version__, "rows": rows}, fh, indent=1)
     return 0

@@ -9,7 +9,6 @@ on (nonblocking MPI, completed against the deadline), as they always do."""
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -18,6 +17,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hpccoll
+from hpccoll.bench.ranks import max_over_ranks
+from hpccoll.bench.report import write_json
 
 
 def per_call_us(comm, fn, calls: int, reps: int) -> float:
@@ -30,7 +31,7 @@ def per_call_us(comm, fn, calls: int, reps: int) -> float:
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t0) / calls * 1e6)
-    return float(np.max(comm.allgather(statistics.median(times))))
+    return float(max_over_ranks(comm, statistics.median(times)))
 
 
 def _nonblocking(comm, x, y) -> None:
@@ -78,9 +79,8 @@ def main() -> int:
                   f"{r['hpccoll_ratio']:6.2f} {r['deterministic_us']:8.2f} {r['deterministic_ratio']:6.2f} "
                   f"{r['check_us']:8.2f} {r['check_ratio']:6.2f}")
         if a.json:
-            with open(a.json, "w") as fh:
-                json.dump({"ranks": world.size, "mpi": MPI.Get_library_version().splitlines()[0],
-                           "host": platform.node(), "calls": a.calls, "reps": a.reps, "rows": rows}, fh, indent=1)
+            write_json({"ranks": world.size, "mpi": MPI.Get_library_version().splitlines()[0],
+                        "host": platform.node(), "calls": a.calls, "reps": a.reps, "rows": rows}, a.json)
     for c in (default, det, checked):
         c.Free()
     raw.Free()

@@ -27,13 +27,13 @@ KERNELS = Path(__file__).resolve().parent / "kernels"
 def main() -> int:
     import cupy as cp
     from _lab import open_lab, write_lab_json
-    from mpi4py import MPI
 
     import hpccoll
     from hpccoll._abi import Args
     from hpccoll._validate import prepare
     from hpccoll.backends.cuda.driver import Module, launch_raw
     from hpccoll.backends.cuda.nvrtc import compile_file
+    from hpccoll.bench.ranks import agree
     from hpccoll.bench.sizes import parse_sizes
     from hpccoll.bench.timing import time_events
 
@@ -78,7 +78,7 @@ def main() -> int:
 
         def everywhere_right(own_ok: bool = True) -> bool:
             good = own_ok and np.array_equal(y.get().view(np.uint32), ref.view(np.uint32))
-            return bool(mpi.allreduce(int(good), op=MPI.MIN))
+            return agree(mpi, good)
 
         for name, algo in (("hpccoll", "oneshot_sentinel"), ("hpccoll_ll", "oneshot_ll")):
             y.fill(0)

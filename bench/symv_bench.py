@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
+
+from hpccoll.config import git_commit
 
 
 
@@ -102,7 +103,7 @@ def main() -> int:
         with open(a.json, "w") as fh:
             json.dump({"n": n, "nb": nb, "nprocs": a.nprocs, "hbm_copy_GBps": hbm, "rank": a.rank, "k": a.k, "reps": a.reps,
                        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                       "commit": os.environ.get("HPCCOLL_COMMIT", "unknown"), "rows": rows}, fh, indent=1)
+                       "commit": git_commit(), "rows": rows}, fh, indent=1)
     # SY_NOTICKET=1 is timing only (no finalizers: its y is wrong by design)
     bad = [r for r in rows if not r["max_rel_err"] < 1e-12 and "SY_NOTICKET=1" not in r["variant"]]
     if bad:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
 import numpy as np
+
+from hpccoll.config import git_commit
 
 VARIANTS = {"whole": (), "-col": ("col",), "-bcast": ("bcast",), "-gemv": ("gemv",),
             "-allreduce": ("allreduce",), "-w": ("w",), "-collectives": ("bcast", "allreduce")}
@@ -62,7 +63,7 @@ def main() -> int:
     if rank == 0 and opts.json:
         with open(opts.json, "w") as fh:
             json.dump({"n": n, "nb": nb, "ranks": size, "comm": opts.comm,
-                       "commit": os.environ.get("HPCCOLL_COMMIT"), "rows": rows}, fh, indent=1)
+                       "commit": git_commit(), "rows": rows}, fh, indent=1)
     return 0
 
 

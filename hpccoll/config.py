@@ -11,6 +11,7 @@ differ."""
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -170,6 +171,22 @@ def check_agreement(mpi_comm, config: Config) -> None:
             raise ValueError(f"{var} differs between ranks ({seen}): set the same value on every rank")
 
 
+def git_commit() -> str | None:
+    """The commit a result records: HPCCOLL_COMMIT when set (a copy of the tree whose git HEAD is
+    stale or absent), else git's HEAD of the tree hpccoll lives in, else None."""
+    commit = Config.from_env().commit
+    if commit:
+        return commit
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
 def describe(config: Config | None = None, environ=None) -> str:
     """The table `hpccoll info` prints: each variable, its value in effect, and whether set."""
     env = os.environ if environ is None else environ
@@ -183,7 +200,8 @@ def describe(config: Config | None = None, environ=None) -> str:
         val = getattr(config, s.field)
         src = "set" if s.var in env else "default"
         rows.append(f"  {s.var:<24} {str(val):<12} ({src})")
-    unknown = sorted(k for k in env if k.startswith("HPCCOLL_") and k not in {s.var for s in SETTINGS})
+    known = {s.var for s in SETTINGS}
+    unknown = sorted(k for k in env if k.startswith("HPCCOLL_") and k not in known)
     lines = ["configuration (HPCCOLL_* variables; docs/configuration.md):", *rows]
     if unknown:
         lines.append("  not hpccoll settings (ignored by the library): " + ", ".join(unknown))

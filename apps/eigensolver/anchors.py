@@ -16,7 +16,9 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
     from ._xp import to_host
     from .runs import RUN_SCHEMA, config_digest, config_identity
     from .report import GUARANTEE
-    from .runinfo import MemoryMeter, git_commit, machine_info
+    from hpccoll.config import git_commit
+
+    from .runinfo import MemoryMeter, machine_info
 
     identity = config_identity(args, args.spec.digest(device), ranks, comm, device)
     rec = {"schema": RUN_SCHEMA, "n": n, "nb": args.nb, "ranks": ranks, "comm": comm,

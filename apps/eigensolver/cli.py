@@ -168,7 +168,9 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from .counting import CountingComm, PhaseTimer
     from .layout import BlockCyclic
     from .problems import gather_problem_on_root, spectrum
-    from .runinfo import MemoryMeter, git_commit, machine_info
+    from hpccoll.config import git_commit
+
+    from .runinfo import MemoryMeter, machine_info
     from .solver import PHASES, sygvd
 
     rank, size = ctl.Get_rank(), ctl.Get_size()

@@ -58,24 +58,6 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLI
               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def git_commit() -> str | None:
-    """HPCCOLL_COMMIT when set (a copy of the tree whose git HEAD is stale), else git's HEAD of
-    the tree this package lives in, else None."""
-    from hpccoll.config import Config
-
-    commit = Config.from_env().commit  # HPCCOLL_COMMIT: a copy of the tree without its history
-    if commit:
-        return commit
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
-
-
 def blas_info() -> dict:
     """The BLAS/LAPACK/OpenMP libraries loaded in this process with their versions and thread
     counts (threadpoolctl), and the thread-count environment variables.  Part of what fixes a

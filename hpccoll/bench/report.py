@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import socket
 import subprocess
 
@@ -111,24 +110,6 @@ def plot(result: dict, path: str) -> None:
 def now() -> str:
     """UTC time of day, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def git_commit() -> str | None:
-    """HPCCOLL_COMMIT when set (a copy of the tree may carry a stale git HEAD), else git's HEAD."""
-    from ..config import Config
-
-    commit = Config.from_env().commit
-    if commit:
-        return commit
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
 
 
 def machine_info(comm) -> dict:

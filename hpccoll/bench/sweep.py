@@ -42,7 +42,8 @@ from .baselines import bench_nccl, torch_baselines_first, unicast_only
 from .cases import Case
 from .collectives import algorithm_list
 from .ranks import Skip, describe, guarded, say
-from .report import git_commit, machine_info, now
+from ..config import git_commit
+from .report import machine_info, now
 from .rows import bench_hpccoll
 from .sizes import fmt_bytes, parse_sizes
 from .sol import measure_sol, sol_us_for

@@ -86,7 +86,7 @@ def write_table(out: str | None, gpu_name: str | None, nranks: int, tables: dict
         if table.get("gpu") != gpu_name:
             table = {}
     if not table:
-        table = json.loads(json.dumps(policy.shipped_table("generic")))  # a copy to change
+        table = policy.shipped_table("generic")  # parsed afresh: ours to change
     table["gpu"] = gpu_name
     table["note"] = f"measured by hpccoll tune on {socket.gethostname()} at {now()}"
     for key, rows in tables.items():
