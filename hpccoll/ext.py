@@ -32,10 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._abi import CTRL_BYTES, DTYPE_CODES, MAX_RANKS, PACK, Args, const, cuda_dir
-from .errors import CollectiveTimeout, HpccollError
+from ._abi import CTRL_BYTES, DTYPE_CODES, MAX_RANKS, PACK, SENTINEL_U32, Args, const, cuda_dir
+from .errors import HpccollError
 
-SENTINEL_U32 = const("HC_SENTINEL_U32")
 DATA_ALIGN = 1024  # the data region and its sub-buffers start on 1 KiB (LL slot groups)
 
 
@@ -51,7 +50,9 @@ def compile_options(dtype: str = "float32", nranks: int | None = None) -> tuple[
     round every step as the host's reference does)."""
     if dtype not in DTYPE_CODES:
         raise ValueError(f"compile_options: dtype={dtype!r}: use one of {', '.join(DTYPE_CODES)}")
-    opts = [f"-I{include_dir()}", f"-DHC_DTYPE={DTYPE_CODES[dtype]}", "-std=c++17", "--fmad=false"]
+    from .backends.cuda.nvrtc import base_options
+
+    opts = base_options(dtype)
     if nranks is not None:
         if not 1 <= int(nranks) <= MAX_RANKS:
             raise ValueError(f"compile_options: nranks={nranks}: hpccoll's kernels support 1..{MAX_RANKS} ranks")
@@ -172,12 +173,8 @@ class SymmetricMemory:
         word after synchronizing the kernel's stream)."""
         self._live("check")
         if self._ws.host_error():
-            rec = self._ws.error_record()
-            raise CollectiveTimeout(
-                f"a kernel on SymmetricMemory: rank {self.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
-                f"{rec['peer']} (slot {rec['slot']}); a peer never arrived or died. This memory is unusable: "
-                "free it", collective="user kernel", peer=rec["peer"], slot=rec["slot"],
-                waited_s=rec["waited_ns"] / 1e9)
+            raise self._ws.timeout_error(self.rank, "a kernel on SymmetricMemory", "user kernel",
+                                         "This memory is unusable: free it")
 
     def free(self) -> None:
         """Release the memory (collective: no peer may still write into it)."""

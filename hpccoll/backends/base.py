@@ -8,7 +8,7 @@ host memory.  Nothing in comm.py asks a backend what it is: it reads `caps`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: every collective a Communicator offers, by its mpi4py name
 COLLECTIVES = frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall", "Alltoallv"})
@@ -37,7 +37,6 @@ class Capabilities:
     engine: bool = False
     asynchronous: bool = False
     extension: bool = False  # offers the device-extension API (symmetric memory, kernel args)
-    notes: tuple = field(default_factory=tuple)
 
 
 class Backend(ABC):

@@ -44,7 +44,8 @@ class NcclBackend(Backend):
         uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         self.nccl = nccl
-        self.comm = nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+        self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
+        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
         self.mpi = mpi_comm
         self.types = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
                       "float16": nccl.NCCL_FLOAT16, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
@@ -58,7 +59,7 @@ class NcclBackend(Backend):
             raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}: use backend='cuda'")
         s = stream_ptr(stream)
         send, recv = call.send.flat, call.recv.flat
-        size, rank = self.mpi.Get_size(), self.mpi.Get_rank()
+        size, rank = self.size, self.rank
         for _ in range(iters):
             if call.name == "Allreduce":
                 self.comm.allReduce(send.data.ptr, recv.data.ptr, recv.size, t, self.ops[call.op.name], s)
@@ -78,7 +79,7 @@ class NcclBackend(Backend):
         """Pairwise sends and receives in one NCCL group (NCCL has no Alltoall of its own)."""
         import cupy
 
-        size = self.mpi.Get_size()
+        size = self.size
         recv = call.recv.flat
         n = recv.size // size
         src = call.send.flat

@@ -140,14 +140,11 @@ class CudaBackend(Backend):
 
             self.engines.stop_all()  # their blocks still polling a doorbell leave; device sync can return
             cupy.cuda.runtime.deviceSynchronize()
-            rec = self.ws.error_record()
-            coll = COLLECTIVE_NAMES.get(rec["collective"], "?")
-            self.broken = (f"{coll}: rank {self.rank} waited {rec['waited_ns'] / 1e9:.1f} s for rank "
-                           f"{rec['peer']} (slot {rec['slot']}); a peer never joined or died. This "
-                           "communicator is unusable: Free() it (raise HPCCOLL_TIMEOUT if ranks are "
-                           "legitimately that far apart)")
-            raise CollectiveTimeout(self.broken, collective=coll, peer=rec["peer"], slot=rec["slot"],
-                                    waited_s=rec["waited_ns"] / 1e9)
+            coll = COLLECTIVE_NAMES.get(self.ws.error_record()["collective"], "?")
+            exc = self.ws.timeout_error(self.rank, coll, coll, "This communicator is unusable: Free() it (raise "
+                                        "HPCCOLL_TIMEOUT if ranks are legitimately that far apart)")
+            self.broken = str(exc)
+            raise exc
 
     def synchronize(self, stream=None) -> None:
         eng = self.engines

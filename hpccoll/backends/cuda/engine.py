@@ -34,7 +34,6 @@ DESC, DONE = const("HC_ENGINE_DESC_BYTE"), const("HC_ENGINE_DONE_BYTE")
 MAX_BLOCKS = const("HC_ENGINE_MAX_BLOCKS")
 FULL_RING = const("HC_ENGINE_FULL_RING")
 CMD_STOP = const("HC_ENGINE_STOP")
-CMD_OF_OP = OP_CODES
 BLOCK = const("HC_ENGINE_BLOCK")
 PACKS_PER_THREAD = const("HC_ENGINE_PPT")  # before a call takes another block
 PACKS_KEPT = const("HC_ENGINE_KEEP")  # the most a thread takes: max_bytes <= blocks * BYTES_PER_BLOCK
@@ -120,13 +119,13 @@ class Engine:
     def blocks_for(self, count: int) -> int:
         """The blocks a call of `count` elements needs (cuda/persistent.cu, blocksFor)."""
         per = PACKS_PER_THREAD * BLOCK
-        need = ((count * self.esize + 15) // 16 + per - 1) // per
+        need = ((count * self.esize + PACK - 1) // PACK + per - 1) // per
         return min(self.blocks, max(1, need))
 
     def call(self, in_ptr: int, out_ptr: int, count: int, op: str, stream: int) -> bool:
         """Run one Allreduce after `stream`'s earlier work; return when it has finished (True),
         or when a poll of the engine timed out (False: the caller raises from the error record)."""
-        return self.call_cmd((in_ptr, out_ptr, count, CMD_OF_OP[op]), stream, self.blocks_for(count))
+        return self.call_cmd((in_ptr, out_ptr, count, OP_CODES[op]), stream, self.blocks_for(count))
 
     def call_cmd(self, call: tuple, stream: int, nb: int) -> bool:
         """`call` with its fields ready: (in, out, count, cmd), on `nb` blocks (the hot path:

@@ -6,16 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from ... import policy
+from ..._abi import SENTINEL_U32
 from ...ops import np_dtype
 from .engine import HOST_BYTES, Engine
-from .kernels import aligned
-from .workspace import ENGINES, SENTINEL_U32
+from .kernels import INTEGERS, aligned
+from .workspace import ENGINES
 
 
 def engine_rest(dtype: str) -> int:
     """The u32 pattern of an engine's slots at rest (cuda/persistent.cu, EngineProto): the
     sentinel for floating types, zero (LL) for integers."""
-    return 0 if dtype in ("int32", "int64") else SENTINEL_U32
+    return 0 if dtype in INTEGERS else SENTINEL_U32
 
 
 class EngineSet:

@@ -111,9 +111,14 @@ class Kernels:
         return blocks, block
 
 
+def packs_of(nbytes: int) -> int:
+    """16-byte packs of `nbytes` (the last one partial)."""
+    return (nbytes + PACK - 1) // PACK
+
+
 def packs(flat) -> int:
-    """16-byte packs of a buffer (the last one partial): its slots in a one-shot launch."""
-    return (flat.nbytes + PACK - 1) // PACK
+    """16-byte packs of a buffer: its slots in a one-shot launch."""
+    return packs_of(flat.nbytes)
 
 
 def aligned(flat) -> bool:

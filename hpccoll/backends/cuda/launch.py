@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ..._abi import PACK
 from ..._validate import Call
-from ...ops import np_dtype
-from .kernels import OPS, aligned
+from .kernels import OPS, aligned, packs_of
 from .workspace import S_LL, S_LLB, S_TWOSHOT
 
 
@@ -15,7 +14,7 @@ def allreduce_grid(b, algo: str, count: int, esize: int) -> tuple[int, int]:
     if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
         lines = (count + 128 // esize - 2) // (128 // esize - 1)
         return b.kernels.grid((lines + b.size - 1) // b.size, 8)
-    npacks = (count * esize + PACK - 1) // PACK  # a thread per pack (two-shot: of the owner's share)
+    npacks = packs_of(count * esize)  # a thread per pack (two-shot: of the owner's share)
     return b.kernels.grid(npacks if algo.startswith("oneshot") else (npacks + b.size - 1) // b.size)
 
 
@@ -63,7 +62,7 @@ def bcast_launcher(b, dtype: str, loop: bool = False):
 
 def bcast_grid(b, nbytes: int) -> tuple[int, int]:
     """Bcast's grid: a thread per pack of one chunk (the kernel walks the chunks)."""
-    return b.kernels.grid((min(nbytes, S_LLB) + PACK - 1) // PACK)
+    return b.kernels.grid(packs_of(min(nbytes, S_LLB)))
 
 
 def bcast(b, call: Call, algo: str, op, s: int, iters: int) -> None:
@@ -172,4 +171,4 @@ def barrier(b, s: int, iters: int = 1) -> None:
 RUN = {"Allreduce": allreduce, "Bcast": bcast, "Allgather": allgather,
        "Reduce_scatter_block": reduce_scatter_block, "Alltoall": alltoall}
 
-__all__ = ["RUN", "allreduce_launcher", "allreduce_grid", "bcast_launcher", "bcast_grid", "barrier", "np_dtype"]
+__all__ = ["RUN", "allreduce_launcher", "allreduce_grid", "bcast_launcher", "bcast_grid", "barrier"]

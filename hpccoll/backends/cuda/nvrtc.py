@@ -117,11 +117,16 @@ def _check(lib, res, what, prog=None):
         raise HpccollError(f"NVRTC {what} failed: {msg}\n{log}")
 
 
+def base_options(dtype: str) -> list[str]:
+    """What every kernel on the headers is compiled with, the library's and extensions': C++17,
+    the include path of cuda/, the dtype's HC_DTYPE, no fused multiply-add (deterministic
+    reductions round every step as the host does)."""
+    return ["-std=c++17", f"-I{cuda_dir()}", f"-DHC_DTYPE={DTYPE_CODES[dtype]}", "--fmad=false"]
+
+
 def options(dtype: str, arch: str, extra=()) -> list[str]:
-    """NVRTC options of a module for `dtype`: the include path of cuda/, the dtype's HC_DTYPE,
-    no fused multiply-add (deterministic reductions round every step as the host does)."""
-    return [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda_dir()}",
-            f"-DHC_DTYPE={DTYPE_CODES[dtype]}", "--fmad=false", "-lineinfo", *extra]
+    """NVRTC options of a library module for `dtype` and `arch`."""
+    return [f"--gpu-architecture={arch}", *base_options(dtype), "-lineinfo", *extra]
 
 
 def _source_digest() -> str:
@@ -141,14 +146,15 @@ def compile_module(source: str, dtype: str, arch: str = "sm_90", extra=(), use_c
     return compile_file(cuda_dir() / source, dtype, arch, extra, use_cache)
 
 
-def compile_source(src: bytes, name: str, opts) -> bytes:
-    """cubin of the CUDA source `src` with exactly the NVRTC options `opts` (no cache)."""
+def compile_source(src: bytes, name: str, opts, what: str | None = None) -> bytes:
+    """cubin of the CUDA source `src` with exactly the NVRTC options `opts` (no cache); `what`
+    names it in a compile error (default: "compile of <name>")."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), 0, None, None), "create")
     try:
         arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-        _check(lib, lib.nvrtcCompileProgram(prog, len(opts), arr), f"compile of {name}", prog)
+        _check(lib, lib.nvrtcCompileProgram(prog, len(opts), arr), what or f"compile of {name}", prog)
         size = ctypes.c_size_t()
         _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
         buf = ctypes.create_string_buffer(size.value)
@@ -169,18 +175,7 @@ def compile_file(path, dtype: str, arch: str = "sm_90", extra=(), use_cache: boo
     cached = cache_dir() / f"{path.stem}-{dtype}-{arch}-{key}.cubin"
     if use_cache and cached.exists():
         return cached.read_bytes()
-    lib = _nvrtc()
-    prog = ctypes.c_void_p()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.encode(), 0, None, None), "create")
-    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    res = lib.nvrtcCompileProgram(prog, len(opts), arr)
-    _check(lib, res, f"compile of {source} ({dtype}, {arch})", prog)
-    size = ctypes.c_size_t()
-    _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
-    buf = ctypes.create_string_buffer(size.value)
-    _check(lib, lib.nvrtcGetCUBIN(prog, buf), "cubin")
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    cubin = buf.raw
+    cubin = compile_source(src, source, opts, f"compile of {source} ({dtype}, {arch})")
     if use_cache:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")

@@ -2,11 +2,10 @@
 without validation, algorithm choice or argument packing, as one driver call."""
 from __future__ import annotations
 
-from ..._abi import Args
+from ..._abi import OP_CODES, Args
 from ..._validate import Call
 from . import launch
 from .driver import Launcher
-from .engine import CMD_OF_OP
 from .kernels import aligned
 from ..streams import stream_ptr
 
@@ -43,7 +42,7 @@ class EnginePlan:
         import cupy
 
         self.backend, self.engine, self.fallback = backend, engine, fallback
-        self.call = (in_ptr, out_ptr, count, CMD_OF_OP[op])
+        self.call = (in_ptr, out_ptr, count, OP_CODES[op])
         self.nb = engine.blocks_for(count)
         self._ws = backend.ws
         self._current = cupy.cuda.get_current_stream

@@ -13,14 +13,12 @@ import os
 
 import numpy as np
 
-from ..._abi import PACK, Args, ErrRec, const
-from ...errors import HpccollError
+from ..._abi import CTRL_BYTES, SENTINEL_U32, Args, ErrRec, const
+from ...errors import CollectiveTimeout, HpccollError
 from .driver import host_device_pointer
 
-CTRL_BYTES = const("HC_CTRL_BYTES")
 OFF_ERR = const("HC_OFF_ERR")
 OFF_PROBE = const("HC_OFF_PROBE")
-SENTINEL_U32 = const("HC_SENTINEL_U32")
 KiB, MiB = 1024, 1024 * 1024
 
 
@@ -109,6 +107,15 @@ class Workspace:
         return {"code": rec.code, "collective": rec.collective, "peer": rec.peer, "slot": rec.slot,
                 "waited_ns": rec.waitedNs}
 
+    def timeout_error(self, rank: int, where: str, collective: str, unusable: str) -> CollectiveTimeout:
+        """The CollectiveTimeout of the error record (the first poll that gave up): `where`
+        names what waited, `unusable` says what the caller must do now."""
+        rec = self.error_record()
+        waited = rec["waited_ns"] / 1e9
+        return CollectiveTimeout(f"{where}: rank {rank} waited {waited:.1f} s for rank {rec['peer']} (slot "
+                                 f"{rec['slot']}); a peer never joined or died. {unusable}",
+                                 collective=collective, peer=rec["peer"], slot=rec["slot"], waited_s=waited)
+
     def _release(self):
         for p in self._opened:
             try:
@@ -187,4 +194,4 @@ class Layout:
             ws.view(lo, hi - lo, np.uint32).fill(SENTINEL_U32)
 
 
-__all__ = ["Workspace", "Layout", "CudaUnavailable", "PACK"]
+__all__ = ["Workspace", "Layout", "CudaUnavailable"]
