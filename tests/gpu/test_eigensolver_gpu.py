@@ -162,7 +162,7 @@ def _host_dc_tests():
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "test_tridiag_dc.py"
+    path = pathlib.Path(__file__).resolve().parents[1] / "unit" / "test_tridiag_dc.py"
     spec = importlib.util.spec_from_file_location("_host_dc_tests", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
