@@ -15,10 +15,10 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
     from . import metrics
     from ._xp import to_host
     from .runs import RUN_SCHEMA, config_digest, config_identity
-    from .report import GUARANTEE
+    from .report import GUARANTEE, METRIC_DEFINITIONS
     from hpccoll.config import git_commit
 
-    from .runinfo import MemoryMeter, machine_info
+    from .runinfo import machine_info
 
     identity = config_identity(args, args.spec.digest(device), ranks, comm, device)
     rec = {"schema": RUN_SCHEMA, "n": n, "nb": args.nb, "ranks": ranks, "comm": comm,
@@ -37,7 +37,7 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
            "collectives": None, "memory": {"per_rank": memory or []}, "machine": machine_info(xp),
            "git_commit": git_commit(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "eigenvalues": [float(x) for x in to_host(w)], "eigenvectors_file": None,
-           "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+           "metric_definitions": METRIC_DEFINITIONS,
            "reproducibility": GUARANTEE}
     if extra:
         rec.update(extra)

@@ -18,12 +18,12 @@ import os
 import sys
 import time
 
-from .report import GUARANTEE
+from .report import GUARANTEE, METRIC_DEFINITIONS
 from .runinfo import COMM_CHOICES, launcher_rank
 from .runs import (FAILURE_SCHEMA, METRICS_LEGEND, PROG, RUN_SCHEMA, SAVE_VECTORS_MAX_N, SCIPY_REFERENCE_MAX_N, CliError,
                    _content_digest, _visible, agree, build_local_problem, check_out_dir, config_digest,
-                   config_identity, fail_together, print_run, problem_tag, progress, reference_eigenvalues,
-                   refuse_overwrite, run_stem, save_vectors, write_json, write_vectors)
+                   config_identity, fail_together, in_column_order, print_run, problem_tag, progress, rank_records,
+                   reference_on_root, refuse_overwrite, run_stem, save_vectors, write_json, write_vectors)
 
 # -- argument types: every value checked at parse time -------------------------------------------
 def _int_at_least(low: int, what: str):
@@ -136,7 +136,7 @@ def cmd_solve(args) -> int:
         from .warmup import warm_up
 
         # compile CuPy's kernels before the communicator opens (the solver the solve will use)
-        warm_up(stedc=stedc_choice(args.stedc, args.n, device=True))
+        warm_up(stedc=stedc_choice(args.stedc, device=True))
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:
@@ -148,7 +148,7 @@ def cmd_solve(args) -> int:
 
             sytrd_mode = mode_for(comm, args.n, args.sytrd)
         return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
-    except NotPositiveDefinite as exc:   # raised by every rank alike (L is replicated)
+    except NotPositiveDefinite as exc:   # raised by every rank alike (every panel of L is broadcast)
         raise CliError(f"B is not positive definite: {exc}") from None
     except InputError as exc:            # raised by every rank alike (checks.check_input)
         raise CliError(f"input rejected: {exc}") from None
@@ -167,7 +167,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from .checks import SYM_TOL, check_input
     from .counting import CountingComm, PhaseTimer
     from .layout import BlockCyclic
-    from .problems import gather_problem_on_root, spectrum
+    from .problems import spectrum
     from hpccoll.config import git_commit
 
     from .runinfo import MemoryMeter, machine_info
@@ -192,12 +192,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     agree(ctl, lambda: refuse_overwrite(args.out, stems, args.overwrite) if rank == 0 else None, "results",
           False)
 
-    ref = ref_s = ref_err = None
-    if not args.no_reference and n <= SCIPY_REFERENCE_MAX_N:
-        Ag, Bg = gather_problem_on_root(A_loc, B_loc, desc, ctl)
-        if rank == 0:
-            ref, ref_s, ref_err = reference_eigenvalues(Ag, Bg)
-        del Ag, Bg
+    ref, ref_s, ref_err = reference_on_root(args, A_loc, B_loc, desc, ctl)
     known = spectrum(spec) if rank == 0 else None
     if rank == 0:
         info, commit = machine_info(xp), git_commit()
@@ -236,10 +231,8 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         del X
         if rank != 0:
             continue
-        all_cols = [None] * n
-        for q, (_, _, cq, _) in enumerate(gathered):
-            for j, d in zip(desc.local_cols(q), cq):
-                all_cols[j] = d
+        all_cols = in_column_order(desc, [g[2] for g in gathered])
+        per_rank, memory_per_rank = rank_records(gathered)
         summary = cc.summary()
         total = summary.get("total", {})
         count = sum(v["count"] for v in total.values())
@@ -255,8 +248,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             "repeat_index": r, "repeat": args.repeat,
             "eigenvalues_sha256": w_digest,
             "eigenvectors_sha256": metrics.combine_digests(all_cols),
-            "per_rank": [{"rank": i, "eigenvalues_sha256": g[0], "local_eigenvectors_sha256": g[1]}
-                         for i, g in enumerate(gathered)],
+            "per_rank": per_rank,
             "ranks_agree_on_eigenvalues": len({g[0] for g in gathered}) == 1,
             "residual": acc["residual"], "b_orthogonality": acc["b_orthogonality"],
             "eigenvalue_error": metrics.eigenvalue_error(w, known),
@@ -273,13 +265,13 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
                             "estimated_in_phases": sorted(cc.estimated),
                             "by_phase": {k: v for k, v in summary.items() if k != "total"},
                             "by_name": total, "sizes": cc.size_histogram()},
-            "memory": {"per_rank": [dict(rank=i, **g[3]) for i, g in enumerate(gathered)]},
+            "memory": {"per_rank": memory_per_rank},
             "machine": info, "git_commit": commit,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "eigenvalues": [float(x) for x in to_host(w)],
             "eigenvectors_file": stem + "_X.npy" if save_vectors(args, n) else None,
             "eigenvectors_layout": "float64 n x n .npy, Fortran order, column j = eigenvector of eigenvalues[j]",
-            "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+            "metric_definitions": METRIC_DEFINITIONS,
             "reproducibility": GUARANTEE,
         }
         print_run(rec)
@@ -408,19 +400,21 @@ def cmd_anchor(args) -> int:
 
 
 def add_solve_args(p: argparse.ArgumentParser) -> None:
+    from .solver import STEDC_CHOICES, SYTRD_CHOICES
+
     p.add_argument("--no-sync-collectives", action="store_true",
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--no-trace-memory", action="store_true",
                    help="CPU path: do not run tracemalloc during the solve (it records the peak of NumPy "
                         "allocations but slows Python-heavy phases, up to 1.5x at n=2048)")
-    p.add_argument("--stedc", choices=("auto", "host", "gpu", "dc"), default="auto",
+    p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
                         "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "
                         "delivered by columns); host: LAPACK dstevd on rank 0; gpu: cuSOLVER syevd of the "
                         "dense tridiagonal on rank 0 (device arrays only; host and gpu hold n x n on rank 0 "
                         "for a moment); auto (default): see solver.stedc_choice")
-    p.add_argument("--sytrd", choices=("auto", "fused", "graph", "eager", "ops"), default="auto",
+    p.add_argument("--sytrd", choices=SYTRD_CHOICES, default="auto",
                    help="the tridiagonalization's column step on GPUs: fused (device kernels that move the "
                         "column's data themselves, on the deterministic sentinel communicator), graph (the "
                         "column's kernels and collectives replayed as CUDA graphs), eager (the same kernels "

@@ -87,9 +87,6 @@ class CountingComm:
         self._timed("Reduce_scatter_block", sendbuf, self.comm.Reduce_scatter_block,
                     sendbuf, recvbuf, *args, **kw)
 
-    def Alltoall(self, sendbuf, recvbuf, **kw):
-        self._timed("Alltoall", recvbuf, self.comm.Alltoall, sendbuf, recvbuf, **kw)
-
     def Alltoallv(self, sendbuf, recvbuf, **kw):
         """Recorded with the bytes this rank receives."""
         self._timed("Alltoallv", recvbuf[0], self.comm.Alltoallv, sendbuf, recvbuf, **kw)

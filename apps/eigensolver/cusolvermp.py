@@ -146,11 +146,11 @@ def _run(args, world) -> int:
 
     from . import metrics
     from .anchors import anchor_record
-    from .runs import (SCIPY_REFERENCE_MAX_N, build_local_problem, check_out_dir, config_digest, config_identity,
-                      print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json,
-                      write_vectors)
+    from .runs import (build_local_problem, check_out_dir, config_digest, config_identity, in_column_order,
+                      print_run, rank_records, reference_on_root, refuse_overwrite, run_stem, save_vectors,
+                      write_json, write_vectors)
     from .layout import BlockCyclic
-    from .problems import gather_problem_on_root, spectrum
+    from .problems import spectrum
     from .runinfo import MemoryMeter, select_device
 
     rank, size = world.Get_rank(), world.Get_size()
@@ -173,12 +173,7 @@ def _run(args, world) -> int:
     A_loc, B_loc, _ = build_local_problem(args.spec, desc, world, cp)   # this rank's columns only
     nloc = desc.local_n(rank)
     lld = n  # one process row: every rank holds all n rows (F order)
-    ref = ref_s = ref_err = None
-    if not args.no_reference and n <= SCIPY_REFERENCE_MAX_N:
-        Ag, Bg = gather_problem_on_root(A_loc, B_loc, desc, world)
-        if rank == 0:
-            ref, ref_s, ref_err = reference_eigenvalues(Ag, Bg)
-        del Ag, Bg
+    ref, ref_s, ref_err = reference_on_root(args, A_loc, B_loc, desc, world)
     known = spectrum(args.spec) if rank == 0 else None
     host = Communicator(world, backend="host")   # the metrics' Bcast/Allreduce (device buffers staged)
 
@@ -224,18 +219,14 @@ def _run(args, world) -> int:
                 write_vectors(os.path.join(args.out, stems[r] + "_X.npy"), X, desc, world, args.gather_vectors)
             del X, z
             if rank == 0:
-                all_cols = [None] * n
-                for q, g in enumerate(gathered):
-                    for j, d in zip(desc.local_cols(q), g[2]):
-                        all_cols[j] = d
-                per_rank = [{"rank": i, "eigenvalues_sha256": g[0], "local_eigenvectors_sha256": g[1]}
-                            for i, g in enumerate(gathered)]
+                all_cols = in_column_order(desc, [g[2] for g in gathered])
+                per_rank, memory_per_rank = rank_records(gathered)
                 rec = anchor_record(args, comm="cusolvermp", backend="cusolverMp+nccl", ranks=size, n=n, r=r,
                                     w=cp.asnumpy(w), per_rank=per_rank, accuracy=acc,
                                     eigenvectors_sha256=metrics.combine_digests(all_cols),
                                     phases={"sygvd": solve_s}, solve_s=solve_s, known=known, ref=ref,
                                     ref_s=ref_s, ref_err=ref_err, xp=cp,
-                                    memory=[dict(rank=i, **g[3]) for i, g in enumerate(gathered)],
+                                    memory=memory_per_rank,
                                     extra={"grid": [1, size], "nvmath_loaded": loaded})
                 if save_vectors(args, n):
                     rec["eigenvectors_file"] = stems[r] + "_X.npy"

@@ -62,12 +62,15 @@ def sytrd_ops(C, desc: BlockCyclic, comm, xp):
     cvbuf = xp.empty(n, dtype=xp.float64)            # their sum over ranks
     scale = xp.empty(1, dtype=xp.float64)            # Householder scratch
     ld = n + 3 + (n + 3) % 2                         # even: every buffer row starts 16-byte aligned
+    lidx = xp.arange(nloc)
+    swap = None
     for p0 in range(0, n, nb):
         p1 = min(p0 + nb, n)
         pw = p1 - p0
         owner = desc.owner(p0)
         P = xp.zeros((n, 2 * pw), dtype=xp.float64)  # [V_p | W_p], C order
-        swap = xp.asarray(np.r_[np.arange(pw, 2 * pw), np.arange(pw)])
+        if swap is None or swap.size != 2 * pw:      # [W_p | V_p]'s columns (the last panel may be narrower)
+            swap = xp.asarray(np.r_[np.arange(pw, 2 * pw), np.arange(pw)])
         bufs = xp.empty((pw, ld), dtype=xp.float64)  # row k: [v (m), d_j, tau_j, e_j] of column p0+k
         done = 0
         for j in range(p0, p1):
@@ -98,7 +101,7 @@ def sytrd_ops(C, desc: BlockCyclic, comm, xp):
                 Ct = C[:, lt:]
                 vc = P[cols_x[lt:], k]
                 xp.matmul(Ct, vc, out=ybuf)
-                ybuf[cols_x[lt:]] += Ct[j + 1:].T @ v - C[cols_x[lt:], xp.arange(lt, nloc)] * vc
+                ybuf[cols_x[lt:]] += Ct[j + 1:].T @ v - C[cols_x[lt:], lidx[lt:]] * vc
             else:
                 ybuf[j2:] = 0.0
             comm.Allreduce(ybuf[j2:], cvbuf[j2:])    # the only reduction of the column

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from .layout import BlockCyclic
 
-PHASE_ORDER = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
-
 
 def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = False) -> dict:
     """{phase: bytes} rank `rank` holds at the peak of each phase (float64), and "peak": their

@@ -19,7 +19,7 @@ operations on row slices: no BLAS, no reduction.  So column j of A (or B) is com
 unit vector e_j alone, at O(n log n) per column (O(n^2 log n / P) per rank), and its bits
 depend only on (kind, n, cond_b, seed) and the array library, never on the number of ranks,
 the block size or which columns a rank builds together.  The chain of rotations leaves A and B
-symmetric only to rounding; `local_problem` then sets M := (M + M^T) / 2 by exchanging
+symmetric only to rounding; `runs.build_local_problem` then sets M := (M + M^T) / 2 by exchanging
 transposed tiles between rank pairs (tiles.symmetrize: O(n^2 / P) traffic per rank), which
 gives the bits of the one-rank (M + M.T) / 2 on any number of ranks.  On the GPU the same
 formulas run in CuPy (other bits than NumPy's: sqrt/cos/log and the problem digest include the
@@ -59,10 +59,6 @@ class ProblemSpec:
     seed: int = 0
     files: tuple = ()            # (path A, path B) for kind "file"
     file_info: tuple = field(default=(), compare=False)  # ((shape, fortran, dtype, offset), ...)
-
-    @property
-    def tag(self) -> str:
-        return self.kind
 
     def identity(self, device: str) -> dict:
         """What makes the problem's bits: the spec, the construction and the device (NumPy and
@@ -320,9 +316,9 @@ def _chunk_columns(n: int, xp) -> int:
     return max(1, target // (8 * max(1, n)))
 
 
-def generated_columns(spec: ProblemSpec, cols, xp=np, gen: Generator | None = None):
+def generated_columns(spec: ProblemSpec, cols, xp=np):
     """(A[:, cols], B[:, cols]) of a generated problem before symmetrization, built in chunks."""
-    gen = gen or Generator(spec)
+    gen = Generator(spec)
     n, cols = spec.n, np.asarray(cols, dtype=np.int64)
     A = xp.empty((n, cols.size), dtype=xp.float64, order="F")
     B = xp.empty((n, cols.size), dtype=xp.float64, order="F")
@@ -382,29 +378,6 @@ def read_columns(path: str, cols, xp=np, info=None, digests: list | None = None)
     return out
 
 
-def local_problem(spec: ProblemSpec, desc, mpi_comm, xp=np, digests: dict | None = None):
-    """This rank's columns (A_loc, B_loc) of the problem (Fortran order, arrays of xp).
-
-    Generated kinds: built locally, then symmetrized (collective over mpi_comm: every rank must
-    call this).  file: read locally, left as they are (check them with checks.check_input);
-    digests: if a dict, gets 'A' and 'B' lists of per-column SHA-256 of the columns read."""
-    from .tiles import symmetrize
-
-    cols = desc.local_cols(mpi_comm.Get_rank())
-    if spec.kind == "file":
-        dA = [] if digests is not None else None
-        dB = [] if digests is not None else None
-        A = read_columns(spec.files[0], cols, xp, spec.file_info[0] if spec.file_info else None, dA)
-        B = read_columns(spec.files[1], cols, xp, spec.file_info[1] if spec.file_info else None, dB)
-        if digests is not None:
-            digests["A"], digests["B"] = dA, dB
-        return A, B
-    A, B = generated_columns(spec, cols, xp)
-    symmetrize(A, desc, mpi_comm)
-    symmetrize(B, desc, mpi_comm)
-    return A, B
-
-
 # -- the whole problem on one process (tests, the one-GPU anchor, the scipy reference) ----------
 @dataclass
 class Problem:
@@ -420,7 +393,7 @@ class Problem:
 
 def make_problem(kind: str, n: int, *, cond_b: float = 1e3, seed: int = 0, xp=np) -> Problem:
     """The whole problem named `kind` (see the module doc) of order n on this process: the same
-    bits as local_problem's columns on any number of ranks (same xp)."""
+    bits as runs.build_local_problem's columns on any number of ranks (same xp)."""
     spec = parse_problem(kind, n, cond_b=cond_b, seed=seed)
     if spec.kind == "file":
         cols = np.arange(spec.n)

@@ -17,6 +17,9 @@ from . import metrics
 from .runinfo import MemoryMeter
 
 #: the reproducibility guarantee, as solve writes it into every run
+#: what every metric of a run record means (the records and report.json carry it)
+METRIC_DEFINITIONS = {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS}
+
 GUARANTEE = ("With a --comm that reduces in a fixed order (mpi, sentinel, ll; not ll128, whose floating-point "
              "atomics sum in arrival order; nccl as far as NCCL picks the same algorithm every run), two runs give "
              "bitwise identical eigenvalues and eigenvectors, the same on every rank, when their fixed "
@@ -439,7 +442,7 @@ def build_report(directory: str) -> list[str]:
     js_path = os.path.join(directory, "report.json")
     with open(js_path, "w") as f:
         json.dump({"schema": "hpccoll-eigensolver/report/2", "note": ATOMICS_NOTE, "reproducibility": GUARANTEE,
-                   "metric_definitions": {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS},
+                   "metric_definitions": METRIC_DEFINITIONS,
                    "rank_counts": rank_counts,
                    "configurations": [{k: v for k, v in g.items() if k != "w0"} for g in groups],
                    "across_configurations": cross, "targets": targets,

@@ -91,7 +91,6 @@ def machine_info(xp) -> dict:
             info["cuda_driver"] = xp.cuda.runtime.driverGetVersion()
         except Exception:  # noqa: BLE001 - informational only
             pass
-    # solver switches still read from the environment: a run says which variant produced it
     return info
 
 

@@ -243,6 +243,35 @@ def reference_eigenvalues(A, B):
     return w, time.perf_counter() - t0, None
 
 
+def reference_on_root(args, A_loc, B_loc, desc, ctl):
+    """(eigenvalues, seconds, error text) of scipy's eigh(A, B) on rank 0, the problem gathered
+    there for it (collective); (None, None, None) elsewhere, with --no-reference, or above
+    SCIPY_REFERENCE_MAX_N."""
+    if args.no_reference or desc.n > SCIPY_REFERENCE_MAX_N:
+        return None, None, None
+    from .problems import gather_problem_on_root
+
+    Ag, Bg = gather_problem_on_root(A_loc, B_loc, desc, ctl)
+    return reference_eigenvalues(Ag, Bg) if ctl.Get_rank() == 0 else (None, None, None)
+
+
+def in_column_order(desc, per_rank) -> list:
+    """One list over the n columns from each rank's list over its own columns (rank 0's gather)."""
+    out = [None] * desc.n
+    for q, items in enumerate(per_rank):
+        for j, item in zip(desc.local_cols(q), items):
+            out[j] = item
+    return out
+
+
+def rank_records(gathered) -> tuple[list, list]:
+    """(per-rank digests, per-rank memory) of the run records, from rank 0's gather of
+    (eigenvalue digest, eigenvector digest, column digests, memory) per rank."""
+    per_rank = [{"rank": i, "eigenvalues_sha256": g[0], "local_eigenvectors_sha256": g[1]}
+                for i, g in enumerate(gathered)]
+    return per_rank, [dict(rank=i, **g[3]) for i, g in enumerate(gathered)]
+
+
 def build_local_problem(spec, desc, ctl, xp):
     """This rank's (A_loc, B_loc, per-column digests or None): local work agreed on, then the
     collective symmetrization of generated problems."""
@@ -275,14 +304,8 @@ def _content_digest(ctl, desc, local_digests):
     everyone = ctl.gather(local_digests, root=0)
     if ctl.Get_rank() != 0:
         return None
-    out = []
-    for which in (0, 1):
-        cols = [None] * desc.n
-        for q, per in enumerate(everyone):
-            for j, d in zip(desc.local_cols(q), per[which]):
-                cols[j] = d
-        out += cols
-    return metrics.combine_digests(out)
+    return metrics.combine_digests([*in_column_order(desc, [per[0] for per in everyone]),
+                                    *in_column_order(desc, [per[1] for per in everyone])])
 
 
 def _visible(out: str) -> None:

@@ -36,11 +36,12 @@ from ._xp import get_xp, is_device, sync, to_host, tridiagonal_eigh, tridiagonal
 from .counting import PhaseTimer
 from . import householder
 from .layout import BlockCyclic, column_order, rows_to_columns
+from .sytrd_device import MODES
 from .triangular import NotPositiveDefinite, back_transform, potrf, sygst
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
-SYTRD_CHOICES = ("auto", "fused", "graph", "eager", "ops")
+SYTRD_CHOICES = MODES  # sytrd_device.py (imports without CuPy)
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
@@ -65,7 +66,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         raise ValueError(f"sygvd: the descriptor is for {desc.nprocs} ranks, the communicator has {size}")
     if sytrd not in SYTRD_CHOICES:
         raise ValueError(f"sygvd: sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
-    where = stedc_choice(stedc, desc.n, is_device(xp), eigvecs)
+    where = stedc_choice(stedc, is_device(xp))
     shape = (desc.n, desc.local_n(rank))
     for name, a in (("A_local", A_local), ("B_local", B_local)):
         if tuple(a.shape) != shape:
@@ -94,9 +95,8 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     return w, Z
 
 
-def stedc_choice(where: str, n: int, device: bool, eigvecs: bool = True) -> str:
-    """The tridiagonal solver stedc=`where` means (n and eigvecs are part of the signature for
-    callers that warm up per size): "auto" is "dc" on the host and on GPUs."""
+def stedc_choice(where: str, device: bool) -> str:
+    """The tridiagonal solver stedc=`where` means: "auto" is "dc" on the host and on GPUs."""
     if where not in STEDC_CHOICES:
         raise ValueError(f"sygvd: stedc={where!r}: use {', '.join(map(repr, STEDC_CHOICES))}")
     if where == "gpu" and not device:

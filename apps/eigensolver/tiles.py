@@ -70,7 +70,8 @@ def _visit_pair(M_loc, cols, rank, q, xp, mpi_comm, fn) -> None:
     for k0 in range(0, Jhi.size, c):
         k1 = min(Jhi.size, k0 + c)
         if rank == lo:
-            mine = M_loc[xp.asarray(Jhi[k0:k1]), :]               # (k1-k0) x m_lo
+            rows_mine = xp.asarray(Jhi[k0:k1])
+            mine = M_loc[rows_mine, :]                            # (k1-k0) x m_lo
             recv = np.empty((m_lo, k1 - k0))
         else:
             mine = M_loc[rows_other, k0:k1]                       # m_lo x (k1-k0)
@@ -82,7 +83,7 @@ def _visit_pair(M_loc, cols, rank, q, xp, mpi_comm, fn) -> None:
         if new is None:
             continue
         if rank == lo:
-            M_loc[xp.asarray(Jhi[k0:k1]), :] = new
+            M_loc[rows_mine, :] = new
         else:
             M_loc[rows_other, k0:k1] = new
 

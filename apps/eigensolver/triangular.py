@@ -83,6 +83,7 @@ def sygst(A, L, desc: BlockCyclic, comm, xp):
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     cols = desc.local_cols(rank)
     cols_x = xp.asarray(cols)
+    swap = xp.asarray(np.r_[np.arange(nb, 2 * nb), np.arange(nb)])  # [L21 | X21]'s columns (full panels)
     for k0 in range(0, n, nb):
         k1 = min(k0 + nb, n)
         w = k1 - k0
@@ -106,7 +107,6 @@ def sygst(A, L, desc: BlockCyclic, comm, xp):
         lt = int(np.searchsorted(cols, k1))
         if lt < cols.size:
             # A22 -= X21 L21^T + L21 X21^T on the owned trailing columns (LAPACK's dsyr2k)
-            swap = xp.asarray(np.r_[np.arange(w, 2 * w), np.arange(w)])
             A[k1:, lt:] -= Pk @ Pk[cols_x[lt:] - k1][:, swap].T
         if rank == owner:
             A21 -= half                                          # W: LAPACK's second dsymm

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import kept_streams, raw_module, tridiagonal_matrix
+from ._xp import kept_streams, raw_module, to_host, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
@@ -189,7 +189,7 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
             pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
                              xp)
         for i, (w, Q) in zip(mine, pieces):
-            nodes[i].w, nodes[i].Q = _host(w), Q
+            nodes[i].w, nodes[i].Q = to_host(w), Q
     place = np.arange(n) if place is None else np.asarray(place)
     shared = False       # are the leaves' eigenvalues known to every rank yet?
     while len(nodes) > 1 or not shared:
@@ -261,7 +261,7 @@ def _tear(d, e, scale, leaf, xp):
     cuts = np.array(bounds[1:-1], dtype=np.int64)
     if not cuts.size:
         return bounds, {}, d, e
-    betas = _host(e[xp.asarray(cuts - 1)])          # one copy, not one per boundary
+    betas = to_host(e[xp.asarray(cuts - 1)])          # one copy, not one per boundary
     rhos = np.abs(betas)
     tears = {int(b): (float(rho), 1.0 if beta >= 0 else -1.0) for b, rho, beta in zip(cuts, rhos, betas)}
     cut, rho_x = xp.asarray(cuts), xp.asarray(rhos)
@@ -284,9 +284,9 @@ def _share_level(team: _Team, nodes, pairs, n: int, r0: int, r1: int, shared: bo
     for L, R in pairs:
         m, width = L.b, R.b - L.a
         if r0 <= m - 1 < r1:                         # the last row of the left child's Q
-            buf[at:at + m - L.a] = _host(L.Q[m - 1 - max(L.a, r0)])
+            buf[at:at + m - L.a] = to_host(L.Q[m - 1 - max(L.a, r0)])
         if r0 <= m < r1:                             # the first row of the right child's Q
-            buf[at + m - L.a:at + width] = _host(R.Q[m - max(R.a, r0)])
+            buf[at + m - L.a:at + width] = to_host(R.Q[m - max(R.a, r0)])
         spans.append((at, at + width))
         at += width
     buf = team.sum_disjoint(buf)
@@ -360,8 +360,8 @@ def _roots(team: _Team, plans, xp):
             j0, j1 = min(q * s, p.k), min(q * s + s, p.k)
             if j1 > j0:
                 origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1)
-                mine[at:at + j1 - j0] = _host(origin)
-                mine[at + s:at + s + j1 - j0] = _host(tau)
+                mine[at:at + j1 - j0] = to_host(origin)
+                mine[at + s:at + s + j1 - j0] = to_host(tau)
             at += 2 * s
     every = team.gather(mine)
     out, at = [], 0
@@ -510,7 +510,7 @@ def _leaves_on_host(d, e, bounds, xp):
     scipy.linalg.eigh_tridiagonal), uploaded in one copy."""
     import scipy.linalg as sl
 
-    dh, eh = _host(d), _host(e)
+    dh, eh = to_host(d), to_host(e)
     parts = [sl.eigh_tridiagonal(dh[a:b], eh[a:b - 1]) if b - a > 1 else (dh[a:b], np.ones((1, 1)))
              for a, b in zip(bounds[:-1], bounds[1:])]
     flat = xp.asarray(np.concatenate([np.concatenate([w, Q.ravel()]) for w, Q in parts]))
@@ -555,10 +555,6 @@ def _deflate(Dh, zh, rho, tol):
         keep.append(prev)
     Dh[:], zh[:] = D, z
     return keep, gone, rots
-
-
-def _host(a):
-    return a if isinstance(a, np.ndarray) else a.get()
 
 
 def _rotate(Q, rots, xp):

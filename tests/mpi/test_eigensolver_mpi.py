@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll_eigensolver import BlockCyclic, NotPositiveDefinite, distribute, gather, sygvd
-from hpccoll_eigensolver import metrics, problems, tridiag_dc
+from hpccoll_eigensolver import metrics, tridiag_dc
 from hpccoll_eigensolver.counting import CountingComm, PhaseTimer
 from hpccoll_eigensolver.problems import make_problem
 
