@@ -12,6 +12,7 @@
 The backends ask these functions; none of them decides on its own."""
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 from pathlib import Path
@@ -47,6 +48,13 @@ def _shipped(family: str) -> dict:
         return json.loads(txt)
     except (FileNotFoundError, OSError):
         return {}
+
+
+@functools.lru_cache(maxsize=1)
+def _generic_rules() -> dict:
+    """The shipped generic table, parsed once: `choose`'s fallback (read only; shipped_table
+    gives callers a fresh copy to change)."""
+    return _shipped("generic")
 
 
 def shipped_table(family: str = "generic") -> dict:
@@ -100,7 +108,7 @@ def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int
         return "sentinel" if is_float else "ll"
     # Allreduce: table rows are [[max_bytes, algorithm], ...] in ascending max_bytes
     key = "allreduce_deterministic" if deterministic else "allreduce"
-    rows = _rule(table, key, nranks) or _rule(_shipped("generic"), key, nranks)
+    rows = _rule(table, key, nranks) or _rule(_generic_rules(), key, nranks)
     prev = "twoshot_sentinel"
     for max_bytes, algo in rows:
         if algo == "nccl" and (deterministic or not nccl or dtype == "bfloat16"):
