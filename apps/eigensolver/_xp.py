@@ -117,6 +117,72 @@ def trsm(xp, L, b, *, trans: bool = False, lower: bool = True):
     return solve_triangular(L, b, lower=lower, trans=1 if trans else 0, check_finite=False)
 
 
+def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
+    """C += alpha (A @ B) in place, C a 2-D view (a block of a Fortran-order array).
+
+    GPU: one cuBLAS gemm with beta = 1 straight into C's memory, operands read through their
+    strides (a C-order operand is the transpose of a Fortran-order one): no product temporary
+    and no strided elementwise pass.  That temporary was (n - k)^2 doubles per panel in the
+    Cholesky and sygst updates, and subtracting a C-order product from a Fortran-order view
+    ran far below memory bandwidth.  Host: the NumPy expression."""
+    if C.size == 0:
+        return
+    if A.shape[1] == 0:
+        return
+    if not is_device(xp) or C.dtype != np.float64 or A.dtype != C.dtype or B.dtype != C.dtype:
+        if alpha == -1.0:
+            C -= A @ B
+        else:
+            C += alpha * (A @ B)
+        return
+    itemsize = C.itemsize
+    if not _unit_rows(C):  # not column-major: the product, then one pass
+        C += alpha * (A @ B)
+        return
+    from cupy_backends.cuda.libs import cublas
+
+    import cupy
+
+    m, n = C.shape
+    ta, lda, A = _blas_operand(xp, A)
+    tb, ldb, B = _blas_operand(xp, B)
+    ldc = max(1, C.strides[1] // itemsize, m)
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    scalars = np.array([alpha, 1.0], dtype=np.float64)  # host pointers (pointer mode host)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        cublas.dgemm(handle, ta, tb, m, n, A.shape[1] if ta == cublas.CUBLAS_OP_N else A.shape[0],
+                     scalars.ctypes.data, A.data.ptr, lda, B.data.ptr, ldb,
+                     scalars.ctypes.data + 8, C.data.ptr, ldc)
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _unit_rows(x) -> bool:
+    """True when the 2-D array x is column-major with a valid leading dimension."""
+    it = x.itemsize
+    rows, cols = x.shape
+    s0, s1 = x.strides
+    return (s0 == it or rows == 1) and (cols == 1 or (s1 > 0 and s1 % it == 0 and s1 // it >= rows))
+
+
+def _blas_operand(xp, x):
+    """(op, leading dimension, array) of a 2-D device operand for column-major BLAS: op N where
+    its rows are unit-stride, op T where its columns are (x^T is then column-major), else a
+    Fortran-order copy."""
+    from cupy_backends.cuda.libs import cublas
+
+    it = x.itemsize
+    if _unit_rows(x):
+        return cublas.CUBLAS_OP_N, max(1, x.strides[1] // it if x.shape[1] > 1 else x.shape[0], x.shape[0]), x
+    if _unit_rows(x.T):
+        return cublas.CUBLAS_OP_T, max(1, x.strides[0] // it if x.shape[0] > 1 else x.shape[1], x.shape[1]), x
+    x = xp.asfortranarray(x)
+    return cublas.CUBLAS_OP_N, max(1, x.shape[0]), x
+
+
 def sygst_block(xp, a, L):
     """C = L^-1 a L^-T for a small symmetric block a (its lower triangle is read) and lower
     triangular L, returned symmetric (both triangles, from C's lower one).  Host: LAPACK dsygst

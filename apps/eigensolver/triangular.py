@@ -17,7 +17,10 @@ distributed like B (each rank keeps its own columns of L, nothing more):
   trsm    X = L^-T Y on the owned columns of Y, by backward substitution over the panels, last
           to first.  One Bcast per panel.
 
-A panel's Bcast carries at most (n - k0) x 2 nb values; the trailing updates are local GEMMs.
+A panel's Bcast carries at most (n - k0) x 2 nb values; the trailing updates are local GEMMs
+accumulated in place (_xp.gemm_acc).  potrf's and sygst's update only what a later panel reads:
+the lower part of the trailing columns, in chunks of `update_cols` local columns from the row of
+each chunk's first column (half the flops of full columns, a few GEMMs per panel).
 Every rank receives every panel of L, so every rank sees a failed Cholesky pivot (NaN or <= 0)
 and raises NotPositiveDefinite at the end of potrf (one host sync)."""
 from __future__ import annotations
@@ -25,12 +28,31 @@ from __future__ import annotations
 import numpy as np
 
 from ._xp import potrf as potrf_block
-from ._xp import sygst_block, trsm
+from ._xp import gemm_acc, sygst_block, trsm
 from .layout import BlockCyclic, panel_bcast
+
+
+UPDATE_COLS = 1024  # local columns per GEMM of the trailing updates
 
 
 class NotPositiveDefinite(np.linalg.LinAlgError):
     """B is not (numerically) symmetric positive definite."""
+
+
+def _lower_update(M, P, Q, cols, cols_x, lt: int, k1: int, update_cols: int, xp) -> None:
+    """M[:, lt:] -= P Q[rows of its columns]^T on rows at or below each chunk's first column:
+    P and Q hold global rows k1.. of the panel; the local columns lt.. are global columns
+    cols[lt:] (all >= k1; cols_x: the same on the device).  Rows above a chunk's first global
+    column are never read again (each panel reads its own columns from their diagonal down), so
+    they go stale."""
+    for c0 in range(lt, cols.size, update_cols):
+        c1 = min(c0 + update_cols, cols.size)
+        g0, g1 = int(cols[c0]), int(cols[c1 - 1]) + 1
+        if g1 - g0 == c1 - c0:  # contiguous global columns (one rank, or one block)
+            right = Q[g0 - k1:g1 - k1]
+        else:
+            right = Q[cols_x[c0:c1] - k1]
+        gemm_acc(xp, M[g0:, c0:c1], P[g0 - k1:], right.T)
 
 
 def own_blocks(desc: BlockCyclic, rank: int, start: int = 0):
@@ -46,7 +68,7 @@ def own_blocks(desc: BlockCyclic, rank: int, start: int = 0):
         yield g0, g1, l0, l0 + g1 - g0
 
 
-def potrf(B, desc: BlockCyclic, comm, xp):
+def potrf(B, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
     """Overwrite the local columns B of the distributed symmetric positive definite matrix with
     those of its lower Cholesky factor L (zeros above the diagonal)."""
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
@@ -67,17 +89,14 @@ def potrf(B, desc: BlockCyclic, comm, xp):
         Lp = panel_bcast(B, desc, comm, k0)         # (n - k0) x w
         failed |= ~xp.all(xp.diagonal(Lp[:w]) > 0)  # a NaN pivot compares False
         lt = int(np.searchsorted(cols, k1))
-        if lt < cols.size:
-            # full columns from row k1: B22 stays symmetric in both triangles (the diagonal
-            # block a later panel factors is read whole)
-            L21 = Lp[w:]
-            B[k1:, lt:] -= L21 @ L21[cols_x[lt:] - k1].T
+        if lt < cols.size:  # B22 -= L21 L21^T (lower part)
+            _lower_update(B, Lp[w:], Lp[w:], cols, cols_x, lt, k1, update_cols, xp)
     if bool(failed):
         raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
     return B
 
 
-def sygst(A, L, desc: BlockCyclic, comm, xp):
+def sygst(A, L, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
     """Overwrite the local columns A of the distributed symmetric A with the lower triangle of
     C = L^-1 A L^-T (strict upper triangle zero); L as potrf leaves it."""
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
@@ -105,9 +124,8 @@ def sygst(A, L, desc: BlockCyclic, comm, xp):
         comm.Bcast(buf, root=owner)
         Pk = buf.T                                               # (n - k1) x 2w: [X21 | L21]
         lt = int(np.searchsorted(cols, k1))
-        if lt < cols.size:
-            # A22 -= X21 L21^T + L21 X21^T on the owned trailing columns (LAPACK's dsyr2k)
-            A[k1:, lt:] -= Pk @ Pk[cols_x[lt:] - k1][:, swap].T
+        if lt < cols.size:  # A22 -= X21 L21^T + L21 X21^T, lower part (LAPACK's dsyr2k)
+            _lower_update(A, Pk, Pk[:, swap], cols, cols_x, lt, k1, update_cols, xp)
         if rank == owner:
             A21 -= half                                          # W: LAPACK's second dsymm
     # C21 = L22^-1 W for every panel at once: L^-1 on the strictly block-lower part
@@ -119,7 +137,7 @@ def sygst(A, L, desc: BlockCyclic, comm, xp):
             X = A[j0:j1, :lt]
             X[...] = trsm(xp, Lp[:j1 - j0], X)
             if j1 < n:
-                A[j1:, :lt] -= Lp[j1 - j0:] @ X
+                gemm_acc(xp, A[j1:, :lt], Lp[j1 - j0:], X)
     for g0, g1, l0, l1 in own_blocks(desc, rank):
         A[:g0, l0:l1] = 0.0
         A[g0:g1, l0:l1] = xp.tril(A[g0:g1, l0:l1])
@@ -137,6 +155,6 @@ def back_transform(Y, L, desc: BlockCyclic, comm, xp):
         if not nloc:
             continue
         if j1 < n:
-            Y[j0:j1] -= Lp[w:].T @ Y[j1:]
+            gemm_acc(xp, Y[j0:j1], Lp[w:].T, Y[j1:])
         Y[j0:j1] = trsm(xp, Lp[:w], Y[j0:j1], trans=True)
     return Y

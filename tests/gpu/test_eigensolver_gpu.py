@@ -61,6 +61,65 @@ def test_gpu_matches_scipy(gpu_comm, kind, n, nb):
     assert metrics.b_orthogonality(prob.B, Xg) < 100
 
 
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (37, 5, 3), (200, 130, 64), (65, 1, 17)])
+def test_gpu_gemm_acc_into_strided_views(m, n, k, trans_a, trans_b):
+    """C += alpha A B through cuBLAS into a block of a Fortran-order array, operands of either
+    memory order and non-contiguous ones; the rest of the array untouched."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver._xp import gemm_acc
+
+    rng = np.random.default_rng()
+    big = cp.asfortranarray(cp.asarray(rng.standard_normal((m + 7, n + 5))))
+    before = big.copy()
+    A = cp.asarray(rng.standard_normal((k, m))).T if trans_a else cp.asarray(rng.standard_normal((m, k)))
+    B = cp.asarray(rng.standard_normal((2 * n, k)))[::2].T if trans_b else cp.asfortranarray(
+        cp.asarray(rng.standard_normal((k, n))))
+    alpha = float(rng.uniform(-2, 2))
+    view = big[3:3 + m, 2:2 + n]
+    gemm_acc(cp, view, A, B, alpha)
+    want = before.get()
+    want[3:3 + m, 2:2 + n] += alpha * (A.get() @ B.get())
+    np.testing.assert_allclose(big.get(), want, rtol=1e-13, atol=1e-12 * k)
+    outside = np.ones(big.shape, dtype=bool)
+    outside[3:3 + m, 2:2 + n] = False
+    assert np.array_equal(big.get()[outside], before.get()[outside])
+
+
+@pytest.mark.parametrize("update_cols", [8, 1024])
+def test_gpu_potrf_sygst_trsm_against_lapack(gpu_comm, update_cols):
+    """The distributed Cholesky, sygst and back-transform on the GPU (in-place cuBLAS trailing
+    updates, in one chunk or many) against LAPACK on the host."""
+    import cupy as cp
+    import numpy as np
+    from scipy.linalg.lapack import dsygst
+
+    from hpccoll_eigensolver import BlockCyclic, distribute, gather
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.triangular import back_transform, potrf, sygst
+
+    n, nb = 301, 16
+    seed = WORLD.bcast(int(np.random.default_rng().integers(1 << 30)))  # fresh, the same on every rank
+    prob = make_problem("random", n, cond_b=1e4, seed=seed)
+    desc = BlockCyclic(n, n, nb, gpu_comm.size)
+    L = potrf(cp.asarray(distribute(prob.B, desc, gpu_comm.rank)), desc, gpu_comm, cp, update_cols=update_cols)
+    Lref = sl.cholesky(prob.B, lower=True)
+    Lg = gather(L, desc, gpu_comm).get()
+    assert np.array_equal(Lg, np.tril(Lg))
+    np.testing.assert_allclose(Lg, Lref, rtol=0, atol=1e-13 * np.abs(Lref).max())
+    C = sygst(cp.asarray(distribute(prob.A, desc, gpu_comm.rank)), L, desc, gpu_comm, cp, update_cols=update_cols)
+    ref, info = dsygst(np.asfortranarray(prob.A), Lref, itype=1, lower=1)
+    Cg = gather(C, desc, gpu_comm).get()
+    assert info == 0 and np.array_equal(Cg, np.tril(Cg))
+    np.testing.assert_allclose(Cg, np.tril(ref), rtol=0, atol=1e-9 * np.abs(ref).max())
+    Y = np.random.default_rng(seed).standard_normal((n, n))
+    X = back_transform(cp.asarray(distribute(Y, desc, gpu_comm.rank)), L, desc, gpu_comm, cp)
+    np.testing.assert_allclose(gather(X, desc, gpu_comm).get(), sl.solve_triangular(Lref, Y, lower=True, trans=1),
+                               rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("cond_b", [1e3, 1e8, 1e12])
 @pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson"])
 def test_gpu_accuracy_as_lapack(gpu_comm, kind, cond_b):

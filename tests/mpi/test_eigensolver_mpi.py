@@ -133,14 +133,17 @@ def test_stedc_dc_and_host_agree(comm, kind):
 
 
 # -- the phases one by one, against one-process references -------------------------------
+@pytest.mark.parametrize("update_cols", [None, 1, 16])
 @pytest.mark.parametrize("n,nb", [(1, 4), (37, 8), (150, 16), (20, 64)])
-def test_potrf_distributed(comm, n, nb):
-    """Each rank's columns of L (zeros above the diagonal), equal to LAPACK's factor to rounding."""
+def test_potrf_distributed(comm, n, nb, update_cols):
+    """Each rank's columns of L (zeros above the diagonal), equal to LAPACK's factor to rounding;
+    the trailing updates in one chunk or in many (update_cols)."""
     from hpccoll_eigensolver.triangular import potrf
 
     B = make_problem("random", n, cond_b=1e3, seed=_fresh_seed()).B
     desc = BlockCyclic(n, n, nb, comm.size)
-    L = potrf(distribute(B, desc, comm.rank), desc, comm, np)
+    kw = {} if update_cols is None else {"update_cols": update_cols}
+    L = potrf(distribute(B, desc, comm.rank), desc, comm, np, **kw)
     assert L.shape == (n, desc.local_n(comm.rank)) and L.flags.f_contiguous
     Lg = gather(L, desc, comm)
     assert np.array_equal(Lg, np.tril(Lg))
@@ -159,18 +162,20 @@ def test_potrf_not_positive_definite_on_every_rank(comm, where):
         potrf(distribute(B, desc, comm.rank), desc, comm, np)
 
 
+@pytest.mark.parametrize("update_cols", [None, 1, 16])
 @pytest.mark.parametrize("n,nb", [(1, 4), (37, 8), (101, 16), (20, 64)])
-def test_sygst_distributed(comm, n, nb):
+def test_sygst_distributed(comm, n, nb, update_cols):
     """C's lower triangle (strict upper zero) equals LAPACK dsygst's to rounding, from the
-    distributed L."""
+    distributed L; the trailing updates in one chunk or in many (update_cols)."""
     from scipy.linalg.lapack import dsygst
 
     from hpccoll_eigensolver.triangular import potrf, sygst
 
     prob = make_problem("random", n, cond_b=1e4, seed=_fresh_seed())
     desc = BlockCyclic(n, n, nb, comm.size)
-    L = potrf(distribute(prob.B, desc, comm.rank), desc, comm, np)
-    C = sygst(distribute(prob.A, desc, comm.rank), L, desc, comm, np)
+    kw = {} if update_cols is None else {"update_cols": update_cols}
+    L = potrf(distribute(prob.B, desc, comm.rank), desc, comm, np, **kw)
+    C = sygst(distribute(prob.A, desc, comm.rank), L, desc, comm, np, **kw)
     Cg = gather(C, desc, comm)
     assert np.array_equal(Cg, np.tril(Cg))
     ref, info = dsygst(np.asfortranarray(prob.A), sl.cholesky(prob.B, lower=True), itype=1, lower=1)
