@@ -4,8 +4,8 @@ of n, nb and the rank count P (docs/eigensolver.md explains each term).
 With u = n * local_n doubles (the rank's share of one n x n matrix, about n^2 / P) every phase
 holds the caller's A_local and B_local (2u) plus:
 
-  potrf   B's copy (becoming L), the trailing update's product       2u  + panel
-  sygst   L, C, the trailing update's product                         3u  + 2 panels
+  potrf   B's copy (becoming L) (host: + one chunk's update product)  u   + panel
+  sygst   L, C (host: + one chunk's update product)                   2u  + 2 panels
   sytrd   L, C (becoming the reflectors V)                            2u  + panel work (6 nb n)
   stedc   L, V, two copies of the rank's rows of the eigenvectors     2u + 2 h n + chunks
           (h = rows ~ n / P; the Alltoallv then holds sent and
@@ -13,9 +13,12 @@ holds the caller's A_local and B_local (2u) plus:
   ormtr   L, V, Z                                                     3u  + Vb, a product (n x 128 each)
   trsm    L, Z                                                        2u  + panel
 
-so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  On
-the GPU the same arrays are device arrays, sytrd's trailing update adds one product (u),
-and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool add a constant."""
+so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  The
+trailing updates of potrf and sygst run in chunks of triangular.UPDATE_COLS local columns: on
+the host NumPy forms one chunk's product (at most n x UPDATE_COLS), on the GPU cuBLAS
+accumulates in place (none).  On the GPU the same arrays are device arrays, sytrd's trailing
+update adds one product (u), and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool
+add a constant."""
 from __future__ import annotations
 
 from .layout import BlockCyclic
@@ -25,7 +28,7 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     """{phase: bytes} rank `rank` holds at the peak of each phase (float64), and "peak": their
     maximum.  Counts the arrays of size n * something; O(n) vectors are left out.  device: the
     GPU path (CuPy arrays; the CUDA context and library workspaces not included)."""
-    from . import householder, tridiag_dc
+    from . import householder, triangular, tridiag_dc
 
     desc = BlockCyclic(n, n, nb, nprocs)
     w = desc.local_n(rank)
@@ -33,9 +36,10 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     b = min(nb, n)
     h = _dc_rows(n, nprocs, rank, device)
     k_chunk = tridiag_dc.CHUNK_DEVICE if device else tridiag_dc.CHUNK_HOST * n
+    update = 0 if device else n * min(triangular.UPDATE_COLS, w)  # one chunk's product (host)
     model = {
-        "potrf": 2 * u + u + u + b * n,
-        "sygst": 2 * u + 2 * u + u + 4 * b * n,
+        "potrf": 2 * u + u + update + b * n,
+        "sygst": 2 * u + 2 * u + update + 4 * b * n,
         "sytrd": 2 * u + 2 * u + (u if device else 0) + 6 * b * n,
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
         "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + householder.ORMTR_COLUMNS),
