@@ -49,6 +49,11 @@ def _info(args) -> int:
           f"(world size {MPI.COMM_WORLD.Get_size()})")
     print("backends:")
     print("  host: available (numpy through MPI; device buffers staged through host)")
+    from .backends.host import hostshm_unavailable_reason
+
+    shm_why = hostshm_unavailable_reason()
+    print(f"    shared-memory Allreduce (ranks of one node): "
+          f"{'available' if shm_why is None else 'unavailable: ' + shm_why}")
     why = _device_backend_reason()
     print(f"  cuda: {'available' if why is None else 'unavailable: ' + why}")
     nccl_why = why

@@ -85,7 +85,7 @@ class Communicator:
         self.deterministic = bool(deterministic)
         self.check = self.config.check
         self.timeout = self.config.timeout
-        self._host = HostBackend(self._comm, self.timeout)
+        self._host = HostBackend(self._comm, self.timeout, shm=self.config.host_shm)
         self._backend: Backend = self._host  # the device backend, or the hierarchical one
         self._lock = threading.Lock()
         self._fast: dict = {}  # collective name -> _FastCall of its last call
@@ -198,6 +198,7 @@ class Communicator:
             if self._backend is not self._host:
                 self._backend.free()
         finally:
+            self._host.free()  # local
             if not self._host.broken:
                 self._comm.Free()
 

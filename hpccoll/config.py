@@ -101,6 +101,10 @@ SETTINGS = (
             "Across nodes, Allreduce messages of at least this many bytes run reduce-scatter / "
             "allreduce / allgather, smaller ones allreduce / allreduce (0: always the former).",
             agreed=True),
+    Setting("HPCCOLL_HOST_SHM", "host_shm", "1", _switch,
+            "The host backend's Allreduce of float32/float64/int32/int64 messages up to 32 KiB, "
+            "ranks on one node: through shared memory, in rank order (the deterministic result, by "
+            "default too). 0: through MPI, as larger messages.", agreed=True),
     Setting("HPCCOLL_TUNING", "tuning", "", _path,
             "Tuning table written by `hpccoll tune` (default ~/.cache/hpccoll/tuning.json); "
             "used when its GPU name matches this GPU's."),
@@ -127,6 +131,7 @@ class Config:
     nccl_fallback: bool = False
     node_size: int | None = None
     hier_rsag_bytes: int = 262144
+    host_shm: bool = True
     tuning: str | None = None
     cache_dir: str | None = None
     nvrtc: str | None = None

@@ -1,24 +1,32 @@
 """Host backend: numpy buffers through mpi4py; device buffers are staged through host memory.
 
 The reference for every other backend, and the path on machines without a GPU.
-- Every MPI call is nonblocking and completed against a deadline (the communicator's timeout):
-  a peer that never joins, or died, makes the call raise CollectiveTimeout naming it; it never
-  hangs.  The communicator is unusable afterwards (the pending MPI operation cannot be
-  cancelled).
-- Results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through MPI's reduction
+- Allreduce of float32, float64, int32 or int64 messages of at most SHM_SLOT_BYTES, when every
+  rank is on one node: through a shared-memory segment (the extension hpccoll._hostshm, see
+  hpccoll/_hostshm.c), barrier-free, without MPI: every rank posts its input and reduces every
+  rank's in rank order, ((x0 op x1) op x2) ..., so by default too the result is the
+  deterministic one, ops.reduce_in_rank_order bit for bit.  HPCCOLL_HOST_SHM=0, a missing
+  extension, several nodes, or one rank: the MPI paths below, with the results ops promises.
+- Every other wait is a nonblocking MPI call completed against a deadline (the communicator's
+  timeout), and a shared-memory wait is bounded by the same timeout: a peer that never joins,
+  or died, makes the call raise CollectiveTimeout naming it; it never hangs.  The communicator
+  is unusable afterwards (a pending MPI operation cannot be cancelled; peers arriving late would
+  pair with the wrong shared-memory call).
+- On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through MPI's reduction
   (deterministic=False) or an Allgather reduced in rank order (deterministic=True, the same bits
   in every run), then every NaN made canonical; MAX / MIN of floats as an integer MAX / MIN of
   order-preserving keys (exact, the same bits in any reduction order, so both policies share it)."""
 from __future__ import annotations
 
 import os
+import secrets
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from .._abi import CANONICAL_NAN
-from ..errors import CollectiveTimeout
+from .._abi import CANONICAL_NAN, DTYPE_CODES, OP_CODES
+from ..errors import CollectiveTimeout, HpccollError
 from ..ops import (_INT, MAX, MIN, PROD, SUM, canonicalize_nans, fp_quiet, fp_restore, from_ordered_keys,
                    ordered_keys, reduce_in_rank_order)
 from .base import Backend, Capabilities
@@ -32,6 +40,25 @@ MAX_COUNT = 2**31 - 1
 _UNITS: dict = {}   # bytes per unit -> committed contiguous MPI datatype
 _SPINS = 64          # Test() calls between clock reads while waiting
 _YIELD_AFTER = 4096  # Test() calls before each one also yields the core (ranks may share cores)
+# The shared-memory Allreduce: its dtypes, and the largest message (one slot; larger calls take
+# MPI, whose own shared-memory transport gains from pipelining there).
+_SHM_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
+SHM_SLOT_BYTES = 32 * 1024
+SHM_DIR = "/dev/shm"
+
+try:
+    from .. import _hostshm
+    _HOSTSHM_ERROR = None
+except ImportError as _exc:  # not built (hpccoll installed without a C compiler): MPI serves every call
+    _hostshm = None
+    _HOSTSHM_ERROR = f"the extension hpccoll._hostshm is not importable ({_exc}): reinstall hpccoll with a C compiler"
+
+
+def hostshm_unavailable_reason() -> str | None:
+    """None when this process can run the shared-memory Allreduce, else why not."""
+    if _HOSTSHM_ERROR is None and not os.path.isdir(SHM_DIR):
+        return f"{SHM_DIR} does not exist"
+    return _HOSTSHM_ERROR
 
 
 def _unit(nbytes: int):
@@ -94,14 +121,106 @@ class HostBackend(Backend):
     name = "host"
     caps = Capabilities(device=False, host_buffers=True, algorithms=("mpi", "host"), plans=True)
 
-    def __init__(self, mpi_comm, timeout: float = 30.0):
+    def __init__(self, mpi_comm, timeout: float = 30.0, shm: bool = True):
+        """Collective.  shm: use the shared-memory Allreduce where it can run (the same on every
+        rank: HPCCOLL_HOST_SHM, agreed at the Communicator's construction)."""
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
         self.timeout = float(timeout)
-        self.broken: str | None = None
+        self._broken: str | None = None
+        #: the shared-memory segment (hpccoll._hostshm.Segment), or None; `shm_off` says why not
+        self.shm = None
+        self.shm_off: str | None = None
+        self.shm_off = self._open_shm() if shm else "HPCCOLL_HOST_SHM=0"
+
+    @property
+    def broken(self) -> str | None:
+        """Why this backend is unusable (a call timed out), or None."""
+        return self._broken
+
+    @broken.setter
+    def broken(self, why: str | None) -> None:
+        self._broken = why
+        if self.shm is not None:
+            self.shm.broken = bool(why)  # its prepared calls check this flag, not Python's
+
+    def _open_shm(self) -> str | None:
+        """Map the shared-memory segment on every rank (collective), or say why not.  Rank 0
+        creates a file of a unique name, every rank maps it, and once every rank has (the
+        allgather), rank 0 unlinks it: the memory lives while a rank maps it, and nothing is
+        left behind whatever happens to the job afterwards."""
+        if self.size == 1:
+            return "one rank"
+        comm = self.comm
+        shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        one_node = shared.Get_size() == self.size  # the same answer on every rank
+        shared.Free()
+        if not one_node:
+            return "the ranks span several nodes"
+        reasons = comm.allgather(hostshm_unavailable_reason())
+        bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
+        if bad:
+            return "; ".join(bad)
+        nbytes = _hostshm.segment_bytes(self.size, SHM_SLOT_BYTES)
+        path = error = None
+        if self.rank == 0:
+            path = os.path.join(SHM_DIR, f"hpccoll-{os.getpid()}-{secrets.token_hex(8)}")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.ftruncate(fd, nbytes)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                path, error = None, f"rank 0 could not create {nbytes} bytes in {SHM_DIR} ({exc})"
+        path, error = comm.bcast((path, error), root=0)
+        seg = None
+        if path is not None:
+            try:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    seg = _hostshm.Segment(fd, self.rank, self.size, SHM_SLOT_BYTES, self.timeout)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                error = f"rank {self.rank} could not map {path} ({exc})"
+        errors = comm.allgather(error)  # after this, every rank has mapped the file (or failed)
+        if self.rank == 0 and path is not None:
+            os.unlink(path)
+        bad = [e for e in errors if e]
+        if bad:
+            if seg is not None:
+                seg.close()
+            return "; ".join(dict.fromkeys(bad))
+        self.shm = seg
+        return None
+
+    def _shm_takes(self, dtype: str, nbytes: int) -> bool:
+        """Whether an Allreduce runs on the shared-memory path: decided from values every rank
+        shares (dtype, size, the agreed segment), so every rank takes the same path."""
+        return self.shm is not None and dtype in _SHM_DTYPES and nbytes <= SHM_SLOT_BYTES
+
+    def _shm_failed(self, late: int) -> None:
+        """A shared-memory call did not run: rank `late` never came (raise CollectiveTimeout), or
+        (late = -1) the communicator was broken, freed, or busy before the call."""
+        if late >= 0:
+            self._timed_out("Allreduce", f"shared-memory Allreduce (rank {late} never posted its input)",
+                            "a late peer would pair with the wrong call", peer=late)
+        self._check("Allreduce")
+        if self.shm is None or self.shm.closed:
+            raise HpccollError("Allreduce: this communicator was freed: make a new one (or Dup() before Free())")
+        raise HpccollError("Allreduce: another collective is in flight on this communicator "
+                           "(one at a time per communicator; use Dup() for another thread)")
 
     # -- completion against the deadline ------------------------------------------------
+    def _timed_out(self, name: str, where: str, why: str, peer=None):
+        """Mark this backend unusable and raise CollectiveTimeout for call `name`."""
+        self.broken = (f"{name}: rank {self.rank} waited {self.timeout:g} s for its peers in the host "
+                       f"backend's {where}; a peer never joined or died. This communicator is unusable "
+                       f"({why}): end the job, or raise HPCCOLL_TIMEOUT if ranks are legitimately that far apart")
+        raise CollectiveTimeout(self.broken, collective=name, peer=peer, waited_s=self.timeout)
+
     def _complete(self, req, name: str) -> None:
         """Wait for a nonblocking MPI request; CollectiveTimeout once `timeout` has passed."""
         if req.Test():
@@ -115,11 +234,7 @@ class HostBackend(Backend):
                 if n > _YIELD_AFTER:
                     os.sched_yield()
                 if time.monotonic() > deadline:
-                    self.broken = (f"{name}: rank {self.rank} waited {self.timeout:g} s for its peers in the "
-                                   "host backend's MPI call; a peer never joined or died. This communicator "
-                                   "is unusable (the MPI operation cannot be cancelled): end the job, or "
-                                   "raise HPCCOLL_TIMEOUT if ranks are legitimately that far apart")
-                    raise CollectiveTimeout(self.broken, collective=name, waited_s=self.timeout)
+                    self._timed_out(name, "MPI call", "the MPI operation cannot be cancelled")
 
     def _check(self, name: str) -> None:
         if self.broken:
@@ -142,7 +257,11 @@ class HostBackend(Backend):
         send = _Staged(call.send)
         recv = send if call.in_place else _Staged(call.recv, fetch=False)
         x, out, name, op = send.host, recv.host, call.recv.dtype, call.op
-        if name in _FLOATS and op in (MAX, MIN):
+        if self._shm_takes(name, out.nbytes):
+            late = self.shm.allreduce(x, out, DTYPE_CODES[name], OP_CODES[op.name])
+            if late >= 0:
+                self._shm_failed(late)
+        elif name in _FLOATS and op in (MAX, MIN):
             keys = ordered_keys(x, op)
             mop = MPI.MAX if op is MAX else MPI.MIN
             self._complete(self.comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), call.name)
@@ -231,11 +350,15 @@ class HostBackend(Backend):
                          f"backend), or one of {', '.join(policy.ALGORITHMS)} for device buffers on the cuda backend")
 
     def plan(self, call, deterministic: bool, algorithm: str):
-        """A prepared Allreduce of numpy buffers (the repeated call's fast path): the MPI call,
-        its completion and the NaN rule bound once, scratch allocated once; None for anything
-        else (those repeats run `run` without re-validation)."""
+        """A prepared Allreduce of numpy buffers (the repeated call's fast path): on the
+        shared-memory path a C object holding the buffers' addresses, codes and segment; else the
+        MPI call, its completion and the NaN rule bound once, scratch allocated once.  None for
+        anything else (those repeats run `run` without re-validation)."""
         if call.name != "Allreduce" or call.recv.is_device or call.recv.count == 0:
             return None
+        if self._shm_takes(call.recv.dtype, call.recv.nbytes):  # one C call a launch
+            return _hostshm.Plan(self.shm, call.send.flat, call.recv.flat, DTYPE_CODES[call.recv.dtype],
+                                 OP_CODES[call.op.name], self._shm_failed)
         return _HostAllreducePlan(self, call, deterministic)
 
     def barrier(self) -> None:
@@ -243,7 +366,10 @@ class HostBackend(Backend):
         self._complete(self.comm.Ibarrier(), "Barrier")
 
     def free(self) -> None:
-        pass
+        """Unmap the shared-memory segment (local: the peers' maps keep the memory alive while
+        they finish the last call)."""
+        if self.shm is not None:
+            self.shm.close()
 
 
 class _HostAllreducePlan:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_defaults_without_environment():
     c = Config.from_env({})
     assert (c.timeout, c.check, c.pdl, c.fuse, c.small_block, c.nccl_fallback, c.node_size,
-            c.hier_rsag_bytes) == (30.0, False, True, True, 128, False, None, 262144)
+            c.hier_rsag_bytes, c.host_shm) == (30.0, False, True, True, 128, False, None, 262144, True)
 
 
 @pytest.mark.parametrize("var,raw,field,value", [
@@ -28,6 +28,7 @@ def test_defaults_without_environment():
     ("HPCCOLL_NCCL_FALLBACK", "yes", "nccl_fallback", True),
     ("HPCCOLL_NODE_SIZE", "2", "node_size", 2),
     ("HPCCOLL_HIER_RSAG_BYTES", "0", "hier_rsag_bytes", 0),
+    ("HPCCOLL_HOST_SHM", "0", "host_shm", False),
     ("HPCCOLL_TUNING", "/tmp/t.json", "tuning", "/tmp/t.json"),
 ])
 def test_each_variable_sets_its_field(var, raw, field, value):
@@ -38,7 +39,7 @@ def test_each_variable_sets_its_field(var, raw, field, value):
     ("HPCCOLL_TIMEOUT", "soon"), ("HPCCOLL_TIMEOUT", "0"), ("HPCCOLL_TIMEOUT", "-1"), ("HPCCOLL_TIMEOUT", "nan"),
     ("HPCCOLL_TIMEOUT", "inf"), ("HPCCOLL_CHECK", "maybe"), ("HPCCOLL_FUSE", "sometimes"),
     ("HPCCOLL_SMALL_BLOCK", "100"), ("HPCCOLL_NODE_SIZE", "0"), ("HPCCOLL_NODE_SIZE", "two"),
-    ("HPCCOLL_HIER_RSAG_BYTES", "-5"),
+    ("HPCCOLL_HIER_RSAG_BYTES", "-5"), ("HPCCOLL_HOST_SHM", "maybe"),
 ])
 def test_bad_values_name_the_variable(var, raw):
     with pytest.raises(ValueError, match=re.escape(f"{var}={raw!r}")):
