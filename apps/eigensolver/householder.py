@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import householder, is_device, trsm, w_update
+from ._xp import gemm_acc, householder, is_device, trsm, w_update
 from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
 ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
-ORMTR_COLUMNS = 128  # columns of Z per update GEMM: its product is a temporary of n x this
+ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
 
 
 def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto"):
@@ -159,6 +159,7 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
         M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
         Zb = Z[p0 + 1:]
         Y = trsm(xp, M, Vb.T @ Zb, lower=False)
-        for c0 in range(0, Zb.shape[1], ORMTR_COLUMNS):
-            Zb[:, c0:c0 + ORMTR_COLUMNS] -= Vb @ Y[:, c0:c0 + ORMTR_COLUMNS]
+        step = Zb.shape[1] if is_device(xp) else ORMTR_COLUMNS  # (the GPU accumulates in place)
+        for c0 in range(0, Zb.shape[1], step):
+            gemm_acc(xp, Zb[:, c0:c0 + step], Vb, Y[:, c0:c0 + step])
     return Z

@@ -10,15 +10,15 @@ holds the caller's A_local and B_local (2u) plus:
   stedc   L, V, two copies of the rank's rows of the eigenvectors     2u + 2 h n + chunks
           (h = rows ~ n / P; the Alltoallv then holds sent and
           received shares, and the assembled columns: at most 2u)
-  ormtr   L, V, Z                                                     3u  + Vb, a product (n x 128 each)
+  ormtr   L, V, Z                                                     3u  + Vb (n x 128), host: a product (n x 128)
   trsm    L, Z                                                        2u  + panel
 
 so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  The
 trailing updates of potrf and sygst run in chunks of triangular.UPDATE_COLS local columns: on
 the host NumPy forms one chunk's product (at most n x UPDATE_COLS), on the GPU cuBLAS
-accumulates in place (none).  On the GPU the same arrays are device arrays, sytrd's trailing
-update adds one product (u), and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool
-add a constant."""
+accumulates in place (none; so do sytrd's trailing update and ormtr's).  On the GPU the same
+arrays are device arrays, and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool add
+a constant."""
 from __future__ import annotations
 
 from .layout import BlockCyclic
@@ -40,9 +40,9 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     model = {
         "potrf": 2 * u + u + update + b * n,
         "sygst": 2 * u + 2 * u + update + 4 * b * n,
-        "sytrd": 2 * u + 2 * u + (u if device else 0) + 6 * b * n,
+        "sytrd": 2 * u + 2 * u + 6 * b * n,
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
-        "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + householder.ORMTR_COLUMNS),
+        "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + (0 if device else householder.ORMTR_COLUMNS)),
         "trsm": 2 * u + 2 * u + b * n,
     }
     out = {phase: 8 * int(v) for phase, v in model.items()}

@@ -38,6 +38,7 @@ import numpy as np
 
 from ._xp import householder, kept_streams, raw_module
 from .layout import BlockCyclic
+from .triangular import UPDATE_COLS, lower_update
 
 TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
 SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
@@ -243,8 +244,8 @@ class _Step:
 
     def end_panel(self, p0: int, p1: int) -> None:
         """The panel's reflectors into its columns of C (the owner's); the trailing update
-        C -= V W^T + W V^T on owned columns > p1 (full height: the rows above the diagonal are
-        never read)."""
+        C -= V W^T + W V^T on owned columns > p1, accumulated in place on their lower part
+        (triangular.lower_update: the rows above the diagonal are never read)."""
         import cupy as cp
 
         nb, pw = self.nb, p1 - p0
@@ -257,9 +258,8 @@ class _Step:
         if lt < self.nloc:
             left = cp.asarray(np.r_[0:pw, nb:nb + pw])
             right = cp.asarray(np.r_[nb:nb + pw, 0:pw])
-            Pl = self.P[p1:][:, left]
-            Pr = self.P[self.cols[lt:]][:, right]
-            self.C[p1:, lt:] -= Pl @ Pr.T
+            rows = self.P[p1:]
+            lower_update(self.C, rows[:, left], rows[:, right], self.cols_h, self.cols, lt, p1, UPDATE_COLS, cp)
 
 
 def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):

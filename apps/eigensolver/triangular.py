@@ -39,7 +39,7 @@ class NotPositiveDefinite(np.linalg.LinAlgError):
     """B is not (numerically) symmetric positive definite."""
 
 
-def _lower_update(M, P, Q, cols, cols_x, lt: int, k1: int, update_cols: int, xp) -> None:
+def lower_update(M, P, Q, cols, cols_x, lt: int, k1: int, update_cols: int, xp) -> None:
     """M[:, lt:] -= P Q[rows of its columns]^T on rows at or below each chunk's first column:
     P and Q hold global rows k1.. of the panel; the local columns lt.. are global columns
     cols[lt:] (all >= k1; cols_x: the same on the device).  Rows above a chunk's first global
@@ -90,7 +90,7 @@ def potrf(B, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
         failed |= ~xp.all(xp.diagonal(Lp[:w]) > 0)  # a NaN pivot compares False
         lt = int(np.searchsorted(cols, k1))
         if lt < cols.size:  # B22 -= L21 L21^T (lower part)
-            _lower_update(B, Lp[w:], Lp[w:], cols, cols_x, lt, k1, update_cols, xp)
+            lower_update(B, Lp[w:], Lp[w:], cols, cols_x, lt, k1, update_cols, xp)
     if bool(failed):
         raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
     return B
@@ -125,7 +125,7 @@ def sygst(A, L, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
         Pk = buf.T                                               # (n - k1) x 2w: [X21 | L21]
         lt = int(np.searchsorted(cols, k1))
         if lt < cols.size:  # A22 -= X21 L21^T + L21 X21^T, lower part (LAPACK's dsyr2k)
-            _lower_update(A, Pk, Pk[:, swap], cols, cols_x, lt, k1, update_cols, xp)
+            lower_update(A, Pk, Pk[:, swap], cols, cols_x, lt, k1, update_cols, xp)
         if rank == owner:
             A21 -= half                                          # W: LAPACK's second dsymm
     # C21 = L22^-1 W for every panel at once: L^-1 on the strictly block-lower part
