@@ -26,7 +26,8 @@
 //
 // A wait is bounded: it spins, then yields its core and releases the GIL (ranks may outnumber
 // cores), and reads the clock every CLOCK_EVERY turns; past the timeout it returns the rank it
-// waited for, and Python raises CollectiveTimeout.
+// waited for, and Python raises CollectiveTimeout.  While it yields, Python's signal handlers run
+// every 0.1 s (Ctrl-C interrupts a wait).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -220,44 +221,64 @@ static void reduce(void *out, const char *const *src, int nsrc, size_t n, int dt
 }
 
 // ---- one call -----------------------------------------------------------------------------------
-// The yielding part of a wait, from peer `from` on; runs without the GIL.  -1, or the rank whose
-// flag did not come before the deadline.
-static int wait_slow(const Segment *s, int from, unsigned parity, u64 seq) {
-    const int64_t deadline = now_ns() + s->timeout_ns;
-    for (int r = from; r < s->size; ++r) {
-        if (r == s->rank) continue;
-        flag_t *f = flag_of(s, r, parity);
+#define LATE_INTERRUPTED (-2)  // a signal handler raised while the call waited (the exception is set)
+#define SLOW_DONE 0
+#define SLOW_LATE 1
+#define SLOW_SIGNALS 2
+
+// The yielding part of a wait, from peer *r on, without the GIL.  SLOW_DONE; SLOW_LATE with *r
+// the rank whose flag had not come by the deadline; or SLOW_SIGNALS every SIGNAL_EVERY_NS, for
+// the caller to run Python's signal handlers (Ctrl-C) and come back.
+#define SIGNAL_EVERY_NS 100000000
+static int wait_slow(const Segment *s, int *r, unsigned parity, u64 seq, int64_t deadline) {
+    const int64_t signals_at = now_ns() + SIGNAL_EVERY_NS;
+    for (; *r < s->size; ++*r) {
+        if (*r == s->rank) continue;
+        flag_t *f = flag_of(s, *r, parity);
         unsigned turns = 0;
         while (atomic_load_explicit(f, memory_order_acquire) != seq) {
             sched_yield();
-            if (++turns % CLOCK_EVERY == 0 && now_ns() > deadline) return r;
+            if (++turns % CLOCK_EVERY == 0) {
+                const int64_t t = now_ns();
+                if (t > deadline) return SLOW_LATE;
+                if (t > signals_at) return SLOW_SIGNALS;
+            }
         }
     }
-    return -1;
+    return SLOW_DONE;
 }
 
 // Wait for every peer's flag of `seq`: spin with the GIL first (a peer is usually a microsecond
-// away), then yield the core without the GIL.  -1, or the rank that never came.
+// away), then yield the core without the GIL.  -1; or the rank that never came; or
+// LATE_INTERRUPTED.
 static int wait_peers(const Segment *s, unsigned parity, u64 seq) {
-    for (int r = 0; r < s->size; ++r) {
+    int r = 0;
+    for (; r < s->size; ++r) {
         if (r == s->rank) continue;
         flag_t *f = flag_of(s, r, parity);
         for (int spins = 0; atomic_load_explicit(f, memory_order_acquire) != seq; ++spins) {
-            if (spins == FAST_SPINS) {
-                int late;
-                Py_BEGIN_ALLOW_THREADS
-                late = wait_slow(s, r, parity, seq);
-                Py_END_ALLOW_THREADS
-                return late;
-            }
+            if (spins == FAST_SPINS) goto slow;
             cpu_relax();
         }
     }
     return -1;
+slow:;
+    const int64_t deadline = now_ns() + s->timeout_ns;
+    for (;;) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = wait_slow(s, &r, parity, seq, deadline);
+        Py_END_ALLOW_THREADS
+        if (rc == SLOW_DONE) return -1;
+        if (rc == SLOW_LATE) return r;
+        if (PyErr_CheckSignals() < 0) return LATE_INTERRUPTED;
+    }
 }
 
 // One Allreduce of `nbytes` (<= the slot) from `send` into `recv` (may be the same memory).
-// Caller: holds the GIL, checked the segment is open and idle.  -1, or the rank that never came.
+// Caller: holds the GIL, checked the segment is open and idle.  -1; or the rank that never came;
+// or LATE_INTERRUPTED.  A call that did not finish leaves the segment broken: this rank has
+// posted its input and counted the call, and cannot know how far its peers got.
 static int run_call(Segment *s, const void *send, void *recv, size_t nbytes, int dtype, int op) {
     const u64 seq = ++s->seq;
     const unsigned parity = (unsigned)(seq & 1);
@@ -265,7 +286,7 @@ static int run_call(Segment *s, const void *send, void *recv, size_t nbytes, int
     memcpy(slot_of(s, s->rank, parity), send, nbytes);
     atomic_store_explicit(flag_of(s, s->rank, parity), seq, memory_order_release);
     int late = wait_peers(s, parity, seq);
-    if (late < 0) {
+    if (late == -1) {
         const char *src[s->size];
         for (int r = 0; r < s->size; ++r) src[r] = slot_of(s, r, parity);
         reduce(recv, src, s->size, nbytes / itemsize_of(dtype), dtype, op);
@@ -369,6 +390,7 @@ static PyObject *Segment_allreduce(Segment *s, PyObject *const *args, Py_ssize_t
     const int late = run_call(s, sv.buf, rv.buf, (size_t)rv.len, dtype, op);
     PyBuffer_Release(&sv);
     PyBuffer_Release(&rv);
+    if (late == LATE_INTERRUPTED) return NULL;
     return PyLong_FromLong(late);
 }
 
@@ -397,7 +419,8 @@ static int Segment_set_broken(Segment *s, PyObject *v, void *c) {
 static PyMethodDef Segment_methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))Segment_allreduce, METH_FASTCALL,
      "allreduce(sendbuf, recvbuf, dtype_code, op_code) -> -1 when done, else the rank that never came "
-     "(the call then timed out and the segment is broken)."},
+     "(the call then timed out and the segment is broken).  An exception raised by a signal handler "
+     "while it waits propagates (the segment is then broken too)."},
     {"close", (PyCFunction)Segment_close, METH_NOARGS, "Unmap the segment (local; no peer is waited for)."},
     {NULL},
 };
@@ -490,6 +513,7 @@ static PyObject *Plan_launch(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (!s->base || s->broken || s->busy) return fail(p, -1);
     const int late = run_call(s, p->send.buf, p->recv.buf, p->nbytes, p->dtype, p->op);
+    if (late == LATE_INTERRUPTED) return NULL;
     if (late >= 0) return fail(p, late);
     Py_RETURN_NONE;
 }

@@ -136,7 +136,10 @@ class HostBackend(Backend):
 
     @property
     def broken(self) -> str | None:
-        """Why this backend is unusable (a call timed out), or None."""
+        """Why this backend is unusable (a call timed out or was interrupted), or None."""
+        if self._broken is None and self.shm is not None and self.shm.broken:
+            self._broken = ("Allreduce: a shared-memory Allreduce was interrupted while it waited for its peers "
+                            "(a signal handler raised); its peers cannot know how far it got")
         return self._broken
 
     @broken.setter

@@ -6,8 +6,10 @@ bad arguments are refused.  (tests/mpi/test_host_shm.py runs it across MPI ranks
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -117,6 +119,30 @@ def test_a_missing_rank_is_a_timeout_not_a_hang():
     x, y = np.ones(4, np.float32), np.empty(4, np.float32)
     assert seg0.allreduce(x, y, DTYPE_CODES["float32"], OP_CODES["SUM"]) == 1  # rank 1 never came
     assert seg0.broken and seg0.seq == 1 and not seg1.broken
+
+
+@needs_ext
+def test_a_signal_interrupts_a_wait():
+    """A signal handler that raises (Ctrl-C's KeyboardInterrupt, here a RuntimeError) ends a wait
+    long before the timeout, and leaves the segment broken."""
+    seg0, _seg1 = _segments(2, timeout=30.0)
+    x, y = np.ones(4, np.float32), np.empty(4, np.float32)
+
+    def handler(signum, frame):
+        raise RuntimeError("interrupted")
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    try:
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="interrupted"):
+            seg0.allreduce(x, y, DTYPE_CODES["float32"], OP_CODES["SUM"])
+        assert time.monotonic() - t0 < 5
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, old)
+    assert seg0.broken
 
 
 @needs_ext
