@@ -224,6 +224,21 @@ def test_other_dtypes_and_large_messages_take_mpi(comm):
     assert seg.seq == before + 1 and np.all(x == WORLD.size)
 
 
+def test_one_rank_without_the_extension_turns_it_off_everywhere(monkeypatch):
+    """Every rank takes the same path: where one rank cannot run the shared-memory Allreduce (here
+    rank 1 pretends its extension is missing), every rank runs Allreduce through MPI, and says why."""
+    if WORLD.rank == 1:
+        monkeypatch.setattr(host, "_HOSTSHM_ERROR", "the extension hpccoll._hostshm is not importable (test)")
+    c = hpccoll.Communicator(backend="host", check=False)
+    assert c._host.shm is None
+    assert c._host.shm_off == "rank 1: the extension hpccoll._hostshm is not importable (test)"
+    x = _data(_rng("no extension"), "float64", 100)
+    out = np.empty_like(x)
+    c.Allreduce(x, out, deterministic=True)
+    _check(out, x.copy(), "SUM", "without the extension")
+    c.Free()
+
+
 @pytest.mark.parametrize("prepared", [False, True], ids=["first_call", "prepared_call"])
 def test_a_rank_that_skips_the_call_makes_the_others_time_out(prepared):
     """The last rank skips an Allreduce; every other rank raises CollectiveTimeout naming the call
