@@ -171,22 +171,30 @@ class HostBackend(Backend):
             path = os.path.join(SHM_DIR, f"hpccoll-{os.getpid()}-{secrets.token_hex(8)}")
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except OSError as exc:
+                path, error = None, f"rank 0 could not create a file in {SHM_DIR} ({exc})"
+            else:
                 try:
-                    os.ftruncate(fd, nbytes)
+                    # reserved, not sparse: a full /dev/shm fails here, not as SIGBUS at a first store
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(fd, 0, nbytes)
+                    else:
+                        os.ftruncate(fd, nbytes)
+                except OSError as exc:
+                    os.unlink(path)
+                    path, error = None, f"rank 0 could not reserve {nbytes} bytes in {SHM_DIR} ({exc})"
                 finally:
                     os.close(fd)
-            except OSError as exc:
-                path, error = None, f"rank 0 could not create {nbytes} bytes in {SHM_DIR} ({exc})"
         path, error = comm.bcast((path, error), root=0)
         seg = None
         if path is not None:
-            try:
+            try:  # any failure is reported to every rank below, so no rank is left waiting
                 fd = os.open(path, os.O_RDWR)
                 try:
                     seg = _hostshm.Segment(fd, self.rank, self.size, SHM_SLOT_BYTES, self.timeout)
                 finally:
                     os.close(fd)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001
                 error = f"rank {self.rank} could not map {path} ({exc})"
         errors = comm.allgather(error)  # after this, every rank has mapped the file (or failed)
         if self.rank == 0 and path is not None:

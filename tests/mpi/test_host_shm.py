@@ -239,6 +239,27 @@ def test_one_rank_without_the_extension_turns_it_off_everywhere(monkeypatch):
     c.Free()
 
 
+def test_no_room_for_the_segment_means_mpi_and_no_file_left(monkeypatch, tmp_path):
+    """Rank 0 cannot reserve the file's bytes (a full /dev/shm): every rank runs through MPI,
+    says why, and the half-made file is gone."""
+    folder = WORLD.bcast(str(tmp_path), root=0)
+    monkeypatch.setattr(host, "SHM_DIR", folder)
+    if WORLD.rank == 0:
+        def full(fd, offset, length):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+    c = hpccoll.Communicator(backend="host", check=False)
+    assert c._host.shm is None and c._host.shm_off.startswith("rank 0 could not reserve"), c._host.shm_off
+    WORLD.Barrier()
+    assert os.listdir(folder) == []
+    x = np.arange(5, dtype=np.int32)
+    out = np.empty_like(x)
+    c.Allreduce(x, out)
+    assert np.array_equal(out, WORLD.size * x)
+    c.Free()
+
+
 @pytest.mark.parametrize("prepared", [False, True], ids=["first_call", "prepared_call"])
 def test_a_rank_that_skips_the_call_makes_the_others_time_out(prepared):
     """The last rank skips an Allreduce; every other rank raises CollectiveTimeout naming the call
