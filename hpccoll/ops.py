@@ -6,7 +6,7 @@ One place defines what every backend must compute, the reference `reduce_in_rank
   ml_dtypes do).  Deterministic device kernels reproduce it bit for bit.
 - MAX / MIN: the larger / smaller value with +0 above -0; if any contribution is a NaN, the
   result is a NaN.  These are commutative and associative in bits, so every order of reduction
-  gives the same bits (the default host path uses MPI's own reduction for them).
+  gives the same bits (the host backend's MPI path uses MPI's own reduction for them).
 - Every NaN of a floating-point result is the dtype's canonical NaN (cuda/hc_abi.h,
   HC_CANON_NAN_*: numpy's np.nan in each width), whatever payloads the input NaNs carried, so
   every rank holds the same bits in every mode.
