@@ -543,7 +543,8 @@ static PyObject *segment_bytes(PyObject *m, PyObject *args) {
     Py_ssize_t slot;
     if (!PyArg_ParseTuple(args, "in", &size, &slot)) return NULL;
     if (size < 1 || slot <= 0 || slot % LINE) {
-        PyErr_SetString(PyExc_ValueError, "segment_bytes(size, slot_bytes): a positive size, a slot of whole cache lines");
+        PyErr_SetString(PyExc_ValueError,
+                        "segment_bytes(size, slot_bytes): a positive size, a slot of whole cache lines (64 bytes)");
         return NULL;
     }
     return PyLong_FromSize_t(region_bytes((size_t)slot) * (size_t)size);

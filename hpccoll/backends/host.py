@@ -12,10 +12,11 @@ The reference for every other backend, and the path on machines without a GPU.
   or died, makes the call raise CollectiveTimeout naming it; it never hangs.  The communicator
   is unusable afterwards (a pending MPI operation cannot be cancelled; peers arriving late would
   pair with the wrong shared-memory call).
-- On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through MPI's reduction
-  (deterministic=False) or an Allgather reduced in rank order (deterministic=True, the same bits
-  in every run), then every NaN made canonical; MAX / MIN of floats as an integer MAX / MIN of
-  order-preserving keys (exact, the same bits in any reduction order, so both policies share it)."""
+- On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through
+  MPI's reduction (deterministic=False) or an Allgather reduced in rank order (deterministic=True,
+  the same bits in every run), then every NaN made canonical; MAX / MIN of floats as an integer
+  MAX / MIN of order-preserving keys (exact, the same bits in any reduction order, so both
+  policies share it)."""
 from __future__ import annotations
 
 import os
@@ -41,7 +42,7 @@ _UNITS: dict = {}   # bytes per unit -> committed contiguous MPI datatype
 _SPINS = 64          # Test() calls between clock reads while waiting
 _YIELD_AFTER = 4096  # Test() calls before each one also yields the core (ranks may share cores)
 # The shared-memory Allreduce: its dtypes, and the largest message (one slot; larger calls take
-# MPI, whose own shared-memory transport gains from pipelining there).
+# the MPI path).
 _SHM_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 SHM_SLOT_BYTES = 32 * 1024
 SHM_DIR = "/dev/shm"
@@ -131,8 +132,7 @@ class HostBackend(Backend):
         self._broken: str | None = None
         #: the shared-memory segment (hpccoll._hostshm.Segment), or None; `shm_off` says why not
         self.shm = None
-        self.shm_off: str | None = None
-        self.shm_off = self._open_shm() if shm else "HPCCOLL_HOST_SHM=0"
+        self.shm_off: str | None = self._open_shm() if shm else "HPCCOLL_HOST_SHM=0"
 
     @property
     def broken(self) -> str | None:
