@@ -122,3 +122,25 @@ def dtypes():
         BFLOAT16 is None, reason="bfloat16 needs ml_dtypes")))
     params += [pytest.param(np.dtype(n), id=n) for n in ("int32", "int64")]
     return params
+
+
+# -- special values for reductions: the same data helper for the serial and the MPI tests ---------
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+NAN_BITS = {4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA, 0x7FFFFFFF],
+            8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
+
+
+def special_values(rng, dtype, n):
+    """Fresh values of `dtype` (float32/64, int32/64): integers over their whole range (sums and
+    products wrap), floats over many magnitudes with signed zeros, infinities, the largest value,
+    subnormals and NaNs of different payloads."""
+    dt = np.dtype(dtype)
+    if dt.kind == "i":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 30, n)).astype(dt)
+    for value in (0.0, -0.0, np.inf, -np.inf, np.finfo(dt).max, np.finfo(dt).tiny / 4):
+        x[rng.integers(0, n, max(1, n // 20))] = value
+    hit = rng.integers(0, n, max(1, n // 10))
+    x.view(UINT[dt.itemsize])[hit] = rng.choice(np.array(NAN_BITS[dt.itemsize], UINT[dt.itemsize]), hit.size)
+    return x

@@ -16,6 +16,7 @@ import zlib
 
 import numpy as np
 import pytest
+from conftest import UINT, special_values
 from mpi4py import MPI
 
 import hpccoll
@@ -27,9 +28,6 @@ pytestmark = pytest.mark.mpi(min_size=2)
 WORLD = MPI.COMM_WORLD
 SLOT = host.SHM_SLOT_BYTES
 DTYPES = ("float32", "float64", "int32", "int64")
-UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-NAN_BITS = {4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA, 0x7FFFFFFF],
-            8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +48,6 @@ def _rng(*salt):
     return np.random.default_rng([WORLD.rank, *(zlib.crc32(str(s).encode()) for s in salt)])
 
 
-def _data(rng, dtype, n):
-    """Fresh values: integers over their whole range (sums and products wrap), floats over many
-    magnitudes with signed zeros, infinities, the largest value, subnormals and NaNs of
-    different payloads."""
-    dt = np.dtype(dtype)
-    if dt.kind == "i":
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 30, n)).astype(dt)
-    for value in (0.0, -0.0, np.inf, -np.inf, np.finfo(dt).max, np.finfo(dt).tiny / 4):
-        x[rng.integers(0, n, max(1, n // 20))] = value
-    hit = rng.integers(0, n, max(1, n // 10))
-    x.view(UINT[dt.itemsize])[hit] = rng.choice(np.array(NAN_BITS[dt.itemsize], UINT[dt.itemsize]), hit.size)
-    return x
 
 
 def _bits(a):
@@ -99,7 +83,7 @@ def test_rank_order_bits(comm, dtype, op, det, in_place):
         x = np.empty(n, dtype)
         out = np.empty(n, dtype)
         for it in range(4):
-            x[...] = _data(_rng("bits", dtype, op, det, in_place, n, it), dtype, n)
+            x[...] = special_values(_rng("bits", dtype, op, det, in_place, n, it), dtype, n)
             kept = x.copy()
             before = seg.seq
             if in_place:
@@ -133,12 +117,12 @@ def test_prepared_calls_requests_and_others_interleaved(comm):
     rounds = 60
     for it in range(rounds):
         rng = _rng("interleaved", it)
-        a[...] = _data(rng, "float32", a.size)
+        a[...] = special_values(rng, "float32", a.size)
         req.Start()
         req.Wait()
         _check(b, a.copy(), "SUM", f"request, round {it}")
 
-        m[...] = _data(rng, "float64", m.size)
+        m[...] = special_values(rng, "float64", m.size)
         comm.Allreduce(m, mo, op=hpccoll.MAX, deterministic=it % 2 == 0)
         _check(mo, m.copy(), "MAX", f"prepared MAX, round {it}")
 
@@ -146,15 +130,15 @@ def test_prepared_calls_requests_and_others_interleaved(comm):
         comm.Bcast(bc, root=it % WORLD.size)
         assert len(set(WORLD.allgather(bc.tobytes()))) == 1
 
-        big[...] = _data(rng, "float32", big.size)
+        big[...] = special_values(rng, "float32", big.size)
         comm.Allreduce(big, big_out, op=hpccoll.MIN)  # one element past a slot: the MPI path
         _check(big_out, big.copy(), "MIN", f"MPI-path MIN, round {it}")
 
-        p[...] = _data(rng, "int64", p.size)
+        p[...] = special_values(rng, "int64", p.size)
         other.Allreduce(p, q, op=hpccoll.PROD, deterministic=True)
         _check(q, p.copy(), "PROD", f"second communicator, round {it}")
 
-        fresh = _data(rng, "int32", 1 + it % 50)  # new arrays: the full path every time
+        fresh = special_values(rng, "int32", 1 + it % 50)  # new arrays: the full path every time
         kept = fresh.copy()
         comm.Allreduce(hpccoll.IN_PLACE, fresh, op=hpccoll.SUM)
         _check(fresh, kept, "SUM", f"one-off in place, round {it}")
@@ -195,7 +179,7 @@ def test_switched_off_gives_the_same_bits_through_mpi(comm, mpi_comm, dtype, op)
     exact_by_default = op in ("MAX", "MIN") or dtype.startswith("int") or WORLD.size == 2
     for n in (1, 7, 1023):
         for it in range(3):  # first call, fast path, prepared call
-            x = _data(_rng("off", dtype, op, n, it), dtype, n)
+            x = special_values(_rng("off", dtype, op, n, it), dtype, n)
             mild = _rng("mild", dtype, op, n, it).uniform(0.5, 2.0, n).astype(dtype)
             for det in (True, False):
                 bitwise = det or exact_by_default
@@ -232,7 +216,7 @@ def test_one_rank_without_the_extension_turns_it_off_everywhere(monkeypatch):
     c = hpccoll.Communicator(backend="host", check=False)
     assert c._host.shm is None
     assert c._host.shm_off == "rank 1: the extension hpccoll._hostshm is not importable (test)"
-    x = _data(_rng("no extension"), "float64", 100)
+    x = special_values(_rng("no extension"), "float64", 100)
     out = np.empty_like(x)
     c.Allreduce(x, out, deterministic=True)
     _check(out, x.copy(), "SUM", "without the extension")

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import UINT, special_values
 
 from hpccoll._abi import DTYPE_CODES, OP_CODES
 from hpccoll.backends import host
@@ -21,9 +22,6 @@ from hpccoll.ops import OPS, reduce_in_rank_order
 ALLOW_MISSING = os.environ.get("HPCCOLL_TEST_ALLOW_NO_EXTENSION", "") == "1"
 SLOT = host.SHM_SLOT_BYTES
 DTYPES = ("float32", "float64", "int32", "int64")
-UINT = {4: np.uint32, 8: np.uint64}
-NAN_BITS = {4: [0x7FC00001, 0xFFC00000, 0x7F800001, 0xFFFAFFFA, 0x7FFFFFFF],
-            8: [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFAFFFAFFFAFFFA]}
 
 
 def test_the_extension_is_built():
@@ -65,17 +63,6 @@ def _allreduce_threads(segs, inputs, outputs, dtype, op):
     return late
 
 
-def _data(rng, dtype, n):
-    dt = np.dtype(dtype)
-    if dt.kind == "i":  # the whole range: sums and products wrap
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 30, n)).astype(dt)
-    for value in (0.0, -0.0, np.inf, -np.inf, np.finfo(dt).max, np.finfo(dt).tiny / 4):
-        x[rng.integers(0, n, max(1, n // 20))] = value
-    hit = rng.integers(0, n, max(1, n // 10))
-    x.view(UINT[dt.itemsize])[hit] = rng.choice(np.array(NAN_BITS[dt.itemsize], UINT[dt.itemsize]), hit.size)
-    return x
 
 
 def _bits(a):
@@ -91,7 +78,7 @@ def test_rank_order_bits(ranks, dtype, op):
     itemsize = np.dtype(dtype).itemsize
     for it, n in enumerate((1, 2, 7, 33, 1000, SLOT // itemsize, SLOT // itemsize - 3)):
         rng = np.random.default_rng([ranks, it, DTYPE_CODES[dtype], OP_CODES[op]])
-        inputs = [_data(rng, dtype, n) for _ in range(ranks)]
+        inputs = [special_values(rng, dtype, n) for _ in range(ranks)]
         kept = [x.copy() for x in inputs]
         outputs = [np.full(n, 7, dtype) for _ in range(ranks)]
         assert _allreduce_threads(segs, inputs, outputs, dtype, op) == [-1] * ranks
@@ -107,7 +94,7 @@ def test_in_place():
     segs = _segments(2)
     rng = np.random.default_rng(5)
     for _ in range(3):  # both parities and back
-        bufs = [_data(rng, "float64", 100) for _ in range(2)]
+        bufs = [special_values(rng, "float64", 100) for _ in range(2)]
         want = reduce_in_rank_order(OPS["SUM"], [b.copy() for b in bufs])
         assert _allreduce_threads(segs, bufs, bufs, "float64", "SUM") == [-1, -1]
         assert all(np.array_equal(_bits(b), _bits(want)) for b in bufs)
