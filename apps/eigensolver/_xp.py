@@ -153,7 +153,7 @@ def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     try:
-        cublas.dgemm(handle, ta, tb, m, n, A.shape[1] if ta == cublas.CUBLAS_OP_N else A.shape[0],
+        cublas.dgemm(handle, ta, tb, m, n, A.shape[1],
                      scalars.ctypes.data, A.data.ptr, lda, B.data.ptr, ldb,
                      scalars.ctypes.data + 8, C.data.ptr, ldc)
     finally:
