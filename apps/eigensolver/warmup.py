@@ -44,4 +44,23 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
         metrics.distributed_accuracy(A, B, X, w, desc, comm)
     metrics.column_digests(X)
     metrics.sha256(w)
+    warm_gemms()
     cp.cuda.get_current_stream().synchronize()
+
+
+def warm_gemms(m: int = 4096, cols: int = 1024) -> None:
+    """One in-place GEMM (_xp.gemm_acc) of every operand layout and inner dimension the trailing
+    updates use, at a size where cuBLAS picks the kernels of a large solve: the first use of
+    such a kernel in a process costs seconds (measured: bench/eig_phase_repeat.py), which the
+    tiny solve above does not pay (cuBLAS picks other kernels for it)."""
+    import cupy as cp
+
+    from ._xp import gemm_acc
+
+    out = cp.zeros((m, cols), dtype=cp.float64, order="F")
+    for k in (64, 128):  # potrf's panel width, and sygst's / sytrd's two panels
+        a = cp.ones((m, k), dtype=cp.float64, order="F")
+        b = cp.ones((k, cols), dtype=cp.float64, order="F")
+        for left in (a, cp.ascontiguousarray(a)):
+            for right in (b, cp.ascontiguousarray(b)):
+                gemm_acc(cp, out, left, right)
