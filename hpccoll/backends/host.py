@@ -323,17 +323,39 @@ class HostBackend(Backend):
         recv.commit()
 
     def _alltoallv(self, call, det: bool) -> None:
-        v = call.v
-        recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
-        src = np.ascontiguousarray(_Staged(call.send).host)
+        """The blocks to other ranks through MPI (device buffers staged through host memory);
+        this rank's block to itself copied where the buffers are, after the exchange (on the
+        device: no staging; one rank: no MPI call at all)."""
+        v, r = call.v, self.rank
+        own = v.send_counts[r]
+        if own != v.recv_counts[r]:
+            raise ValueError(f"Alltoallv: rank {r} sends itself {own} elements (sendbuf counts[{r}]) but expects "
+                             f"{v.recv_counts[r]} from itself (recvbuf counts[{r}]): make the two equal")
         big = max(v.send_counts + v.send_displs + v.recv_counts + v.recv_displs)
         if big > MAX_COUNT:
             raise ValueError(f"Alltoallv: a count or displacement of {big} elements exceeds an MPI count "
                              f"({MAX_COUNT}): split the exchange into several calls")
-        t = _unit(src.itemsize)  # counts in elements of this size
-        self._complete(self.comm.Ialltoallv([_bytes(src), (v.send_counts, v.send_displs), t],
-                                            [_bytes(recv.host), (v.recv_counts, v.recv_displs), t]), call.name)
-        recv.commit()
+        if self.size > 1:
+            send_counts, recv_counts = list(v.send_counts), list(v.recv_counts)
+            send_counts[r] = recv_counts[r] = 0
+            recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
+            src = np.ascontiguousarray(_Staged(call.send).host)
+            t = _unit(src.itemsize)  # counts in elements of this size
+            self._complete(self.comm.Ialltoallv([_bytes(src), (send_counts, v.send_displs), t],
+                                                [_bytes(recv.host), (recv_counts, v.recv_displs), t]), call.name)
+            recv.commit()
+        if own:
+            dst = call.recv.flat[v.recv_displs[r]:v.recv_displs[r] + own]
+            mine = call.send.flat[v.send_displs[r]:v.send_displs[r] + own]
+            if call.recv.is_device:  # ordered after every stream's work, done before returning (as _Staged)
+                import cupy
+
+                with cupy.cuda.Device(call.recv.device):
+                    cupy.cuda.runtime.deviceSynchronize()
+                    dst[...] = mine
+                    cupy.cuda.runtime.deviceSynchronize()
+            else:
+                dst[...] = mine
 
     def allgather_object(self, obj, name: str) -> list:
         """Every rank's picklable `obj`, in rank order, bounded by the timeout (check mode's

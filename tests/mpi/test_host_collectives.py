@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import COUNTS, dtypes
+from conftest import COUNTS, assert_still_works, dtypes
 from mpi4py import MPI
 
 import hpccoll
@@ -413,6 +413,35 @@ def test_alltoallv(comm, request, dtype, gaps, zeros):
             c = counts[i, rank]
             want[rdispls[i]:rdispls[i] + c] = xi[di[rank]:di[rank] + c]
         assert_bitwise(got, want)
+
+
+@pytest.mark.parametrize("gaps", [False, True], ids=["packed", "gaps"])
+def test_alltoallv_on_one_rank(request, gaps):
+    """One rank: the block to itself is a local copy (no MPI call), displacements honoured and
+    the elements outside the block kept; fresh data every iteration."""
+    with hpccoll.Communicator(MPI.COMM_SELF, backend="host") as one:
+        for it in range(ITERATIONS):
+            rng = _rng(request, it)
+            c = int(rng.integers(0, 40))
+            sd, rd = int(rng.integers(0, 5)) if gaps else 0, int(rng.integers(0, 5)) if gaps else 0
+            x = random_input(rng, np.dtype("float64"), sd + c + 2)
+            got = np.full(rd + c + 3, 7.0)
+            want = got.copy()
+            want[rd:rd + c] = x[sd:sd + c]
+            one.Alltoallv((x, [c], [sd]), (got, [c], [rd]))
+            assert_bitwise(got, want)
+
+
+def test_alltoallv_own_block_counts_must_agree(comm):
+    """What a rank sends itself and what it expects from itself are both local: a mismatch is
+    refused on that rank (every rank here) before any communication, naming both counts."""
+    size, rank = comm.size, comm.rank
+    send = [1] * size
+    recv = [1] * size
+    recv[rank] = 2
+    with pytest.raises(ValueError, match=rf"sends itself 1 elements \(sendbuf counts\[{rank}\]\) but expects 2"):
+        comm.Alltoallv((np.zeros(size), send), (np.zeros(size + 1), recv))
+    assert_still_works(comm)
 
 
 def test_alltoallv_nothing_to_send(comm, request):
