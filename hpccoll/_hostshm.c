@@ -451,9 +451,8 @@ static PyTypeObject SegmentType = {
 typedef struct {
     PyObject_HEAD
     Segment *seg;
-    Py_buffer send, recv;
-    int have_send, have_recv;
-    size_t nbytes;
+    Py_buffer send, recv;  // held while the plan lives (bound: both, from init on)
+    int bound;
     int dtype, op;
     PyObject *on_fail;  // on_fail(rank): the rank that never came, or -1 (broken or closed before the call)
 } Plan;
@@ -475,8 +474,7 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (get_buffers((Segment *)seg, send, recv, dtype, &p->send, &p->recv) < 0) return -1;
-    p->have_send = p->have_recv = 1;
-    p->nbytes = (size_t)p->recv.len;
+    p->bound = 1;
     p->dtype = dtype;
     p->op = op;
     Py_INCREF(seg);
@@ -487,8 +485,10 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
 }
 
 static void Plan_dealloc(Plan *p) {
-    if (p->have_send) PyBuffer_Release(&p->send);
-    if (p->have_recv) PyBuffer_Release(&p->recv);
+    if (p->bound) {
+        PyBuffer_Release(&p->send);
+        PyBuffer_Release(&p->recv);
+    }
     Py_XDECREF(p->seg);
     Py_XDECREF(p->on_fail);
     Py_TYPE(p)->tp_free((PyObject *)p);
@@ -512,7 +512,7 @@ static PyObject *Plan_launch(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     if (!s->base || s->broken || s->busy) return fail(p, -1);
-    const int late = run_call(s, p->send.buf, p->recv.buf, p->nbytes, p->dtype, p->op);
+    const int late = run_call(s, p->send.buf, p->recv.buf, (size_t)p->recv.len, p->dtype, p->op);
     if (late == LATE_INTERRUPTED) return NULL;
     if (late >= 0) return fail(p, late);
     Py_RETURN_NONE;
