@@ -61,6 +61,7 @@ def warm_gemms(m: int = 4096, cols: int = 1024) -> None:
     for k in (64, 128):  # potrf's panel width, and sygst's / sytrd's two panels
         a = cp.ones((m, k), dtype=cp.float64, order="F")
         b = cp.ones((k, cols), dtype=cp.float64, order="F")
+        rights = (b, cp.ascontiguousarray(b))
         for left in (a, cp.ascontiguousarray(a)):
-            for right in (b, cp.ascontiguousarray(b)):
+            for right in rights:
                 gemm_acc(cp, out, left, right)
