@@ -135,7 +135,6 @@ def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
         else:
             C += alpha * (A @ B)
         return
-    itemsize = C.itemsize
     if not _unit_rows(C):  # not column-major: the product, then one pass
         C += alpha * (A @ B)
         return
@@ -146,7 +145,7 @@ def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
     m, n = C.shape
     ta, lda, A = _blas_operand(xp, A)
     tb, ldb, B = _blas_operand(xp, B)
-    ldc = max(1, C.strides[1] // itemsize, m)
+    ldc = _leading_dim(C)
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     scalars = np.array([alpha, 1.0], dtype=np.float64)  # host pointers (pointer mode host)
@@ -168,19 +167,25 @@ def _unit_rows(x) -> bool:
     return (s0 == it or rows == 1) and (cols == 1 or (s1 > 0 and s1 % it == 0 and s1 // it >= rows))
 
 
+def _leading_dim(x) -> int:
+    """BLAS's leading dimension of a column-major (_unit_rows) 2-D array: its column stride in
+    elements (a single column's stride means nothing: its row count)."""
+    rows, cols = x.shape
+    return max(1, rows, x.strides[1] // x.itemsize if cols > 1 else rows)
+
+
 def _blas_operand(xp, x):
     """(op, leading dimension, array) of a 2-D device operand for column-major BLAS: op N where
     its rows are unit-stride, op T where its columns are (x^T is then column-major), else a
     Fortran-order copy."""
     from cupy_backends.cuda.libs import cublas
 
-    it = x.itemsize
     if _unit_rows(x):
-        return cublas.CUBLAS_OP_N, max(1, x.strides[1] // it if x.shape[1] > 1 else x.shape[0], x.shape[0]), x
+        return cublas.CUBLAS_OP_N, _leading_dim(x), x
     if _unit_rows(x.T):
-        return cublas.CUBLAS_OP_T, max(1, x.strides[0] // it if x.shape[0] > 1 else x.shape[1], x.shape[1]), x
+        return cublas.CUBLAS_OP_T, _leading_dim(x.T), x
     x = xp.asfortranarray(x)
-    return cublas.CUBLAS_OP_N, max(1, x.shape[0]), x
+    return cublas.CUBLAS_OP_N, _leading_dim(x), x
 
 
 def sygst_block(xp, a, L):
