@@ -45,7 +45,9 @@ SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
 SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 MODES = ("auto", "fused", "graph", "eager", "ops")
 
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW", "SY_PREFETCH")
+SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW", "SY_PREFETCH",
+               "SY_PERSIST")
 
 
 def symv_defines(text: str) -> tuple[str, ...]:
@@ -194,7 +196,9 @@ class _Step:
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
         self.defines = tuple(defines)                        # sytrd_symv's variant (symv_defines)
-        self.sy_c = int(dict(d.split("=") for d in self.defines).get("SY_C", SY_C))
+        macros = dict(d.split("=") for d in self.defines)
+        self.sy_c = int(macros.get("SY_C", SY_C))
+        self.persist = int(macros.get("SY_PERSIST", 1)) != 0
         self.nt = (n + SY_R - 1) // SY_R
         self.nch = max(1, -(-self.nloc // self.sy_c))            # symv: column chunks at most
         self.ypart = cp.zeros(self.nch * n, dtype=cp.float64)        # per-chunk row sums
@@ -211,7 +215,13 @@ class _Step:
         # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is
         # layout_glob / layout_first_after below, tested against desc.local_cols)
         self.nloc64, self.np32, self.rank32 = np.int64(self.nloc), np.int32(desc.nprocs), np.int32(rank)
-        self.symv_grid = self.nt * self.nch + 2 * nb
+        if self.persist:
+            if self.nch > SY_MAXCH:
+                raise ValueError(f"sytrd_device: {self.nloc} local columns are more than sytrd_symv's work list "
+                                 f"holds ({SY_MAXCH} chunks of {self.sy_c}); use more ranks")
+            self.symv_grid = resident_grid(self.k["symv"], TPB)
+        else:
+            self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
 
@@ -260,6 +270,19 @@ class _Step:
             right = cp.asarray(np.r_[nb:nb + pw, 0:pw])
             rows = self.P[p1:]
             lower_update(self.C, rows[:, left], rows[:, right], self.cols_h, self.cols, lt, p1, UPDATE_COLS, cp)
+
+
+def resident_grid(func, threads: int) -> int:
+    """Blocks of `threads` threads of the kernel `func` that the current GPU holds at once (its
+    SMs times the occupancy; 2 per SM, sytrd_symv's launch bound, where the driver cannot say)."""
+    import cupy as cp
+
+    sms = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"])
+    try:
+        per = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, 0))
+    except Exception:  # noqa: BLE001 - an older CuPy without the call: the launch bound
+        per = 2
+    return sms * max(1, per)
 
 
 def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):

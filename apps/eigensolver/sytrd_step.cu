@@ -335,9 +335,12 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
 //
 // Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
-// a chunk of SY_C (2 SY_C early: SY_WIDE) trailing local columns, enumerated tile-fastest over
-// the trailing tiles and chunks (blocks past them exit at once; so do units wholly above the
-// diagonal).  A busy unit reads at most SY_R x 2 SY_C x 8 = 256 KiB, so hundreds of units share the SMs
+// a chunk of SY_C (2 SY_C early: SY_WIDE) trailing local columns below the diagonal, a work
+// list that shrinks with the trailing matrix.  The launch is persistent (SY_PERSIST): about as
+// many blocks as fit on the GPU at once, each taking every gridDim-th item of the list.  (A
+// block per unit of column 0's rectangle, one captured launch shape for every column, spent a
+// near-constant ~65 us per column at n = 16384 on blocks that exit at once: 21% of the copy
+// bandwidth at column 12288.)  A busy unit reads at most SY_R x 2 SY_C x 8 = 256 KiB, so hundreds of units share the SMs
 // evenly at the start of a run (the previous split, S chunks of the whole trailing width per
 // tile, gave a few hundred units of up to 512 KiB and reached 1.6-1.9 TB/s).  A warp takes
 // the chunk's columns warp, warp + NW, ... SY_G at a time (24 loads per lane in flight), up to
@@ -346,13 +349,15 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // over the tile's busy chunks) adds its rows' partials in chunk order; the last unit of a chunk
 // (ticket ctick[chunk], over the chunk's busy tiles) adds each column's partials in tile
 // order.  Unit (tile, chunk 0) also stores the tile's rows of v as P's V column k, and zeroes
-// its rows of y where no chunk reaches the tile.  2nb blocks (the grid's first, SY_DOT_FIRST)
-// compute s[q] = P[:, q] . v over the panel's used columns (panelDot).  Both halves of y hold stale values at rows <= j, which nothing reads.
+// its rows of y where no chunk reaches the tile.  The list's first 2nb items compute
+// s[q] = P[:, q] . v over the panel's used columns (panelDot).  Both halves of y hold stale
+// values at rows <= j, which nothing reads.
 #define SY_R 256
 #define SY_U (SY_R / 32)
 // Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns
-// per warp in flight (4 spilled registers at 2 blocks per SM), and whether the 2nb panel-dot
-// blocks come first in the grid (they then run beside the first wave instead of after it).
+// per warp in flight (4 spilled registers at 2 blocks per SM), and, in the rectangle launch,
+// whether the 2nb panel-dot blocks come first in the grid (they then run beside the first wave
+// instead of after it).
 // (A cp.async variant that streamed the columns through shared memory ran at half the speed of
 // this register version.)
 #ifndef SY_C
@@ -364,6 +369,12 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #ifndef SY_DOT_FIRST
 #define SY_DOT_FIRST 1
 #endif
+// 0: a block per unit of column 0's tiles x chunks rectangle (the launch before SY_PERSIST, kept
+// to compare); 1: the persistent launch (sytrd_device.py sizes its grid from the occupancy).
+#ifndef SY_PERSIST
+#define SY_PERSIST 1
+#endif
+#define SY_MAXCH 2048      // chunks per column at most in the persistent list (local columns / SY_C)
 #ifndef SY_MINB
 #define SY_MINB 2          // resident blocks per SM the registers must allow
 #endif
@@ -390,6 +401,34 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
+// The work list of a persistent launch (SY_PERSIST): the 2nb panel dots, then the busy units
+// chunk by chunk, tile-fastest within a chunk.  Chunk 0 has a unit on every trailing tile (those
+// below its columns' diagonal zero their rows of y); chunk ch > 0 on the tiles from the one
+// holding its first column's diagonal on, colUnits of the finalizer.  pre[ch] = units before
+// chunk ch (pre[nch] = all): each thread counts a run of chunks, then a scan over the threads.
+__device__ __forceinline__ void chunkPrefix(int* pre, int* scan, const Layout& L, i64 nch, i64 lo, i64 cw,
+                                            i64 NT, i64 t0) {
+  const i64 per = (nch + TPB - 1) / TPB, c0 = threadIdx.x * per, c1 = min(nch, c0 + per);
+  const auto units = [&](i64 ch) { return (int)(ch == 0 ? NT - t0 : NT - L.glob(lo + ch * cw) / SY_R); };
+  int mine = 0;
+  for (i64 ch = c0; ch < c1; ++ch) mine += units(ch);
+  scan[threadIdx.x] = mine;
+  __syncthreads();
+  for (int off = 1; off < TPB; off <<= 1) {  // inclusive scan over the threads' counts
+    const int x = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += x;
+    __syncthreads();
+  }
+  int at = scan[threadIdx.x] - mine;
+  for (i64 ch = c0; ch < c1; ++ch) {
+    pre[ch] = at;
+    at += units(ch);
+  }
+  if (threadIdx.x == TPB - 1) pre[nch] = scan[TPB - 1];
+  __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, const i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
@@ -408,119 +447,150 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     if (fz && (idx >= n || idx > j)) putAll(fz, fz->yOff + 8 * (yAt(fz, n, j, rank) + idx), val);
   };
   const i64 NT = (n + SY_R - 1) / SY_R;
+  const i64 t0 = j / SY_R, tiles = NT - t0;
+  const i64 lo = L.firstAfter(j), m = nloc - lo;
+  const i64 cw = m >= SY_WIDE ? 2 * SY_C : SY_C;  // this column's chunk width (every unit agrees)
+  const i64 nch = max((i64)1, (m + cw - 1) / cw);
+
+  // Unit (tile a, chunk ch); `first`: the column's first unit, (t0, 0).  Uniform over the block.
+  const auto unit = [&](i64 a, i64 ch, bool first) {
+    const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
+    const i64 c0 = lo + ch * cw, c1 = min(nloc, c0 + cw);
+    const i64 rowUnits = (L.firstAfter(tileEnd) - lo + cw - 1) / cw;  // chunks reaching this tile
+    const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
+    if (ch >= rowUnits && !(ch == 0 && rowUnits == 0)) return;  // the unit lies above the diagonal
+    // The tile's rows of v, and v at the chunk's columns (shared: registers are short; both
+    // loads in flight together, then waited for where fused).
+    const i64 cv0 = c0 + threadIdx.x, gv = cv0 < c1 ? L.glob(cv0) : 0;
+    const u64 vbRow = i < n ? v.load(i) : 0ull, vbCol = cv0 < c1 ? v.load(gv) : 0ull;
+#if SY_PREFETCH
+    {
+      const int lane = threadIdx.x & 31, rows = (int)min((i64)SY_R, n - rbase);
+#pragma unroll
+      for (int q = 0; q < SY_G; ++q) {
+        const i64 c = c0 + (threadIdx.x >> 5) + q * NW;
+        if (c < c1)
+#pragma unroll
+          for (int u = 0; u < SY_U; ++u)
+            if (lane + 32 * u < rows) asm volatile("prefetch.global.L2 [%0];" ::"l"(C + c * n + rbase + lane + 32 * u));
+      }
+    }
+#endif
+    const double vi = i < n ? v.value(i, vbRow) : 0.0;
+    if (cv0 < c1) vcSh[threadIdx.x] = v.value(gv, vbCol);
+    vrSh[threadIdx.x] = vi;
+    if (ch == 0) {
+      if (i < n) P[i + k * n] = vi;
+      if (first && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
+      if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
+        if (i < n) putY(i, 0.0);
+        return;
+      }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows = (int)min((i64)SY_R, n - rbase);
+    double racc[SY_U];
+#pragma unroll
+    for (int u = 0; u < SY_U; ++u) racc[u] = 0.0;
+    __syncthreads();
+    // Row offsets within the tile in 32 bits (lane + 32 u), one address per column: 64-bit row
+    // indices per element needed 170 registers, one block per SM.
+    for (i64 cg = c0 + warp; cg < c1; cg += SY_G * NW) {
+      int gd[SY_G];  // column's diagonal offset in the tile (-1: the whole tile lies below it)
+      bool on[SY_G];
+      double vg[SY_G], x[SY_G][SY_U];
+#pragma unroll
+      for (int q = 0; q < SY_G; ++q) {
+        const i64 c = cg + q * NW, g = L.glob(c);
+        on[q] = c < c1 && g <= tileEnd;  // columns ascend: the rest lie above the tile
+        gd[q] = on[q] ? (int)max(g - rbase, (i64)-1) : SY_R;
+        vg[q] = on[q] ? vcSh[c - c0] : 0.0;
+        const double* col = C + c * n + rbase + lane;
+#pragma unroll
+        for (int u = 0; u < SY_U; ++u) {
+          const int o = lane + 32 * u;
+          x[q][u] = o >= gd[q] && o < rows ? col[32 * u] : 0.0;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < SY_G; ++q) {
+        double cs = 0.0;
+#pragma unroll
+        for (int u = 0; u < SY_U; ++u) {
+          racc[u] += x[q][u] * vg[q];
+          if (lane + 32 * u > gd[q]) cs += x[q][u] * vrSh[lane + 32 * u];
+        }
+        cs = warpSum(cs);
+        if (on[q] && lane == 0) cpart[a * nloc + cg + q * NW] = cs;
+      }
+      if (!on[SY_G - 1]) break;
+    }
+#pragma unroll
+    for (int u = 0; u < SY_U; ++u) rowsSh[warp][lane + 32 * u] = racc[u];
+    __syncthreads();
+    double rsum = 0.0;
+    for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
+    if (i < n) {
+      if (rowUnits == 1) putY(i, rsum); else ypart[ch * n + i] = rsum;
+    }
+#if SY_NOTICKET  // timing only (bench/symv_bench.py): no fence, tickets or finalizers; y is wrong
+    return;
+#endif
+    // The chunk's busy tiles are those from the one holding its first column's diagonal on.
+    const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {  // both tickets after one fence (lastBlock's, taken twice)
+      lastSh[0] = rowUnits > 1 && takeTicket(tick + a, rowUnits);
+      lastSh[1] = colUnits > 1 && takeTicket(ctick + ch, colUnits);
+    }
+    __syncthreads();
+    const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
+    if (lastRow || lastCol) __threadfence();
+    if (lastRow && i < n) putY(i, orderedSum<SY_SUMW>(ypart + i, rowUnits, n));
+    if (lastCol)
+      for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const i64 g = L.glob(c);
+        const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
+        putY(n + g, orderedSum<SY_SUMW>(cpart + a0 * nloc + c, NT - a0, nloc));
+      }
+  };
+
+#if SY_PERSIST
+  // A grid of about as many blocks as fit on the GPU at once, each taking every gridDim-th
+  // item of the work list (chunkPrefix): the same units as below, none launched for nothing.
+  __shared__ int pre[SY_MAXCH + 1];
+  __shared__ int scan[TPB];
+  chunkPrefix(pre, scan, L, nch, lo, cw, NT, t0);
+  const i64 items = 2 * nb + pre[nch];
+  for (i64 w = blockIdx.x; w < items; w += gridDim.x) {
+    __syncthreads();  // the previous item's reads of shared memory are done
+    if (w < 2 * nb) {
+      panelDot(P, n, nb, k, v, s, w, sh);
+      continue;
+    }
+    const int u = (int)(w - 2 * nb);
+    i64 ch = 0, hi = nch;  // the chunk of unit u: the last ch with pre[ch] <= u
+    while (hi - ch > 1) {
+      const i64 mid = (ch + hi) / 2;
+      if (pre[mid] <= u) ch = mid; else hi = mid;
+    }
+    const i64 a = (ch == 0 ? t0 : L.glob(lo + ch * cw) / SY_R) + (u - pre[ch]);
+    unit(a, ch, u == 0);
+  }
+#else
+  // A block per entry of the tiles x chunks rectangle sized for column 0 (blocks past this
+  // column's rectangle, and units above the diagonal, exit at once), after the 2nb dots.
   const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
   const i64 dotBase = SY_DOT_FIRST ? 0 : symvBlocks;
   if (blockIdx.x >= dotBase && blockIdx.x < dotBase + 2 * nb) {
     panelDot(P, n, nb, k, v, s, blockIdx.x - dotBase, sh);
     return;
   }
-  const i64 t0 = j / SY_R, tiles = NT - t0;
-  const i64 lo = L.firstAfter(j), m = nloc - lo;
-  const i64 cw = m >= SY_WIDE ? 2 * SY_C : SY_C;  // this column's chunk width (every unit agrees)
-  const i64 nch = max((i64)1, (m + cw - 1) / cw);
   const i64 b = blockIdx.x - (SY_DOT_FIRST ? 2 * nb : 0);
   if (b >= tiles * nch) return;
-  const i64 a = t0 + b % tiles, ch = b / tiles;
-  const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
-  const i64 c0 = lo + ch * cw, c1 = min(nloc, c0 + cw);
-  const i64 rowUnits = (L.firstAfter(tileEnd) - lo + cw - 1) / cw;  // chunks reaching this tile
-  const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
-  if (ch >= rowUnits && !(ch == 0 && rowUnits == 0)) return;  // the unit lies above the diagonal
-  // The tile's rows of v, and v at the chunk's columns (shared: registers are short; both
-  // loads in flight together, then waited for where fused).
-  const i64 cv0 = c0 + threadIdx.x, gv = cv0 < c1 ? L.glob(cv0) : 0;
-  const u64 vbRow = i < n ? v.load(i) : 0ull, vbCol = cv0 < c1 ? v.load(gv) : 0ull;
-#if SY_PREFETCH
-  {
-    const int lane = threadIdx.x & 31, rows = (int)min((i64)SY_R, n - rbase);
-#pragma unroll
-    for (int q = 0; q < SY_G; ++q) {
-      const i64 c = c0 + (threadIdx.x >> 5) + q * NW;
-      if (c < c1)
-#pragma unroll
-        for (int u = 0; u < SY_U; ++u)
-          if (lane + 32 * u < rows) asm volatile("prefetch.global.L2 [%0];" ::"l"(C + c * n + rbase + lane + 32 * u));
-    }
-  }
+  unit(t0 + b % tiles, b / tiles, b == 0);
 #endif
-  const double vi = i < n ? v.value(i, vbRow) : 0.0;
-  if (cv0 < c1) vcSh[threadIdx.x] = v.value(gv, vbCol);
-  vrSh[threadIdx.x] = vi;
-  if (ch == 0) {
-    if (i < n) P[i + k * n] = vi;
-    if (b == 0 && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
-    if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
-      if (i < n) putY(i, 0.0);
-      return;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int rows = (int)min((i64)SY_R, n - rbase);
-  double racc[SY_U];
-#pragma unroll
-  for (int u = 0; u < SY_U; ++u) racc[u] = 0.0;
-  __syncthreads();
-  // Row offsets within the tile in 32 bits (lane + 32 u), one address per column: 64-bit row
-  // indices per element needed 170 registers, one block per SM.
-  for (i64 cg = c0 + warp; cg < c1; cg += SY_G * NW) {
-    int gd[SY_G];  // column's diagonal offset in the tile (-1: the whole tile lies below it)
-    bool on[SY_G];
-    double vg[SY_G], x[SY_G][SY_U];
-#pragma unroll
-    for (int q = 0; q < SY_G; ++q) {
-      const i64 c = cg + q * NW, g = L.glob(c);
-      on[q] = c < c1 && g <= tileEnd;  // columns ascend: the rest lie above the tile
-      gd[q] = on[q] ? (int)max(g - rbase, (i64)-1) : SY_R;
-      vg[q] = on[q] ? vcSh[c - c0] : 0.0;
-      const double* col = C + c * n + rbase + lane;
-#pragma unroll
-      for (int u = 0; u < SY_U; ++u) {
-        const int o = lane + 32 * u;
-        x[q][u] = o >= gd[q] && o < rows ? col[32 * u] : 0.0;
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < SY_G; ++q) {
-      double cs = 0.0;
-#pragma unroll
-      for (int u = 0; u < SY_U; ++u) {
-        racc[u] += x[q][u] * vg[q];
-        if (lane + 32 * u > gd[q]) cs += x[q][u] * vrSh[lane + 32 * u];
-      }
-      cs = warpSum(cs);
-      if (on[q] && lane == 0) cpart[a * nloc + cg + q * NW] = cs;
-    }
-    if (!on[SY_G - 1]) break;
-  }
-#pragma unroll
-  for (int u = 0; u < SY_U; ++u) rowsSh[warp][lane + 32 * u] = racc[u];
-  __syncthreads();
-  double rsum = 0.0;
-  for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
-  if (i < n) {
-    if (rowUnits == 1) putY(i, rsum); else ypart[ch * n + i] = rsum;
-  }
-#if SY_NOTICKET  // timing only (bench/symv_bench.py): no fence, tickets or finalizers; y is wrong
-  return;
-#endif
-  // The chunk's busy tiles are those from the one holding its first column's diagonal on.
-  const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {  // both tickets after one fence (lastBlock's, taken twice)
-    lastSh[0] = rowUnits > 1 && takeTicket(tick + a, rowUnits);
-    lastSh[1] = colUnits > 1 && takeTicket(ctick + ch, colUnits);
-  }
-  __syncthreads();
-  const bool lastRow = lastSh[0], lastCol = colUnits == 1 || lastSh[1];
-  if (lastRow || lastCol) __threadfence();
-  if (lastRow && i < n) putY(i, orderedSum<SY_SUMW>(ypart + i, rowUnits, n));
-  if (lastCol)
-    for (i64 c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-      const i64 g = L.glob(c);
-      const i64 a0 = g / SY_R;  // the tiles that reach column g's diagonal
-      putY(n + g, orderedSum<SY_SUMW>(cpart + a0 * nloc + c, NT - a0, nloc));
-    }
 }
 
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of

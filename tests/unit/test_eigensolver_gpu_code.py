@@ -62,7 +62,8 @@ def test_w_update_matches_latrd():
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1")])
+@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1"),
+                                     ("SY_PERSIST=0",)])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
     symv_defines can select (bench/symv_bench.py)."""
@@ -182,6 +183,42 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
                  if r >= glob(c, nb, nprocs, rank)}
         units[(a, ch)] = (cells, row_units, col_units)
     return units
+
+
+def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
+    """sytrd_symv's persistent work list for column j, as its code builds it (chunkPrefix, then
+    each unit's chunk by search and tile by offset): [(tile, chunk)] after the 2nb dots."""
+    from hpccoll_eigensolver.layout import numroc
+    from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
+
+    nloc = numroc(n, nb, rank, nprocs)
+    NT = -(-n // SY_R)
+    t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
+    m = nloc - lo
+    cw = 2 * SY_C if m >= SY_WIDE else SY_C
+    nch = max(1, -(-m // cw))
+    first_tile = [t0] + [glob(lo + ch * cw, nb, nprocs, rank) // SY_R for ch in range(1, nch)]
+    pre = np.concatenate([[0], np.cumsum([NT - t for t in first_tile])])
+    items = []
+    for u in range(int(pre[-1])):
+        ch = int(np.searchsorted(pre, u, side="right")) - 1
+        items.append((first_tile[ch] + u - int(pre[ch]), ch))
+    return items
+
+
+@pytest.mark.parametrize("wide", [2048, 100])
+@pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
+def test_symv_persistent_list_is_the_busy_units(n, nb, nprocs, wide):
+    """The persistent launch's work list holds each busy unit of the rectangle launch once, plus
+    chunk 0's units on the tiles no trailing column reaches (they zero their rows of y), and
+    nothing else: no unit above the diagonal, none twice, its first item (t0, 0)."""
+    for rank in range(nprocs):
+        for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
+            items = _persistent_items(n, nb, nprocs, rank, j, SY_WIDE=wide)
+            busy = set(_symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide))
+            zeroing = {(a, 0) for a in range(j // 256, -(-n // 256))} - busy
+            assert len(items) == len(set(items)) and set(items) == busy | zeroing, (rank, j)
+            assert items[0] == (j // 256, 0)
 
 
 @pytest.mark.parametrize("wide", [2048, 100])
