@@ -79,7 +79,8 @@ def main() -> int:
             step.column(owner=-1, comm=None, skip=("col", "bcast", "allreduce", "w"))
 
         for j in (int(x) for x in a.js.split(",")):
-            step.st[...] = cp.asarray(np.array([j, a.k, 0, 0, 0], dtype=np.int64))
+            step.st.fill(0)  # every ticket and counter at rest
+            step.st[:2] = cp.asarray(np.array([j, a.k], dtype=np.int64))
             step.y.fill(0)
             product()
             err = _check(cp, C, cols, step.bb, j, n, step.y, step.P, a.k, nb, step.s)

@@ -48,6 +48,7 @@ def main() -> int:
     if xp is np:
         raise SystemExit("sytrd_profile: needs a GPU per rank")
     comm = make_communicator(opts.comm, world, dev)
+    comm.prepare(("float64",))
     n, nb = opts.n, opts.nb
     desc = BlockCyclic(n, n, nb, size)
     cols = desc.local_cols(rank)

@@ -474,6 +474,17 @@ class Communicator:
         self._live("synchronize")
         self._backend.synchronize(stream)
 
+    def prepare(self, dtypes=("float32", "float64")) -> None:
+        """Compile, or load from the kernel cache, the device kernels this communicator runs for
+        `dtypes` (launched and captured), now instead of at each dtype's first collective: a
+        cold compile takes seconds per dtype and rank count, which would otherwise land inside
+        the first timed call.  Local (no rank waits for another); a no-op on the host and NCCL
+        backends."""
+        self._live("prepare")
+        if isinstance(dtypes, (str, bytes)) or not hasattr(dtypes, "__iter__"):
+            raise TypeError(f"prepare: dtypes={dtypes!r}: pass a sequence of dtypes, e.g. ('float64',)")
+        self._backend.prepare([dtype_name(d) for d in dtypes])
+
     # -- the eager engine (backends/cuda/engine.py) -------------------------------------
     def start_persistent(self, dtype="float32", *, blocks: int = DEFAULT_BLOCKS, max_bytes: int = 64 * 1024,
                          order: str = "stream") -> None:

@@ -141,6 +141,10 @@ def cmd_solve(args) -> int:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:
         fail_together(ctl, f"--comm {args.comm} cannot run here: {exc}")
+    if device == "gpu":
+        # hpccoll's kernels for this rank count too (a cold compile is seconds per dtype, and it
+        # would land in the first timed collective)
+        comm.prepare(("float64", "int64"))
     sytrd_mode = "ops"
     try:
         if device == "gpu":

@@ -205,7 +205,7 @@ class _Step:
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
         self.ctick = cp.zeros(self.nch, dtype=cp.int64)              # symv: per-chunk tickets
-        self.st = cp.zeros(5, dtype=cp.int64)
+        self.st = cp.zeros(7, dtype=cp.int64)   # sytrd_step.cu's st
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)

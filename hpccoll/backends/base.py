@@ -85,6 +85,10 @@ class Backend(ABC):
     def synchronize(self, stream=None) -> None:
         """Wait for this backend's work on `stream` (a no-op for synchronous backends)."""
 
+    def prepare(self, dtypes) -> None:
+        """Compile or load now the kernels this backend runs for `dtypes` (canonical names); a
+        no-op for backends without compiled kernels."""
+
     @abstractmethod
     def barrier(self) -> None:
         """Every rank has reached this point (device work queued before it included)."""

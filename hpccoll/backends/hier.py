@@ -280,6 +280,9 @@ class Hierarchical(Backend):
                 return j, row.index(rank)
         raise HpccollError(f"rank {rank} is in no node")  # pragma: no cover - layout covers all ranks
 
+    def prepare(self, dtypes) -> None:
+        self.local.prepare(dtypes)
+
     def barrier(self) -> None:
         self.local.Barrier()
         if self.layout.local == 0:

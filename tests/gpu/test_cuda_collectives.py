@@ -698,3 +698,25 @@ def test_a_device_default_algorithm_leaves_host_calls_to_the_host_backend():
         req.Free()
     finally:
         c.Free()
+
+
+def test_prepare_loads_the_modules_before_the_first_collective(cc):
+    """prepare() compiles (or loads) the dtype's modules, launched and (with the fuser) captured,
+    so that the first collective of that dtype loads nothing; its results are unchanged."""
+    import cupy as cp
+    from hpccoll.backends.cuda import kernels
+
+    backend = cc._backend
+    cc.prepare(("int64",))
+    want = {(backend.kernels.device_id, "collectives.cu", "int64", backend.kernels.defines)}
+    if backend.fuser is not None:
+        want.add((backend.kernels.device_id, "collectives.cu", "int64", backend.kernels.defines + (kernels.LOOP_FENCE,)))
+    assert want <= set(kernels._MODULES)
+    before = dict(kernels._MODULES)
+    x = cp.random.randint(-1000, 1000, size=1001).astype(cp.int64) + cc.rank
+    out = cp.empty_like(x)
+    cc.Allreduce(x, out)
+    every = cp.empty((cc.size, x.size), dtype=x.dtype)
+    cc.Allgather(x, every)
+    assert cp.array_equal(out, every.sum(axis=0))
+    assert set(kernels._MODULES) == set(before)

@@ -198,3 +198,18 @@ def test_bfloat16_is_supported():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = np.zeros(4, ml_dtypes.bfloat16)
     assert prepare("Allreduce", 2, x, x.copy(), op="max").recv.dtype == "bfloat16"
+
+
+def test_prepare_checks_its_dtypes():
+    """prepare() is a no-op on the host backend, but its argument is checked like a collective's
+    dtype, and a freed communicator refuses it."""
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+    c.prepare()
+    c.prepare(("float64", np.int32))
+    with pytest.raises(TypeError, match="prepare: dtypes='float64': pass a sequence"):
+        c.prepare("float64")
+    with pytest.raises(TypeError, match="complex128"):
+        c.prepare(("complex128",))
+    c.Free()
+    with pytest.raises(hpccoll.HpccollError, match="prepare"):
+        c.prepare()

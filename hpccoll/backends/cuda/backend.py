@@ -210,6 +210,23 @@ class CudaBackend(Backend):
     def run_group(self, items) -> None:
         run_group(self, items)
 
+    def prepare(self, dtypes) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .kernels import LOOP_FENCE
+        from .nvrtc import compile_module
+
+        loops = (False, True) if self.fuser is not None else (False,)  # True: captured chains (fusion.py)
+        wanted = [(dtype, loop) for dtype in dtypes for loop in loops]
+        k = self.kernels
+        jobs = [(d, k.defines + ((LOOP_FENCE,) if loop else ())) for d, loop in wanted]
+        # compiled side by side into the disk cache (NVRTC runs without the GIL and needs no CUDA
+        # context), then loaded here, on this thread's context
+        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+            list(pool.map(lambda job: compile_module("collectives.cu", job[0], k.arch, job[1]), jobs))
+        for dtype, loop in wanted:
+            k.module(dtype, loop)
+
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
         s = stream_ptr(stream)
