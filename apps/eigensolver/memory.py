@@ -33,14 +33,14 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     desc = BlockCyclic(n, n, nb, nprocs)
     w = desc.local_n(rank)
     u = n * w
-    b = min(nb, n)
+    b = min(triangular.panel_desc(desc).nb, n)  # potrf's, sygst's and trsm's panel width
     h = _dc_rows(n, nprocs, rank, device)
     k_chunk = tridiag_dc.CHUNK_DEVICE if device else tridiag_dc.CHUNK_HOST * n
     update = 0 if device else n * min(triangular.UPDATE_COLS, w)  # one chunk's product (host)
     model = {
         "potrf": 2 * u + u + update + b * n,
         "sygst": 2 * u + 2 * u + update + 4 * b * n,
-        "sytrd": 2 * u + 2 * u + 6 * b * n,
+        "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n,
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
         "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + (0 if device else householder.ORMTR_COLUMNS)),
         "trsm": 2 * u + 2 * u + b * n,

@@ -5,7 +5,8 @@ phase works on that layout: no rank holds an n x n matrix at any time (docs/eige
 the memory model).  Steps and their collectives (P ranks, n columns, block nb):
 
   potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (triangular.py).
-          One Bcast per panel (n / nb).
+          One Bcast per panel (n / nb).  On one rank potrf, sygst and trsm step through
+          wider panels (triangular.panel_desc: every column is local, the layout is the same).
   sygst   C = L^-1 A L^-T by LAPACK's blocked algorithm, C's lower triangle only: one Bcast per
           panel for the symmetric trailing updates, then one per panel of L for the deferred
           forward substitution (triangular.py).
@@ -37,7 +38,7 @@ from .counting import PhaseTimer
 from . import householder
 from .layout import BlockCyclic, column_order, rows_to_columns
 from .sytrd_device import MODES
-from .triangular import NotPositiveDefinite, back_transform, potrf, sygst
+from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
@@ -72,13 +73,14 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         if tuple(a.shape) != shape:
             raise ValueError(f"sygvd: {name} has shape {tuple(a.shape)}, rank {rank} owns {shape}")
     timer = timer if timer is not None else PhaseTimer(xp, comm)
+    wide = panel_desc(desc)  # the same layout; wider panels on one rank
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("potrf"):
-        L = potrf(B, desc, comm, xp)
+        L = potrf(B, wide, comm, xp)
     del B
     C = xp.array(A_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("sygst"):
-        sygst(C, L, desc, comm, xp)
+        sygst(C, L, wide, comm, xp)
     with timer.phase("sytrd"):
         d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd)
     V = C                                            # the reflectors, where C's columns were
@@ -91,7 +93,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         householder.ormtr(V, tau, Z, desc, comm, xp)
     del V
     with timer.phase("trsm"):
-        back_transform(Z, L, desc, comm, xp)
+        back_transform(Z, L, wide, comm, xp)
     return w, Z
 
 

@@ -33,6 +33,16 @@ from .layout import BlockCyclic, panel_bcast
 
 
 UPDATE_COLS = 1024  # local columns per GEMM of the trailing updates
+ONE_RANK_NB = 256   # panel width of potrf, sygst and back_transform on one rank (panel_desc)
+
+
+def panel_desc(desc: BlockCyclic) -> BlockCyclic:
+    """The layout potrf, sygst and back_transform step through: `desc` itself on several ranks;
+    on one rank, where every column is local whatever the block (the same array), panels of
+    ONE_RANK_NB columns: a quarter of the per-panel launches at nb = 64, and wider GEMMs."""
+    if desc.nprocs > 1 or desc.nb >= ONE_RANK_NB:
+        return desc
+    return BlockCyclic(desc.m, desc.n, ONE_RANK_NB, 1)
 
 
 class NotPositiveDefinite(np.linalg.LinAlgError):
