@@ -165,6 +165,11 @@ def cmd_solve(args) -> int:
         ctl.Free()
 
 
+def _gpu_id(xp) -> str:
+    """This rank's GPU, as the machine names it (PCI bus id)."""
+    return xp.cuda.Device().pci_bus_id
+
+
 def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from . import metrics
     from ._xp import sync, to_host
@@ -198,8 +203,11 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
 
     ref, ref_s, ref_err = reference_on_root(args, A_loc, B_loc, desc, ctl)
     known = spectrum(spec) if rank == 0 else None
+    gpus = ctl.gather(_gpu_id(xp) if device == "gpu" else None, root=0)
     if rank == 0:
         info, commit = machine_info(xp), git_commit()
+        if device == "gpu":
+            info["gpus_used"] = len(set(gpus))  # ranks sharing a GPU (MPS) count it once
         print(f"{PROG}: n={n} P={size} nb={args.nb} comm={args.comm} ({comm.backend}) problem={args.problem} "
               f"on {device}; built in {build_s:.2f} s; results {stems[0][:-7]}_run*", flush=True)
         print(METRICS_LEGEND, flush=True)
@@ -217,6 +225,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc, sytrd=sytrd_mode)
         sync(xp)
         solve_s = time.perf_counter() - t0
+        meter.solve_done()
         if bar is not None:
             bar.close()
         t1 = time.perf_counter()

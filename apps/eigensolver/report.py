@@ -148,6 +148,7 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
         "eigenvalue_error_vs_scipy": [r.get("eigenvalue_error_vs_scipy") for r in recs],
         "eigenvalue_error_definition": r0.get("eigenvalue_error_definition"),
         "machine": r0.get("machine"), "git_commit": r0.get("git_commit"),
+        "gpus_used": (r0.get("machine") or {}).get("gpus_used"),
         "w0": w0,
     }
 
@@ -156,7 +157,8 @@ def _memory(recs: list[dict]) -> dict:
     """Per configuration: the largest per-rank peak over runs (host RSS, tracemalloc, device pool,
     nvidia-smi), and rank 0's and the other ranks' separately (rank 0 holds the reference)."""
     out = {}
-    for key in ("peak_rss_bytes", "tracemalloc_peak_bytes", "device_pool_peak_bytes", "nvidia_smi_used_bytes"):
+    for key in ("peak_rss_bytes", "tracemalloc_peak_bytes", "device_pool_solve_peak_bytes", "device_pool_peak_bytes",
+                "nvidia_smi_used_bytes"):
         per_rank = defaultdict(list)
         for rec in recs:
             for m in (rec.get("memory") or {}).get("per_rank", []):
@@ -235,7 +237,24 @@ def _targets(groups: list[dict]) -> list[dict]:
                     rows.append({"target": "residual and B-orthogonality within 10× of cuSOLVERMp's", "where": where,
                                  "measured": f"{rr[0]:.2f}× and {rr[1]:.2f}×", "met": max(rr) <= 10})
             one = cfg.get(("single-gpu", 1))
-            if one and ts and one["median_solve_seconds"] and ranks > 1:
+            if one and ts and one["median_solve_seconds"] and ranks == 1:
+                x = ts / one["median_solve_seconds"]
+                rows.append({"target": "one rank no slower than one GPU (CuPy) (8192 and up)", "where": where,
+                             "measured": f"{ts:.3f} / {one['median_solve_seconds']:.3f} s = {x:.2f}×",
+                             "met": x <= 1 if n >= 8192 else None})
+                mine, theirs = _device_peak(s), _device_peak(one)
+                if mine and theirs:
+                    rows.append({"target": "one rank: no more device memory than one GPU (CuPy)", "where": where,
+                                 "measured": f"{mine / 2**20:.0f} / {theirs / 2**20:.0f} MiB = {mine / theirs:.2f}×",
+                                 "met": mine <= theirs})
+            single = cfg.get(("sentinel", 1))
+            if single and ranks > 1 and _device_peak(s) and _device_peak(single):
+                x = _device_peak(s) / (_device_peak(single) / ranks)
+                rows.append({"target": "per-rank device memory ≤ 1.3 × (one rank's) / P", "where": where,
+                             "measured": f"{_device_peak(s) / 2**20:.0f} MiB against "
+                                         f"{_device_peak(single) / 2**20:.0f} / {ranks} MiB: {x:.2f}×",
+                             "met": x <= 1.3})
+            if one and ts and one["median_solve_seconds"] and ranks > 1 and (s.get("gpus_used") or ranks) > 1:
                 x = one["median_solve_seconds"] / ts
                 rows.append({"target": f"{ranks} GPUs faster than one GPU (CuPy) (from 8192)", "where": where,
                              "measured": f"{one['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×",
@@ -255,6 +274,16 @@ def _targets(groups: list[dict]) -> list[dict]:
                                      f"{'agree' if s['ranks_agree_on_eigenvalues_all_runs'] else 'DIFFER'}",
                          "met": same})
     return rows
+
+
+def _device_peak(g: dict) -> int | None:
+    """The configuration's largest per-rank device pool peak of the solve (of the solve and its
+    metrics in records that lack the former)."""
+    m = g.get("memory") or {}
+    for key in ("device_pool_solve_peak_bytes", "device_pool_peak_bytes"):
+        if (m.get(key) or {}).get("max"):
+            return m[key]["max"]
+    return None
 
 
 def _plots(directory: str, groups: list[dict]) -> list[str]:
@@ -382,11 +411,13 @@ def build_report(directory: str) -> list[str]:
                   f"sizes {g['collective_sizes']}")
     md += ["", "## Memory (per rank, max over runs, MiB)", "",
            "Host: peak RSS of the process during the solve and its metrics; tracemalloc: peak of traced "
-           "Python/NumPy allocations; device: CuPy pool high-water mark and nvidia-smi's per-process figure. "
+           "Python/NumPy allocations; device: CuPy pool high-water mark when the solve returned and at the end "
+           "of its metrics, and nvidia-smi's per-process figure. "
            "rank 0 / other ranks shown apart: rank 0 also held the gathered A and B for the scipy reference "
            "(small n only).", "",
-           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | tracemalloc max | device pool max | nvidia-smi max |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | tracemalloc max | device pool max, solve | "
+           "device pool max, with metrics | nvidia-smi max |",
+           "|---|---|---|---|---|---|---|---|---|"]
 
     def mib(d, part="max"):
         v = (d or {}).get(part)
@@ -396,7 +427,8 @@ def build_report(directory: str) -> list[str]:
         m = g["memory"]
         md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {mib(m.get('peak_rss_bytes'), 'rank0')} | "
                   f"{mib(m.get('peak_rss_bytes'), 'others')} | {mib(m.get('tracemalloc_peak_bytes'))} | "
-                  f"{mib(m.get('device_pool_peak_bytes'))} | {mib(m.get('nvidia_smi_used_bytes'))} |")
+                  f"{mib(m.get('device_pool_solve_peak_bytes'))} | {mib(m.get('device_pool_peak_bytes'))} | "
+                  f"{mib(m.get('nvidia_smi_used_bytes'))} |")
     md += ["", "## Accuracy", "",
            f"residual = ‖AX − BXΛ‖_F/(n‖A‖_F‖X‖_F ε) and B-orth = ‖XᵀBX − I‖_F/(nε), both in units of nε "
            f"(ε = 2⁻⁵²; O(1) is a correct solve), computed from the ranks' column blocks; eigenvalue error = "

@@ -154,6 +154,8 @@ class MemoryMeter:
         "device_pool_peak_bytes": "bytes reserved by CuPy's default memory pool at the end of the solve and its "
                                   "metrics: a high-water mark, the pool returns nothing until free_all_blocks()",
         "device_pool_used_bytes": "bytes in use from CuPy's pool at the end",
+        "device_pool_solve_peak_bytes": "bytes reserved by CuPy's default memory pool when the solve returned, "
+                                        "before the metrics: the solve's own high-water mark",
         "nvidia_smi_used_bytes": "GPU memory nvidia-smi attributes to the process at the end (includes memory "
                                  "outside CuPy's pool; unavailable under MPS)",
     }
@@ -175,6 +177,14 @@ class MemoryMeter:
         if self.xp.__name__ == "cupy":
             self.xp.get_default_memory_pool().free_all_blocks()
         self.scope = "solve" if _reset_peak_rss() else "process"
+        self.solve_pool = None
+
+    def solve_done(self) -> None:
+        """Mark the end of the solve (before its metrics): the device pool's high-water mark of
+        the solve alone."""
+        if self.xp.__name__ == "cupy":
+            self.xp.cuda.get_current_stream().synchronize()
+            self.solve_pool = int(self.xp.get_default_memory_pool().total_bytes())
 
     def stop(self) -> dict:
         import resource
@@ -191,6 +201,7 @@ class MemoryMeter:
             pool = self.xp.get_default_memory_pool()
             rec["device_pool_peak_bytes"] = int(pool.total_bytes())
             rec["device_pool_used_bytes"] = int(pool.used_bytes())
+            rec["device_pool_solve_peak_bytes"] = self.solve_pool
             rec["nvidia_smi_used_bytes"] = nvidia_smi_used_bytes()
         return rec
 

@@ -90,7 +90,7 @@ def progress(total: int, desc: str, enabled: bool):
 METRICS_LEGEND = ("metrics: residual = ||AX - BXW||_F/(n ||A||_F ||X||_F eps) and B-orth = ||X^T B X - I||_F/(n eps), "
                   "both in units of n eps (O(1) is a correct solve); eig-err = max|w - ref|/max|ref| against the "
                   "constructed spectrum (known) and scipy.linalg.eigh (scipy); memory = peak RSS (host) or CuPy "
-                  "pool high-water mark (GPU), max over ranks")
+                  "pool high-water mark of the solve (GPU), max over ranks")
 
 
 def _fmt(x, spec=".3g"):
@@ -101,8 +101,9 @@ def print_run(rec: dict) -> None:
     ph = " ".join(f"{k} {v:.3f}" for k, v in rec["phases"].items())
     coll = rec.get("collectives") or {}
     mem = (rec.get("memory") or {}).get("per_rank") or []
-    key = "device_pool_peak_bytes" if rec.get("device") == "gpu" else "peak_rss_bytes"
-    peaks = [m.get(key) for m in mem if m.get(key) is not None]
+    keys = ("device_pool_solve_peak_bytes", "device_pool_peak_bytes") if rec.get("device") == "gpu" else ("peak_rss_bytes",)
+    peaks = [next((m[k] for k in keys if m.get(k) is not None), None) for m in mem]
+    peaks = [p for p in peaks if p is not None]
     print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}] n={rec['n']} solve {rec['solve_seconds']:.3f}s "
           f"({ph}); collectives {coll.get('count', 0)} calls {coll.get('bytes', 0) / 2**20:.1f} MiB "
           f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {_fmt(rec['residual'])} n·eps "
