@@ -50,15 +50,14 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
 
 def warm_gemms(m: int = 4096, cols: int = 1024) -> None:
     """One in-place GEMM (_xp.gemm_acc) of every operand layout and inner dimension the trailing
-    updates use, at a size where cuBLAS picks the kernels of a large solve: the first use of
-    such a kernel in a process costs seconds (measured: bench/eig_phase_repeat.py), which the
-    tiny solve above does not pay (cuBLAS picks other kernels for it)."""
+    updates use, at a size where cuBLAS picks the kernels of a large solve (the tiny solve above
+    makes it pick others), so that they are loaded before the timed solve."""
     import cupy as cp
 
     from ._xp import gemm_acc
 
     out = cp.zeros((m, cols), dtype=cp.float64, order="F")
-    for k in (64, 128):  # potrf's panel width, and sygst's / sytrd's two panels
+    for k in (64, 128, 256, 512):  # potrf's panel, sygst's / sytrd's two; on one rank the 256-column panels
         a = cp.ones((m, k), dtype=cp.float64, order="F")
         b = cp.ones((k, cols), dtype=cp.float64, order="F")
         rights = (b, cp.ascontiguousarray(b))
