@@ -26,6 +26,8 @@ from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
 ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
+ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
+                          # arithmetic intensity is about the H200's flop/byte balance)
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
 
 
@@ -132,7 +134,7 @@ def sytrd_ops(C, desc: BlockCyclic, comm, xp):
     return d, e, tau
 
 
-def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
+def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     """Overwrite the owned columns Z with Q Z, Q = H_0 H_1 ... H_{n-2}; V: the local columns
     holding the reflectors (sytrd's C), tau replicated.
 
@@ -141,6 +143,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
     with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
     is zeroed and its diagonal of M set to 1, which leaves it out."""
     n, nb = desc.n, desc.nb
+    if block is None:
+        block = ORMTR_BLOCK_DEVICE if is_device(xp) else ORMTR_BLOCK
     if block < 1:
         raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
     bw = max(nb, block // nb * nb)
@@ -158,7 +162,13 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int = ORMTR_BLOCK):
         M = xp.triu(Vb.T @ Vb, 1)
         M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
         Zb = Z[p0 + 1:]
-        Y = trsm(xp, M, Vb.T @ Zb, lower=False)
+        if is_device(xp):  # Vb^T Zb read through Z's strides (CuPy's matmul would copy the rows Zb)
+            VtZ = xp.zeros((p1 - p0, Zb.shape[1]), dtype=xp.float64, order="F")
+            gemm_acc(xp, VtZ, Vb.T, Zb, alpha=1.0)
+        else:
+            VtZ = Vb.T @ Zb
+        Y = trsm(xp, M, VtZ, lower=False)
+        del VtZ
         step = Zb.shape[1] if is_device(xp) else ORMTR_COLUMNS  # (the GPU accumulates in place)
         for c0 in range(0, Zb.shape[1], step):
             gemm_acc(xp, Zb[:, c0:c0 + step], Vb, Y[:, c0:c0 + step])

@@ -10,7 +10,8 @@ holds the caller's A_local and B_local (2u) plus:
   stedc   L, V, two copies of the rank's rows of the eigenvectors     2u + 2 h n + chunks
           (h = rows ~ n / P; the Alltoallv then holds sent and
           received shares, and the assembled columns: at most 2u)
-  ormtr   L, V, Z                                                     3u  + Vb (n x 128), host: a product (n x 128)
+  ormtr   L, V, Z                                                     3u  + Vb (n x 128; GPU: n x 512 and two
+                                                                              512 x local_n), host: a product (n x 128)
   trsm    L, Z                                                        2u  + panel
 
 so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  The
@@ -42,7 +43,8 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
         "sygst": 2 * u + 2 * u + update + 4 * b * n,
         "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n,
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
-        "ormtr": 2 * u + 3 * u + n * (householder.ORMTR_BLOCK + (0 if device else householder.ORMTR_COLUMNS)),
+        "ormtr": 2 * u + 3 * u + (n * householder.ORMTR_BLOCK_DEVICE + 2 * householder.ORMTR_BLOCK_DEVICE * w
+                                  if device else n * (householder.ORMTR_BLOCK + householder.ORMTR_COLUMNS)),
         "trsm": 2 * u + 2 * u + b * n,
     }
     out = {phase: 8 * int(v) for phase, v in model.items()}

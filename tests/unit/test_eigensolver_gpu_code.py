@@ -158,18 +158,25 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
             assert layout_first_after(j, nb, nprocs, rank) == int(np.searchsorted(cols, j, side="right")), (rank, j)
 
 
+def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE):
+    """sytrd_symv's shape of column j on a rank: (local columns, row tiles, first trailing tile,
+    first trailing local column, chunk width, chunks)."""
+    from hpccoll_eigensolver.layout import numroc
+    from hpccoll_eigensolver.sytrd_device import layout_first_after
+
+    nloc = numroc(n, nb, rank, nprocs)
+    lo = layout_first_after(j, nb, nprocs, rank)
+    m = nloc - lo
+    cw = 2 * SY_C if m >= SY_WIDE else SY_C
+    return nloc, -(-n // SY_R), j // SY_R, lo, cw, max(1, -(-m // cw))
+
+
 def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
     (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
-    from hpccoll_eigensolver.layout import numroc
     from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
 
-    nloc = numroc(n, nb, rank, nprocs)
-    NT = -(-n // SY_R)
-    t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
-    m = nloc - lo
-    cw = 2 * SY_C if m >= SY_WIDE else SY_C
-    nch = max(1, -(-m // cw))
+    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE)
     units = {}
     for b in range((NT - t0) * nch):
         a, ch = t0 + b % (NT - t0), b // (NT - t0)
@@ -188,15 +195,9 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
 def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     """sytrd_symv's persistent work list for column j, as its code builds it (chunkPrefix, then
     each unit's chunk by search and tile by offset): [(tile, chunk)] after the 2nb dots."""
-    from hpccoll_eigensolver.layout import numroc
-    from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
+    from hpccoll_eigensolver.sytrd_device import layout_glob as glob
 
-    nloc = numroc(n, nb, rank, nprocs)
-    NT = -(-n // SY_R)
-    t0, lo = j // SY_R, fa(j, nb, nprocs, rank)
-    m = nloc - lo
-    cw = 2 * SY_C if m >= SY_WIDE else SY_C
-    nch = max(1, -(-m // cw))
+    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE)
     first_tile = [t0] + [glob(lo + ch * cw, nb, nprocs, rank) // SY_R for ch in range(1, nch)]
     pre = np.concatenate([[0], np.cumsum([NT - t for t in first_tile])])
     items = []
