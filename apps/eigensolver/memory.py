@@ -58,3 +58,23 @@ def _dc_rows(n: int, nprocs: int, rank: int, device: bool) -> int:
 
     starts = row_starts_of(n, nprocs, device=device)
     return starts[rank + 1] - starts[rank]
+
+
+def largest_n(nprocs: int, gpu_bytes: int = 139 * 2**30, reserve_bytes: int = 3 * 2**30, nb: int = 256,
+              factor: float = 1.0, step: int = 256) -> int:
+    """The largest n (a multiple of `step`) whose device peak per rank, the model's times
+    `factor`, fits a GPU of `gpu_bytes` less `reserve_bytes` (CUDA context, library workspaces),
+    one rank per GPU.  factor > 1 stands for what the model leaves out (CuPy's pool keeps freed
+    blocks, whose fragmentation the measured high-water marks show)."""
+    cap = gpu_bytes - reserve_bytes
+
+    def fits(n: int) -> bool:
+        return factor * max(memory_model(n, nb, nprocs, r, device=True)["peak"] for r in range(nprocs)) <= cap
+
+    lo, hi = step, step
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -310,3 +310,20 @@ def test_sygvd_rejects_bad_options():
                           ({"sytrd": "fast"}, "sytrd='fast': use 'auto', 'fused'")]:
             with pytest.raises(ValueError, match=match):
                 sygvd(np.eye(n), np.eye(n), desc, comm, **kw)
+
+
+def test_largest_n_table_in_the_docs_is_the_models():
+    """docs/eigensolver.md's table of the largest n per GPU count is what memory.largest_n gives
+    (by the model, and by the model times the measured factor it names)."""
+    import re
+    from pathlib import Path
+
+    from hpccoll_eigensolver.memory import largest_n
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "eigensolver.md").read_text()
+    gpus = [int(x) for x in re.search(r"^\| GPUs \|(.*)\|$", text, re.M).group(1).split("|")]
+    rows = dict(re.findall(r"^\| largest n, model( × [0-9.]+)? \|(.*)\|$", text, re.M))
+    assert set(rows) == {"", " × 1.45"}
+    for label, cells in rows.items():
+        factor = float(label.split("×")[1]) if label else 1.0
+        assert [int(c.replace(",", "")) for c in cells.split("|")] == [largest_n(g, factor=factor) for g in gpus]
