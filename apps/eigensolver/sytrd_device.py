@@ -27,9 +27,12 @@ C v comes from the lower triangle of the local columns only (sytrd_symv: each st
 read once), so C may hold anything above its diagonal.  When a panel is done its owner stores
 the panel's reflectors in the panel's columns of C (householder.py's convention).
 
-The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator up to FUSED_MAX_N,
-graph on the other device communicators, eager on the host), "fused", "graph", "eager", or
-"ops" (the CuPy-op column step)."""
+One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
+reads the rank's own product as the Allreduce's sum).
+
+The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
+FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
+"fused", "graph", "eager", or "ops" (the CuPy-op column step)."""
 from __future__ import annotations
 
 import weakref
@@ -96,7 +99,7 @@ def mode_for(comm, n: int | None = None, want: str = "auto") -> str:
     auto: fused on hpccoll's deterministic sentinel communicator (the same bits as its
     Allreduce) up to FUSED_MAX_N, graph on the other device communicators and above it (the LL
     and LL128 paths keep their own collectives: LL128's atomics are what the report
-    measures), eager on the host."""
+    measures) and on one rank (which needs no transfers at all), eager on the host."""
     if want not in MODES:
         raise ValueError(f"sygvd: sytrd={want!r}: use {', '.join(map(repr, MODES))}")
     inner = getattr(comm, "uncounted", comm)
@@ -110,7 +113,8 @@ def mode_for(comm, n: int | None = None, want: str = "auto") -> str:
         return "eager"
     if want == "auto":
         sentinel = getattr(inner, "deterministic", False) and "sentinel" in str(getattr(inner, "algorithm", ""))
-        if sentinel and fusable(comm) is None and (n is None or n <= FUSED_MAX_N):
+        alone = getattr(inner, "size", 2) == 1
+        if sentinel and not alone and fusable(comm) is None and (n is None or n <= FUSED_MAX_N):
             return "fused"
         return "graph" if backend in ("cuda", "nccl") else "eager"
     return want
@@ -191,7 +195,10 @@ class _Step:
         self.al = cp.zeros(nb, dtype=cp.float64)                       # W's correction per column
         self.bb = cp.zeros(n + 4, dtype=cp.float64)
         self.y = cp.zeros(2 * n, dtype=cp.float64)   # rows | columns (sytrd_step.cu)
-        self.cv = cp.zeros(2 * n, dtype=cp.float64)
+        # one rank: the Bcast is the identity and the Allreduce's sum is y itself, so the column
+        # step runs without them (two launches per column less) and sytrd_w reads y
+        self.alone = desc.nprocs == 1
+        self.cv = self.y if self.alone else cp.zeros(2 * n, dtype=cp.float64)
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
@@ -239,14 +246,14 @@ class _Step:
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
                                           self.fz))
-        if "bcast" not in skip and not fused:
+        if "bcast" not in skip and not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
         if "gemv" not in skip:
             k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
                                                 self.d, self.e, self.tau, self.fz))
-        if "allreduce" not in skip and not fused:
+        if "allreduce" not in skip and not fused and not self.alone:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
@@ -317,7 +324,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
         if fused is not None and hasattr(comm, "record"):
             comm.record("Bcast (fused into sytrd_col)", st.bb.nbytes, n, 0.0, estimated=True)
             comm.record("Allreduce (fused into sytrd_symv)", st.y.nbytes, n, 0.0, estimated=True)
-        elif graphs is not None and hasattr(comm, "record"):
+        elif graphs is not None and hasattr(comm, "record") and not st.alone:
             per = _collective_seconds(st, inner, stream)
             comm.record("Bcast", st.bb.nbytes, n, per["Bcast"] * n, estimated=True)
             comm.record("Allreduce", st.y.nbytes, n, per["Allreduce"] * n, estimated=True)

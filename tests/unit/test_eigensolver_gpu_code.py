@@ -258,8 +258,8 @@ def test_symv_variant_text():
 
 def test_sytrd_mode_policy(monkeypatch):
     """Which column step auto picks: the fused transfers only on hpccoll's CUDA backend with the
-    deterministic sentinel algorithm, one rank per GPU and n up to FUSED_MAX_N; the collectives
-    in CUDA graphs on the other device communicators; eager on the host; and a clear error
+    deterministic sentinel algorithm, one rank per GPU, more than one rank and n up to
+    FUSED_MAX_N; CUDA graphs on the other device communicators; eager on the host; and a clear error
     where fused is asked for but cannot run, or the mode is unknown."""
     from types import SimpleNamespace
 
@@ -267,8 +267,9 @@ def test_sytrd_mode_policy(monkeypatch):
 
     import hpccoll.ext
 
-    def comm(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, per_gpu=1):
-        return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic, per_gpu=per_gpu)
+    def comm(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, per_gpu=1, size=2):
+        return SimpleNamespace(backend=backend, algorithm=algorithm, deterministic=deterministic, per_gpu=per_gpu,
+                               size=size)
 
     monkeypatch.setattr(hpccoll.ext, "ranks_per_gpu", lambda c: c.per_gpu)  # (no GPU: the fake's own count)
 
@@ -276,6 +277,7 @@ def test_sytrd_mode_policy(monkeypatch):
     assert sd.mode_for(comm(), 4096) == "fused"
     assert sd.mode_for(comm(), sd.FUSED_MAX_N) == "fused"
     assert sd.mode_for(comm(), big) == "graph"
+    assert sd.mode_for(comm(size=1), 4096) == "graph"                # one rank: no transfers to fuse
     assert sd.mode_for(comm(algorithm="twoshot_ll128", deterministic=False), 4096) == "graph"
     assert sd.mode_for(comm(algorithm="oneshot_ll"), 4096) == "graph"
     assert sd.mode_for(comm(deterministic=False), 4096) == "graph"
