@@ -46,6 +46,48 @@ def _solve(comm, prob, nb, **kw):
     return w, X, desc
 
 
+class _NoTransfers:
+    """A communicator that fails the test if Bcast or Allreduce is called (one rank needs none)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __getattr__(self, name):
+        if name in ("Bcast", "Allreduce"):
+            raise AssertionError(f"the one-rank column step called {name}")
+        return getattr(self.comm, name)
+
+
+@pytest.mark.parametrize("n,nb", [(600, 32), (1100, 64)])
+def test_gpu_one_rank_solve_and_column_step_without_transfers(n, nb):
+    """One rank (every rank with a communicator of its own): sygvd steps potrf, sygst and trsm
+    through 256-column panels and ormtr through 512-reflector blocks, and matches SciPy; its
+    column step calls neither Bcast nor Allreduce, and gives the same bits in graphs as eagerly."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import BlockCyclic, metrics
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.sytrd_device import sytrd_device
+
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    try:
+        prob = make_problem("clustered", n, cond_b=1e3, seed=7 + WORLD.Get_rank())
+        w, X, _ = _solve(c, prob, nb)
+        w, X = w.get(), X.get()
+        assert metrics.eigenvalue_error(w, sl.eigh(prob.A, prob.B, eigvals_only=True)) < 1e-10
+        assert metrics.residual(prob.A, prob.B, X, w) < 1.0
+        assert metrics.b_orthogonality(prob.B, X) < 100
+        outs = []
+        for mode in ("graph", "eager"):
+            local = cp.asfortranarray(cp.asarray(np.tril(prob.A)))
+            res = sytrd_device(local, BlockCyclic(n, n, nb, 1), _NoTransfers(c), mode)
+            outs.append(b"".join(cp.asnumpy(x).tobytes() for x in res) + cp.asnumpy(local).tobytes())
+        assert outs[0] == outs[1]
+    finally:
+        c.Free()
+
+
 @pytest.mark.parametrize("kind,n,nb", [("known", 197, 32), ("clustered", 256, 64), ("wilkinson", 131, 16)])
 def test_gpu_matches_scipy(gpu_comm, kind, n, nb):
     from hpccoll_eigensolver import gather, metrics
