@@ -49,8 +49,8 @@ SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C
 MODES = ("auto", "fused", "graph", "eager", "ops")
 
 SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_NOTICKET", "SY_SUMW", "SY_PREFETCH",
-               "SY_PERSIST")
+SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
+               "SY_PREFETCH", "SY_PERSIST")
 
 
 def symv_defines(text: str) -> tuple[str, ...]:

@@ -336,12 +336,13 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // the Allreduce sums both halves over the ranks: (C v)[r] = cv[r] + cv[n+r].
 //
 // Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
-// a chunk of SY_C (2 SY_C early: SY_WIDE) trailing local columns below the diagonal, a work
-// list that shrinks with the trailing matrix.  The launch is persistent (SY_PERSIST): about as
-// many blocks as fit on the GPU at once, each taking every gridDim-th item of the list.  (A
-// block per unit of column 0's rectangle, one captured launch shape for every column, spent a
-// near-constant ~65 us per column at n = 16384 on blocks that exit at once: 21% of the copy
-// bandwidth at column 12288.)  A busy unit reads at most SY_R x 2 SY_C x 8 = 256 KiB, so hundreds of units share the SMs
+// a chunk of SY_C (2 SY_C early: SY_WIDE; 4 SY_C earlier: SY_WIDER) trailing local columns
+// below the diagonal, a work list that shrinks with the trailing matrix.  The launch is
+// persistent (SY_PERSIST): about as many blocks as fit on the GPU at once, taking the list's
+// items from a counter.  (A block per unit of column 0's rectangle, one captured launch shape
+// for every column, spent a near-constant ~60 us per column at n = 16384 on blocks that exit
+// at once: 21% of the copy bandwidth at column 12288.)  A busy unit reads at most
+// SY_R x 2 SY_C x 8 = 256 KiB (twice that with SY_WIDER), so hundreds of units share the SMs
 // evenly at the start of a run (the previous split, S chunks of the whole trailing width per
 // tile, gave a few hundred units of up to 512 KiB and reached 1.6-1.9 TB/s).  A warp takes
 // the chunk's columns warp, warp + NW, ... SY_G at a time (24 loads per lane in flight), up to
@@ -385,6 +386,14 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #ifndef SY_WIDE
 #define SY_WIDE 2048
 #endif
+// And 4 SY_C wide while at least SY_WIDER remain (0: never): with the persistent launch the
+// early columns keep enough units at that width (each unit's fixed cost - its v loads, barriers,
+// fence and tickets - is then spread over twice the bytes).  A variant to time.
+#ifndef SY_WIDER
+#define SY_WIDER 0
+#endif
+#define SY_CW_MAX (SY_WIDER ? 4 * SY_C : 2 * SY_C)  // the widest chunk
+static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a thread per column");
 #ifndef SY_NOTICKET
 #define SY_NOTICKET 0
 #endif
@@ -437,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
   __shared__ double vrSh[SY_R];
-  __shared__ double vcSh[2 * SY_C];
+  __shared__ double vcSh[SY_CW_MAX];
   __shared__ bool lastSh[2];
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
@@ -450,7 +459,8 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 t0 = j / SY_R, tiles = NT - t0;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
-  const i64 cw = m >= SY_WIDE ? 2 * SY_C : SY_C;  // this column's chunk width (every unit agrees)
+  // this column's chunk width (every unit agrees)
+  const i64 cw = SY_WIDER && m >= SY_WIDER ? 4 * SY_C : m >= SY_WIDE ? 2 * SY_C : SY_C;
   const i64 nch = max((i64)1, (m + cw - 1) / cw);
 
   // Unit (tile a, chunk ch); `first`: the column's first unit, (t0, 0).  Uniform over the block.

@@ -63,7 +63,7 @@ def test_w_update_matches_latrd():
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
 @pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1"),
-                                     ("SY_PERSIST=0",)])
+                                     ("SY_PERSIST=0",), ("SY_WIDER=8192",)])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
     symv_defines can select (bench/symv_bench.py)."""
@@ -158,7 +158,7 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
             assert layout_first_after(j, nb, nprocs, rank) == int(np.searchsorted(cols, j, side="right")), (rank, j)
 
 
-def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE):
+def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER=0):
     """sytrd_symv's shape of column j on a rank: (local columns, row tiles, first trailing tile,
     first trailing local column, chunk width, chunks)."""
     from hpccoll_eigensolver.layout import numroc
@@ -167,16 +167,16 @@ def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE):
     nloc = numroc(n, nb, rank, nprocs)
     lo = layout_first_after(j, nb, nprocs, rank)
     m = nloc - lo
-    cw = 2 * SY_C if m >= SY_WIDE else SY_C
+    cw = 4 * SY_C if SY_WIDER and m >= SY_WIDER else 2 * SY_C if m >= SY_WIDE else SY_C
     return nloc, -(-n // SY_R), j // SY_R, lo, cw, max(1, -(-m // cw))
 
 
-def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
+def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048, SY_WIDER=0):
     """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
     (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
     from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
 
-    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE)
+    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER)
     units = {}
     for b in range((NT - t0) * nch):
         a, ch = t0 + b % (NT - t0), b // (NT - t0)
@@ -192,12 +192,12 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     return units
 
 
-def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
+def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048, SY_WIDER=0):
     """sytrd_symv's persistent work list for column j, as its code builds it (chunkPrefix, then
     each unit's chunk by search and tile by offset): [(tile, chunk)] after the 2nb dots."""
     from hpccoll_eigensolver.sytrd_device import layout_glob as glob
 
-    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE)
+    nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER)
     first_tile = [t0] + [glob(lo + ch * cw, nb, nprocs, rank) // SY_R for ch in range(1, nch)]
     pre = np.concatenate([[0], np.cumsum([NT - t for t in first_tile])])
     items = []
@@ -207,24 +207,24 @@ def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048):
     return items
 
 
-@pytest.mark.parametrize("wide", [2048, 100])
+@pytest.mark.parametrize("wide,wider", [(2048, 0), (100, 0), (100, 300)])
 @pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
-def test_symv_persistent_list_is_the_busy_units(n, nb, nprocs, wide):
+def test_symv_persistent_list_is_the_busy_units(n, nb, nprocs, wide, wider):
     """The persistent launch's work list holds each busy unit of the rectangle launch once, plus
     chunk 0's units on the tiles no trailing column reaches (they zero their rows of y), and
     nothing else: no unit above the diagonal, none twice, its first item (t0, 0)."""
     for rank in range(nprocs):
         for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
-            items = _persistent_items(n, nb, nprocs, rank, j, SY_WIDE=wide)
-            busy = set(_symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide))
+            items = _persistent_items(n, nb, nprocs, rank, j, SY_WIDE=wide, SY_WIDER=wider)
+            busy = set(_symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide, SY_WIDER=wider))
             zeroing = {(a, 0) for a in range(j // 256, -(-n // 256))} - busy
             assert len(items) == len(set(items)) and set(items) == busy | zeroing, (rank, j)
             assert items[0] == (j // 256, 0)
 
 
-@pytest.mark.parametrize("wide", [2048, 100])
+@pytest.mark.parametrize("wide,wider", [(2048, 0), (100, 0), (100, 300)])
 @pytest.mark.parametrize("n,nb,nprocs", [(1100, 64, 2), (77, 16, 2), (600, 32, 3), (700, 64, 1)])
-def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide):
+def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide, wider):
     """sytrd_symv's units (enumerated as its code does) cover every lower-triangle element (i >= g)
     of the trailing local columns g > j exactly once, and the tickets each unit takes count the
     busy units of its tile and of its chunk (a wrong count would hang a finalizer or skip it)."""
@@ -234,7 +234,7 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide):
     for rank in range(nprocs):
         nloc = numroc(n, nb, rank, nprocs)
         for j in sorted({0, 1, nb - 1, nb, 255, 256, 257, n // 2, n - 2, n - 1} & set(range(n))):
-            units = _symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide)
+            units = _symv_units(n, nb, nprocs, rank, j, SY_WIDE=wide, SY_WIDER=wider)
             seen = [cell for cells, _, _ in units.values() for cell in cells]
             want = {(i, g) for g in (layout_glob(c, nb, nprocs, rank) for c in range(nloc)) if g > j
                     for i in range(g, n)}
