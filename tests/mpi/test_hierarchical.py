@@ -127,6 +127,20 @@ def test_barrier_dup_split(hc):
     d.Free()
 
 
+def test_prepare_reaches_the_node_communicator(hc, monkeypatch):
+    """prepare() on a hierarchical communicator prepares its node communicator (a no-op on the
+    host backend, still checked) and leaves the collectives working."""
+    seen = []
+    real = hc._backend.local.prepare
+    monkeypatch.setattr(hc._backend.local, "prepare", lambda dtypes: (seen.append(list(dtypes)), real(dtypes)))
+    hc.prepare(("float64", np.int32))
+    assert seen == [["float64", "int32"]]
+    x = np.full(5, float(WORLD.Get_rank() + 1))
+    out = np.empty_like(x)
+    hc.Allreduce(x, out)
+    assert np.array_equal(out, np.full(5, WORLD.Get_size() * (WORLD.Get_size() + 1) / 2))
+
+
 def test_bad_node_size(monkeypatch):
     if WORLD.Get_size() < 2:
         pytest.skip("needs 2 ranks")
