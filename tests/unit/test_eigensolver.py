@@ -118,8 +118,10 @@ def test_sign_alignment():
 
 
 # -- solver at one rank ------------------------------------------------------------------------
-@pytest.mark.parametrize("n,nb", [(1, 4), (2, 4), (37, 8), (64, 64)])
+@pytest.mark.parametrize("n,nb", [(1, 4), (2, 4), (37, 8), (64, 64), (600, 64), (517, 32)])
 def test_sygvd_one_rank(n, nb):
+    """One rank (potrf, sygst and trsm then step through 256-column panels: 600 and 517 have
+    several, the last one ragged) against LAPACK."""
     from hpccoll import Communicator
 
     p = make_problem("random", n, cond_b=10.0, seed=n)
@@ -213,6 +215,39 @@ def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
     assert "2 GPUs faster than one GPU (CuPy) (from 8192)" in got
     md = (tmp_path / "report.md").read_text()
     assert "Against the targets" in md and "latency-bound (measured)" in md
+
+
+def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path):
+    """From the recorded one-H200 job (n = 8192 and 32768 at P = 1, 2, 4 through MPS, and the
+    anchor): one rank against the anchor in time and memory, the per-rank memory scaling against
+    1.3 x the one-rank share (from the solve's own pool mark), each verdict following from the
+    numbers; and no 'N GPUs faster' row, since those ranks shared one GPU."""
+    import tarfile
+
+    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
+                       "2026-12-02-h200x1-be7214e")
+    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
+        tar.extractall(tmp_path, filter="data")
+    build_report(str(tmp_path))
+    rep = json.loads((tmp_path / "report.json").read_text())
+    rows = rep["targets"]
+    groups = {(c["comm"], c["ranks"], c["n"]): c for c in rep["configurations"]}
+
+    def peak(c):
+        return c["memory"]["device_pool_solve_peak_bytes"]["max"]
+
+    for n in (8192, 32768):
+        mine, anchor = groups[("sentinel", 1, n)], groups[("single-gpu", 1, n)]
+        time_row = [r for r in rows if r["target"].startswith("one rank no slower") and f"n={n}," in r["where"]]
+        assert len(time_row) == 1
+        assert time_row[0]["met"] == (mine["median_solve_seconds"] <= anchor["median_solve_seconds"])
+        mem_row = [r for r in rows if r["target"].startswith("one rank: no more device memory") and f"n={n}," in r["where"]]
+        assert mem_row[0]["met"] == (peak(mine) <= peak(anchor)) == True  # noqa: E712
+        for p in (2, 4):
+            scale = [r for r in rows if r["target"].startswith("per-rank device memory") and f"n={n}, {p} ranks" in r["where"]]
+            assert scale[0]["met"] == (peak(groups[("sentinel", p, n)]) <= 1.3 * peak(mine) / p) == True  # noqa: E712
+    assert not [r for r in rows if "GPUs faster than one GPU" in r["target"]]
+    assert groups[("sentinel", 4, 8192)]["gpus_used"] == 1
 
 
 def test_report_from_recorded_gpu_runs(tmp_path):
