@@ -720,3 +720,16 @@ def test_prepare_loads_the_modules_before_the_first_collective(cc):
     cc.Allgather(x, every)
     assert cp.array_equal(out, every.sum(axis=0))
     assert set(kernels._MODULES) == set(before)
+
+
+def test_prepare_refuses_to_load_while_an_engine_runs(cc, monkeypatch):
+    """Loading a module may synchronize the context, which waits for a running eager engine:
+    prepare() of a dtype not yet loaded raises instead (naming the fix); of loaded ones it is a
+    no-op and allowed."""
+    backend = cc._backend
+    cc.prepare(("float32",))
+    with cc.persistent("float32"):
+        cc.prepare(("float32",))  # loaded already: nothing to load
+        monkeypatch.setattr(backend.kernels, "loaded", lambda dtype, loop=False: False)
+        with pytest.raises(hpccoll.HpccollError, match="eager engine runs: call prepare before start_persistent"):
+            cc.prepare(("float64",))

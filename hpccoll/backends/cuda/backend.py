@@ -213,17 +213,20 @@ class CudaBackend(Backend):
     def prepare(self, dtypes) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from .kernels import LOOP_FENCE
+        from ...errors import HpccollError
         from .nvrtc import compile_module
 
         loops = (False, True) if self.fuser is not None else (False,)  # True: captured chains (fusion.py)
-        wanted = [(dtype, loop) for dtype in dtypes for loop in loops]
         k = self.kernels
-        jobs = [(d, k.defines + ((LOOP_FENCE,) if loop else ())) for d, loop in wanted]
+        wanted = [(dtype, loop) for dtype in dtypes for loop in loops if not k.loaded(dtype, loop)]
+        if wanted and self.engines.active:
+            # (loading a module may synchronize the context, which waits for a running engine)
+            raise HpccollError(f"prepare: {', '.join(sorted({d for d, _ in wanted}))} not loaded yet while an eager "
+                               f"engine runs: call prepare before start_persistent, or stop_persistent first")
         # compiled side by side into the disk cache (NVRTC runs without the GIL and needs no CUDA
         # context), then loaded here, on this thread's context
-        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
-            list(pool.map(lambda job: compile_module("collectives.cu", job[0], k.arch, job[1]), jobs))
+        with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+            list(pool.map(lambda w: compile_module("collectives.cu", w[0], k.arch, k.defines_for(w[1])), wanted))
         for dtype, loop in wanted:
             k.module(dtype, loop)
 

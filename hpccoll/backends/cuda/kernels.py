@@ -67,7 +67,15 @@ class Kernels:
         # No MPI inside a collective: a rank whose peer never arrives must reach the kernel's
         # bounded poll, not hang in a barrier.  Ranks compiling at once is safe: the disk cache
         # is written atomically.
-        return self._load("collectives.cu", dtype, self.defines + ((LOOP_FENCE,) if loop else ()))
+        return self._load("collectives.cu", dtype, self.defines_for(loop))
+
+    def defines_for(self, loop: bool = False) -> tuple[str, ...]:
+        """The compile defines of collectives.cu's launched (loop=False) or loop module."""
+        return self.defines + ((LOOP_FENCE,) if loop else ())
+
+    def loaded(self, dtype: str, loop: bool = False) -> bool:
+        """Is collectives.cu's module for dtype (launched or loop) loaded on this device?"""
+        return (self.device_id, "collectives.cu", dtype, self.defines_for(loop)) in _MODULES
 
     def engine_module(self, dtype: str) -> Module:
         return self._load("persistent.cu", dtype, self.defines)
