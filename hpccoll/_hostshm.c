@@ -450,9 +450,8 @@ static PyTypeObject SegmentType = {
 // ---- Plan: one call's buffers and codes, bound once ---------------------------------------------
 typedef struct {
     PyObject_HEAD
-    Segment *seg;
-    Py_buffer send, recv;  // held while the plan lives (bound: both, from init on)
-    int bound;
+    Segment *seg;          // set by a successful init, with both buffers below
+    Py_buffer send, recv;  // held while the plan lives
     int dtype, op;
     PyObject *on_fail;  // on_fail(rank): the rank that never came, or -1 (broken or closed before the call)
 } Plan;
@@ -474,7 +473,6 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (get_buffers((Segment *)seg, send, recv, dtype, &p->send, &p->recv) < 0) return -1;
-    p->bound = 1;
     p->dtype = dtype;
     p->op = op;
     Py_INCREF(seg);
@@ -485,7 +483,7 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
 }
 
 static void Plan_dealloc(Plan *p) {
-    if (p->bound) {
+    if (p->seg) {  // initialized: the buffers are held
         PyBuffer_Release(&p->send);
         PyBuffer_Release(&p->recv);
     }
@@ -507,6 +505,10 @@ static PyObject *fail(Plan *p, int code) {
 // launch(stream=None): the call, one C call from Python (the host backend ignores streams).
 static PyObject *Plan_launch(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     Segment *s = p->seg;
+    if (!s) {
+        PyErr_SetString(PyExc_RuntimeError, "_hostshm.Plan: not initialized");
+        return NULL;
+    }
     if (nargs > 1) {
         PyErr_SetString(PyExc_TypeError, "launch(stream=None)");
         return NULL;
