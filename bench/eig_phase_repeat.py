@@ -39,7 +39,7 @@ def main() -> int:
     symmetrize(A0, desc, MPI.COMM_SELF)
     symmetrize(B0, desc, MPI.COMM_SELF)
     with hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True) as comm:
-        comm.prepare(("float64", "int64"))  # as the CLI does: no kernel compile inside a timed call
+        comm.prepare(("float64",))  # as the CLI does: no kernel compile inside a timed call
         for width in (int(w) for w in a.widths.split(",")):
             B = B0.copy(order="F")
             sync()

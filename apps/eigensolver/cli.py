@@ -143,8 +143,8 @@ def cmd_solve(args) -> int:
         fail_together(ctl, f"--comm {args.comm} cannot run here: {exc}")
     if device == "gpu":
         # hpccoll's kernels for this rank count too (a cold compile is seconds per dtype, and it
-        # would land in the first timed collective)
-        comm.prepare(("float64", "int64"))
+        # would land in the first timed collective); every collective of the solve is float64
+        comm.prepare(("float64",))
     sytrd_mode = "ops"
     try:
         if device == "gpu":

@@ -31,6 +31,11 @@ ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimensi
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
 
 
+def ormtr_block(device: bool) -> int:
+    """ormtr's default reflectors per block on the GPU or the host."""
+    return ORMTR_BLOCK_DEVICE if device else ORMTR_BLOCK
+
+
 def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto"):
     """Tridiagonalize the distributed symmetric C (its lower triangle): C = Q T Q^T.  Returns
     d, e (T's diagonals) and tau (the reflectors' scalars), replicated; C's columns then hold
@@ -144,7 +149,7 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     is zeroed and its diagonal of M set to 1, which leaves it out."""
     n, nb = desc.n, desc.nb
     if block is None:
-        block = ORMTR_BLOCK_DEVICE if is_device(xp) else ORMTR_BLOCK
+        block = ormtr_block(is_device(xp))
     if block < 1:
         raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
     bw = max(nb, block // nb * nb)

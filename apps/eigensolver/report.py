@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from . import metrics
-from .runinfo import MemoryMeter
+from .runinfo import DEVICE_PEAK_KEYS, MemoryMeter
 
 #: the reproducibility guarantee, as solve writes it into every run
 #: what every metric of a run record means (the records and report.json carry it)
@@ -248,11 +248,11 @@ def _targets(groups: list[dict]) -> list[dict]:
                                  "measured": f"{mine / 2**20:.0f} / {theirs / 2**20:.0f} MiB = {mine / theirs:.2f}×",
                                  "met": mine <= theirs})
             single = cfg.get(("sentinel", 1))
-            if single and ranks > 1 and _device_peak(s) and _device_peak(single):
-                x = _device_peak(s) / (_device_peak(single) / ranks)
+            mine, theirs = _device_peak(s), single and _device_peak(single)
+            if ranks > 1 and mine and theirs:
+                x = mine / (theirs / ranks)
                 rows.append({"target": "per-rank device memory ≤ 1.3 × (one rank's) / P", "where": where,
-                             "measured": f"{_device_peak(s) / 2**20:.0f} MiB against "
-                                         f"{_device_peak(single) / 2**20:.0f} / {ranks} MiB: {x:.2f}×",
+                             "measured": f"{mine / 2**20:.0f} MiB against {theirs / 2**20:.0f} / {ranks} MiB: {x:.2f}×",
                              "met": x <= 1.3})
             if one and ts and one["median_solve_seconds"] and ranks > 1 and (s.get("gpus_used") or ranks) > 1:
                 x = one["median_solve_seconds"] / ts
@@ -280,7 +280,7 @@ def _device_peak(g: dict) -> int | None:
     """The configuration's largest per-rank device pool peak of the solve (of the solve and its
     metrics in records that lack the former)."""
     m = g.get("memory") or {}
-    for key in ("device_pool_solve_peak_bytes", "device_pool_peak_bytes"):
+    for key in DEVICE_PEAK_KEYS:
         if (m.get(key) or {}).get("max"):
             return m[key]["max"]
     return None

@@ -135,6 +135,10 @@ def nvidia_smi_used_bytes(pid: int | None = None) -> int | None:
     return total
 
 
+# a record's device peak: the solve's own pool mark, else (older records) the mark with the metrics
+DEVICE_PEAK_KEYS = ("device_pool_solve_peak_bytes", "device_pool_peak_bytes")
+
+
 class MemoryMeter:
     """Peak memory of one stretch of work (a solve and its metrics) in this process.
 

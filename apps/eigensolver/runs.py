@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .runinfo import DEVICE_PEAK_KEYS
+
 PROG = "hpccoll-eigensolver"
 SCIPY_REFERENCE_MAX_N = 4096
 SAVE_VECTORS_MAX_N = 4096
@@ -101,7 +103,7 @@ def print_run(rec: dict) -> None:
     ph = " ".join(f"{k} {v:.3f}" for k, v in rec["phases"].items())
     coll = rec.get("collectives") or {}
     mem = (rec.get("memory") or {}).get("per_rank") or []
-    keys = ("device_pool_solve_peak_bytes", "device_pool_peak_bytes") if rec.get("device") == "gpu" else ("peak_rss_bytes",)
+    keys = DEVICE_PEAK_KEYS if rec.get("device") == "gpu" else ("peak_rss_bytes",)
     peaks = [next((m[k] for k in keys if m.get(k) is not None), None) for m in mem]
     peaks = [p for p in peaks if p is not None]
     print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}] n={rec['n']} solve {rec['solve_seconds']:.3f}s "
