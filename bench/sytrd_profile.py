@@ -3,7 +3,7 @@
 
     mpiexec -n 2 python3 bench/sytrd_profile.py [--n 8192] [--nb 64] [--comm sentinel] [--json out.json]
 
-For panels starting at 0, n/4, n/2 and 3n/4: the panel's nb column steps are captured in one
+For panels starting at 0, n/4, n/2 and 3n/4 (--panels): the panel's nb column steps are captured in one
 CUDA graph, as the solver does, once whole and once with each stage left out (col on the
 owner, bcast, gemv, allreduce, w, both collectives); each graph is replayed 5 times from
 the panel's start (median of the event times). A stage's cost = whole - without it, per column.
@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--symv", default="default",
                     help="';'-separated sytrd_symv variants, each 'default' or defines (NAME=VALUE,...)")
+    ap.add_argument("--panels", default="0,0.25,0.5,0.75",
+                    help="','-separated panel starts as fractions of n (rounded down to a multiple of nb)")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     import cupy as cp
@@ -74,7 +76,7 @@ def _profile(st, product, desc, comm, stream, world, opts, cols):
 
     n, nb, rank = desc.n, desc.nb, world.Get_rank()
     rows = []
-    for p0 in sorted({0, n // 4 // nb * nb, n // 2 // nb * nb, 3 * n // 4 // nb * nb}):
+    for p0 in sorted({min(int(float(f) * n) // nb * nb, (n - 1) // nb * nb) for f in opts.panels.split(",")}):
         owner = desc.owner(p0)
         width = min(nb, n - p0)
         per_variant = {}
