@@ -50,7 +50,7 @@ MODES = ("auto", "fused", "graph", "eager", "ops")
 
 SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
 SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
-               "SY_PREFETCH", "SY_PERSIST")
+               "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID")
 
 
 def symv_defines(text: str) -> tuple[str, ...]:
@@ -226,7 +226,8 @@ class _Step:
             if self.nch > SY_MAXCH:
                 raise ValueError(f"sytrd_device: {self.nloc} local columns are more than sytrd_symv's work list "
                                  f"holds ({SY_MAXCH} chunks of {self.sy_c}); use more ranks")
-            self.symv_grid = resident_grid(self.k["symv"], TPB)
+            # SY_GRID (timing only, not a macro of the source): fewer blocks than fit at once
+            self.symv_grid = int(macros.get("SY_GRID", 0)) or resident_grid(self.k["symv"], TPB)
         else:
             self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused

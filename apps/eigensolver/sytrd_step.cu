@@ -388,14 +388,24 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 #endif
 // And 4 SY_C wide while at least SY_WIDER remain (0: never): with the persistent launch the
 // early columns keep enough units at that width (each unit's fixed cost - its v loads, barriers,
-// fence and tickets - is then spread over twice the bytes).  A variant to time.
+// fence and tickets - is then spread over twice the bytes): 8-12% less time per product from
+// about 8192 trailing local columns up on one H200 (bench/symv_bench.py, bench/sytrd_profile.py),
+// none at 4096, mixed at 6144.
 #ifndef SY_WIDER
-#define SY_WIDER 0
+#define SY_WIDER 7168
 #endif
 #define SY_CW_MAX (SY_WIDER ? 4 * SY_C : 2 * SY_C)  // the widest chunk
 static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a thread per column");
 #ifndef SY_NOTICKET
 #define SY_NOTICKET 0
+#endif
+// Timing only (bench/sytrd_profile.py, the product's fixed cost; y is then wrong): SY_NODOT=1
+// leaves the 2nb panel dots out of the work list, SY_EMPTY=1 returns at once (the launch alone).
+#ifndef SY_NODOT
+#define SY_NODOT 0
+#endif
+#ifndef SY_EMPTY
+#define SY_EMPTY 0
 #endif
 // Loads in flight in the last units' sums of partials (up to NT per column, nch per row: 32-64
 // at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16).  The tickets and these sums cost
@@ -448,6 +458,9 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __shared__ double vrSh[SY_R];
   __shared__ double vcSh[SY_CW_MAX];
   __shared__ bool lastSh[2];
+#if SY_EMPTY
+  return;
+#endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
   const HVec v(bbIn(fz, bb, n, j), j, fz, nb);
@@ -581,8 +594,8 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const auto ask = [&] { return (i64)atomicAdd((unsigned long long*)(st + 5), 1ull); };
   if (threadIdx.x == 0) itemSh = ask();
   chunkPrefix(pre, scan, L, nch, lo, cw, NT, t0);  // ends in __syncthreads
-  const i64 items = 2 * nb + pre[nch];
-  i64 w = itemSh;
+  const i64 items = 2 * nb + pre[nch], skip = SY_NODOT ? 2 * nb : 0;  // skip: timing only
+  i64 w = itemSh + skip;
   while (w < items) {
     const i64 next = threadIdx.x == 0 ? ask() : 0;  // waited for after the unit
     if (w < 2 * nb) {
@@ -600,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     __syncthreads();  // every thread is done with the item (shared memory, itemSh)
     if (threadIdx.x == 0) itemSh = next;
     __syncthreads();
-    w = itemSh;
+    w = itemSh + skip;
   }
   if (threadIdx.x == 0 && atomicAdd((unsigned long long*)(st + 6), 1ull) == gridDim.x - 1) {
     st[5] = 0;

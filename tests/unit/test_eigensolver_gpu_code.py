@@ -62,8 +62,8 @@ def test_w_update_matches_latrd():
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1"),
-                                     ("SY_PERSIST=0",), ("SY_WIDER=8192",)])
+@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_WIDER=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1"),
+                                     ("SY_PERSIST=0",), ("SY_WIDER=0",), ("SY_NODOT=1", "SY_GRID=32"), ("SY_EMPTY=1",)])
 def test_sytrd_step_kernels_compile(defines):
     """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
     symv_defines can select (bench/symv_bench.py)."""
