@@ -51,6 +51,7 @@ MODES = ("auto", "fused", "graph", "eager", "ops")
 SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
 SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
                "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID")
+SYMV_LAUNCH = ("SY_GRID",)  # of those, the launch's (timing only: blocks of the persistent grid), not the source's
 
 
 def symv_defines(text: str) -> tuple[str, ...]:
@@ -216,7 +217,7 @@ class _Step:
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
-        mod = raw_module("sytrd_step.cu", self.defines)
+        mod = raw_module("sytrd_step.cu", tuple(d for d in self.defines if d.split("=")[0] not in SYMV_LAUNCH))
         self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "symv", "w", "wfix")}
         self.n64, self.nb32 = np.int64(n), np.int32(nb)
         # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is
@@ -226,7 +227,6 @@ class _Step:
             if self.nch > SY_MAXCH:
                 raise ValueError(f"sytrd_device: {self.nloc} local columns are more than sytrd_symv's work list "
                                  f"holds ({SY_MAXCH} chunks of {self.sy_c}); use more ranks")
-            # SY_GRID (timing only, not a macro of the source): fewer blocks than fit at once
             self.symv_grid = int(macros.get("SY_GRID", 0)) or resident_grid(self.k["symv"], TPB)
         else:
             self.symv_grid = self.nt * self.nch + 2 * nb
