@@ -5,7 +5,7 @@
 
 For panels starting at 0, n/4, n/2 and 3n/4 (--panels): the panel's nb column steps are captured in one
 CUDA graph, as the solver does, once whole and once with each stage left out (col on the
-owner, bcast, gemv, allreduce, w, both collectives); each graph is replayed 5 times from
+owner, bcast, gemv, allreduce, w, both collectives; --stages picks among them); each graph is replayed 5 times from
 the panel's start (median of the event times). A stage's cost = whole - without it, per column.
 C holds random numbers (the timing does not depend on the values; the variants' results are
 wrong on purpose and discarded).  Also printed: the bytes the gemv reads per column and the
@@ -34,8 +34,15 @@ def main() -> int:
                     help="';'-separated sytrd_symv variants, each 'default' or defines (NAME=VALUE,...)")
     ap.add_argument("--panels", default="0,0.25,0.5,0.75",
                     help="','-separated panel starts as fractions of n (rounded down to a multiple of nb)")
+    ap.add_argument("--stages", default=",".join(VARIANTS),
+                    help="','-separated graphs to time per panel: 'whole' and stage removals (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
+    stages = [s for s in opts.stages.split(",") if s]
+    unknown = [s for s in stages if s not in VARIANTS]
+    if unknown or "whole" not in stages:
+        ap.error(f"--stages {opts.stages!r}: name 'whole' and any of {', '.join(VARIANTS)}")
+    opts.stages = stages
     import cupy as cp
     from mpi4py import MPI
 
@@ -80,7 +87,8 @@ def _profile(st, product, desc, comm, stream, world, opts, cols):
         owner = desc.owner(p0)
         width = min(nb, n - p0)
         per_variant = {}
-        for name, skip in VARIANTS.items():
+        for name in opts.stages:
+            skip = VARIANTS[name]
             st.begin_panel(p0)
             stream.begin_capture()
             try:
@@ -106,8 +114,8 @@ def _profile(st, product, desc, comm, stream, world, opts, cols):
         row = {"product": product, "p0": p0, "us_per_column": per_variant,
                "stage_us": {k[1:]: per_variant["whole"] - v for k, v in per_variant.items() if k != "whole"},
                "gemv_bytes": gemv_bytes}
-        g_us = row["stage_us"]["gemv"]
-        row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us > 0 else None
+        g_us = row["stage_us"].get("gemv")
+        row["gemv_GBps"] = gemv_bytes / (g_us * 1e3) if g_us and g_us > 0 else None
         rows.append(row)
         if rank == 0:
             print(f"{product:12s} p0={p0:6d} whole {per_variant['whole']:7.2f} us/col  "

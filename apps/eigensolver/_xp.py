@@ -108,6 +108,59 @@ def potrf(xp, a):
         return np.full_like(a, np.nan)
 
 
+def potrf_in_place(xp, a):
+    """Overwrite the column-major device matrix a (symmetric positive definite, lower triangle
+    read) with its lower Cholesky factor: cuSOLVER potrf on a's own memory (no n x n copy), the
+    strict upper triangle zeroed.  Returns a device flag, true where B is not positive definite
+    (devInfo != 0, or a pivot NaN or <= 0), read by the caller at its next host sync."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas, cusolver
+
+    if not _unit_rows(a):
+        raise ValueError("potrf_in_place: `a` must be column-major (a Fortran-order array or a block of one)")
+    n = a.shape[0]
+    lda = _leading_dim(a)
+    lower = cublas.CUBLAS_FILL_MODE_LOWER
+    handle = cupy.cuda.device.get_cusolver_handle()
+    cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    lwork = cusolver.dpotrf_bufferSize(handle, lower, n, a.data.ptr, lda)
+    work = cupy.empty(max(1, lwork), dtype=cupy.float64)
+    info = cupy.zeros((), dtype=cupy.int32)
+    cusolver.dpotrf(handle, lower, n, a.data.ptr, lda, work.data.ptr, lwork, info.data.ptr)
+    for c0 in range(0, n, 1024):  # the strict upper triangle, a column chunk at a time
+        c1 = min(n, c0 + 1024)
+        a[:c0, c0:c1] = 0.0
+        a[c0:c1, c0:c1] = xp.tril(a[c0:c1, c0:c1])
+    return (info != 0) | ~xp.all(xp.diagonal(a) > 0)
+
+
+def trsm_in_place(xp, L, b, *, trans: bool = False) -> None:
+    """b := L^-1 b (trans=False) or L^-T b (trans=True) for lower triangular L, both column-major
+    device matrices: one cuBLAS trsm on b's own memory (no copy of b)."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    for name, x in (("L", L), ("b", b)):
+        if not _unit_rows(x):
+            raise ValueError(f"trsm_in_place: `{name}` must be column-major (a Fortran-order array or a block of one)")
+    m, nrhs = b.shape
+    if m != L.shape[0] or L.shape[0] != L.shape[1]:
+        raise ValueError(f"trsm_in_place: L is {L.shape[0]} x {L.shape[1]}, b has {m} rows: L must be {m} x {m}")
+    if not b.size:
+        return
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    one = np.ones(1, dtype=np.float64)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        cublas.dtrsm(handle, cublas.CUBLAS_SIDE_LEFT, cublas.CUBLAS_FILL_MODE_LOWER,
+                     cublas.CUBLAS_OP_T if trans else cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_NON_UNIT,
+                     m, nrhs, one.ctypes.data, L.data.ptr, _leading_dim(L), b.data.ptr, _leading_dim(b))
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
 def trsm(xp, L, b, *, trans: bool = False, lower: bool = True):
     """Solve L x = b (trans=False) or L^T x = b (trans=True) for triangular L (lower by default)."""
     if is_device(xp):

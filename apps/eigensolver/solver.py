@@ -5,8 +5,9 @@ phase works on that layout: no rank holds an n x n matrix at any time (docs/eige
 the memory model).  Steps and their collectives (P ranks, n columns, block nb):
 
   potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (triangular.py).
-          One Bcast per panel (n / nb).  On one rank potrf, sygst and trsm step through
-          wider panels (triangular.panel_desc: every column is local, the layout is the same).
+          One Bcast per panel (n / nb).  On one GPU rank potrf and trsm are single in-place
+          cuSOLVER / cuBLAS calls on the whole matrix, and sygst steps through wider panels
+          (triangular.panel_desc: every column is local, the layout is the same).
   sygst   C = L^-1 A L^-T by LAPACK's blocked algorithm, C's lower triangle only: one Bcast per
           panel for the symmetric trailing updates, then one per panel of L for the deferred
           forward substitution (triangular.py).

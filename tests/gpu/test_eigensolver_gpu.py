@@ -60,8 +60,9 @@ class _NoTransfers:
 
 @pytest.mark.parametrize("n,nb", [(600, 32), (1100, 64)])
 def test_gpu_one_rank_solve_and_column_step_without_transfers(n, nb):
-    """One rank (every rank with a communicator of its own): sygvd steps potrf, sygst and trsm
-    through 256-column panels and ormtr through 512-reflector blocks, and matches SciPy; its
+    """One rank (every rank with a communicator of its own): sygvd runs potrf and trsm as single
+    in-place cuSOLVER / cuBLAS calls, steps sygst through 256-column panels and ormtr through
+    512-reflector blocks, and matches SciPy; its
     column step calls neither Bcast nor Allreduce, and gives the same bits in graphs as eagerly."""
     import cupy as cp
     import numpy as np
@@ -160,6 +161,58 @@ def test_gpu_potrf_sygst_trsm_against_lapack(gpu_comm, update_cols):
     X = back_transform(cp.asarray(distribute(Y, desc, gpu_comm.rank)), L, desc, gpu_comm, cp)
     np.testing.assert_allclose(gather(X, desc, gpu_comm).get(), sl.solve_triangular(Lref, Y, lower=True, trans=1),
                                rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [7, 293, 1500])
+def test_gpu_one_rank_potrf_and_trsm_in_place(n):
+    """One rank: potrf is cuSOLVER's on the whole matrix and the back-substitution one cuBLAS
+    trsm, both in place (here on a block of a larger array, so the leading dimension is not n),
+    against LAPACK; a B that is not positive definite (a negative or NaN pivot) raises
+    NotPositiveDefinite; arrays that are not column-major are refused by name."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import BlockCyclic, NotPositiveDefinite
+    from hpccoll_eigensolver._xp import trsm_in_place
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.triangular import back_transform, potrf
+
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    try:
+        rng = np.random.default_rng()
+        prob = make_problem("random", n, cond_b=1e6, seed=int(rng.integers(1 << 30)))
+        desc = BlockCyclic(n, n, 64, 1)
+        big = cp.asfortranarray(cp.asarray(rng.standard_normal((n + 5, n + 3))))
+        outside = big.copy()
+        B = big[2:2 + n, 1:1 + n]
+        B[...] = cp.asarray(prob.B)
+        L = potrf(B, desc, c, cp)
+        assert L.data.ptr == B.data.ptr
+        Lref = sl.cholesky(prob.B, lower=True)
+        Lg = L.get()
+        assert np.array_equal(Lg, np.tril(Lg))
+        np.testing.assert_allclose(Lg, Lref, rtol=0, atol=1e-13 * np.abs(Lref).max())
+        rest = np.ones(big.shape, dtype=bool)
+        rest[2:2 + n, 1:1 + n] = False
+        assert np.array_equal(big.get()[rest], outside.get()[rest])
+        Y = rng.standard_normal((n, n + 2))
+        X = cp.asfortranarray(cp.asarray(Y))
+        assert back_transform(X, L, desc, c, cp) is X
+        np.testing.assert_allclose(X.get(), sl.solve_triangular(Lref, Y, lower=True, trans=1),
+                                   rtol=0, atol=1e-8 * max(1.0, np.abs(Y).max()))
+        X = cp.asfortranarray(cp.asarray(Y))
+        trsm_in_place(cp, L, X)
+        np.testing.assert_allclose(X.get(), sl.solve_triangular(Lref, Y, lower=True),
+                                   rtol=0, atol=1e-8 * max(1.0, np.abs(Y).max()))
+        with pytest.raises(ValueError, match="`b` must be column-major"):
+            trsm_in_place(cp, L, cp.ascontiguousarray(cp.asarray(Y)))
+        for bad in (-1.0, np.nan):
+            Bbad = prob.B.copy()
+            Bbad[n // 2, n // 2] = bad
+            with pytest.raises(NotPositiveDefinite):
+                potrf(cp.asfortranarray(cp.asarray(Bbad)), desc, c, cp)
+    finally:
+        c.Free()
 
 
 @pytest.mark.parametrize("cond_b", [1e3, 1e8, 1e12])
