@@ -190,20 +190,25 @@ def test_gpu_one_rank_potrf_and_trsm_in_place(n):
         assert L.data.ptr == B.data.ptr
         Lref = sl.cholesky(prob.B, lower=True)
         Lg = L.get()
+        eps = np.finfo(np.float64).eps
         assert np.array_equal(Lg, np.tril(Lg))
-        np.testing.assert_allclose(Lg, Lref, rtol=0, atol=1e-13 * np.abs(Lref).max())
+        assert np.linalg.norm(Lg @ Lg.T - prob.B) <= 4 * n * eps * np.linalg.norm(prob.B)  # backward error
+        np.testing.assert_allclose(Lg, Lref, rtol=0, atol=1e-8 * np.abs(Lref).max())      # cond(B) = 1e6
         rest = np.ones(big.shape, dtype=bool)
         rest[2:2 + n, 1:1 + n] = False
         assert np.array_equal(big.get()[rest], outside.get()[rest])
         Y = rng.standard_normal((n, n + 2))
         X = cp.asfortranarray(cp.asarray(Y))
         assert back_transform(X, L, desc, c, cp) is X
-        np.testing.assert_allclose(X.get(), sl.solve_triangular(Lref, Y, lower=True, trans=1),
-                                   rtol=0, atol=1e-8 * max(1.0, np.abs(Y).max()))
-        X = cp.asfortranarray(cp.asarray(Y))
-        trsm_in_place(cp, L, X)
-        np.testing.assert_allclose(X.get(), sl.solve_triangular(Lref, Y, lower=True),
-                                   rtol=0, atol=1e-8 * max(1.0, np.abs(Y).max()))
+        for trans, Xg in ((True, X.get()), (False, None)):
+            if Xg is None:
+                X = cp.asfortranarray(cp.asarray(Y))
+                trsm_in_place(cp, L, X)
+                Xg = X.get()
+            op = Lg.T if trans else Lg
+            assert np.linalg.norm(op @ Xg - Y) <= 4 * n * eps * np.linalg.norm(Lg) * np.linalg.norm(Xg)
+            ref = sl.solve_triangular(Lref, Y, lower=True, trans=1 if trans else 0)
+            np.testing.assert_allclose(Xg, ref, rtol=0, atol=1e-7 * np.abs(ref).max())
         with pytest.raises(ValueError, match="`b` must be column-major"):
             trsm_in_place(cp, L, cp.ascontiguousarray(cp.asarray(Y)))
         for bad in (-1.0, np.nan):
