@@ -133,3 +133,48 @@ extern "C" __global__ void dc_secular(const double* d, const double* z2, long lo
     tauOut[blockIdx.x] = t;
   }
 }
+
+// ---- the deflation rotations (tridiag_dc._rotate), a thread per row of Q ----
+// Q column-major (rows h, leading dimension ld); rotation r: column a <- c a + s b, column b <-
+// c b - s a (dlaed2's DROT), in list order, each product and sum rounded on its own (no fma): a
+// row's values go through the same operations in the same order in every run.  The rotations
+// form chains (tridiag_dc._rotate checks it): each column is the b of at most one rotation and
+// was not touched before it, and an a is either the previous rotation's b (carried in a
+// register) or a column not touched before.  So every load a row needs is of a value no earlier
+// rotation changed, and the loads of RPF rotations ahead are in flight together (one L2 round
+// trip per rotation made a clustered spectrum's thousands of rotations latency-bound).
+#define RPF 8
+extern "C" __global__ void dc_rotate(double* Q, long long h, long long ld, const long long* ra, const long long* rb,
+                                     const double* rc, const double* rs, long long R) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= h) return;
+  double* row = Q + i;
+  double xa[RPF], yb[RPF];
+  const auto fetch = [&](long long r, int u) {  // the values rotation r reads (its a only when not chained)
+    if (r < R) {
+      xa[u] = (r > 0 && ra[r] == rb[r - 1]) ? 0.0 : row[ra[r] * ld];
+      yb[u] = row[rb[r] * ld];
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < RPF; ++u) fetch(u, u);
+  double carry = 0.0;
+  long long prevB = -1;
+  for (long long r0 = 0; r0 < R; r0 += RPF) {
+#pragma unroll
+    for (int u = 0; u < RPF; ++u) {
+      const long long r = r0 + u;
+      if (r >= R) break;
+      const long long a = ra[r], b = rb[r];
+      const double x = a == prevB ? carry : xa[u], y = yb[u];
+      const double c = rc[r], s = rs[r];
+      const double na = __dadd_rn(__dmul_rn(c, x), __dmul_rn(s, y));
+      const double nb = __dsub_rn(__dmul_rn(c, y), __dmul_rn(s, x));
+      row[a * ld] = na;
+      row[b * ld] = nb;
+      carry = nb;
+      prevB = b;
+      fetch(r + RPF, u);  // slot u is free again
+    }
+  }
+}

@@ -220,6 +220,78 @@ def test_gpu_one_rank_potrf_and_trsm_in_place(n):
         c.Free()
 
 
+@pytest.mark.parametrize("n,nb,block", [(301, 16, 64), (1030, 64, 512), (1031, 64, 512)])
+def test_gpu_ormtr_matches_host(n, nb, block):
+    """ormtr on the GPU (the block from an aligned row with a zero first row of Vb, T = M^-1 and
+    a GEMM) against the host's (LAPACK's rows, a triangular solve), one rank, random reflectors
+    (some with tau = 0) and random Z."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import BlockCyclic, householder
+
+    rng = np.random.default_rng()
+    V = np.asfortranarray(np.tril(rng.standard_normal((n, n)), -1) / np.sqrt(n))
+    tau = 1.0 + rng.random(n)
+    tau[rng.integers(0, n, 5)] = 0.0
+    Z = np.asfortranarray(rng.standard_normal((n, n - 3)))
+    desc = BlockCyclic(n, n, nb, 1)
+    gc = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    hc = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+    try:
+        Zd = cp.asfortranarray(cp.asarray(Z))
+        householder.ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
+        Zh = Z.copy(order="F")
+        householder.ormtr(V, tau, Zh, desc, hc, np, block=block)
+        np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max())
+        assert not np.allclose(Zh, Z)
+    finally:
+        gc.Free()
+        hc.Free()
+
+
+def _drot_loop(Q, rots):
+    """dlaed2's DROT applied in order on the host, each product and sum rounded on its own."""
+    out = Q.copy()
+    for a, b, c, s in rots:
+        x, y = out[:, a].copy(), out[:, b].copy()
+        out[:, a] = c * x + s * y
+        out[:, b] = c * y - s * x
+    return out
+
+
+@pytest.mark.parametrize("h,k", [(1, 5), (77, 40), (1000, 700)])
+def test_gpu_dc_rotations_bitwise_as_sequential_drot(h, k):
+    """The divide and conquer's deflation rotations on the GPU (a thread per row, loads issued
+    ahead) give the bits of the sequential DROT loop, on random chains over a random order of
+    the columns of a block of a larger array; a list that does not chain the way dlaed2's do
+    is refused."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import tridiag_dc
+
+    rng = np.random.default_rng()
+    Q = rng.standard_normal((h, k))
+    cols, rots, at = rng.permutation(k), [], 0
+    while at < k - 1:
+        chain = cols[at:at + int(rng.integers(2, 12))]
+        at += chain.size
+        for a, b in zip(chain[:-1], chain[1:]):
+            th = rng.uniform(0.0, 2.0 * np.pi)
+            rots.append((int(a), int(b), float(np.cos(th)), float(np.sin(th))))
+    assert tridiag_dc._chained(rots)
+    big = cp.asfortranarray(cp.asarray(rng.standard_normal((h + 3, k + 2))))
+    view = big[1:1 + h, 2:2 + k]
+    view[...] = cp.asarray(Q)
+    tridiag_dc._rotate(view, rots, cp)
+    assert np.array_equal(view.get(), _drot_loop(Q, rots))
+    bad = rots[:3] + [(rots[0][1], rots[0][0], 0.6, 0.8)]  # a column rotated as b twice
+    assert not tridiag_dc._chained(bad)
+    with pytest.raises(ValueError, match="chain"):
+        tridiag_dc._rotate(cp.asfortranarray(cp.asarray(Q)), bad, cp)
+
+
 @pytest.mark.parametrize("cond_b", [1e3, 1e8, 1e12])
 @pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson"])
 def test_gpu_accuracy_as_lapack(gpu_comm, kind, cond_b):

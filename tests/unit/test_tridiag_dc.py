@@ -156,3 +156,17 @@ def test_work_arrays_stay_in_chunks(monkeypatch):
     w2, Z2 = eigh_tridiagonal_dc(d, e, leaf=16)
     assert w2.tobytes() == w.tobytes()
     np.testing.assert_allclose(Z2, Z, atol=1e-13)
+
+
+def test_rotation_chains_recognized():
+    """dc_rotate's precondition (tridiag_dc._chained): every column the b of at most one rotation
+    and untouched before it, every a the previous b or untouched."""
+    from hpccoll_eigensolver.tridiag_dc import _chained
+
+    r = 0.6, 0.8
+    assert _chained([])
+    assert _chained([(0, 3, *r), (3, 5, *r), (1, 2, *r)])
+    assert not _chained([(0, 1, *r), (0, 2, *r)])        # an a seen before, not the previous b
+    assert not _chained([(0, 1, *r), (2, 1, *r)])        # a b rotated twice
+    assert not _chained([(0, 1, *r), (1, 2, *r), (3, 1, *r)])
+    assert not _chained([(4, 4, *r)])
