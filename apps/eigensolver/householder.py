@@ -155,8 +155,9 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     bw = max(nb, block // nb * nb)
     device = is_device(xp)
     # On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
-    # part with weight 0): Z[p0:] starts where Z's columns are 16-byte aligned (n even) and
-    # cuBLAS's GEMMs take their aligned kernels.  Host: from row p0 + 1, as LAPACK.
+    # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even); at
+    # n = 8192 on one H200 that measured within noise of LAPACK's rows (bench/ormtr_lab.py).
+    # Host: from row p0 + 1, as LAPACK.
     lead = 0 if device else 1
     for p0 in reversed(range(0, max(n - 1, 0), bw)):
         p1 = min(p0 + bw, n)

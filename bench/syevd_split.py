@@ -1,0 +1,55 @@
+"""How cuSOLVER's dense symmetric eigensolver (what the one-GPU anchor's syevd runs) splits its
+time: cupy.linalg.eigh (syevd with eigenvectors) against cupy.linalg.eigvalsh (the same without:
+the tridiagonalization and the eigenvalues of T only), on one random symmetric matrix per n.
+The difference is what cuSOLVER spends on the tridiagonal eigenvectors and the
+back-transformation (our stedc + ormtr); eigvalsh is about its sytrd.  cuSOLVER's own sytrd is
+timed too where CuPy exposes it (the cuSOLVER names it has are printed first).
+
+    python3 bench/syevd_split.py 8192,16384
+
+Wall seconds, median of 3 after one warm-up call, device synchronized around each."""
+import statistics
+import sys
+import time
+
+import cupy as cp
+from cupy_backends.cuda.libs import cublas, cusolver
+
+
+def timed(fn, reps=3):
+    ts = []
+    for _ in range(reps + 1):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cp.cuda.Device().synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[1:])
+
+
+def main() -> int:
+    print("cusolver names:", [x for x in dir(cusolver) if any(k in x for k in ("sytrd", "ormtr", "stedc", "syevd"))])
+    for n in [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "8192").split(",")]:
+        A = cp.random.default_rng(1).standard_normal((n, n))
+        A = cp.asfortranarray((A + A.T) / 2)
+        out = {"n": n, "syevd": timed(lambda: cp.linalg.eigh(A)), "syevd_noV": timed(lambda: cp.linalg.eigvalsh(A))}
+        if hasattr(cusolver, "dsytrd"):
+            h, lo = cp.cuda.device.get_cusolver_handle(), cublas.CUBLAS_FILL_MODE_LOWER
+            a = A.copy(order="F")
+            d, e, tau, info = cp.empty(n), cp.empty(n), cp.empty(n), cp.zeros(1, cp.int32)
+            lw = cusolver.dsytrd_bufferSize(h, lo, n, a.data.ptr, n, d.data.ptr, e.data.ptr, tau.data.ptr)
+            work = cp.empty(lw)
+
+            def run():
+                a[...] = A
+                cusolver.dsytrd(h, lo, n, a.data.ptr, n, d.data.ptr, e.data.ptr, tau.data.ptr, work.data.ptr, lw,
+                                info.data.ptr)
+
+            out["copy"] = timed(lambda: a.__setitem__(Ellipsis, A))
+            out["sytrd"] = timed(run) - out["copy"]
+        print(out, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
