@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import kept_streams, raw_module, to_host, tridiagonal_matrix
+from ._xp import _unit_rows, kept_streams, raw_module, to_host, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
@@ -569,7 +569,7 @@ def _rotate(Q, rots, xp):
     M chained columns cost an M^2 host build and a GEMM of M^2 per row, 57 ms of a clustered
     n = 8192 solve); both ways need the rotations to chain as dlaed2's do (_chained)."""
     if xp is not np and Q.shape[0]:
-        if not _chained(rots) or not _unit_rows_f(Q):
+        if not _chained(rots) or not _unit_rows(Q):
             raise ValueError("tridiag_dc._rotate: the rotations must chain as dlaed2's do (_chained) "
                              "and Q must be column-major")
         ra, rb, rc, rs = (np.array([r[q] for r in rots], dtype=np.int64 if q < 2 else np.float64) for q in range(4))
@@ -617,11 +617,6 @@ def _chained(rots) -> bool:
         seen.add(b)
         prev_b = b
     return True
-
-
-def _unit_rows_f(Q) -> bool:
-    """Q is column-major with unit row stride (dc_rotate's layout)."""
-    return Q.ndim == 2 and Q.strides[0] == Q.itemsize and Q.strides[1] % Q.itemsize == 0
 
 
 def _secular(d, z, rho, xp, j0: int = 0, j1: int | None = None):
