@@ -7,9 +7,10 @@ Per (n, matrix): wall seconds of the whole solve (median of 3, after one warm-up
 one more solve with tridiag_dc.PROFILE on (a device synchronize after every step, so its sum is
 a little above the plain solve) split into leaves / assemble / deflate / rotate / secular /
 vectors / gemm / finish; accuracy as residual ||T Z - Z diag(w)||_F / (n eps |T|) and
-orthogonality ||Z^T Z - I||_F / (n eps).  Matrices: "random" (normal d and e: almost nothing
-deflates, the secular equation and GEMMs at full size) and "clustered" (three tight eigenvalue
-clusters: most poles deflate)."""
+orthogonality ||Z^T Z - I||_F / (n eps).  Matrices (--matrices): "random" (normal d and e: almost
+nothing deflates, the secular equation and GEMMs at full size), "clustered" (three tight
+eigenvalue clusters: most poles deflate) and "solve:KIND" (the T of the solver's own
+tridiagonalization of problem KIND, e.g. solve:known: what a solve's stedc meets)."""
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,47 @@ import numpy as np
 from hpccoll.config import git_commit
 
 
-def _matrices(n: int, rng):
+def _matrices(n: int, rng, names):
     third = n // 3
-    return {"random": (rng.standard_normal(n), rng.standard_normal(n - 1)),
-            "clustered": (np.concatenate([np.full(third, 1.0), np.full(third, 2.0), np.full(n - 2 * third, 3.0)])
-                          + 1e-14 * rng.standard_normal(n), np.full(n - 1, 1e-9))}
+    out = {}
+    for name in names:
+        if name == "random":
+            out[name] = rng.standard_normal(n), rng.standard_normal(n - 1)
+        elif name == "clustered":
+            out[name] = (np.concatenate([np.full(third, 1.0), np.full(third, 2.0), np.full(n - 2 * third, 3.0)])
+                         + 1e-14 * rng.standard_normal(n), np.full(n - 1, 1e-9))
+        elif name.startswith("solve:"):
+            out[name] = _from_solve(name[len("solve:"):], n)
+        else:
+            raise SystemExit(f"dc_profile: --matrices {name!r}: use random, clustered or solve:KIND (a problem kind)")
+    return out
+
+
+def _from_solve(kind: str, n: int):
+    """T = (d, e) as the solver's tridiagonalization leaves it for the problem `kind` of order n
+    (cond(B) = 1e3, seed 0, nb = 64, built on the GPU): potrf, sygst and sytrd at one rank."""
+    import cupy as cp
+    from mpi4py import MPI
+
+    import hpccoll
+    from hpccoll_eigensolver import BlockCyclic, householder
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.triangular import panel_desc, potrf, sygst
+
+    prob = make_problem(kind, n, cond_b=1e3, seed=0, xp=cp)
+    desc = BlockCyclic(n, n, 64, 1)
+    comm = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    try:
+        wide = panel_desc(desc)
+        L = potrf(cp.array(prob.B, order="F"), wide, comm, cp)
+        C = cp.array(prob.A, order="F")
+        del prob
+        sygst(C, L, wide, comm, cp)
+        del L
+        d, e, _ = householder.sytrd(C, desc, comm, cp)
+    finally:
+        comm.Free()
+    return cp.asnumpy(d), cp.asnumpy(e)
 
 
 def main() -> int:
@@ -35,6 +72,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--leaf", default=None, help="comma list of device leaf sizes (default: tridiag_dc's)")
     ap.add_argument("--streams", default=None, help="comma list of leaf stream counts (default: tridiag_dc's)")
+    ap.add_argument("--matrices", default="random,clustered",
+                    help="comma list: random, clustered, solve:KIND (the T the solver's sytrd makes of problem KIND)")
     opts = ap.parse_args()
     import cupy as cp
 
@@ -59,7 +98,7 @@ def main() -> int:
     configs = [(n, lf, st) for n in (int(x) for x in opts.n.split(",")) for lf in leaves_list for st in streams_list]
     for n, leaf, streams in configs:
         tridiag_dc.STREAMS = streams
-        for name, (d, e) in _matrices(n, np.random.default_rng(n)).items():
+        for name, (d, e) in _matrices(n, np.random.default_rng(n), opts.matrices.split(",")).items():
             dx, ex = cp.asarray(d), cp.asarray(e)
             solve = lambda: tridiag_dc.eigh_tridiagonal_dc(dx, ex, cp, leaf)  # noqa: E731
             solve()
