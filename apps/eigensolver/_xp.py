@@ -4,6 +4,7 @@ Every GPU-specific call (cuBLAS trsm, cuSOLVER potrf, device sync) sits behind a
 function here so the solver reads the same on both and the GPU path can be tested alone."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -137,7 +138,6 @@ def potrf_in_place(xp, a):
 def trsm_in_place(xp, L, b, *, trans: bool = False) -> None:
     """b := L^-1 b (trans=False) or L^-T b (trans=True) for lower triangular L, both column-major
     device matrices: one cuBLAS trsm on b's own memory (no copy of b)."""
-    import cupy
     from cupy_backends.cuda.libs import cublas
 
     for name, x in (("L", L), ("b", b)):
@@ -148,15 +148,26 @@ def trsm_in_place(xp, L, b, *, trans: bool = False) -> None:
         raise ValueError(f"trsm_in_place: L is {L.shape[0]} x {L.shape[1]}, b has {m} rows: L must be {m} x {m}")
     if not b.size:
         return
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     one = np.ones(1, dtype=np.float64)
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
+    with _cublas_host_scalars() as handle:
         cublas.dtrsm(handle, cublas.CUBLAS_SIDE_LEFT, cublas.CUBLAS_FILL_MODE_LOWER,
                      cublas.CUBLAS_OP_T if trans else cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_NON_UNIT,
                      m, nrhs, one.ctypes.data, L.data.ptr, _leading_dim(L), b.data.ptr, _leading_dim(b))
+
+
+@contextlib.contextmanager
+def _cublas_host_scalars():
+    """CuPy's cuBLAS handle on the current stream, with alpha / beta read from host pointers
+    for the duration (the caller's pointer mode restored after)."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        yield handle
     finally:
         cublas.setPointerMode(handle, mode)
 
@@ -193,23 +204,15 @@ def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
         return
     from cupy_backends.cuda.libs import cublas
 
-    import cupy
-
     m, n = C.shape
     ta, lda, A = _blas_operand(xp, A)
     tb, ldb, B = _blas_operand(xp, B)
     ldc = _leading_dim(C)
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     scalars = np.array([alpha, 1.0], dtype=np.float64)  # host pointers (pointer mode host)
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
+    with _cublas_host_scalars() as handle:
         cublas.dgemm(handle, ta, tb, m, n, A.shape[1],
                      scalars.ctypes.data, A.data.ptr, lda, B.data.ptr, ldb,
                      scalars.ctypes.data + 8, C.data.ptr, ldc)
-    finally:
-        cublas.setPointerMode(handle, mode)
 
 
 def _unit_rows(x) -> bool:
