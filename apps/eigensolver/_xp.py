@@ -110,10 +110,11 @@ def potrf(xp, a):
 
 
 def potrf_in_place(xp, a):
-    """Overwrite the column-major device matrix a (symmetric positive definite, lower triangle
-    read) with its lower Cholesky factor: cuSOLVER potrf on a's own memory (no n x n copy), the
-    strict upper triangle zeroed.  Returns a device flag, true where B is not positive definite
-    (devInfo != 0, or a pivot NaN or <= 0), read by the caller at its next host sync."""
+    """Overwrite the lower triangle of the column-major device matrix a (symmetric positive
+    definite, lower triangle read) with its Cholesky factor: cuSOLVER potrf on a's own memory
+    (no n x n copy; the strict upper triangle is left as it was).  Returns a device flag, true
+    where a is not positive definite (devInfo != 0, or a pivot NaN or <= 0), read by the caller
+    at its next host sync."""
     import cupy
     from cupy_backends.cuda.libs import cublas, cusolver
 
@@ -128,10 +129,6 @@ def potrf_in_place(xp, a):
     work = cupy.empty(max(1, lwork), dtype=cupy.float64)
     info = cupy.zeros((), dtype=cupy.int32)
     cusolver.dpotrf(handle, lower, n, a.data.ptr, lda, work.data.ptr, lwork, info.data.ptr)
-    for c0 in range(0, n, 1024):  # the strict upper triangle, a column chunk at a time
-        c1 = min(n, c0 + 1024)
-        a[:c0, c0:c1] = 0.0
-        a[c0:c1, c0:c1] = xp.tril(a[c0:c1, c0:c1])
     return (info != 0) | ~xp.all(xp.diagonal(a) > 0)
 
 

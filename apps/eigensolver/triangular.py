@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._xp import potrf as potrf_block
-from ._xp import gemm_acc, is_device, potrf_in_place, sygst_block, trsm, trsm_in_place
+from ._xp import _unit_rows, gemm_acc, is_device, potrf_in_place, sygst_block, trsm, trsm_in_place
 from .layout import BlockCyclic, panel_bcast
 
 
@@ -49,8 +49,6 @@ def _whole_on_device(desc: BlockCyclic, xp, *arrays) -> bool:
     """One rank on the GPU with column-major arrays: every column is local, so potrf and the
     back-substitution are cuSOLVER's and cuBLAS's own calls on the whole matrix (no panel loop;
     cuSOLVER's potrf took a quarter of the 256-column panels' time at n = 8192 on one H200)."""
-    from ._xp import _unit_rows
-
     return desc.nprocs == 1 and is_device(xp) and all(_unit_rows(a) for a in arrays)
 
 
@@ -91,7 +89,9 @@ def potrf(B, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
     """Overwrite the local columns B of the distributed symmetric positive definite matrix with
     those of its lower Cholesky factor L (zeros above the diagonal)."""
     if _whole_on_device(desc, xp, B):   # one rank: cuSOLVER's potrf of the whole matrix, in place
-        if bool(potrf_in_place(xp, B)):
+        failed = potrf_in_place(xp, B)
+        zero_above_diagonal(B, desc, 0, xp)
+        if bool(failed):
             raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
         return B
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
@@ -161,10 +161,16 @@ def sygst(A, L, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
             X[...] = trsm(xp, Lp[:j1 - j0], X)
             if j1 < n:
                 gemm_acc(xp, A[j1:, :lt], Lp[j1 - j0:], X)
-    for g0, g1, l0, l1 in own_blocks(desc, rank):
-        A[:g0, l0:l1] = 0.0
-        A[g0:g1, l0:l1] = xp.tril(A[g0:g1, l0:l1])
+    zero_above_diagonal(A, desc, rank, xp)
     return A
+
+
+def zero_above_diagonal(M, desc: BlockCyclic, rank: int, xp) -> None:
+    """Zero the strict upper triangle of the distributed matrix in this rank's columns M, block
+    by owned block."""
+    for g0, g1, l0, l1 in own_blocks(desc, rank):
+        M[:g0, l0:l1] = 0.0
+        M[g0:g1, l0:l1] = xp.tril(M[g0:g1, l0:l1])
 
 
 def back_transform(Y, L, desc: BlockCyclic, comm, xp):
