@@ -41,26 +41,20 @@ def _matrices(n: int, rng, names):
 
 def _from_solve(kind: str, n: int):
     """T = (d, e) as the solver's tridiagonalization leaves it for the problem `kind` of order n
-    (cond(B) = 1e3, seed 0, nb = 64, built on the GPU): potrf, sygst and sytrd at one rank."""
+    (cond(B) = 1e3, seed 0, nb = 64, built on the GPU): sygvd's first phases at one rank."""
     import cupy as cp
     from mpi4py import MPI
 
     import hpccoll
-    from hpccoll_eigensolver import BlockCyclic, householder
+    from hpccoll_eigensolver import BlockCyclic
+    from hpccoll_eigensolver.counting import PhaseTimer
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.triangular import panel_desc, potrf, sygst
+    from hpccoll_eigensolver.solver import tridiagonalize
 
     prob = make_problem(kind, n, cond_b=1e3, seed=0, xp=cp)
-    desc = BlockCyclic(n, n, 64, 1)
     comm = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
     try:
-        wide = panel_desc(desc)
-        L = potrf(cp.array(prob.B, order="F"), wide, comm, cp)
-        C = cp.array(prob.A, order="F")
-        del prob
-        sygst(C, L, wide, comm, cp)
-        del L
-        d, e, _ = householder.sytrd(C, desc, comm, cp)
+        d, e, _, _, _ = tridiagonalize(prob.A, prob.B, BlockCyclic(n, n, 64, 1), comm, cp, PhaseTimer(cp, comm))
     finally:
         comm.Free()
     return cp.asnumpy(d), cp.asnumpy(e)

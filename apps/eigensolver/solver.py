@@ -74,6 +74,23 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         if tuple(a.shape) != shape:
             raise ValueError(f"sygvd: {name} has shape {tuple(a.shape)}, rank {rank} owns {shape}")
     timer = timer if timer is not None else PhaseTimer(xp, comm)
+    d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd)
+    with timer.phase("stedc"):
+        w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where)
+    if not eigvecs:
+        return w, None
+    with timer.phase("ormtr"):
+        householder.ormtr(V, tau, Z, desc, comm, xp)
+    del V
+    with timer.phase("trsm"):
+        back_transform(Z, L, panel_desc(desc), comm, xp)
+    return w, Z
+
+
+def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto"):
+    """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local.
+    Returns (d, e, tau, V, L): T's diagonals and the reflectors' scalars (replicated), the local
+    columns holding the reflectors and those of the Cholesky factor."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("potrf"):
@@ -84,18 +101,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         sygst(C, L, wide, comm, xp)
     with timer.phase("sytrd"):
         d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd)
-    V = C                                            # the reflectors, where C's columns were
-    del C
-    with timer.phase("stedc"):
-        w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where)
-    if not eigvecs:
-        return w, None
-    with timer.phase("ormtr"):
-        householder.ormtr(V, tau, Z, desc, comm, xp)
-    del V
-    with timer.phase("trsm"):
-        back_transform(Z, L, wide, comm, xp)
-    return w, Z
+    return d, e, tau, C, L                           # the reflectors, where C's columns were
 
 
 def stedc_choice(where: str, device: bool) -> str:
@@ -161,5 +167,5 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool =
     return w, X, desc
 
 
-__all__ = ["sygvd", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES",
+__all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES",
            "NotPositiveDefinite", "sync"]
