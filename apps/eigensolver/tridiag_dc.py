@@ -526,35 +526,55 @@ def _deflate(Dh, zh, rho, tol):
     """dlaed2's scan over the sorted poles (Dh, zh updated in place): a tiny z component
     deflates its pole; two poles closer than tol (in the rotated sense) are joined by a Givens
     rotation that moves the first one's weight into the second.  Returns (keep, gone, rots):
-    positions kept for the secular equation, positions deflated, rotations (a, b, c, s).
-    On Python floats: the scan is sequential, and NumPy scalar arithmetic costs ~10x more."""
-    D, z = Dh.tolist(), zh.tolist()
-    keep, gone, rots = [], [], []
-    prev = -1
-    for j in range(len(D)):
-        if rho * abs(z[j]) <= tol:
-            gone.append(j)
+    positions kept for the secular equation (ascending), positions deflated (in the scan's
+    order), rotations (a, b, c, s).
+
+    The scan is sequential only through rotations: a pole's tiny-z test reads its own z, which
+    no rotation has touched yet, and the closeness test of two consecutive candidates reads
+    values that a rotation changed only when the first of them was the previous rotation's
+    target.  So both tests run on whole arrays first (the closeness test with a margin of a
+    relative 1e-12 for its rounding), and the scan itself (on Python floats: NumPy scalar
+    arithmetic costs ~10x more) walks only the chains of rotations, each from a flagged pair to
+    the first pair after it that does not rotate: the same decisions and bits as the scan over
+    every pole."""
+    big = rho * np.abs(zh) > tol
+    cand = np.nonzero(big)[0]
+    tiny = np.nonzero(~big)[0]
+    a, b = cand[:-1], cand[1:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau = np.hypot(zh[b], zh[a])
+        flagged = np.abs((Dh[b] - Dh[a]) * (zh[b] / tau) * (zh[a] / tau)) <= tol * (1.0 + 1e-12)
+    if not flagged.any():
+        return cand.tolist(), tiny.tolist(), []
+    D, z, at = Dh.tolist(), zh.tolist(), cand.tolist()
+    kept = np.ones(cand.size, dtype=bool)
+    rots, gone_at = [], []               # gone_at: the scan position at which a rotated pole left
+    m, free = cand.size, 0
+    for i in np.nonzero(flagged)[0].tolist():
+        if i < free:                     # inside a chain already walked
             continue
-        if prev >= 0:
-            sa, cb = z[prev], z[j]
-            tau = math.hypot(cb, sa)
-            c, sn = cb / tau, -sa / tau
-            t = D[j] - D[prev]
-            if abs(t * c * sn) <= tol:   # nearly equal poles: rotate prev's weight into j
-                z[j], z[prev] = tau, 0.0
-                rots.append((prev, j, c, sn))
-                dp = D[prev] * c * c + D[j] * sn * sn
-                D[j] = D[prev] * sn * sn + D[j] * c * c
-                D[prev] = dp
-                gone.append(prev)
-                prev = j
-                continue
-            keep.append(prev)
-        prev = j
-    if prev >= 0:
-        keep.append(prev)
+        while i < m - 1:
+            p, j = at[i], at[i + 1]
+            sa, cb = z[p], z[j]
+            t = math.hypot(cb, sa)
+            c, sn = cb / t, -sa / t
+            if abs((D[j] - D[p]) * c * sn) > tol:
+                break
+            z[j], z[p] = t, 0.0
+            rots.append((p, j, c, sn))
+            dp = D[p] * c * c + D[j] * sn * sn
+            D[j] = D[p] * sn * sn + D[j] * c * c
+            D[p] = dp
+            kept[i] = False
+            gone_at.append(j)
+            i += 1
+        free = i + 1
     Dh[:], zh[:] = D, z
-    return keep, gone, rots
+    # deflated positions in the order the sequential scan appends them: a tiny pole at its own
+    # position, a rotated one at its partner's
+    gone = np.concatenate([tiny, cand[~kept]])
+    when = np.concatenate([tiny, np.array(gone_at, dtype=np.int64)])
+    return cand[kept].tolist(), gone[np.argsort(when, kind="stable")].tolist(), rots
 
 
 def _rotate(Q, rots, xp):

@@ -170,3 +170,57 @@ def test_rotation_chains_recognized():
     assert not _chained([(0, 1, *r), (2, 1, *r)])        # a b rotated twice
     assert not _chained([(0, 1, *r), (1, 2, *r), (3, 1, *r)])
     assert not _chained([(4, 4, *r)])
+
+
+def _deflate_scan(D, z, rho, tol):
+    """dlaed2's deflation as a plain scan over every pole: the oracle of _deflate."""
+    import math
+    D, z = list(D), list(z)
+    keep, gone, rots, prev = [], [], [], -1
+    for j in range(len(D)):
+        if rho * abs(z[j]) <= tol:
+            gone.append(j)
+            continue
+        if prev >= 0:
+            t = math.hypot(z[j], z[prev])
+            c, s = z[j] / t, -z[prev] / t
+            if abs((D[j] - D[prev]) * c * s) <= tol:
+                z[j], z[prev] = t, 0.0
+                rots.append((prev, j, c, s))
+                D[prev], D[j] = D[prev] * c * c + D[j] * s * s, D[prev] * s * s + D[j] * c * c
+                gone.append(prev)
+                prev = j
+                continue
+            keep.append(prev)
+        prev = j
+    if prev >= 0:
+        keep.append(prev)
+    return keep, gone, rots, D, z
+
+
+def test_deflation_equals_the_scan_bit_for_bit():
+    """_deflate (tests on whole arrays, a loop only through chains of rotations) makes the
+    decisions, rotations and updated poles of the scan over every pole, bit for bit, on poles
+    that rotate in long chains, in short ones, not at all, with tiny z components between."""
+    from hpccoll_eigensolver.tridiag_dc import _deflate
+
+    rng = np.random.default_rng(_seed())
+    chains = 0
+    for trial in range(400):
+        n = int(rng.integers(1, 200))
+        D = {0: rng.standard_normal(n),
+             1: np.round(rng.standard_normal(n), 1) + 1e-16 * rng.standard_normal(n),
+             2: rng.integers(0, 4, n) + 1e-15 * rng.standard_normal(n),
+             3: rng.standard_normal(n)}[trial % 4]
+        D = np.sort(D)
+        z = rng.standard_normal(n) * np.where(rng.random(n) < 0.3, 10.0 ** rng.integers(-24, -1, n), 1.0)
+        z /= max(np.linalg.norm(z), 1e-300)
+        rho = float(rng.uniform(0.1, 2.0))
+        tol = 8 * EPS * max(np.abs(D).max(), np.abs(z).max())
+        Dg, zg = D.copy(), z.copy()
+        keep, gone, rots = _deflate(Dg, zg, rho, tol)
+        k2, g2, r2, D2, z2 = _deflate_scan(D, z, rho, tol)
+        assert (keep, gone, rots) == (k2, g2, r2), trial
+        assert Dg.tolist() == D2 and zg.tolist() == z2, trial
+        chains += len(rots) > 1
+    assert chains > 50   # the chains were exercised
