@@ -292,18 +292,28 @@ def test_gpu_dc_rotations_bitwise_as_sequential_drot(h, k):
         tridiag_dc._rotate(cp.asfortranarray(cp.asarray(Q)), bad, cp)
 
 
+@pytest.fixture(scope="module")
+def self_comm():
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    yield c
+    c.Free()
+
+
+@pytest.mark.parametrize("ranks", ["all", "one"])
 @pytest.mark.parametrize("cond_b", [1e3, 1e8, 1e12])
 @pytest.mark.parametrize("kind", ["known", "clustered", "wilkinson"])
-def test_gpu_accuracy_as_lapack(gpu_comm, kind, cond_b):
+def test_gpu_accuracy_as_lapack(request, ranks, kind, cond_b):
     """The host backend's accuracy matrix (tests/mpi/test_eigensolver_mpi.py) on the GPU path:
     residual, B-orthogonality and eigenvalue error within 2x of LAPACK sygvd's (SciPy) as B gets
-    ill-conditioned (conftest.assert_as_accurate_as_lapack)."""
+    ill-conditioned (conftest.assert_as_accurate_as_lapack); on all ranks and on one (whose
+    potrf, sygst and back-substitution are whole-matrix cuSOLVER / cuBLAS calls)."""
     from hpccoll_eigensolver import gather
     from hpccoll_eigensolver.problems import make_problem
 
-    prob = make_problem(kind, 160, cond_b=cond_b, seed=3)
-    w, X, desc = _solve(gpu_comm, prob, 16)
-    assert_as_accurate_as_lapack(prob, w.get(), gather(X, desc, gpu_comm).get(), f"{kind} cond(B)={cond_b:g}")
+    comm = request.getfixturevalue("gpu_comm" if ranks == "all" else "self_comm")
+    prob = make_problem(kind, 161, cond_b=cond_b, seed=3)
+    w, X, desc = _solve(comm, prob, 16)
+    assert_as_accurate_as_lapack(prob, w.get(), gather(X, desc, comm).get(), f"{kind} cond(B)={cond_b:g} {ranks}")
 
 
 @pytest.mark.parametrize("stedc", ["gpu", "host", "dc"])
