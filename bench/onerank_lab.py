@@ -202,6 +202,9 @@ def main() -> int:
     opts = ap.parse_args()
     out = {"n": opts.n, "commit": git_commit(), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()}
     lib = libcusolver()
+    from cupy_backends.cuda.libs import cusolver
+    out["cupy_binds"] = {f: hasattr(cusolver, f) for f in ("dormtr", "dormtr_bufferSize", "xsyevBatched", "dsytrd")}
+    print("CuPy binds:", out["cupy_binds"], "| libcusolver:", lib._name, flush=True)
     for name in opts.only.split(","):
         try:
             {"sygst": lambda: lab_sygst(opts.n, out), "ormtr": lambda: lab_ormtr(opts.n, out, lib),
