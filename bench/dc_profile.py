@@ -108,10 +108,14 @@ def main() -> int:
             res = float(cp.linalg.norm(T @ Z - Z * w[None, :])) / (n * eps * nt)
             orth = float(cp.linalg.norm(Z.T @ Z - cp.eye(n))) / (n * eps)
             w_ref = cp.asnumpy(dense()[0])
-            leaves = {}  # the leaves alone, both ways (tridiag_dc.LEAVES)
+            leaves = {}  # the leaves alone, each way (tridiag_dc.LEAVES)
             bounds = list(range(0, n, leaf)) + [n]
-            leaves["device"] = timed(lambda: tridiag_dc._dense_batch(dx, ex, bounds, cp))[0]
-            leaves["host"] = timed(lambda: tridiag_dc._leaves_on_host(dx, ex, bounds, cp))[0]
+            default = tridiag_dc.LEAVES
+            for how in ("batched", "device", "host"):
+                tridiag_dc.LEAVES = how
+                tridiag_dc._leaves(dx, ex, bounds, cp)
+                leaves[how] = timed(lambda: tridiag_dc._leaves(dx, ex, bounds, cp))[0]
+            tridiag_dc.LEAVES = default
             row = {"n": n, "leaf": leaf, "streams": streams, "matrix": name, "dc_s": statistics.median(times), "dense_syevd_s": t_dense,
                    "profiled_s": t_prof, "steps_s": prof, "leaves_s": leaves, "leaves": tridiag_dc.LEAVES, "residual": res, "orthogonality": orth,
                    "eig_diff_vs_syevd": float(np.abs(cp.asnumpy(w) - w_ref).max() / nt)}
@@ -119,7 +123,7 @@ def main() -> int:
             print(f"n={n} leaf={leaf} streams={streams} {name:9s} dc {row['dc_s']:.4f} s  syevd(T) {t_dense:.4f} s  res {res:.2f}  "
                   f"orth {orth:.2f}  |w-w_syevd|/|T| {row['eig_diff_vs_syevd']:.1e}", flush=True)
             print("   " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(prof.items(), key=lambda kv: -kv[1]))
-                  + f"   | leaves alone: device {leaves['device']:.4f} host {leaves['host']:.4f}", flush=True)
+                  + "   | leaves alone: " + "  ".join(f"{k} {v:.4f}" for k, v in leaves.items()), flush=True)
             T = Z = None  # free before the next size
             cp.get_default_memory_pool().free_all_blocks()
     if opts.json:

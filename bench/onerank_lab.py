@@ -5,10 +5,10 @@ the same data, to see which whole-matrix library call a single rank should use.
 
   sygst   triangular.sygst (LAPACK's blocked algorithm, 256-column panels) against two in-place
           cuBLAS trsm (C = L^-1 A, then C L^-T: twice the flops, no panel loop)
-  ormtr   householder.ormtr against cusolverDnDormtr (reflectors in LAPACK's lower storage,
-          unit subdiagonal)
-  leaves  tridiag_dc's device leaves (cuSOLVER syevd per 512-row leaf on STREAMS streams) against
-          one cusolverDnXsyevBatched over all leaves
+  ormtr   householder.ormtr's distributed blocks (ORMTR_ONE_RANK = "blocks") against
+          cusolverDnDormtr (reflectors in LAPACK's lower storage, unit subdiagonal)
+  leaves  tridiag_dc's leaves one by one (LEAVES = "device": cuSOLVER syevd per 512-row leaf on
+          STREAMS streams) against one cusolverDnXsyevBatched over all leaves
 
 Wall seconds, the device synchronized, median of 3 after a warm-up; the largest difference of
 each result to the solver's, relative to its largest entry.  cuSOLVER entry points the CuPy
@@ -93,7 +93,9 @@ def lab_ormtr(n, out, lib):
     Z0 = cp.asfortranarray(rng.standard_normal((n, n)))
     desc = BlockCyclic(n, n, 64, 1)
     comm = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    householder.ORMTR_ONE_RANK = "blocks"
     t_ours, Z_ours = timed(lambda Z: householder.ormtr(V, tau, Z, desc, comm, cp), lambda: Z0.copy(order="F"))
+    householder.ORMTR_ONE_RANK = "cusolver"
     comm.Free()
     h = cp.cuda.device.get_cusolver_handle()
     from cupy_backends.cuda.libs import cusolver
@@ -122,7 +124,9 @@ def lab_leaves(n, out, lib, leaf=512):
     rng = np.random.default_rng(5)
     d, e = cp.asarray(rng.standard_normal(n)), cp.asarray(rng.standard_normal(n - 1))
     bounds = list(range(0, n, leaf)) + [n]
+    tridiag_dc.LEAVES = "device"
     t_ours, parts = timed(lambda _: tridiag_dc._dense_batch(d, e, bounds, cp))
+    tridiag_dc.LEAVES = "batched"
     nb = n // leaf
     h = cp.cuda.device.get_cusolver_handle()
     params = ctypes.c_void_p()

@@ -152,6 +152,106 @@ def trsm_in_place(xp, L, b, *, trans: bool = False) -> None:
                      m, nrhs, one.ctypes.data, L.data.ptr, _leading_dim(L), b.data.ptr, _leading_dim(b))
 
 
+_cusolver_lib = None      # ctypes handle on the libcusolver CuPy loaded
+
+
+def _cusolver():
+    """libcusolver (the copy CuPy loaded) through ctypes, for the entry points CuPy does not
+    bind: cusolverDnXsyevBatched and cusolverDnDormtr.  None where it cannot be found."""
+    global _cusolver_lib
+    if _cusolver_lib is None:
+        import ctypes
+
+        from cupy_backends.cuda.libs import cusolver  # noqa: F401  (loads the library)
+
+        with open("/proc/self/maps") as fh:
+            path = next((ln.split()[-1] for ln in fh if "/libcusolver.so" in ln), None)
+        _cusolver_lib = ctypes.CDLL(path) if path else False
+    return _cusolver_lib or None
+
+
+def has_cusolver(entry: str) -> bool:
+    """Whether the loaded cuSOLVER has `entry` (e.g. "cusolverDnXsyevBatched", CUDA 12.6.2 on)."""
+    lib = _cusolver()
+    return lib is not None and hasattr(lib, entry)
+
+
+def _solver_handle():
+    import cupy
+    from cupy_backends.cuda.libs import cusolver
+
+    handle = cupy.cuda.device.get_cusolver_handle()
+    cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    return handle
+
+
+def syev_batched(xp, T):
+    """Eigenvalues (batch x m, ascending) and eigenvectors of the batch T (batch x m x m,
+    C order, symmetric): one cusolverDnXsyevBatched, in place; the eigenvectors of matrix b are
+    the columns of the returned Q[b] (a view of T's memory).  RuntimeError if a matrix did not
+    converge (one host sync)."""
+    import ctypes
+
+    lib = _cusolver()
+    if T.ndim != 3 or T.shape[1] != T.shape[2] or not T.flags.c_contiguous or T.dtype != xp.float64:
+        raise ValueError("syev_batched: `T` must be a C-contiguous float64 batch x m x m array")
+    nb, m = T.shape[0], T.shape[1]
+    W = xp.empty((nb, m))
+    handle = ctypes.c_void_p(_solver_handle())
+    params = ctypes.c_void_p()
+    i64, size, ptr = ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p
+    r64f, vectors, lower = 1, 1, 0                   # CUDA_R_64F, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER
+    _ok(lib.cusolverDnCreateParams(ctypes.byref(params)), "cusolverDnCreateParams")
+    try:
+        dev, host = size(), size()
+        _ok(lib.cusolverDnXsyevBatched_bufferSize(handle, params, vectors, lower, i64(m), r64f, ptr(T.data.ptr), i64(m),
+                                                  r64f, ptr(W.data.ptr), r64f, ctypes.byref(dev), ctypes.byref(host),
+                                                  i64(nb)), "cusolverDnXsyevBatched_bufferSize")
+        work = xp.empty(max(dev.value, 1), dtype=xp.uint8)
+        hwork = ctypes.create_string_buffer(max(host.value, 1))
+        info = xp.zeros(nb, dtype=xp.int32)
+        _ok(lib.cusolverDnXsyevBatched(handle, params, vectors, lower, i64(m), r64f, ptr(T.data.ptr), i64(m), r64f,
+                                       ptr(W.data.ptr), r64f, ptr(work.data.ptr), size(dev.value), hwork,
+                                       size(host.value), ptr(info.data.ptr), i64(nb)), "cusolverDnXsyevBatched")
+    finally:
+        lib.cusolverDnDestroyParams(params)
+    bad = int(xp.count_nonzero(info))
+    if bad:
+        raise RuntimeError(f"syev_batched: cusolverDnXsyevBatched did not converge on {bad} of {nb} matrices")
+    return W, T.transpose(0, 2, 1)                   # column-major storage: Q[b] = T[b]^T
+
+
+def ormtr_in_place(xp, V, tau, Z) -> None:
+    """Z := Q Z with Q = H_0 ... H_{n-2} of a lower sytrd (reflector j in V[j+1:, j], unit
+    first entry implied; tau[:n-1] its scalars): one cusolverDnDormtr on Z's own memory.
+    V and Z column-major device matrices, V n x n, Z n x k."""
+    import ctypes
+
+    lib = _cusolver()
+    for name, x in (("V", V), ("Z", Z)):
+        if not _unit_rows(x):
+            raise ValueError(f"ormtr_in_place: `{name}` must be column-major (a Fortran-order array or a block of one)")
+    n, k = Z.shape
+    if V.shape != (n, n) or tau.shape[0] < n - 1:
+        raise ValueError(f"ormtr_in_place: V is {V.shape}, tau has {tau.shape[0]} entries, Z has {n} rows: "
+                         f"need V {n} x {n} and n - 1 scalars")
+    if n < 2 or not k:
+        return
+    handle, ptr, lwork = ctypes.c_void_p(_solver_handle()), ctypes.c_void_p, ctypes.c_int()
+    left, lower, no_trans = 0, 0, 0                  # CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N
+    args = (handle, left, lower, no_trans, n, k, ptr(V.data.ptr), _leading_dim(V), ptr(tau.data.ptr),
+            ptr(Z.data.ptr), _leading_dim(Z))
+    _ok(lib.cusolverDnDormtr_bufferSize(*args, ctypes.byref(lwork)), "cusolverDnDormtr_bufferSize")
+    work = xp.empty(max(lwork.value, 1))
+    info = xp.zeros(1, dtype=xp.int32)
+    _ok(lib.cusolverDnDormtr(*args, ptr(work.data.ptr), lwork.value, ptr(info.data.ptr)), "cusolverDnDormtr")
+
+
+def _ok(status: int, call: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{call} failed with cusolverStatus {status}")
+
+
 @contextlib.contextmanager
 def _cublas_host_scalars():
     """CuPy's cuBLAS handle on the current stream, with alpha / beta read from host pointers

@@ -16,12 +16,14 @@ per rank, in memory C no longer needs.
 ormtr: Q Z = H_0 H_1 ... H_{n-2} Z on the owned columns of Z, blocks of reflectors last to
 first.  Each block (a few panels) reaches every rank by one Bcast per panel from its owner;
 then H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT
-transform: the inverse of LAPACK larft's recurrence), applied with one triangular solve."""
+transform: the inverse of LAPACK larft's recurrence), applied with one triangular solve.  One
+GPU rank holds every reflector in LAPACK's own storage, so there ormtr is cuSOLVER's: one
+cusolverDnDormtr on Z in place (ORMTR_ONE_RANK, bench/onerank_lab.py)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._xp import gemm_acc, householder, is_device, trsm, w_update
+from ._xp import _unit_rows, gemm_acc, has_cusolver, householder, is_device, ormtr_in_place, trsm, w_update
 from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
@@ -29,6 +31,9 @@ ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels)
 ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
                           # arithmetic intensity is about the H200's flop/byte balance)
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
+# One GPU rank: "cusolver" (cusolverDnDormtr on the whole Z, where the loaded cuSOLVER has it) or
+# "blocks" (the distributed algorithm below, run by one rank)
+ORMTR_ONE_RANK = "cusolver"
 
 
 def ormtr_block(device: bool) -> int:
@@ -148,6 +153,10 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
     is zeroed and its diagonal of M set to 1, which leaves it out."""
     n, nb = desc.n, desc.nb
+    if (desc.nprocs == 1 and is_device(xp) and ORMTR_ONE_RANK == "cusolver" and _unit_rows(V) and _unit_rows(Z)
+            and has_cusolver("cusolverDnDormtr")):
+        ormtr_in_place(xp, V, tau, Z)
+        return Z
     if block is None:
         block = ormtr_block(is_device(xp))
     if block < 1:

@@ -44,17 +44,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import _unit_rows, kept_streams, raw_module, to_host, tridiagonal_matrix
+from ._xp import _unit_rows, has_cusolver, kept_streams, raw_module, syev_batched, to_host, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
 # Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
 # takes matrices of at most 32 rows); 512 with 4 streams was the fastest at n = 8192 on 2xH200
 # (bench/dc_profile.py).
 LEAF_DEVICE = 512
-# Where a GPU solve computes its leaves: "device" (cuSOLVER syevd, one leaf per call) or
-# "host" (LAPACK's MRRR tridiagonal solver per leaf, then one upload); bench/dc_profile.py
-# times both.
-LEAVES = "device"
+# Where a GPU solve computes its leaves: "batched" (every equal-size leaf in one
+# cusolverDnXsyevBatched, where the loaded cuSOLVER has it; else as "device"), "device" (cuSOLVER
+# syevd, one leaf per call on STREAMS streams) or "host" (LAPACK's MRRR tridiagonal solver per
+# leaf, then one upload); bench/dc_profile.py times each.
+LEAVES = "batched"
 # Device leaves go round-robin over this many streams: one syevd of a leaf is a chain of small
 # kernels that leaves most of the GPU idle, and the leaves are independent (the same bits on
 # any stream).
@@ -458,15 +459,22 @@ def _dense(d, e, xp):
 
 
 def _dense_batch(d, e, bounds, xp):
-    """eigh of every leaf [bounds[i], bounds[i+1]) (d already torn); equal-size leaves in one
-    batched call on the host (and on the GPU below 33 rows, where CuPy batches through
-    syevjBatched), one call each otherwise."""
+    """eigh of every leaf [bounds[i], bounds[i+1]) (d already torn): the equal-size leaves in one
+    batched call - on the host NumPy's, on the GPU below 33 rows CuPy's (syevjBatched), above
+    it cusolverDnXsyevBatched (LEAVES = "batched", where cuSOLVER has it) - and one call each
+    otherwise (a shorter last leaf; on the GPU LEAVES = "device": one syevd per leaf on STREAMS
+    streams)."""
     out = []
     sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
     m = sizes[0]                                  # every leaf but maybe the last has m rows
     nb = len(sizes) if sizes[-1] == m else len(sizes) - 1
-    batched = (xp is np or m <= 32) and m >= 2
-    if batched:
+    if xp is np or m <= 32:
+        how = "eigh"
+    elif LEAVES == "batched" and has_cusolver("cusolverDnXsyevBatched"):
+        how = "syev_batched"
+    else:
+        how = None
+    if how and m >= 2:
         T = xp.zeros((nb, m, m))
         idx = xp.arange(m)
         T[:, idx, idx] = d[:nb * m].reshape(nb, m)
@@ -474,7 +482,7 @@ def _dense_batch(d, e, bounds, xp):
         ee = ep[:nb * m].reshape(nb, m)[:, :m - 1]
         T[:, idx[1:], idx[:-1]] = ee
         T[:, idx[:-1], idx[1:]] = ee
-        w, Q = xp.linalg.eigh(T)
+        w, Q = xp.linalg.eigh(T) if how == "eigh" else syev_batched(xp, T)
         out = [(w[i], Q[i]) for i in range(nb)]
         rest = range(nb, len(sizes))
     else:

@@ -222,9 +222,10 @@ def test_gpu_one_rank_potrf_and_trsm_in_place(n):
 
 @pytest.mark.parametrize("n,nb,block", [(301, 16, 64), (1030, 64, 512), (1031, 64, 512)])
 def test_gpu_ormtr_matches_host(n, nb, block):
-    """ormtr on the GPU (the block from an aligned row with a zero first row of Vb, T = M^-1 and
-    a GEMM) against the host's (LAPACK's rows, a triangular solve), one rank, random reflectors
-    (some with tau = 0) and random Z."""
+    """ormtr on the GPU, one rank - cuSOLVER's dormtr, and the distributed blocks (from an
+    aligned row with a zero first row of Vb, T = M^-1 and a GEMM) - against the host's (LAPACK's
+    rows, a triangular solve): random reflectors in sytrd's storage (unit first entry; some
+    with tau = 0) and random Z."""
     import cupy as cp
     import numpy as np
 
@@ -232,6 +233,7 @@ def test_gpu_ormtr_matches_host(n, nb, block):
 
     rng = np.random.default_rng()
     V = np.asfortranarray(np.tril(rng.standard_normal((n, n)), -1) / np.sqrt(n))
+    V[np.arange(1, n), np.arange(n - 1)] = 1.0
     tau = 1.0 + rng.random(n)
     tau[rng.integers(0, n, 5)] = 0.0
     Z = np.asfortranarray(rng.standard_normal((n, n - 3)))
@@ -239,13 +241,16 @@ def test_gpu_ormtr_matches_host(n, nb, block):
     gc = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
     hc = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
     try:
-        Zd = cp.asfortranarray(cp.asarray(Z))
-        householder.ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
         Zh = Z.copy(order="F")
         householder.ormtr(V, tau, Zh, desc, hc, np, block=block)
-        np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max())
         assert not np.allclose(Zh, Z)
+        for how in ("cusolver", "blocks"):
+            householder.ORMTR_ONE_RANK = how
+            Zd = cp.asfortranarray(cp.asarray(Z))
+            householder.ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
+            np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max(), err_msg=how)
     finally:
+        householder.ORMTR_ONE_RANK = "cusolver"
         gc.Free()
         hc.Free()
 
@@ -410,11 +415,12 @@ def _host_dc_tests():
     return mod
 
 
-@pytest.mark.parametrize("leaf", [16, 64])
+@pytest.mark.parametrize("leaf", [16, 64, 100])
 def test_gpu_tridiag_dc_hard_matrices(leaf):
     """The divide and conquer on CuPy arrays (fused secular/vector kernels, GPU GEMMs) on the
     host tests' matrices, small leaves so every matrix merges several levels: the same bounds
-    against LAPACK, leaves on the device and on the host, bitwise equal on a second solve."""
+    against LAPACK, leaves on the device (batched, one by one) and on the host, bitwise equal on
+    a second solve."""
     import cupy as cp
     import numpy as np
 
@@ -428,13 +434,13 @@ def test_gpu_tridiag_dc_hard_matrices(leaf):
         T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
         nt = max(np.abs(d).max(), np.abs(e).max())
         ref = sl.eigh_tridiagonal(d, e, eigvals_only=True)
-        for leaves in ("device", "host"):
+        for leaves in ("batched", "device", "host"):
             tridiag_dc.LEAVES = leaves
             try:
                 w, Z = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
                 w2, Z2 = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
             finally:
-                tridiag_dc.LEAVES = "device"
+                tridiag_dc.LEAVES = "batched"
             msg = f"{name} n={n} leaf={leaf} leaves={leaves} seed={seed}"
             assert isinstance(w, cp.ndarray) and isinstance(Z, cp.ndarray), msg
             assert w.get().tobytes() == w2.get().tobytes() and Z.get().tobytes() == Z2.get().tobytes(), msg
