@@ -3,8 +3,10 @@ the same data, to see which whole-matrix library call a single rank should use.
 
     python3 bench/onerank_lab.py [--n 8192] [--json out.json]
 
-  sygst   triangular.sygst (LAPACK's blocked algorithm, 256-column panels) against two in-place
-          cuBLAS trsm (C = L^-1 A, then C L^-T: twice the flops, no panel loop)
+  sygst   triangular.sygst (LAPACK's blocked algorithm, 256-column panels; also 128, 512 and
+          1024, update chunks of 1024 and 4096 columns) against two in-place cuBLAS trsm
+          (C = L^-1 A, then C L^-T: twice the flops, no panel loop; what the one-GPU anchor
+          does, but less accurate: C is not formed symmetric)
   ormtr   householder.ormtr's distributed blocks (ORMTR_ONE_RANK = "blocks") against
           cusolverDnDormtr (reflectors in LAPACK's lower storage, unit subdiagonal)
   leaves  tridiag_dc's leaves one by one (LEAVES = "device": cuSOLVER syevd per 512-row leaf on
@@ -78,9 +80,17 @@ def lab_sygst(n, out):
                          cublas.CUBLAS_DIAG_NON_UNIT, n, n, one.ctypes.data, L.data.ptr, n, A.data.ptr, ld)
         return A
     t_two, C_two = timed(two, lambda: A0.copy(order="F"))
+    sweep = {}
+    for nbw in (128, 512, 1024):
+        for upd in (1024, 4096):
+            sweep[f"nb{nbw}_update{upd}"] = timed(lambda A: sygst(A, L, BlockCyclic(n, n, nbw, 1), comm, cp, update_cols=upd),
+                                                  lambda: A0.copy(order="F"))[0]
     comm.Free()
-    out["sygst"] = {"ours_s": t_ours, "two_trsm_s": t_two, "rel_diff_lower": rel(cp.tril(C_two), C_ours)}
+    out["sygst"] = {"ours_s": t_ours, "two_trsm_s": t_two, "rel_diff_lower": rel(cp.tril(C_two), C_ours),
+                    "panel_sweep_s": sweep}
     print(f"sygst  n={n}: ours {t_ours:.4f} s  two in-place trsm {t_two:.4f} s  rel diff {out['sygst']['rel_diff_lower']:.1e}",
+          flush=True)
+    print("   blocked sygst by panel width and update chunk: " + "  ".join(f"{k} {v:.4f}" for k, v in sweep.items()),
           flush=True)
 
 
