@@ -178,3 +178,33 @@ extern "C" __global__ void dc_rotate(double* Q, long long h, long long ld, const
     }
   }
 }
+
+// ---- the eigenvectors of the rank-one problem, straight into the rows the GEMMs read ----
+// Column j (c0 <= j < c0 + gridDim.x, one block each): u_i = zhat_i / (d_i - lam_j) =
+// -zhat_i / ((d[origin_j] - d_i) + tau_j) over the k poles, normalized by its 2-norm (a
+// fixed-order block sum); written as rows rowsL of UL (nL x cols, column-major) and rows
+// rowsR of UR: the rows that meet the left child's rows of Q and the right child's.  Same
+// formula as tridiag_dc._u_chunk; the U chunk, its norms and the two row gathers were seven
+// k x cols passes there.
+extern "C" __global__ void dc_vectors(const double* d, const double* zhat, const long long* origin, const double* tau,
+                                      long long k, long long c0, const long long* rowsL, long long nL, double* UL,
+                                      const long long* rowsR, long long nR, double* UR) {
+  __shared__ double sh[1][TPB];
+  const long long j = c0 + blockIdx.x;
+  const double dO = d[origin[j]], tj = tau[j];
+  double s[1] = {0.0};
+  for (long long i = threadIdx.x; i < k; i += TPB) {
+    const double u = -zhat[i] / ((dO - d[i]) + tj);
+    s[0] += u * u;
+  }
+  blockReduce<1, false>(s, sh);
+  const double nrm = sqrt(s[0]);
+  for (long long r = threadIdx.x; r < nL; r += TPB) {
+    const long long i = rowsL[r];
+    UL[r + nL * blockIdx.x] = (-zhat[i] / ((dO - d[i]) + tj)) / nrm;
+  }
+  for (long long r = threadIdx.x; r < nR; r += TPB) {
+    const long long i = rowsR[r];
+    UR[r + nR * blockIdx.x] = (-zhat[i] / ((dO - d[i]) + tj)) / nrm;
+  }
+}

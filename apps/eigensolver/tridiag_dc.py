@@ -436,13 +436,14 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, origin, tau, cols, r0: int, r1:
         for c0 in range(0, k, width):
             c1 = min(c0 + width, k)
             with _step("vectors", xp):
-                U = _u_chunk(dx, zhat, ox, tx, c0, c1, xp)
+                UL, UR = _u_rows(dx, zhat, ox, tx, c0, c1, topk_x if QkL is not None else None,
+                                 botk_x if QkR is not None else None, xp)
             with _step("gemm", xp):
                 dst = cols_x[c0:c1]
                 if hL:
-                    Z[:hL, dst] = QkL @ U[topk_x] if QkL is not None else 0.0
+                    Z[:hL, dst] = QkL @ UL if QkL is not None else 0.0
                 if hR:
-                    Z[hL:, dst] = QkR @ U[botk_x] if QkR is not None else 0.0
+                    Z[hL:, dst] = QkR @ UR if QkR is not None else 0.0
     return Z
 
 
@@ -793,6 +794,24 @@ def _zhat(d, origin, tau, z, rho, xp):
         zhat2 = np.prod(ratio, axis=1) * lam_minus_d[eye] / rho
         zhat[i0:i1] = np.copysign(np.sqrt(np.abs(zhat2)), z[i0:i1])
     return zhat
+
+
+def _u_rows(d, zhat, origin, tau, c0: int, c1: int, rowsL, rowsR, xp):
+    """(U[rowsL], U[rowsR]) of U = _u_chunk(...) (None for rows None): on the GPU one kernel,
+    a block per column, writing only those rows (dc_kernels.cu dc_vectors)."""
+    if xp is np:
+        U = _u_chunk(d, zhat, origin, tau, c0, c1, xp)
+        return (None if rowsL is None else U[rowsL]), (None if rowsR is None else U[rowsR])
+    empty = xp.empty(0, dtype=xp.int64)
+    rL = empty if rowsL is None else rowsL
+    rR = empty if rowsR is None else rowsR
+    UL = xp.empty((rL.size, c1 - c0), order="F")
+    UR = xp.empty((rR.size, c1 - c0), order="F")
+    if c1 > c0:
+        kernel = raw_module("dc_kernels.cu").get_function("dc_vectors")
+        kernel((c1 - c0,), (TPB,), (d, zhat, origin, tau, np.int64(d.size), np.int64(c0), rL, np.int64(rL.size), UL,
+                                    rR, np.int64(rR.size), UR))
+    return (None if rowsL is None else UL), (None if rowsR is None else UR)
 
 
 def _u_chunk(d, zhat, origin, tau, c0: int, c1: int, xp):

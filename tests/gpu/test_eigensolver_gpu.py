@@ -522,3 +522,33 @@ def test_gpu_sytrd_fused_missing_peer_times_out():
         release_fused(c)
     finally:
         c.Free()
+
+
+@pytest.mark.parametrize("k,cols", [(1, 1), (37, 5), (700, 300)])
+def test_gpu_dc_vectors_kernel_matches_the_expression(k, cols):
+    """dc_vectors (a block per column, only the rows the GEMMs read) against _u_chunk's CuPy
+    expression on a real merge's roots: the same columns to rounding, unit norms, rows None
+    left out."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import tridiag_dc
+
+    rng = np.random.default_rng()
+    d = np.sort(rng.standard_normal(k)) + np.arange(k) * 1e-3
+    z = rng.standard_normal(k)
+    z /= np.linalg.norm(z)
+    rho = float(rng.uniform(0.5, 2.0))
+    origin, tau = tridiag_dc._secular(d, z, rho, cp)
+    dx = cp.asarray(d)
+    zhat = tridiag_dc._zhat(dx, origin, tau, cp.asarray(z), rho, cp)
+    c0 = int(rng.integers(0, k - cols + 1))
+    U = tridiag_dc._u_chunk(dx, zhat, origin, tau, c0, c0 + cols, cp).get()
+    rows = rng.permutation(k)
+    rL, rR = np.sort(rows[:k // 2]), np.sort(rows[k // 2:])
+    UL, UR = tridiag_dc._u_rows(dx, zhat, origin, tau, c0, c0 + cols, cp.asarray(rL), cp.asarray(rR), cp)
+    np.testing.assert_allclose(UL.get(), U[rL], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(UR.get(), U[rR], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(np.linalg.norm(U, axis=0), 1.0, rtol=1e-14)
+    none, UR2 = tridiag_dc._u_rows(dx, zhat, origin, tau, c0, c0 + cols, None, cp.asarray(rR), cp)
+    assert none is None and cp.array_equal(UR2, UR)
