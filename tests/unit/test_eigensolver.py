@@ -362,3 +362,27 @@ def test_largest_n_table_in_the_docs_is_the_models():
     for label, cells in rows.items():
         factor = float(label.split("×")[1]) if label else 1.0
         assert [int(c.replace(",", "")) for c in cells.split("|")] == [largest_n(g, factor=factor) for g in gpus]
+
+
+def test_rows_to_columns_on_one_rank_is_the_rows():
+    """One rank holds every row and every column: rows_to_columns hands its rows back (F order,
+    no exchange), and a wrong shape is still refused by name."""
+    from mpi4py import MPI
+
+    import hpccoll
+    from hpccoll_eigensolver.layout import rows_to_columns
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2, 40))
+    desc = BlockCyclic(n, n, 4, 1)
+    comm = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+    try:
+        rows = np.asfortranarray(rng.standard_normal((n, n)))
+        got = rows_to_columns(rows, [0, n], desc, comm)
+        assert got.flags.f_contiguous and np.array_equal(got, rows)
+        got = rows_to_columns(np.ascontiguousarray(rows), [0, n], desc, comm)
+        assert got.flags.f_contiguous and np.array_equal(got, rows)
+        with pytest.raises(ValueError, match="rows_to_columns"):
+            rows_to_columns(rows[:-1], [0, n], desc, comm)
+    finally:
+        comm.Free()
