@@ -17,8 +17,8 @@ ormtr: Q Z = H_0 H_1 ... H_{n-2} Z on the owned columns of Z, blocks of reflecto
 first.  Each block (a few panels) reaches every rank by one Bcast per panel from its owner;
 then H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT
 transform: the inverse of LAPACK larft's recurrence), applied with one triangular solve.  One
-GPU rank holds every reflector in LAPACK's own storage, so there ormtr is cuSOLVER's: one
-cusolverDnDormtr on Z in place (ORMTR_ONE_RANK, bench/onerank_lab.py)."""
+GPU rank holds every reflector in LAPACK's own storage, so cuSOLVER's dormtr could apply them
+in place (ORMTR_ONE_RANK = "cusolver"); it measured slower than these blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,9 +31,10 @@ ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels)
 ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
                           # arithmetic intensity is about the H200's flop/byte balance)
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
-# One GPU rank: "cusolver" (cusolverDnDormtr on the whole Z, where the loaded cuSOLVER has it) or
-# "blocks" (the distributed algorithm below, run by one rank)
-ORMTR_ONE_RANK = "cusolver"
+# One GPU rank: "blocks" (the distributed algorithm below, run by one rank) or "cusolver"
+# (cusolverDnDormtr on the whole Z, where the loaded cuSOLVER has it): at n = 8192 on one H200
+# 0.036 s against 0.040 (bench/onerank_lab.py), at 16384 0.21 s against 0.30 in a solve
+ORMTR_ONE_RANK = "blocks"
 
 
 def ormtr_block(device: bool) -> int:

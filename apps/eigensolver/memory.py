@@ -34,14 +34,15 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     desc = BlockCyclic(n, n, nb, nprocs)
     w = desc.local_n(rank)
     u = n * w
-    b = min(triangular.panel_desc(desc).nb, n)  # potrf's, sygst's and trsm's panel width
+    b = min(triangular.panel_desc(desc).nb, n)  # potrf's and trsm's panel width
+    bs = min(triangular.sygst_desc(desc, device).nb, n)  # sygst's
     h = _dc_rows(n, nprocs, rank, device)
     k_chunk = tridiag_dc.CHUNK_DEVICE if device else tridiag_dc.CHUNK_HOST * n
     update = 0 if device else n * min(triangular.UPDATE_COLS, w)  # one chunk's product (host)
     bw = householder.ormtr_block(device)
     model = {
         "potrf": 2 * u + u + update + b * n,
-        "sygst": 2 * u + 2 * u + update + 4 * b * n,
+        "sygst": 2 * u + 2 * u + update + 4 * bs * n,
         "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n,
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
         "ormtr": 2 * u + 3 * u + (n * bw + 2 * bw * w if device else n * (bw + householder.ORMTR_COLUMNS)),

@@ -39,7 +39,7 @@ from .counting import PhaseTimer
 from . import householder
 from .layout import BlockCyclic, column_order, rows_to_columns
 from .sytrd_device import MODES
-from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst
+from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst, sygst_desc
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
@@ -98,7 +98,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTi
     del B
     C = xp.array(A_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("sygst"):
-        sygst(C, L, wide, comm, xp)
+        sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
         d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd)
     return d, e, tau, C, L                           # the reflectors, where C's columns were

@@ -34,15 +34,26 @@ from .layout import BlockCyclic, panel_bcast
 
 UPDATE_COLS = 1024  # local columns per GEMM of the trailing updates
 ONE_RANK_NB = 256   # panel width of potrf, sygst and back_transform on one rank (panel_desc)
+# sygst's panel width on one GPU rank: 1024-column panels took 0.032 s at n = 8192 on one H200
+# against 0.071 s for 256 (bench/onerank_lab.py's sweep), as fast as two whole-matrix trsm
+# without their loss of symmetry (and of eigenvalue accuracy at cond(B) = 1e12)
+SYGST_ONE_RANK_NB_DEVICE = 1024
 
 
-def panel_desc(desc: BlockCyclic) -> BlockCyclic:
+def panel_desc(desc: BlockCyclic, nb: int | None = None) -> BlockCyclic:
     """The layout potrf, sygst and back_transform step through: `desc` itself on several ranks;
     on one rank, where every column is local whatever the block (the same array), panels of
-    ONE_RANK_NB columns: a quarter of the per-panel launches at nb = 64, and wider GEMMs."""
-    if desc.nprocs > 1 or desc.nb >= ONE_RANK_NB:
+    nb (default ONE_RANK_NB) columns: a quarter of the per-panel launches at nb = 64, and wider
+    GEMMs."""
+    nb = ONE_RANK_NB if nb is None else nb
+    if desc.nprocs > 1 or desc.nb >= nb:
         return desc
-    return BlockCyclic(desc.m, desc.n, ONE_RANK_NB, 1)
+    return BlockCyclic(desc.m, desc.n, nb, 1)
+
+
+def sygst_desc(desc: BlockCyclic, device: bool) -> BlockCyclic:
+    """sygst's panels: panel_desc's, SYGST_ONE_RANK_NB_DEVICE columns wide on one GPU rank."""
+    return panel_desc(desc, SYGST_ONE_RANK_NB_DEVICE if device else None)
 
 
 def _whole_on_device(desc: BlockCyclic, xp, *arrays) -> bool:

@@ -250,7 +250,7 @@ def test_gpu_ormtr_matches_host(n, nb, block):
             householder.ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
             np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max(), err_msg=how)
     finally:
-        householder.ORMTR_ONE_RANK = "cusolver"
+        householder.ORMTR_ONE_RANK = "blocks"
         gc.Free()
         hc.Free()
 
@@ -311,12 +311,13 @@ def test_gpu_accuracy_as_lapack(request, ranks, kind, cond_b):
     """The host backend's accuracy matrix (tests/mpi/test_eigensolver_mpi.py) on the GPU path:
     residual, B-orthogonality and eigenvalue error within 2x of LAPACK sygvd's (SciPy) as B gets
     ill-conditioned (conftest.assert_as_accurate_as_lapack); on all ranks and on one (whose
-    potrf, sygst and back-substitution are whole-matrix cuSOLVER / cuBLAS calls)."""
+    potrf and back-substitution are whole-matrix cuSOLVER / cuBLAS calls and sygst's panels
+    SYGST_ONE_RANK_NB_DEVICE wide)."""
     from hpccoll_eigensolver import gather
     from hpccoll_eigensolver.problems import make_problem
 
     comm = request.getfixturevalue("gpu_comm" if ranks == "all" else "self_comm")
-    prob = make_problem(kind, 161, cond_b=cond_b, seed=3)
+    prob = make_problem(kind, 160, cond_b=cond_b, seed=3)
     w, X, desc = _solve(comm, prob, 16)
     assert_as_accurate_as_lapack(prob, w.get(), gather(X, desc, comm).get(), f"{kind} cond(B)={cond_b:g} {ranks}")
 
