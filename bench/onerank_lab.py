@@ -189,6 +189,9 @@ def lab_leaves(n, out, lib, leaf=512):
         T2 = cp.zeros((nb2, lf, lf))
         idx = cp.arange(lf)
         T2[:, idx, idx] = d.reshape(nb2, lf)
+        e2 = cp.concatenate([e, cp.zeros(1)]).reshape(nb2, lf)[:, :lf - 1]
+        T2[:, idx[1:], idx[:-1]] = e2
+        T2[:, idx[:-1], idx[1:]] = e2
         W2 = cp.empty((nb2, lf))
         st = lib.cusolverDnXsyevBatched_bufferSize(ctypes.c_void_p(h), params, VEC, LOWER, i64(lf), R64F,
                                                    ctypes.c_void_p(T2.data.ptr), i64(lf), R64F, ctypes.c_void_p(W2.data.ptr),
