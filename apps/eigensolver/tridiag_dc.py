@@ -349,21 +349,23 @@ def _deflation(L: _Node, R: _Node, z, tear) -> _Plan:
 
 def _roots(team: _Team, plans, xp):
     """(origin, tau) of every root of every merge of the level (host arrays): each rank solves
-    a contiguous share of each merge's roots, one Allgather of all shares."""
+    a contiguous share of each merge's roots (kernels queued back to back, one copy of all of
+    them to the host), one Allgather of all shares."""
     P, q = team.size, team.rank
     segs = [-(-p.k // P) for p in plans]
     if not sum(segs):
         return [(np.zeros(0, dtype=np.int64), np.zeros(0)) for _ in plans]
-    mine = np.zeros(2 * sum(segs))
+    share = xp.zeros(2 * sum(segs))   # filled where the roots are solved: one copy to the host
     at = 0
     with _step("secular", xp):
         for p, s in zip(plans, segs):
             j0, j1 = min(q * s, p.k), min(q * s + s, p.k)
             if j1 > j0:
                 origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1)
-                mine[at:at + j1 - j0] = to_host(origin)
-                mine[at + s:at + s + j1 - j0] = to_host(tau)
+                share[at:at + j1 - j0] = origin
+                share[at + s:at + s + j1 - j0] = tau
             at += 2 * s
+        mine = to_host(share)
     every = team.gather(mine)
     out, at = [], 0
     for p, s in zip(plans, segs):
