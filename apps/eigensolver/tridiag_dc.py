@@ -281,15 +281,23 @@ def _share_level(team: _Team, nodes, pairs, n: int, r0: int, r1: int, shared: bo
         for node in nodes:
             if node.Q is not None:
                 buf[node.a:node.b] = node.w
-    at, spans = head, []
+    at, spans, rows, dest = head, [], [], []
     for L, R in pairs:
         m, width = L.b, R.b - L.a
         if r0 <= m - 1 < r1:                         # the last row of the left child's Q
-            buf[at:at + m - L.a] = to_host(L.Q[m - 1 - max(L.a, r0)])
+            rows.append(L.Q[m - 1 - max(L.a, r0)])
+            dest.append(at)
         if r0 <= m < r1:                             # the first row of the right child's Q
-            buf[at + m - L.a:at + width] = to_host(R.Q[m - max(R.a, r0)])
+            rows.append(R.Q[m - max(R.a, r0)])
+            dest.append(at + m - L.a)
         spans.append((at, at + width))
         at += width
+    if rows:                                         # one copy to the host for the level
+        flat = to_host(rows[0] if len(rows) == 1 else xp.concatenate(rows))
+        o = 0
+        for row, a in zip(rows, dest):
+            buf[a:a + row.size] = flat[o:o + row.size]
+            o += row.size
     buf = team.sum_disjoint(buf)
     if not shared:
         for node in nodes:
