@@ -189,8 +189,12 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
         with _step("leaves", xp):
             pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
                              xp)
+        ws = [w for w, _ in pieces]
+        flat = to_host(ws[0] if len(ws) == 1 else xp.concatenate(ws))   # one copy of every leaf's w
+        at = 0
         for i, (w, Q) in zip(mine, pieces):
-            nodes[i].w, nodes[i].Q = to_host(w), Q
+            nodes[i].w, nodes[i].Q = flat[at:at + w.size].copy(), Q
+            at += w.size
     place = np.arange(n) if place is None else np.asarray(place)
     shared = False       # are the leaves' eigenvalues known to every rank yet?
     while len(nodes) > 1 or not shared:
