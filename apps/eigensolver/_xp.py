@@ -123,8 +123,7 @@ def potrf_in_place(xp, a):
     n = a.shape[0]
     lda = _leading_dim(a)
     lower = cublas.CUBLAS_FILL_MODE_LOWER
-    handle = cupy.cuda.device.get_cusolver_handle()
-    cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    handle = _solver_handle()
     lwork = cusolver.dpotrf_bufferSize(handle, lower, n, a.data.ptr, lda)
     work = cupy.empty(max(1, lwork), dtype=cupy.float64)
     info = cupy.zeros((), dtype=cupy.int32)
@@ -177,6 +176,7 @@ def has_cusolver(entry: str) -> bool:
 
 
 def _solver_handle():
+    """CuPy's cuSOLVER handle, on the current stream."""
     import cupy
     from cupy_backends.cuda.libs import cusolver
 
@@ -224,7 +224,8 @@ def syev_batched(xp, T):
 def ormtr_in_place(xp, V, tau, Z) -> None:
     """Z := Q Z with Q = H_0 ... H_{n-2} of a lower sytrd (reflector j in V[j+1:, j], unit
     first entry implied; tau[:n-1] its scalars): one cusolverDnDormtr on Z's own memory.
-    V and Z column-major device matrices, V n x n, Z n x k."""
+    V and Z column-major device matrices, V n x n, Z n x k.  Not the solver's way (householder.
+    ormtr's blocks measured faster on one H200: bench/onerank_lab.py), its reference there."""
     import ctypes
 
     lib = _cusolver()

@@ -18,12 +18,12 @@ first.  Each block (a few panels) reaches every rank by one Bcast per panel from
 then H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT
 transform: the inverse of LAPACK larft's recurrence), applied with one triangular solve.  One
 GPU rank holds every reflector in LAPACK's own storage, so cuSOLVER's dormtr could apply them
-in place (ORMTR_ONE_RANK = "cusolver"); it measured slower than these blocks."""
+in place (_xp.ormtr_in_place); it measured slower than these blocks (bench/onerank_lab.py)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._xp import _unit_rows, gemm_acc, has_cusolver, householder, is_device, ormtr_in_place, trsm, w_update
+from ._xp import gemm_acc, householder, is_device, trsm, w_update
 from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
@@ -31,10 +31,6 @@ ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels)
 ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
                           # arithmetic intensity is about the H200's flop/byte balance)
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
-# One GPU rank: "blocks" (the distributed algorithm below, run by one rank) or "cusolver"
-# (cusolverDnDormtr on the whole Z, where the loaded cuSOLVER has it): at n = 8192 on one H200
-# 0.036 s against 0.040 (bench/onerank_lab.py), at 16384 0.21 s against 0.30 in a solve
-ORMTR_ONE_RANK = "blocks"
 
 
 def ormtr_block(device: bool) -> int:
@@ -154,10 +150,6 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
     is zeroed and its diagonal of M set to 1, which leaves it out."""
     n, nb = desc.n, desc.nb
-    if (desc.nprocs == 1 and is_device(xp) and ORMTR_ONE_RANK == "cusolver" and _unit_rows(V) and _unit_rows(Z)
-            and has_cusolver("cusolverDnDormtr")):
-        ormtr_in_place(xp, V, tau, Z)
-        return Z
     if block is None:
         block = ormtr_block(is_device(xp))
     if block < 1:

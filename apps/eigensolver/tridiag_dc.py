@@ -150,6 +150,15 @@ class _Team:
         return out
 
 
+def _to_host_each(arrays, xp) -> list:
+    """Host copies of the 1-D arrays (of xp), in one transfer for all of them."""
+    if not arrays:
+        return []
+    flat = to_host(arrays[0] if len(arrays) == 1 else xp.concatenate(arrays))
+    cuts = np.cumsum([a.size for a in arrays])[:-1]
+    return np.split(flat, cuts)
+
+
 def _module_of(x, xp):
     """numpy for a host array, else xp (the solve's array module)."""
     return np if isinstance(x, np.ndarray) else xp
@@ -189,12 +198,8 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
         with _step("leaves", xp):
             pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
                              xp)
-        ws = [w for w, _ in pieces]
-        flat = to_host(ws[0] if len(ws) == 1 else xp.concatenate(ws))   # one copy of every leaf's w
-        at = 0
-        for i, (w, Q) in zip(mine, pieces):
-            nodes[i].w, nodes[i].Q = flat[at:at + w.size].copy(), Q
-            at += w.size
+        for i, (_, Q), w in zip(mine, pieces, _to_host_each([w for w, _ in pieces], xp)):
+            nodes[i].w, nodes[i].Q = w, Q
     place = np.arange(n) if place is None else np.asarray(place)
     shared = False       # are the leaves' eigenvalues known to every rank yet?
     while len(nodes) > 1 or not shared:
@@ -296,12 +301,8 @@ def _share_level(team: _Team, nodes, pairs, n: int, r0: int, r1: int, shared: bo
             dest.append(at + m - L.a)
         spans.append((at, at + width))
         at += width
-    if rows:                                         # one copy to the host for the level
-        flat = to_host(rows[0] if len(rows) == 1 else xp.concatenate(rows))
-        o = 0
-        for row, a in zip(rows, dest):
-            buf[a:a + row.size] = flat[o:o + row.size]
-            o += row.size
+    for a, row in zip(dest, _to_host_each(rows, xp)):
+        buf[a:a + row.size] = row
     buf = team.sum_disjoint(buf)
     if not shared:
         for node in nodes:
