@@ -1,6 +1,7 @@
 """What the lab scripts of bench/ share (not part of the library): a 2-rank CUDA communicator
 with the SoL model measured first and every timed region aligned, and the lab's JSON record.
-The timing itself is the bench's: hpccoll.bench.timing."""
+The timing itself is the bench's: hpccoll.bench.timing.  For the eigensolver's labs (one process,
+whole-step wall times): median_wall."""
 from __future__ import annotations
 
 import functools
@@ -38,3 +39,22 @@ def write_lab_json(comm, opts, sol: dict, rows: list, script: str, **extra) -> N
                 "median_of": REPS, "rows": rows, **extra,
                 "command": f"{script} " + " ".join(f"--{k} {v}" for k, v in vars(opts).items() if v)},
                opts.json)
+
+
+def median_wall(fn, setup=lambda: None, reps: int = 3):
+    """(median wall seconds, last result) of fn(setup()) over `reps` calls after one warm-up
+    call, the device synchronized before and after each (setup outside the timing)."""
+    import statistics
+    import time
+
+    import cupy as cp
+
+    times, out = [], None
+    for _ in range(reps + 1):
+        arg = setup()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = fn(arg)
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]), out

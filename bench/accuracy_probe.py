@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-import scipy.linalg as sl
 from mpi4py import MPI
 
 import hpccoll
@@ -33,24 +31,20 @@ def main() -> int:
     import cupy as cp
 
     comm = hpccoll.Communicator(backend="cuda", deterministic=True)
-    eps = np.finfo(float).eps
     rows = []
     for n in map(int, opts.n.split(",")):
         for kind in opts.kinds.split(","):
             for cond in map(float, opts.cond.split(",")):
                 prob = make_problem(kind, n, cond_b=cond, seed=3)
                 desc = BlockCyclic(n, n, opts.nb, comm.size)
-                ws, Xs = sl.eigh(prob.A, prob.B)
-                base = (metrics.residual(prob.A, prob.B, Xs, ws), metrics.b_orthogonality(prob.B, Xs),
-                        max(metrics.eigenvalue_error(ws, prob.eigenvalues), 4 * eps))
+                ref = metrics.lapack_reference(prob.A, prob.B, prob.eigenvalues)
                 for leaves in opts.leaves.split(","):
                     tridiag_dc.LEAVES = leaves
                     w, X = sygvd(cp.asarray(distribute(prob.A, desc, comm.rank)),
                                  cp.asarray(distribute(prob.B, desc, comm.rank)), desc, comm)
                     Xg = gather(X, desc, comm).get()
                     w = w.get()
-                    r = (metrics.residual(prob.A, prob.B, Xg, w) / base[0], metrics.b_orthogonality(prob.B, Xg) / base[1],
-                         metrics.eigenvalue_error(w, prob.eigenvalues) / base[2])
+                    r = metrics.ratios_to(ref, prob.A, prob.B, Xg, w, prob.eigenvalues)
                     rows.append({"n": n, "kind": kind, "cond_b": cond, "leaves": leaves, "ranks": comm.size,
                                  "residual_x": r[0], "b_orth_x": r[1], "eig_err_x": r[2]})
                     if comm.rank == 0:

@@ -9,9 +9,7 @@ Prints ormtr's wall time (median of 3 after a warm-up, the device synchronized),
 their largest difference to ormtr's result relative to max |Z|, and the variant's parts summed
 over the blocks (CUDA events): building Vb, M = triu(Vb^T Vb) with 1/tau on its diagonal, the
 GEMM Vb^T Z, the solve (or T and its GEMM), the update GEMM."""
-import statistics
 import sys
-import time
 
 import cupy as cp
 import numpy as np
@@ -20,6 +18,8 @@ from mpi4py import MPI
 import hpccoll
 from hpccoll_eigensolver import BlockCyclic, householder
 from hpccoll_eigensolver._xp import gemm_acc, trsm
+
+from _lab import median_wall
 
 
 def main() -> int:
@@ -33,16 +33,11 @@ def main() -> int:
     desc = BlockCyclic(n, n, nb, 1)
     c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
 
-    def timed(fn, reps=3):
-        ts = []
-        for _ in range(reps + 1):
-            Z = Z0.copy(order="F")
-            cp.cuda.Device().synchronize()
-            t0 = time.perf_counter()
+    def timed(fn):  # fn(Z) on a fresh copy of Z0; returns (seconds, Z)
+        def run(Z):
             fn(Z)
-            cp.cuda.Device().synchronize()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts[1:]), Z
+            return Z
+        return median_wall(run, lambda: Z0.copy(order="F"))
 
     t_cur, Zc = timed(lambda Z: householder.ormtr(V, tau, Z, desc, c, cp))
     parts = {}

@@ -8,23 +8,16 @@ its own to time: the cuSOLVER names it has are printed first).
     python3 bench/syevd_split.py 8192,16384
 
 Wall seconds, median of 3 after one warm-up call, device synchronized around each."""
-import statistics
 import sys
-import time
 
 import cupy as cp
 from cupy_backends.cuda.libs import cusolver
 
+from _lab import median_wall
 
-def timed(fn, reps=3):
-    ts = []
-    for _ in range(reps + 1):
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cp.cuda.Device().synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts[1:])
+
+def timed(fn):
+    return median_wall(lambda _: fn())[0]
 
 
 def main() -> int:

@@ -51,6 +51,23 @@ def b_orthogonality(B, X) -> float:
     return float(xp.linalg.norm(G)) / (n * EPS)
 
 
+def lapack_reference(A, B, eigenvalues) -> tuple:
+    """(residual, B-orthogonality, eigenvalue error) of LAPACK sygvd (scipy.linalg.eigh(A, B)) on
+    whole host matrices A, B against the known `eigenvalues`; the eigenvalue error at least 4 eps
+    (ratios of errors at the ulp level are noise): what the accuracy checks compare against."""
+    import scipy.linalg as sl
+
+    ws, Xs = sl.eigh(A, B)
+    return residual(A, B, Xs, ws), b_orthogonality(B, Xs), max(eigenvalue_error(ws, eigenvalues), 4 * EPS)
+
+
+def ratios_to(reference, A, B, X, w, eigenvalues) -> tuple:
+    """(residual, B-orthogonality, eigenvalue error) of (w, X) divided by `reference`'s
+    (lapack_reference)."""
+    ours = residual(A, B, X, w), b_orthogonality(B, X), eigenvalue_error(w, eigenvalues)
+    return tuple(o / r for o, r in zip(ours, reference))
+
+
 def eigenvalue_error(w, ref) -> float | None:
     """max |w - ref| / max |ref| (None when ref is None)."""
     if ref is None:
