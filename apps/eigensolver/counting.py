@@ -17,7 +17,9 @@ class CountingComm:
     counting each call.
 
     sync_each: wait for the device before and after each call so its time is the
-    collective's own (adds one host sync per collective on GPU; no effect on the host)."""
+    collective's own (adds one host sync per collective on GPU; no effect on the host).  Not on
+    a communicator of one rank: its collectives move nothing, and the syncs would only stall
+    the device queue (one rank's ormtr issues a Bcast per panel of reflectors)."""
 
     def __init__(self, comm, *, sync_each: bool = True):
         self.comm = comm
@@ -66,11 +68,12 @@ class CountingComm:
     # -- counted collectives ---------------------------------------------------
     def _timed(self, name, buf, fn, *args, **kw):
         xp = get_xp(buf)
-        if self.sync_each:
+        synced = self.sync_each and self.comm.Get_size() > 1
+        if synced:
             sync(xp)
         t0 = time.perf_counter()
         fn(*args, **kw)
-        if self.sync_each:
+        if synced:
             sync(xp)
         self.records.append((self.phase, name, int(buf.nbytes), time.perf_counter() - t0))
 

@@ -164,6 +164,42 @@ def _module_of(x, xp):
     return np if isinstance(x, np.ndarray) else xp
 
 
+class _Staged:
+    """Host arrays (int64 or float64) bound for the device, sent in one transfer: `add` each
+    (a handle back), `send`, then `staged[handle]` is its device array, a view of the one
+    upload (on the host: the array itself).  A level's merges take their index and scalar
+    arrays this way - one upload per level instead of about twenty per merge, each a CuPy call
+    and a copy that the merges of the lower levels, with little GPU work, wait for."""
+
+    def __init__(self, xp):
+        self.xp, self.parts, self.out = xp, [], None
+
+    def add(self, a, dtype) -> int:
+        self.parts.append(np.ascontiguousarray(a, dtype=dtype).reshape(-1))
+        return len(self.parts) - 1
+
+    def send(self) -> None:
+        if self.xp is np or not self.parts:
+            self.out = self.parts
+            return
+        # each part from an even offset: every device array starts 16-byte aligned
+        sizes = [p.size + p.size % 2 for p in self.parts]
+        flat = np.zeros(sum(sizes), dtype=np.int64)
+        at = 0
+        for p, size in zip(self.parts, sizes):
+            flat[at:at + p.size] = p.view(np.int64)
+            at += size
+        dev = self.xp.asarray(flat)
+        self.out, at = [], 0
+        for p, size in zip(self.parts, sizes):
+            v = dev[at:at + p.size]
+            self.out.append(v.view(self.xp.float64) if p.dtype == np.float64 else v)
+            at += size
+
+    def __getitem__(self, handle: int):
+        return self.out[handle]
+
+
 @dataclass
 class _Node:
     a: int            # rows and columns [a, b) of T
@@ -371,10 +407,13 @@ def _roots(team: _Team, plans, xp):
     share = xp.zeros(2 * sum(segs))   # filled where the roots are solved: one copy to the host
     at = 0
     with _step("secular", xp):
-        for p, s in zip(plans, segs):
+        staged = _Staged(xp)
+        poles = [(staged.add(p.dk, np.float64), staged.add(p.zk * p.zk, np.float64)) for p in plans]
+        staged.send()
+        for p, s, (hd, hz) in zip(plans, segs, poles):
             j0, j1 = min(q * s, p.k), min(q * s + s, p.k)
             if j1 > j0:
-                origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1)
+                origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1, staged=(staged[hd], staged[hz]))
                 share[at:at + j1 - j0] = origin
                 share[at + s:at + s + j1 - j0] = tau
             at += 2 * s
@@ -396,63 +435,85 @@ def _merge_level(team: _Team, pairs, zs, tears, r0: int, r1: int, place, xp):
     with _step("deflate", xp):
         plans = [_deflation(L, R, z, tears[L.b]) for (L, R), z in zip(pairs, zs)]
     roots = _roots(team, plans, xp)
-    out = []
+    staged = _Staged(xp)
+    todo = []
     for (L, R), plan, (origin, tau) in zip(pairs, plans, roots):
         lam = np.concatenate([plan.dk[origin] + tau, plan.D[plan.gone]])
         order = np.argsort(lam, kind="stable")
-        Q = None
+        inputs = None
         if min(R.b, r1) > max(L.a, r0):
             rank_of = np.empty(lam.size, dtype=np.int64)
             rank_of[order] = np.arange(lam.size)          # item -> its place in ascending order
             cols = rank_of if place is None else place[rank_of]
-            Q = _merge_rows(L, R, plan, origin, tau, cols, r0, r1, xp)
+            inputs = _merge_inputs(plan, origin, tau, cols, staged)
+        todo.append((lam[order], inputs))
+    staged.send()
+    out = []
+    for (L, R), plan, (w, inputs) in zip(pairs, plans, todo):
+        Q = _merge_rows(L, R, plan, inputs, staged, r0, r1, xp) if inputs is not None else None
         L.Q = R.Q = None
-        out.append(_Node(L.a, R.b, lam[order], Q))
+        out.append(_Node(L.a, R.b, w, Q))
     return out
 
 
-def _merge_rows(L: _Node, R: _Node, plan: _Plan, origin, tau, cols, r0: int, r1: int, xp):
-    """This rank's rows of the merged eigenvectors: item t (the kept roots in order, then the
-    deflated positions) goes to column cols[t]."""
+def _merge_inputs(plan: _Plan, origin, tau, cols, staged: _Staged) -> dict:
+    """The host arrays of one merge that its device work reads, staged (handles by name), and
+    the host-side facts it needs: item t (the kept roots in order, then the deflated positions)
+    goes to column cols[t]."""
+    perm, keep, n1 = plan.perm, plan.keep, plan.n1
+    posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
+    topk, botk = np.nonzero(plan.top[keep])[0], np.nonzero(plan.bot[keep])[0]
+    i64, f64 = np.int64, np.float64
+    arrays = {"posL": (posL, i64), "srcL": (perm[posL], i64), "posR": (posR, i64), "srcR": (perm[posR] - n1, i64),
+              "keepL": (keep[topk], i64), "keepR": (keep[botk], i64), "gone": (plan.gone, i64), "cols": (cols, i64),
+              "dk": (plan.dk, f64), "origin": (origin, i64), "tau": (tau, f64), "zk": (plan.zk, f64),
+              "topk": (topk, i64), "botk": (botk, i64)}
+    if plan.rots:
+        for q, name in enumerate(("ra", "rb", "rc", "rs")):
+            arrays[name] = (np.array([r[q] for r in plan.rots]), i64 if q < 2 else f64)
+    h = {name: staged.add(a, t) for name, (a, t) in arrays.items()}
+    h.update(nL=topk.size, nR=botk.size, ngone=plan.gone.size)
+    return h
+
+
+def _merge_rows(L: _Node, R: _Node, plan: _Plan, h: dict, staged: _Staged, r0: int, r1: int, xp):
+    """This rank's rows of the merged eigenvectors (h: _merge_inputs' handles into `staged`)."""
     m = L.b
     hL = max(0, min(m, r1) - max(L.a, r0))
     hR = max(0, min(R.b, r1) - max(m, r0))
-    h, kn, n1 = hL + hR, R.b - L.a, plan.n1
+    h_, kn = hL + hR, R.b - L.a
+    g = lambda name: staged[h[name]]  # noqa: E731
     with _step("rotate", xp):
-        Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
-        perm = plan.perm
-        posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
+        Qs = xp.zeros((h_, kn), order="F")           # rows of blockdiag(Q1, Q2), columns sorted
         if hL:
-            Qs[:hL, xp.asarray(posL)] = L.Q[:, xp.asarray(perm[posL])]
+            Qs[:hL, g("posL")] = L.Q[:, g("srcL")]
         if hR:
-            Qs[hL:, xp.asarray(posR)] = R.Q[:, xp.asarray(perm[posR] - n1)]
+            Qs[hL:, g("posR")] = R.Q[:, g("srcR")]
         L.Q = R.Q = None
         if plan.rots:
-            _rotate(Qs, plan.rots, xp)
-    keep, gone, k = plan.keep, plan.gone, plan.k
+            _rotate(Qs, plan.rots, xp, staged=tuple(g(q) for q in ("ra", "rb", "rc", "rs")))
+    k = plan.k
     # the left rows meet only the columns with entries there (likewise the right): two GEMMs of
     # about half the flops of one
-    topk, botk = np.nonzero(plan.top[keep])[0], np.nonzero(plan.bot[keep])[0]
-    QkL = Qs[:hL][:, xp.asarray(keep[topk])] if hL and topk.size else None
-    QkR = Qs[hL:][:, xp.asarray(keep[botk])] if hR and botk.size else None
-    G = Qs[:, xp.asarray(gone)] if gone.size else None
+    QkL = Qs[:hL][:, g("keepL")] if hL and h["nL"] else None
+    QkR = Qs[hL:][:, g("keepR")] if hR and h["nR"] else None
+    G = Qs[:, g("gone")] if h["ngone"] else None
     del Qs
-    Z = xp.empty((h, kn), order="F")
-    cols_x = xp.asarray(cols)
+    Z = xp.empty((h_, kn), order="F")
+    cols_x = g("cols")
     if G is not None:
         Z[:, cols_x[k:]] = G
         del G
     if k:
-        dx, ox, tx = xp.asarray(plan.dk), xp.asarray(origin), xp.asarray(tau)
+        dx, ox, tx = g("dk"), g("origin"), g("tau")
         with _step("vectors", xp):
-            zhat = _zhat(dx, ox, tx, xp.asarray(plan.zk), plan.rho, xp)
-        topk_x, botk_x = xp.asarray(topk), xp.asarray(botk)
+            zhat = _zhat(dx, ox, tx, g("zk"), plan.rho, xp)
         width = chunk_width(k, xp)
         for c0 in range(0, k, width):
             c1 = min(c0 + width, k)
             with _step("vectors", xp):
-                UL, UR = _u_rows(dx, zhat, ox, tx, c0, c1, topk_x if QkL is not None else None,
-                                 botk_x if QkR is not None else None, xp)
+                UL, UR = _u_rows(dx, zhat, ox, tx, c0, c1, g("topk") if QkL is not None else None,
+                                 g("botk") if QkR is not None else None, xp)
             with _step("gemm", xp):
                 dst = cols_x[c0:c1]
                 if hL:
@@ -601,7 +662,7 @@ def _deflate(Dh, zh, rho, tol):
     return cand[kept].tolist(), gone[np.argsort(when, kind="stable")].tolist(), rots
 
 
-def _rotate(Q, rots, xp):
+def _rotate(Q, rots, xp, staged=None):
     """Apply the deflation rotations to the columns of Q in place, in order, as dlaed2's DROT:
     column a <- c a + s b, column b <- c b - s a (so that z_a becomes 0 and z_b becomes tau).
 
@@ -611,16 +672,19 @@ def _rotate(Q, rots, xp):
     which one-rotation-at-a-time column updates would pay for in launches.  On the GPU the
     rotations run as listed, a thread per row (dc_kernels.cu dc_rotate: a dense M x M G of the
     M chained columns cost an M^2 host build and a GEMM of M^2 per row, 57 ms of a clustered
-    n = 8192 solve); both ways need the rotations to chain as dlaed2's do (_chained)."""
+    n = 8192 solve); both ways need the rotations to chain as dlaed2's do (_chained).  staged:
+    the rotations' a, b, c, s as device arrays (_Staged), else copied here."""
     if xp is not np and Q.shape[0]:
         if not _chained(rots) or not _unit_rows(Q):
             raise ValueError("tridiag_dc._rotate: the rotations must chain as dlaed2's do (_chained) "
                              "and Q must be column-major")
-        ra, rb, rc, rs = (np.array([r[q] for r in rots], dtype=np.int64 if q < 2 else np.float64) for q in range(4))
+        if staged is None:
+            staged = tuple(xp.asarray(np.array([r[q] for r in rots], dtype=np.int64 if q < 2 else np.float64))
+                           for q in range(4))
         kernel = raw_module("dc_kernels.cu").get_function("dc_rotate")
         h, threads = Q.shape[0], 64
-        kernel((-(-h // threads),), (threads,), (Q, np.int64(h), np.int64(Q.strides[1] // 8), xp.asarray(ra),
-                                                 xp.asarray(rb), xp.asarray(rc), xp.asarray(rs), np.int64(len(rots))))
+        kernel((-(-h // threads),), (threads,), (Q, np.int64(h), np.int64(Q.strides[1] // 8), *staged,
+                                                 np.int64(len(rots))))
         return Q
     chains, coeffs = [], []
     for a, b, c, sn in rots:
@@ -663,9 +727,10 @@ def _chained(rots) -> bool:
     return True
 
 
-def _secular(d, z, rho, xp, j0: int = 0, j1: int | None = None):
+def _secular(d, z, rho, xp, j0: int = 0, j1: int | None = None, staged=None):
     """Roots j0 .. j1-1 of f(lam) = 1 + rho sum z_i^2 / (d_i - lam) (d strictly increasing,
     rho > 0; host arrays d, z): one in each (d_j, d_{j+1}), the last in (d_k, d_k + rho |z|^2].
+    staged: d and z * z already as arrays of xp (_Staged), else copied here.
     Returned as (origin, tau) (arrays of xp) with lam_j = d[origin_j] + tau_j, origin the nearer
     pole, so d_i - lam_j = (d_i - d_origin) - tau is formed without cancellation.
 
@@ -681,7 +746,7 @@ def _secular(d, z, rho, xp, j0: int = 0, j1: int | None = None):
     a root's iteration does not depend on which other roots are solved with it."""
     k = d.size
     j1 = k if j1 is None else j1
-    dx, z2 = xp.asarray(d), xp.asarray(z * z)
+    dx, z2 = staged if staged is not None else (xp.asarray(d), xp.asarray(z * z))
     if xp is not np:  # the same iteration, one block per root, no host round trip (dc_kernels.cu)
         count = j1 - j0
         origin, tau = xp.empty(count, dtype=xp.int64), xp.empty(count)
