@@ -50,7 +50,7 @@ LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by Nu
 # Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
 # takes matrices of at most 32 rows); 512 with 4 streams was the fastest at n = 8192 on 2xH200
 # (bench/dc_profile.py).
-LEAF_DEVICE = 512
+LEAF_DEVICE = 256
 # Where a GPU solve computes its leaves: "batched" (every equal-size leaf in one
 # cusolverDnXsyevBatched, where the loaded cuSOLVER has it; else as "device"), "device" (cuSOLVER
 # syevd, one leaf per call on STREAMS streams) or "host" (LAPACK's MRRR tridiagonal solver per
