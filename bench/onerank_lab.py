@@ -10,6 +10,8 @@ conquer's leaves each way: bench/dc_profile.py).
           does, but less accurate: C is not formed symmetric)
   ormtr   householder.ormtr's distributed blocks against cusolverDnDormtr (_xp.ormtr_in_place:
           reflectors in LAPACK's lower storage, unit subdiagonal)
+  sytrd   householder.sytrd (the column step's kernels, one rank) in panels of 32, 64 and 128
+          columns against cusolverDnDsytrd (lower) on the same symmetric matrix
 
 Wall seconds, the device synchronized, median of 3 after a warm-up; the largest difference of
 each result to the solver's, relative to its largest entry."""
@@ -92,6 +94,38 @@ def lab_ormtr(n, out):
           flush=True)
 
 
+def lab_sytrd(n, out):
+    import ctypes
+
+    from hpccoll_eigensolver._xp import _cusolver, _leading_dim, _ok, _solver_handle
+    rng = cp.random.default_rng(5)
+    G = rng.standard_normal((n, n))
+    C0 = cp.asfortranarray(G + G.T)
+    comm = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
+    ours = {}
+    for nb in (32, 64, 128):
+        desc = BlockCyclic(n, n, nb, 1)
+        ours[nb] = timed(lambda C: householder.sytrd(C, desc, comm, cp), lambda: C0.copy(order="F"))
+    comm.Free()
+    lib = _cusolver()
+
+    def lib_sytrd(A):
+        d, e, tau = cp.empty(n), cp.empty(n - 1), cp.empty(n - 1)
+        handle, ptr, lwork = ctypes.c_void_p(_solver_handle()), ctypes.c_void_p, ctypes.c_int()
+        args = (handle, 0, n, ptr(A.data.ptr), _leading_dim(A), ptr(d.data.ptr), ptr(e.data.ptr), ptr(tau.data.ptr))
+        _ok(lib.cusolverDnDsytrd_bufferSize(*args, ctypes.byref(lwork)), "cusolverDnDsytrd_bufferSize")
+        work, info = cp.empty(max(lwork.value, 1)), cp.zeros(1, dtype=cp.int32)
+        _ok(lib.cusolverDnDsytrd(*args, ptr(work.data.ptr), lwork.value, ptr(info.data.ptr)), "cusolverDnDsytrd")
+        return d, e, tau
+    t_lib, (d_lib, e_lib, _) = timed(lib_sytrd, lambda: C0.copy(order="F"))
+    d64, e64 = ours[64][1][0], ours[64][1][1]
+    out["sytrd"] = {"ours_s": {nb: t for nb, (t, _) in ours.items()}, "cusolver_s": t_lib,
+                    "rel_diff_d": rel(d_lib, d64), "rel_diff_abs_e": rel(cp.abs(e_lib), cp.abs(e64))}
+    print(f"sytrd  n={n}: ours " + "  ".join(f"nb={nb} {t:.4f} s" for nb, (t, _) in ours.items())
+          + f"  cusolverDnDsytrd {t_lib:.4f} s  rel diff d {out['sytrd']['rel_diff_d']:.1e}"
+          f" |e| {out['sytrd']['rel_diff_abs_e']:.1e}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192)
@@ -101,7 +135,8 @@ def main() -> int:
     out = {"n": opts.n, "commit": git_commit(), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()}
     for name in opts.only.split(","):
         try:
-            {"sygst": lambda: lab_sygst(opts.n, out), "ormtr": lambda: lab_ormtr(opts.n, out)}[name]()
+            {"sygst": lambda: lab_sygst(opts.n, out), "ormtr": lambda: lab_ormtr(opts.n, out),
+             "sytrd": lambda: lab_sytrd(opts.n, out)}[name]()
         except Exception as exc:  # a lab: report and go on to the next part
             out[name] = {"error": repr(exc)}
             print(name, "failed:", repr(exc), flush=True)
