@@ -28,8 +28,8 @@ read once), so C may hold anything above its diagonal.  When a panel is done its
 the panel's reflectors in the panel's columns of C (householder.py's convention).
 
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
-reads the rank's own product as the Allreduce's sum), and w's work at the end of the symv's
-persistent launch, after a barrier over its resident grid (W_IN_SYMV): two launches per column.
+reads the rank's own product as the Allreduce's sum); W_IN_SYMV would do w's work at the end
+of the symv's persistent launch, after a barrier over its resident grid (measured slower).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -92,11 +92,13 @@ def fusable(comm) -> str | None:
 # n = 8192 sytrd 0.411 s fused against 0.427 with the collectives; n = 16384 2.279 against
 # 2.098.  The crossover between them is not located.
 FUSED_MAX_N = 8192
-# One rank: sytrd_w's work done at the end of sytrd_symv's persistent launch, after a grid
-# barrier, instead of as its own launch (sytrd_step.cu wInSymv), when this process has its GPU
-# to itself (gpu_to_itself): the barrier needs every block of the grid resident at once, which
-# another process's kernels on the same GPU (MPS) could prevent.  True / False force it.
-W_IN_SYMV = "auto"
+# One rank: sytrd_w's work at the end of sytrd_symv's persistent launch, after a grid barrier,
+# instead of as its own launch (sytrd_step.cu wInSymv).  Off: on one H200 it made sytrd slower
+# (n = 8192: 0.503-0.515 s against 0.490-0.493 with the launch; 16384: 2.41 against 2.37), the
+# same bits.  "auto" takes it where this process has its GPU to itself (gpu_to_itself: the
+# barrier needs every block of the grid resident at once, which another process's kernels on
+# the same GPU could prevent); True forces it.
+W_IN_SYMV = False
 
 
 def gpu_to_itself() -> bool:
