@@ -47,9 +47,9 @@ import numpy as np
 from ._xp import _unit_rows, has_cusolver, kept_streams, raw_module, syev_batched, to_host, tridiagonal_matrix
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
-# Leaf size on the GPU: cuSOLVER syevd of each leaf (CuPy's batched eigh uses syevjBatched, which
-# takes matrices of at most 32 rows); 512 with 4 streams was the fastest at n = 8192 on 2xH200
-# (bench/dc_profile.py).
+# Leaf size on the GPU (the leaves by LEAVES below): 256 rows was the fastest at n = 8192 on one
+# H200 with the merge inputs staged per level (bench/dc_profile.py: 0.049 s against 0.070 for
+# 512 and 0.069 for 128, whose leaves take 2 ms but whose two extra merge levels cost more).
 LEAF_DEVICE = 256
 # Where a GPU solve computes its leaves: "batched" (every equal-size leaf in one
 # cusolverDnXsyevBatched, where the loaded cuSOLVER has it; else as "device"), "device" (cuSOLVER
