@@ -28,8 +28,7 @@ read once), so C may hold anything above its diagonal.  When a panel is done its
 the panel's reflectors in the panel's columns of C (householder.py's convention).
 
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
-reads the rank's own product as the Allreduce's sum); W_IN_SYMV would do w's work at the end
-of the symv's persistent launch, after a barrier over its resident grid (measured slower).
+reads the rank's own product as the Allreduce's sum).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -92,28 +91,6 @@ def fusable(comm) -> str | None:
 # n = 8192 sytrd 0.411 s fused against 0.427 with the collectives; n = 16384 2.279 against
 # 2.098.  The crossover between them is not located.
 FUSED_MAX_N = 8192
-# One rank: sytrd_w's work at the end of sytrd_symv's persistent launch, after a grid barrier,
-# instead of as its own launch (sytrd_step.cu wInSymv).  Off: on one H200 it made sytrd slower
-# (n = 8192: 0.503-0.515 s against 0.490-0.493 with the launch; 16384: 2.41 against 2.37), the
-# same bits.  "auto" takes it where this process has its GPU to itself (gpu_to_itself: the
-# barrier needs every block of the grid resident at once, which another process's kernels on
-# the same GPU could prevent); True forces it.
-W_IN_SYMV = False
-
-
-def gpu_to_itself() -> bool:
-    """Whether no other rank of this MPI job on this node shares a GPU with this process: the
-    launcher's node-local rank count (Open MPI, MPICH, Slurm) at most the visible GPUs.  Read
-    from the environment (no collective); unknown counts as alone."""
-    import os
-
-    import cupy as cp
-
-    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        text = os.environ.get(var, "").split("(")[0].split(",")[0]
-        if text.isdigit():
-            return int(text) <= cp.cuda.runtime.getDeviceCount()
-    return True
 
 
 def mode_for(comm, n: int | None = None, want: str = "auto") -> str:
@@ -236,7 +213,7 @@ class _Step:
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
         self.ctick = cp.zeros(self.nch, dtype=cp.int64)              # symv: per-chunk tickets
-        self.st = cp.zeros(9, dtype=cp.int64)   # sytrd_step.cu's st
+        self.st = cp.zeros(7, dtype=cp.int64)   # sytrd_step.cu's st
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
@@ -255,10 +232,6 @@ class _Step:
             self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
-        # one rank's w at the end of the persistent symv launch (sytrd_step.cu wInSymv): its grid
-        # is resident at once, so a barrier there replaces the kernel boundary
-        wanted = gpu_to_itself() if W_IN_SYMV == "auto" else bool(W_IN_SYMV)
-        self.w_in_symv = wanted and self.alone and self.persist and fused is None
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -277,15 +250,13 @@ class _Step:
         if "bcast" not in skip and not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
-        w_here = self.w_in_symv and "gemv" not in skip and "w" not in skip
         if "gemv" not in skip:
             k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
-                                                self.d, self.e, self.tau, self.fz, self.al, self.part1,
-                                                np.int32(w_here)))
+                                                self.d, self.e, self.tau, self.fz))
         if "allreduce" not in skip and not fused and not self.alone:
             comm.Allreduce(self.y, self.cv)
-        if "w" not in skip and not w_here:
+        if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
                                         self.part1, self.fz))
 
@@ -359,10 +330,6 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
             comm.record("Bcast", st.bb.nbytes, n, per["Bcast"] * n, estimated=True)
             comm.record("Allreduce", st.y.nbytes, n, per["Allreduce"] * n, estimated=True)
     stream.synchronize()
-    if st.w_in_symv and int(st.st[8]):
-        raise RuntimeError("sytrd: the column step's grid barrier timed out (10 s): sytrd_symv's blocks were not "
-                           "all resident at once - another process on this GPU?  Set sytrd_device.W_IN_SYMV = False "
-                           "there")
     if fused is not None:
         try:
             fused.check()

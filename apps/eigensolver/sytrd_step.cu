@@ -19,8 +19,7 @@
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
 //         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
 //         st[4] = block ticket of sytrd_w, st[5] = next work item of sytrd_symv's persistent
-//         launch, st[6] = its blocks done (both 0 at rest: the launch's last block resets them),
-//         st[7] = blocks at wInSymv's grid barrier (0 at rest), st[8] = 1 once it timed out
+//         launch, st[6] = its blocks done (both 0 at rest: the launch's last block resets them)
 //   tick  per-row-tile tickets of the product kernels, ctick per-column-chunk tickets of
 //         sytrd_symv (zero at rest)
 // Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv | Allreduce(y, cv) |
@@ -422,123 +421,6 @@ static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a 
 #endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
-// Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), per row tile
-// of 32: w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as W's raw column k,
-// and the tile's sum of w . v; the grid's last block then stores W's correction
-// al[k] = -(tau/2)(w . v) (LAPACK latrd's w - (tau/2)(w . v) v, applied by wAt) and advances st
-// to the next column (every block has read st before it took its ticket).  (W^T v)[q] =
-// s[nb + q] + al[q] s[q]: the raw dot plus the correction's.  As its own launch (sytrd_w, a
-// block per tile) or, on one rank, at the end of sytrd_symv's persistent launch (wInSymv);
-// cv and s are read through L2 (the latter: written earlier in the same launch).
-__device__ __forceinline__ void wTile(i64 tile, i64 n, double* P, int nb, const double* al, i64 j, i64 k,
-                                      const HVec& v, double t, double* bbr, const double* cv, const double* s,
-                                      double* part, const Fused* fz, double* sh) {
-  const int lane = threadIdx.x & 31;
-  const i64 r = tile * 32 + lane;
-  const bool row = r > j && r < n;
-  // This row's v and (fused) its sums from every rank: loads issued now, waited for below.
-  const bool mine = threadIdx.x < 32 && r < n;
-  const u64 vb = mine ? v.load(r) : 0ull;
-  const int nr = fz ? fz->a.nranks : 1, own = fz ? (int)((r / nb) % nr) : 0;
-  double* yr = fz ? (double*)(fz->a.peers[fz->a.rank] + fz->yOff) + yAt(fz, n, j, 0) + r : nullptr;
-  u64 yb[HC_MAX_RANKS], cb = 0;
-  if (fz && mine && row) {
-#pragma unroll
-    for (int q = 0; q < HC_MAX_RANKS; ++q)
-      if (q < nr) yb[q] = ldVol64(yr + q * 2 * n);
-    cb = ldVol64(yr + own * 2 * n + n);
-  }
-  double c = 0.0;
-  if (row) {
-#pragma unroll 4
-    for (i64 q = threadIdx.x >> 5; q < k; q += NW)
-      c += P[r + q * n] * fma(al[q], __ldcg(s + q), __ldcg(s + nb + q)) + wAt(P, n, nb, al, r, q) * __ldcg(s + q);
-  }
-  const double corr = tileSum(c, sh);
-  if (threadIdx.x < 32) {
-    double cvr = 0.0, cvc = 0.0;  // the Allreduce's two halves at row r
-    if (row && fz) {
-      // rank order, 0.0 from the ranks that do not own column r: the Allreduce's expression
-      const double cown = arrived(fz, yr + own * 2 * n + n, cb, HC_COLL_ALLREDUCE, own);
-#pragma unroll
-      for (int q = 0; q < HC_MAX_RANKS; ++q) {
-        if (q >= nr) break;
-        const double x = arrived(fz, yr + q * 2 * n, yb[q], HC_COLL_ALLREDUCE, q);
-        cvr = q == 0 ? x : cvr + x;
-        cvc = q == 0 ? (own == 0 ? cown : 0.0) : cvc + (q == own ? cown : 0.0);
-        rearm(yr + q * 2 * n);
-      }
-      rearm(yr + own * 2 * n + n);
-    } else if (row) {
-      cvr = __ldcg(cv + r);
-      cvc = __ldcg(cv + n + r);
-    }
-    const double w = row ? t * ((cvr + cvc) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
-    if (r < n) P[r + (nb + k) * n] = w;
-    const double dot = warpSum(mine ? w * v.value(r, vb) : 0.0);
-    if (fz && r >= j + 2 && r < n) rearm(bbr + 4 + r);  // read (value) above: x[r] of bbR
-    if (lane == 0) part[tile] = dot;
-  }
-}
-
-// The step's end after every tile's wTile: the grid's last block (a ticket over the grid's
-// blocks) sums the tiles' parts in tile order, stores al[k] and advances st (and re-arms the
-// barrier count of wInSymv, which every block has passed).
-__device__ __forceinline__ void wFinish(i64* st, double* al, i64 j, i64 k, double t, double* bbr, double* part,
-                                        i64 tiles, const Fused* fz, double* sh) {
-  if (!lastBlock(st + 4, gridDim.x)) return;
-  // Every block has read bbR's scalars (t, v's scale) before its ticket: re-arm them.
-  if (fz && threadIdx.x < 4) rearm(bbr + threadIdx.x);
-  const double dot = sumParts(part, (int)tiles, sh);
-  if (threadIdx.x == 0) {
-    al[k] = -0.5 * t * dot;
-    st[0] = j + 1;
-    st[1] = k + 1;
-    st[2] += 1;
-    st[7] = 0;
-  }
-}
-
-// Every block of the launch waits here until all have arrived (after their global writes):
-// only for a launch whose blocks are all resident at once (the persistent grid, sized from the
-// occupancy, on a GPU this rank has to itself).  Bounded: after 10 s it gives up, sets
-// *failed (the host raises after the tridiagonalization) and never waits again - a wrong
-// result reported, never a hang.  *count is re-armed by wFinish, after every block passed.
-__device__ __forceinline__ void gridBarrier(i64* count, i64* failed) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd((unsigned long long*)count, 1ull);
-    u64 t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (*(volatile i64*)count < (i64)gridDim.x && *(volatile i64*)failed == 0) {
-      u64 now;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-      if (now - t0 > 10000000000ull) *(volatile i64*)failed = 1;
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// sytrd_symv's tail on one rank (wInSymv): the grid barrier, then every block's share of the
-// row tiles of w and the step's end.  Not inlined, and j, k, v taken afresh from st and bb
-// (unchanged in the launch until wFinish's last block, after every block has read them): the
-// product's loop then keeps nothing live for it (inlined, its state spilled in that loop).
-__device__ __noinline__ void wAfterSymv(i64 n, double* P, int nb, double* al, i64* st, const double* bb,
-                                        const double* y, const double* s, double* wpart, const Fused* fz,
-                                        double* sh) {
-  gridBarrier(st + 7, st + 8);
-  const i64 j = st[0], k = st[1];
-  double* bbr = (double*)bbIn(fz, bb, n, j);
-  const HVec v(bbr, j, fz, nb);
-  const double t = v.scalar(1);
-  const i64 g1 = (n + 31) / 32;
-  for (i64 tile = blockIdx.x; tile < g1; tile += gridDim.x)
-    wTile(tile, n, P, nb, al, j, k, v, t, bbr, y, s, wpart, fz, sh);
-  wFinish(st, al, j, k, t, bbr, wpart, g1, fz, sh);
-}
-
 // The work list of a persistent launch (SY_PERSIST): the 2nb panel dots, then the busy units
 // chunk by chunk, tile-fastest within a chunk.  Chunk 0 has a unit on every trailing tile (those
 // below its columns' diagonal zero their rows of y); chunk ch > 0 on the tiles from the one
@@ -570,7 +452,7 @@ __device__ __forceinline__ void chunkPrefix(int* pre, int* scan, const Layout& L
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
-    double* d, double* e, double* tau, const Fused* fz, double* al, double* wpart, int wInSymv) {
+    double* d, double* e, double* tau, const Fused* fz) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
   __shared__ double vrSh[SY_R];
@@ -737,9 +619,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     st[5] = 0;
     st[6] = 0;
   }
-  // One rank (no Allreduce between): the step's w here, after a barrier over the grid, instead
-  // of its own launch (one kernel boundary per column less).  y is then C v (cv of sytrd_w).
-  if (wInSymv) wAfterSymv(n, P, nb, al, st, bb, y, s, wpart, fz, sh);
 #else
   // A block per entry of the tiles x chunks rectangle sized for column 0 (blocks past this
   // column's rectangle, and units above the diagonal, exit at once), after the 2nb dots.
@@ -755,7 +634,12 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
 }
 
-// sytrd_w: wTile and wFinish (above sytrd_symv) as a launch of a block per row tile.
+// Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
+// (n + 31) / 32 row tiles: w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as
+// W's raw column k, and each tile's sum of w . v; the last block then stores W's correction
+// al[k] = -(tau/2)(w . v) (LAPACK latrd's w - (tau/2)(w . v) v, applied by wAt) and advances st
+// to the next column (every block has read st before it took its ticket).  (W^T v)[q] =
+// s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
                                                           double* part, const Fused* fz) {
@@ -764,8 +648,62 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
   const double t = v.scalar(1);
-  wTile(blockIdx.x, n, P, nb, al, j, k, v, t, bbr, cv, s, part, fz, sh);
-  wFinish(st, al, j, k, t, bbr, part, gridDim.x, fz, sh);
+  const int lane = threadIdx.x & 31;
+  const i64 r = (i64)blockIdx.x * 32 + lane;
+  const bool row = r > j && r < n;
+  // This row's v and (fused) its sums from every rank: loads issued now, waited for below.
+  const bool mine = threadIdx.x < 32 && r < n;
+  const u64 vb = mine ? v.load(r) : 0ull;
+  const int nr = fz ? fz->a.nranks : 1, own = fz ? (int)((r / nb) % nr) : 0;
+  double* yr = fz ? (double*)(fz->a.peers[fz->a.rank] + fz->yOff) + yAt(fz, n, j, 0) + r : nullptr;
+  u64 yb[HC_MAX_RANKS], cb = 0;
+  if (fz && mine && row) {
+#pragma unroll
+    for (int q = 0; q < HC_MAX_RANKS; ++q)
+      if (q < nr) yb[q] = ldVol64(yr + q * 2 * n);
+    cb = ldVol64(yr + own * 2 * n + n);
+  }
+  double c = 0.0;
+  if (row) {
+#pragma unroll 4
+    for (i64 q = threadIdx.x >> 5; q < k; q += NW)
+      c += P[r + q * n] * fma(al[q], s[q], s[nb + q]) + wAt(P, n, nb, al, r, q) * s[q];
+  }
+  const double corr = tileSum(c, sh);
+  if (threadIdx.x < 32) {
+    double cvr = 0.0, cvc = 0.0;  // the Allreduce's two halves at row r
+    if (row && fz) {
+      // rank order, 0.0 from the ranks that do not own column r: the Allreduce's expression
+      const double cown = arrived(fz, yr + own * 2 * n + n, cb, HC_COLL_ALLREDUCE, own);
+#pragma unroll
+      for (int q = 0; q < HC_MAX_RANKS; ++q) {
+        if (q >= nr) break;
+        const double x = arrived(fz, yr + q * 2 * n, yb[q], HC_COLL_ALLREDUCE, q);
+        cvr = q == 0 ? x : cvr + x;
+        cvc = q == 0 ? (own == 0 ? cown : 0.0) : cvc + (q == own ? cown : 0.0);
+        rearm(yr + q * 2 * n);
+      }
+      rearm(yr + own * 2 * n + n);
+    } else if (row) {
+      cvr = cv[r];
+      cvc = cv[n + r];
+    }
+    const double w = row ? t * ((cvr + cvc) - corr) : 0.0;  // rows + columns halves (sytrd_symv)
+    if (r < n) P[r + (nb + k) * n] = w;
+    const double dot = warpSum(mine ? w * v.value(r, vb) : 0.0);
+    if (fz && r >= j + 2 && r < n) rearm(bbr + 4 + r);  // read (value) above: x[r] of bbR
+    if (lane == 0) part[blockIdx.x] = dot;
+  }
+  if (!lastBlock(st + 4, gridDim.x)) return;
+  // Every block has read bbR's scalars (t, v's scale) before its ticket: re-arm them.
+  if (fz && threadIdx.x < 4) rearm(bbr + threadIdx.x);
+  const double dot = sumParts(part, gridDim.x, sh);
+  if (threadIdx.x == 0) {
+    al[k] = -0.5 * t * dot;
+    st[0] = j + 1;
+    st[1] = k + 1;
+    st[2] += 1;
+  }
 }
 
 // After a panel's columns: W's columns q < width made true in place, W = Wraw + al[q] V (the

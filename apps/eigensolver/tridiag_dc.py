@@ -166,7 +166,7 @@ def _module_of(x, xp):
 
 class _Staged:
     """Host arrays (int64 or float64) bound for the device, sent in one transfer: `add` each
-    (a handle back), `send`, then `staged[handle]` is its device array, a view of the one
+    (a handle back), `send`, then `arrays` gives each one's device array, a view of the one
     upload (on the host: the array itself).  A level's merges take their index and scalar
     arrays this way - one upload per level instead of about twenty per merge, each a CuPy call
     and a copy that the merges of the lower levels, with little GPU work, wait for."""
@@ -196,8 +196,9 @@ class _Staged:
             self.out.append(v.view(self.xp.float64) if p.dtype == np.float64 else v)
             at += size
 
-    def __getitem__(self, handle: int):
-        return self.out[handle]
+    def arrays(self, handles: dict) -> dict:
+        """{name: device array} of {name: handle} (after send)."""
+        return {name: self.out[h] for name, h in handles.items()}
 
 
 @dataclass
@@ -396,10 +397,11 @@ def _deflation(L: _Node, R: _Node, z, tear) -> _Plan:
     return _Plan(n1, perm, D, keep[order], np.array(gone, dtype=np.int64), rots, top, bot, dk[order], zk[order], rho)
 
 
-def _roots(team: _Team, plans, xp):
+def _roots(team: _Team, plans, poles, xp):
     """(origin, tau) of every root of every merge of the level (host arrays): each rank solves
     a contiguous share of each merge's roots (kernels queued back to back, one copy of all of
-    them to the host), one Allgather of all shares."""
+    them to the host), one Allgather of all shares.  poles: per merge its "dk" and "z2" (zk^2)
+    as arrays of xp (_merge_level stages them)."""
     P, q = team.size, team.rank
     segs = [-(-p.k // P) for p in plans]
     if not sum(segs):
@@ -407,13 +409,10 @@ def _roots(team: _Team, plans, xp):
     share = xp.zeros(2 * sum(segs))   # filled where the roots are solved: one copy to the host
     at = 0
     with _step("secular", xp):
-        staged = _Staged(xp)
-        poles = [(staged.add(p.dk, np.float64), staged.add(p.zk * p.zk, np.float64)) for p in plans]
-        staged.send()
-        for p, s, (hd, hz) in zip(plans, segs, poles):
+        for p, s, dev in zip(plans, segs, poles):
             j0, j1 = min(q * s, p.k), min(q * s + s, p.k)
             if j1 > j0:
-                origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1, staged=(staged[hd], staged[hz]))
+                origin, tau = _secular(p.dk, p.zk, p.rho, xp, j0, j1, staged=(dev["dk"], dev["z2"]))
                 share[at:at + j1 - j0] = origin
                 share[at + s:at + s + j1 - j0] = tau
             at += 2 * s
@@ -434,7 +433,12 @@ def _merge_level(team: _Team, pairs, zs, tears, r0: int, r1: int, place, xp):
     eigenvectors where it has rows.  place: the storage columns of the top merge (else None)."""
     with _step("deflate", xp):
         plans = [_deflation(L, R, z, tears[L.b]) for (L, R), z in zip(pairs, zs)]
-    roots = _roots(team, plans, xp)
+    poles = _Staged(xp)     # the level's poles and weights, for the roots and then the merges
+    handles = [{"dk": poles.add(p.dk, np.float64), "zk": poles.add(p.zk, np.float64),
+                "z2": poles.add(p.zk * p.zk, np.float64)} for p in plans]
+    poles.send()
+    poles = [poles.arrays(h) for h in handles]
+    roots = _roots(team, plans, poles, xp)
     staged = _Staged(xp)
     todo = []
     for (L, R), plan, (origin, tau) in zip(pairs, plans, roots):
@@ -449,16 +453,19 @@ def _merge_level(team: _Team, pairs, zs, tears, r0: int, r1: int, place, xp):
         todo.append((lam[order], inputs))
     staged.send()
     out = []
-    for (L, R), plan, (w, inputs) in zip(pairs, plans, todo):
-        Q = _merge_rows(L, R, plan, inputs, staged, r0, r1, xp) if inputs is not None else None
+    for (L, R), plan, (w, inputs), dev in zip(pairs, plans, todo, poles):
+        Q = None
+        if inputs is not None:
+            names, counts = inputs
+            Q = _merge_rows(L, R, plan, {**staged.arrays(names), **dev}, counts, r0, r1, xp)
         L.Q = R.Q = None
         out.append(_Node(L.a, R.b, w, Q))
     return out
 
 
-def _merge_inputs(plan: _Plan, origin, tau, cols, staged: _Staged) -> dict:
-    """The host arrays of one merge that its device work reads, staged (handles by name), and
-    the host-side facts it needs: item t (the kept roots in order, then the deflated positions)
+def _merge_inputs(plan: _Plan, origin, tau, cols, staged: _Staged):
+    """The host arrays of one merge that its device work reads (besides its poles), staged:
+    ({name: handle}, counts).  Item t (the kept roots in order, then the deflated positions)
     goes to column cols[t]."""
     perm, keep, n1 = plan.perm, plan.keep, plan.n1
     posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
@@ -466,54 +473,52 @@ def _merge_inputs(plan: _Plan, origin, tau, cols, staged: _Staged) -> dict:
     i64, f64 = np.int64, np.float64
     arrays = {"posL": (posL, i64), "srcL": (perm[posL], i64), "posR": (posR, i64), "srcR": (perm[posR] - n1, i64),
               "keepL": (keep[topk], i64), "keepR": (keep[botk], i64), "gone": (plan.gone, i64), "cols": (cols, i64),
-              "dk": (plan.dk, f64), "origin": (origin, i64), "tau": (tau, f64), "zk": (plan.zk, f64),
-              "topk": (topk, i64), "botk": (botk, i64)}
+              "origin": (origin, i64), "tau": (tau, f64), "topk": (topk, i64), "botk": (botk, i64)}
     if plan.rots:
-        for q, name in enumerate(("ra", "rb", "rc", "rs")):
-            arrays[name] = (np.array([r[q] for r in plan.rots]), i64 if q < 2 else f64)
-    h = {name: staged.add(a, t) for name, (a, t) in arrays.items()}
-    h.update(nL=topk.size, nR=botk.size, ngone=plan.gone.size)
-    return h
+        for name, a in zip(("ra", "rb", "rc", "rs"), _rotation_arrays(plan.rots)):
+            arrays[name] = (a, a.dtype)
+    handles = {name: staged.add(a, t) for name, (a, t) in arrays.items()}
+    return handles, {"nL": topk.size, "nR": botk.size, "ngone": plan.gone.size}
 
 
-def _merge_rows(L: _Node, R: _Node, plan: _Plan, h: dict, staged: _Staged, r0: int, r1: int, xp):
-    """This rank's rows of the merged eigenvectors (h: _merge_inputs' handles into `staged`)."""
+def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: int, r1: int, xp):
+    """This rank's rows of the merged eigenvectors; dev: the merge's arrays of xp by name
+    (_merge_inputs' and its poles), counts: _merge_inputs'."""
     m = L.b
     hL = max(0, min(m, r1) - max(L.a, r0))
     hR = max(0, min(R.b, r1) - max(m, r0))
-    h_, kn = hL + hR, R.b - L.a
-    g = lambda name: staged[h[name]]  # noqa: E731
+    h, kn = hL + hR, R.b - L.a
     with _step("rotate", xp):
-        Qs = xp.zeros((h_, kn), order="F")           # rows of blockdiag(Q1, Q2), columns sorted
+        Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
         if hL:
-            Qs[:hL, g("posL")] = L.Q[:, g("srcL")]
+            Qs[:hL, dev["posL"]] = L.Q[:, dev["srcL"]]
         if hR:
-            Qs[hL:, g("posR")] = R.Q[:, g("srcR")]
+            Qs[hL:, dev["posR"]] = R.Q[:, dev["srcR"]]
         L.Q = R.Q = None
         if plan.rots:
-            _rotate(Qs, plan.rots, xp, staged=tuple(g(q) for q in ("ra", "rb", "rc", "rs")))
+            _rotate(Qs, plan.rots, xp, staged=tuple(dev[q] for q in ("ra", "rb", "rc", "rs")))
     k = plan.k
     # the left rows meet only the columns with entries there (likewise the right): two GEMMs of
     # about half the flops of one
-    QkL = Qs[:hL][:, g("keepL")] if hL and h["nL"] else None
-    QkR = Qs[hL:][:, g("keepR")] if hR and h["nR"] else None
-    G = Qs[:, g("gone")] if h["ngone"] else None
+    QkL = Qs[:hL][:, dev["keepL"]] if hL and counts["nL"] else None
+    QkR = Qs[hL:][:, dev["keepR"]] if hR and counts["nR"] else None
+    G = Qs[:, dev["gone"]] if counts["ngone"] else None
     del Qs
-    Z = xp.empty((h_, kn), order="F")
-    cols_x = g("cols")
+    Z = xp.empty((h, kn), order="F")
+    cols_x = dev["cols"]
     if G is not None:
         Z[:, cols_x[k:]] = G
         del G
     if k:
-        dx, ox, tx = g("dk"), g("origin"), g("tau")
+        dx, ox, tx = dev["dk"], dev["origin"], dev["tau"]
         with _step("vectors", xp):
-            zhat = _zhat(dx, ox, tx, g("zk"), plan.rho, xp)
+            zhat = _zhat(dx, ox, tx, dev["zk"], plan.rho, xp)
         width = chunk_width(k, xp)
         for c0 in range(0, k, width):
             c1 = min(c0 + width, k)
             with _step("vectors", xp):
-                UL, UR = _u_rows(dx, zhat, ox, tx, c0, c1, g("topk") if QkL is not None else None,
-                                 g("botk") if QkR is not None else None, xp)
+                UL, UR = _u_rows(dx, zhat, ox, tx, c0, c1, dev["topk"] if QkL is not None else None,
+                                 dev["botk"] if QkR is not None else None, xp)
             with _step("gemm", xp):
                 dst = cols_x[c0:c1]
                 if hL:
@@ -679,8 +684,7 @@ def _rotate(Q, rots, xp, staged=None):
             raise ValueError("tridiag_dc._rotate: the rotations must chain as dlaed2's do (_chained) "
                              "and Q must be column-major")
         if staged is None:
-            staged = tuple(xp.asarray(np.array([r[q] for r in rots], dtype=np.int64 if q < 2 else np.float64))
-                           for q in range(4))
+            staged = tuple(xp.asarray(a) for a in _rotation_arrays(rots))
         kernel = raw_module("dc_kernels.cu").get_function("dc_rotate")
         h, threads = Q.shape[0], 64
         kernel((-(-h // threads),), (threads,), (Q, np.int64(h), np.int64(Q.strides[1] // 8), *staged,
@@ -710,6 +714,11 @@ def _rotate(Q, rots, xp, staged=None):
     idx = xp.asarray(np.array(cols))
     Q[:, idx] = Q[:, idx] @ xp.asarray(G)
     return Q
+
+
+def _rotation_arrays(rots) -> tuple:
+    """The rotations' a, b (int64) and c, s (float64) as four host arrays: dc_rotate's operands."""
+    return tuple(np.array([r[q] for r in rots], dtype=np.int64 if q < 2 else np.float64) for q in range(4))
 
 
 def _chained(rots) -> bool:

@@ -330,26 +330,3 @@ def test_dc_kernels_compile():
     from pathlib import Path
 
     assert _compile(Path(_xp.__file__).parent / "dc_kernels.cu")[:4] == b"\x7fELF"
-
-
-def test_gpu_to_itself_reads_the_launchers_node_local_rank_count(monkeypatch):
-    """sytrd_device.gpu_to_itself (W_IN_SYMV = "auto"): alone when the launcher's node-local rank
-    count (Open MPI, MPICH, Slurm's per-node task count, e.g. "4(x2)") is at most the visible
-    GPUs, and when no launcher says."""
-    import sys
-    from types import SimpleNamespace
-
-    from hpccoll_eigensolver import sytrd_device as sd
-
-    gpus = 2
-    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: gpus)))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        monkeypatch.delenv(var, raising=False)
-    assert sd.gpu_to_itself()
-    for var, text, alone in [("OMPI_COMM_WORLD_LOCAL_SIZE", "2", True), ("OMPI_COMM_WORLD_LOCAL_SIZE", "3", False),
-                             ("MPI_LOCALNRANKS", "1", True), ("SLURM_NTASKS_PER_NODE", "4(x2)", False),
-                             ("SLURM_NTASKS_PER_NODE", "2,1", True)]:
-        monkeypatch.setenv(var, text)
-        assert sd.gpu_to_itself() is alone, (var, text)
-        monkeypatch.delenv(var)
