@@ -358,7 +358,7 @@ def test_largest_n_table_in_the_docs_is_the_models():
     text = (Path(__file__).resolve().parents[2] / "docs" / "eigensolver.md").read_text()
     gpus = [int(x) for x in re.search(r"^\| GPUs \|(.*)\|$", text, re.M).group(1).split("|")]
     rows = dict(re.findall(r"^\| largest n, model( × [0-9.]+)? \|(.*)\|$", text, re.M))
-    assert set(rows) == {"", " × 1.45"}
+    assert "" in rows and len(rows) == 2, rows
     for label, cells in rows.items():
         factor = float(label.split("×")[1]) if label else 1.0
         assert [int(c.replace(",", "")) for c in cells.split("|")] == [largest_n(g, factor=factor) for g in gpus]
