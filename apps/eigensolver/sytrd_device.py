@@ -28,7 +28,8 @@ read once), so C may hold anything above its diagonal.  When a panel is done its
 the panel's reflectors in the panel's columns of C (householder.py's convention).
 
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
-reads the rank's own product as the Allreduce's sum).
+reads the rank's own product as the Allreduce's sum), and sytrd_w adds the product's partial
+sums itself: the product's units then take no fence and no tickets (SY_DEFER in sytrd_step.cu).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -50,7 +51,7 @@ MODES = ("auto", "fused", "graph", "eager", "ops")
 
 SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
 SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
-               "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID")
+               "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID", "SY_DEFER")
 SYMV_LAUNCH = ("SY_GRID",)  # of those, the launch's (timing only: blocks of the persistent grid), not the source's
 
 
@@ -258,7 +259,7 @@ class _Step:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
-                                        self.part1, self.fz))
+                                        self.part1, self.fz, self.np32, self.ypart, self.cpart))
 
     def end_panel(self, p0: int, p1: int) -> None:
         """The panel's reflectors into its columns of C (the owner's); the trailing update
@@ -293,7 +294,7 @@ def resident_grid(func, threads: int) -> int:
     return sms * max(1, per)
 
 
-def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
+def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple[str, ...] = ()):
     """d, e, tau of C = Q T Q^T (as householder.sytrd_ops returns them); C (CuPy, F order, its
     lower triangle read) is overwritten, its panels' columns by their reflectors.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
     CountingComm, whose `uncounted` communicator is captured (the collectives are then recorded
@@ -301,12 +302,13 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph"):
     no time: they happen inside the kernels).
 
     Runs on a stream of its own (the legacy default stream cannot be captured), ordered after
-    the caller's stream and synchronized at the end (one host sync per call)."""
+    the caller's stream and synchronized at the end (one host sync per call).  `defines`:
+    sytrd_symv's compile-time variant (symv_defines), for tests and benches."""
     import cupy as cp
 
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     fused = fused_workspace(comm, n) if mode == "fused" else None
-    st = _Step(C, desc, rank, fused)
+    st = _Step(C, desc, rank, fused, defines)
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
     outer = cp.cuda.get_current_stream()

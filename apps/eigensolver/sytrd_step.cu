@@ -419,7 +419,26 @@ static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a 
 #ifndef SY_PREFETCH
 #define SY_PREFETCH 0
 #endif
+// 1: one rank without fused transfers leaves the sums of partials to sytrd_w (its rows are
+// sytrd_w's rows; nothing moves between the two launches), so the product's units take no
+// fence, no tickets and no finishing sums: the same additions in the same order, in the next
+// kernel, where they overlap w's panel correction.  0: the product finishes them (the
+// collectives' path), for timing the difference.
+#ifndef SY_DEFER
+#define SY_DEFER 1
+#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
+
+// This column's chunk width for m trailing local columns (every unit and sytrd_w agree).
+__device__ __forceinline__ i64 chunkWidth(i64 m) {
+  return SY_WIDER && m >= SY_WIDER ? 4 * SY_C : m >= SY_WIDE ? 2 * SY_C : SY_C;
+}
+
+// Chunks whose columns reach tile a's rows (their units add to the tile's rows).
+__device__ __forceinline__ i64 rowUnitsOf(const Layout& L, i64 n, i64 a, i64 lo, i64 cw) {
+  const i64 tileEnd = min(n, (a + 1) * SY_R) - 1;
+  return (L.firstAfter(tileEnd) - lo + cw - 1) / cw;
+}
 
 // The work list of a persistent launch (SY_PERSIST): the 2nb panel dots, then the busy units
 // chunk by chunk, tile-fastest within a chunk.  Chunk 0 has a unit on every trailing tile (those
@@ -472,15 +491,15 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const i64 NT = (n + SY_R - 1) / SY_R;
   const i64 t0 = j / SY_R, tiles = NT - t0;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
-  // this column's chunk width (every unit agrees)
-  const i64 cw = SY_WIDER && m >= SY_WIDER ? 4 * SY_C : m >= SY_WIDE ? 2 * SY_C : SY_C;
+  const i64 cw = chunkWidth(m);
+  const bool defer = SY_DEFER && nprocs == 1 && !fz;  // sytrd_w adds the partials (SY_DEFER)
   const i64 nch = max((i64)1, (m + cw - 1) / cw);
 
   // Unit (tile a, chunk ch); `first`: the column's first unit, (t0, 0).  Uniform over the block.
   const auto unit = [&](i64 a, i64 ch, bool first) {
     const i64 rbase = a * SY_R, tileEnd = min(n, rbase + SY_R) - 1;
     const i64 c0 = lo + ch * cw, c1 = min(nloc, c0 + cw);
-    const i64 rowUnits = (L.firstAfter(tileEnd) - lo + cw - 1) / cw;  // chunks reaching this tile
+    const i64 rowUnits = rowUnitsOf(L, n, a, lo, cw);
     const i64 i = rbase + threadIdx.x;  // TPB == SY_R: a thread per row of the tile
     if (ch >= rowUnits && !(ch == 0 && rowUnits == 0)) return;  // the unit lies above the diagonal
     // The tile's rows of v, and v at the chunk's columns (shared: registers are short; both
@@ -555,11 +574,12 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     double rsum = 0.0;
     for (int w = 0; w < NW; ++w) rsum += rowsSh[w][threadIdx.x];
     if (i < n) {
-      if (rowUnits == 1) putY(i, rsum); else ypart[ch * n + i] = rsum;
+      if (rowUnits == 1 && !defer) putY(i, rsum); else ypart[ch * n + i] = rsum;
     }
 #if SY_NOTICKET  // timing only (bench/symv_bench.py): no fence, tickets or finalizers; y is wrong
     return;
 #endif
+    if (defer) return;
     // The chunk's busy tiles are those from the one holding its first column's diagonal on.
     const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
     __threadfence();
@@ -634,23 +654,44 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
 }
 
+// One rank (SY_DEFER): row r's half of C v from sytrd_symv's partials, the rows half (ypart
+// over the chunks reaching r's tile) or the columns half (cpart over the tiles from r's on):
+// the finishing units' sums, in their order.  Out of line: its loads in flight would otherwise
+// raise sytrd_w's registers for every warp.
+__device__ __noinline__ double deferredHalf(const double* ypart, const double* cpart, i64 n, int nb, i64 j, i64 r,
+                                            bool rows) {
+  const i64 a = r / SY_R, lo = j + 1;
+  if (!rows) return orderedSum<SY_SUMW>(cpart + a * n + r, (n + SY_R - 1) / SY_R - a, n);
+  const i64 units = rowUnitsOf(Layout{nb, 1, 0}, n, a, lo, chunkWidth(n - lo));
+  return units == 1 ? __ldcg(ypart + r) : orderedSum<SY_SUMW>(ypart + r, units, n);
+}
+
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
-// (n + 31) / 32 row tiles: w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as
+// (n + 31) / 32 row tiles (one rank, SY_DEFER: warps 1 and 2 first add sytrd_symv's partials of
+// the tile's rows, ypart over the chunks and cpart over the tiles, as its finishing units would
+// have: the same sums in the same order): w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as
 // W's raw column k, and each tile's sum of w . v; the last block then stores W's correction
 // al[k] = -(tau/2)(w . v) (LAPACK latrd's w - (tau/2)(w . v) v, applied by wAt) and advances st
 // to the next column (every block has read st before it took its ticket).  (W^T v)[q] =
 // s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
-                                                          double* part, const Fused* fz) {
+                                                          double* part, const Fused* fz, int nprocs,
+                                                          const double* ypart, const double* cpart) {
   __shared__ double sh[TPB];
+  __shared__ double cvSh[2][32];  // SY_DEFER: the rows and columns halves of C v at the tile's rows
   const i64 j = st[0], k = st[1];
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
   const double t = v.scalar(1);
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
+  const bool defer = SY_DEFER && nprocs == 1 && !fz;
+  if (defer && (warp == 1 || warp == 2)) {  // one rank: local column r is global column r
+    const double x = row ? deferredHalf(ypart, cpart, n, nb, j, r, warp == 1) : 0.0;
+    cvSh[warp - 1][lane] = x;  // read by warp 0 after tileSum's barrier
+  }
   // This row's v and (fused) its sums from every rank: loads issued now, waited for below.
   const bool mine = threadIdx.x < 32 && r < n;
   const u64 vb = mine ? v.load(r) : 0ull;
@@ -684,6 +725,9 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
         rearm(yr + q * 2 * n);
       }
       rearm(yr + own * 2 * n + n);
+    } else if (row && defer) {
+      cvr = cvSh[0][lane];
+      cvc = cvSh[1][lane];
     } else if (row) {
       cvr = cv[r];
       cvc = cv[n + r];

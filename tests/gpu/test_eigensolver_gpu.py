@@ -354,6 +354,33 @@ def test_gpu_ll128_path_is_accurate():
         c.Free()
 
 
+@pytest.mark.parametrize("n,nb", [(517, 32), (1100, 64), (2600, 64), (7300, 64)])
+def test_gpu_sytrd_one_rank_deferred_sums_change_no_bit(self_comm, n, nb):
+    """One rank: sytrd_w adding sytrd_symv's partial sums (SY_DEFER, the default) gives the same
+    bits as the product finishing them with its tickets (SY_DEFER=0), in graphs and eagerly: the
+    tridiagonal, tau and the reflectors in C, fresh data each run; the sizes reach chunks of
+    one, two and four SY_C columns and rows summed over many chunks."""
+    import cupy as cp
+
+    from hpccoll_eigensolver import BlockCyclic
+    from hpccoll_eigensolver import sytrd_device as sd
+
+    a = cp.random.standard_normal((n, n))
+    C = cp.tril(a + a.T)
+    desc = BlockCyclic(n, n, nb, 1)
+    outs = {}
+    for defines in ((), ("SY_DEFER=0",)):
+        for mode in ("graph", "eager"):
+            local = cp.asfortranarray(C)
+            res = sd.sytrd_device(local, desc, self_comm, mode, defines=defines)
+            outs[(defines, mode)] = [cp.asnumpy(x).tobytes() for x in res] + [local.get().tobytes()]
+    ref = outs[((), "graph")]
+    assert all(out == ref for out in outs.values()), [k for k, out in outs.items() if out != ref]
+    d, e, _ = (cp.asnumpy(x) for x in res)
+    w = sl.eigvalsh_tridiagonal(d, e)
+    assert abs(w - cp.linalg.eigvalsh(a + a.T).get()).max() <= 1e-10 * abs(w).max()
+
+
 @pytest.mark.parametrize("n,nb", [(203, 32), (128, 64), (77, 16), (1100, 64)])
 def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
     """The device column step replayed in CUDA graphs gives the same bits as the same kernels
