@@ -28,8 +28,9 @@ read once), so C may hold anything above its diagonal.  When a panel is done its
 the panel's reflectors in the panel's columns of C (householder.py's convention).
 
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
-reads the rank's own product as the Allreduce's sum), and sytrd_w adds the product's partial
-sums itself: the product's units then take no fence and no tickets (SY_DEFER in sytrd_step.cu).
+reads the rank's own product as the Allreduce's sum), and each kernel's grid-wide sums are
+finished by the next kernel instead of a last block: sytrd_symv's blocks compute the column's
+dlarfg scalars, sytrd_w adds the product's partial sums (SY_DEFER in sytrd_step.cu).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -247,14 +248,14 @@ class _Step:
         k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
-                                          self.fz))
+                                          self.fz, self.np32))
         if "bcast" not in skip and not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
         if "gemv" not in skip:
             k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
-                                                self.d, self.e, self.tau, self.fz))
+                                                self.d, self.e, self.tau, self.fz, self.part1))
         if "allreduce" not in skip and not fused and not self.alone:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:

@@ -38,6 +38,15 @@ typedef long long i64;
 #include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
+// 1: one rank without fused transfers (nothing moves between the step's launches) finishes
+// each kernel's grid-wide sums in the next kernel instead of in a last block: every block of
+// sytrd_symv computes dlarfg's scalars from sytrd_col's partial sums, and sytrd_w adds
+// sytrd_symv's partials of its rows.  sytrd_col and the product's units then take no fence, no
+// tickets and no finishing sums; the same additions in the same order, so the same bits.
+// 0: the last blocks finish them (the collectives' path), for timing the difference.
+#ifndef SY_DEFER
+#define SY_DEFER 1
+#endif
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
@@ -130,6 +139,9 @@ struct HVec {
       : x(bb + 4), j(j_), fz(fz_), owner(fz_ ? (int)((j_ / nb) % fz_->a.nranks) : 0) {
     scale = scalar(3);
   }
+  // One rank, SY_DEFER: the scale as this block computed it (bb's scalars are not stored yet).
+  __device__ __forceinline__ HVec(const double* bb, i64 j_, double scale_)
+      : x(bb + 4), scale(scale_), j(j_), fz(nullptr), owner(0) {}
   // bb[q], q < 4: d_j, tau_j, e_j, scale (polled when fused)
   __device__ __forceinline__ double scalar(int q) const { return rdBB(fz, x - 4 + q, owner); }
   __device__ __forceinline__ u64 load(i64 i) const {
@@ -248,13 +260,41 @@ __device__ __forceinline__ double orderedSum(const double* base, i64 count, i64 
   return t;
 }
 
-// The step's scalars from bb: d_j, and tau_j, e_j below the last column (one thread).
-__device__ __forceinline__ void storeScalars(const HVec& v, i64 n, double* d, double* e, double* tau) {
-  d[v.j] = v.scalar(0);
-  if (v.j + 1 < n) {
-    tau[v.j] = v.scalar(1);
-    e[v.j] = v.scalar(2);
+// The step's scalars (d_j, tau_j, e_j) into d, tau, e; e and tau below the last column only
+// (one thread).
+__device__ __forceinline__ void storeScalarValues(i64 j, i64 n, double dj, double tj, double ej, double* d, double* e,
+                                                  double* tau) {
+  d[j] = dj;
+  if (j + 1 < n) {
+    tau[j] = tj;
+    e[j] = ej;
   }
+}
+
+// The step's scalars from bb (one thread).
+__device__ __forceinline__ void storeScalars(const HVec& v, i64 n, double* d, double* e, double* tau) {
+  storeScalarValues(v.j, n, v.scalar(0), v.scalar(1), v.scalar(2), d, e, tau);
+}
+
+// LAPACK dlarfg's scalars of column j from sytrd_col's x (bb[4 + r], r >= j) and its tiles'
+// partial sums of x[r]^2 over r >= j + 2 (part[0..nparts)): sc = {d_j, tau, beta, scale}, the
+// same in every block that computes them (sumParts' fixed order; every thread returns them).
+__device__ __forceinline__ void dlarfgScalars(const double* bb, const double* part, int nparts, i64 n, i64 j,
+                                              double* sh, double sc[4]) {
+  const double xn2 = sumParts(part, nparts, sh);
+  double tau = 0.0, beta = 0.0, scale = 0.0;
+  if (j + 1 < n) {
+    const double alpha = __ldcg(bb + 4 + j + 1);
+    const double xnorm = sqrt(xn2);
+    const bool flat = xnorm == 0.0;
+    beta = flat ? alpha : -copysign(hypot(alpha, xnorm), alpha);
+    tau = flat ? 0.0 : (beta - alpha) / beta;
+    scale = flat ? 0.0 : 1.0 / (alpha - beta);
+  }
+  sc[0] = __ldcg(bb + 4 + j);
+  sc[1] = tau;
+  sc[2] = beta;
+  sc[3] = scale;
 }
 
 // sytrd_symv's 2nb panel-dot blocks: s[q] = P[:, q] . v over rows > j (V column q < nb, RAW W
@@ -278,10 +318,11 @@ extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
 // Owner, grid of (n + 31) / 32 row tiles: x[r] = C[r, j] - (V W^T + W V^T)[r, j] for r >= j
 // into bb (the panel's first k columns; a warp takes every NW-th, added in warp order), and
 // each tile's sum of x[r]^2 over r >= j + 2 (the Householder tail's squared norm); the last
-// block then does LAPACK dlarfg's scalars and stores them in bb[0..4).
+// block then does LAPACK dlarfg's scalars and stores them in bb[0..4).  One rank (SY_DEFER):
+// no last block; every block of sytrd_symv computes the scalars from the same partial sums.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
                                                             const double* al, i64* st, double* part,
-                                                            double* bb, const Fused* fz) {
+                                                            double* bb, const Fused* fz, int nprocs) {
   __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1], lj = st[2];
   const int lane = threadIdx.x & 31;
@@ -304,26 +345,14 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
   }
+  if (SY_DEFER && nprocs == 1 && !fz) return;  // sytrd_symv's blocks finish the column
   if (!lastBlock(st + 3, gridDim.x)) return;
-  const double xn2 = sumParts(part, gridDim.x, sh);
+  double sc[4];
+  dlarfgScalars(bb, part, gridDim.x, n, j, sh, sc);
   if (threadIdx.x == 0) {
-    double tau = 0.0, beta = 0.0, scale = 0.0;
-    if (j + 1 < n) {
-      const double alpha = __ldcg(bb + 4 + j + 1);
-      const double xnorm = sqrt(xn2);
-      const bool flat = xnorm == 0.0;
-      beta = flat ? alpha : -copysign(hypot(alpha, xnorm), alpha);
-      tau = flat ? 0.0 : (beta - alpha) / beta;
-      scale = flat ? 0.0 : 1.0 / (alpha - beta);
-    }
-    bb[0] = __ldcg(bb + 4 + j);
-    bb[1] = tau;
-    bb[2] = beta;
-    bb[3] = scale;
-    if (fz) {
-      const double sc[4] = {bb[0], tau, beta, scale};
+    for (int q = 0; q < 4; ++q) bb[q] = sc[q];
+    if (fz)
       for (int q = 0; q < 4; ++q) putAll(fz, fz->bbOff + 8 * (bbAt(n, j) + q), sc[q]);
-    }
   }
 }
 
@@ -419,14 +448,6 @@ static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a 
 #ifndef SY_PREFETCH
 #define SY_PREFETCH 0
 #endif
-// 1: one rank without fused transfers leaves the sums of partials to sytrd_w (its rows are
-// sytrd_w's rows; nothing moves between the two launches), so the product's units take no
-// fence, no tickets and no finishing sums: the same additions in the same order, in the next
-// kernel, where they overlap w's panel correction.  0: the product finishes them (the
-// collectives' path), for timing the difference.
-#ifndef SY_DEFER
-#define SY_DEFER 1
-#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
 // This column's chunk width for m trailing local columns (every unit and sytrd_w agree).
@@ -471,7 +492,7 @@ __device__ __forceinline__ void chunkPrefix(int* pre, int* scan, const Layout& L
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
-    double* d, double* e, double* tau, const Fused* fz) {
+    double* d, double* e, double* tau, const Fused* fz, const double* colPart) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
   __shared__ double vrSh[SY_R];
@@ -482,7 +503,19 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const HVec v(bbIn(fz, bb, n, j), j, fz, nb);
+  const bool defer = SY_DEFER && nprocs == 1 && !fz;  // see SY_DEFER
+  __shared__ double scSh[4];  // deferred: d_j, tau, beta, scale as sytrd_col's last block had them
+  if (defer) {
+    double sc[4];
+    dlarfgScalars(bb, colPart, (int)((n + 31) / 32), n, j, sh, sc);
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < 4; ++q) scSh[q] = sc[q];
+      if (blockIdx.x == 0)  // bb's scalars for sytrd_w (this launch's readers use scSh)
+        for (int q = 0; q < 4; ++q) ((double*)bb)[q] = sc[q];
+    }
+    __syncthreads();
+  }
+  const HVec v = defer ? HVec(bb, j, scSh[3]) : HVec(bbIn(fz, bb, n, j), j, fz, nb);
   // Fused: a final value of y also goes to every rank's yR (rows > j only: w reads no others).
   const auto putY = [&](i64 idx, double val) {
     y[idx] = val;
@@ -492,7 +525,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const i64 t0 = j / SY_R, tiles = NT - t0;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
   const i64 cw = chunkWidth(m);
-  const bool defer = SY_DEFER && nprocs == 1 && !fz;  // sytrd_w adds the partials (SY_DEFER)
   const i64 nch = max((i64)1, (m + cw - 1) / cw);
 
   // Unit (tile a, chunk ch); `first`: the column's first unit, (t0, 0).  Uniform over the block.
@@ -524,7 +556,9 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     vrSh[threadIdx.x] = vi;
     if (ch == 0) {
       if (i < n) P[i + k * n] = vi;
-      if (first && threadIdx.x == 0) storeScalars(v, n, d, e, tau);
+      if (first && threadIdx.x == 0) {
+        if (defer) storeScalarValues(j, n, scSh[0], scSh[1], scSh[2], d, e, tau); else storeScalars(v, n, d, e, tau);
+      }
       if (rowUnits == 0) {  // no trailing local column reaches this tile: its rows of C v are 0
         if (i < n) putY(i, 0.0);
         return;
