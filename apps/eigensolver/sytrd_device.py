@@ -30,7 +30,7 @@ the panel's reflectors in the panel's columns of C (householder.py's convention)
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
 reads the rank's own product as the Allreduce's sum), and each kernel's grid-wide sums are
 finished by the next kernel instead of a last block: sytrd_symv's blocks compute the column's
-dlarfg scalars, sytrd_w adds the product's partial sums (SY_DEFER in sytrd_step.cu).
+dlarfg scalars, sytrd_w adds the product's partial sums (`defer` in sytrd_step.cu).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -53,7 +53,9 @@ MODES = ("auto", "fused", "graph", "eager", "ops")
 SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
 SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
                "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID", "SY_DEFER")
-SYMV_LAUNCH = ("SY_GRID",)  # of those, the launch's (timing only: blocks of the persistent grid), not the source's
+# of those, the launch's, not the source's: SY_GRID (timing only: blocks of the persistent grid),
+# SY_DEFER=0 (one rank: the last blocks finish the grid-wide sums, as on several ranks)
+SYMV_LAUNCH = ("SY_GRID", "SY_DEFER")
 
 
 def symv_defines(text: str) -> tuple[str, ...]:
@@ -234,6 +236,8 @@ class _Step:
             self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
+        # one rank: the next kernel finishes each kernel's grid-wide sums (sytrd_step.cu's defer)
+        self.defer = np.int32(self.alone and fused is None and int(macros.get("SY_DEFER", 1)) != 0)
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -248,19 +252,19 @@ class _Step:
         k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
-                                          self.fz, self.np32))
+                                          self.fz, self.defer))
         if "bcast" not in skip and not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
         if "gemv" not in skip:
             k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
                                                 self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
-                                                self.d, self.e, self.tau, self.fz, self.part1))
+                                                self.d, self.e, self.tau, self.fz, self.part1, self.defer))
         if "allreduce" not in skip and not fused and not self.alone:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
-                                        self.part1, self.fz, self.np32, self.ypart, self.cpart))
+                                        self.part1, self.fz, self.defer, self.ypart, self.cpart))
 
     def end_panel(self, p0: int, p1: int) -> None:
         """The panel's reflectors into its columns of C (the owner's); the trailing update

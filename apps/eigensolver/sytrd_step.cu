@@ -38,15 +38,12 @@ typedef long long i64;
 #include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
-// 1: one rank without fused transfers (nothing moves between the step's launches) finishes
-// each kernel's grid-wide sums in the next kernel instead of in a last block: every block of
-// sytrd_symv computes dlarfg's scalars from sytrd_col's partial sums, and sytrd_w adds
-// sytrd_symv's partials of its rows.  sytrd_col and the product's units then take no fence, no
-// tickets and no finishing sums; the same additions in the same order, so the same bits.
-// 0: the last blocks finish them (the collectives' path), for timing the difference.
-#ifndef SY_DEFER
-#define SY_DEFER 1
-#endif
+// `defer` (the kernels' argument; sytrd_device.py sets it on one rank without fused transfers,
+// where nothing moves between the step's launches): each kernel's grid-wide sums are finished
+// by the next kernel instead of a last block.  Every block of sytrd_symv computes dlarfg's
+// scalars from sytrd_col's partial sums, and sytrd_w adds sytrd_symv's partials of its rows;
+// sytrd_col and the product's units then take no fence, no tickets and no finishing sums.  The
+// same additions in the same order: the same bits either way.
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
@@ -139,7 +136,7 @@ struct HVec {
       : x(bb + 4), j(j_), fz(fz_), owner(fz_ ? (int)((j_ / nb) % fz_->a.nranks) : 0) {
     scale = scalar(3);
   }
-  // One rank, SY_DEFER: the scale as this block computed it (bb's scalars are not stored yet).
+  // Deferred sums (`defer`): the scale as this block computed it (bb's scalars are not stored yet).
   __device__ __forceinline__ HVec(const double* bb, i64 j_, double scale_)
       : x(bb + 4), scale(scale_), j(j_), fz(nullptr), owner(0) {}
   // bb[q], q < 4: d_j, tau_j, e_j, scale (polled when fused)
@@ -318,11 +315,11 @@ extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
 // Owner, grid of (n + 31) / 32 row tiles: x[r] = C[r, j] - (V W^T + W V^T)[r, j] for r >= j
 // into bb (the panel's first k columns; a warp takes every NW-th, added in warp order), and
 // each tile's sum of x[r]^2 over r >= j + 2 (the Householder tail's squared norm); the last
-// block then does LAPACK dlarfg's scalars and stores them in bb[0..4).  One rank (SY_DEFER):
+// block then does LAPACK dlarfg's scalars and stores them in bb[0..4).  With `defer`:
 // no last block; every block of sytrd_symv computes the scalars from the same partial sums.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
                                                             const double* al, i64* st, double* part,
-                                                            double* bb, const Fused* fz, int nprocs) {
+                                                            double* bb, const Fused* fz, int defer) {
   __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1], lj = st[2];
   const int lane = threadIdx.x & 31;
@@ -345,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
   }
-  if (SY_DEFER && nprocs == 1 && !fz) return;  // sytrd_symv's blocks finish the column
+  if (defer && !fz) return;  // sytrd_symv's blocks finish the column
   if (!lastBlock(st + 3, gridDim.x)) return;
   double sc[4];
   dlarfgScalars(bb, part, gridDim.x, n, j, sh, sc);
@@ -492,7 +489,7 @@ __device__ __forceinline__ void chunkPrefix(int* pre, int* scan, const Layout& L
 extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     const double* C, i64 n, i64 nloc, int nprocs, int rank, double* P, int nb, i64* st,
     const double* bb, double* y, double* ypart, double* cpart, i64* tick, i64* ctick, double* s,
-    double* d, double* e, double* tau, const Fused* fz, const double* colPart) {
+    double* d, double* e, double* tau, const Fused* fz, const double* colPart, int deferArg) {
   __shared__ double sh[TPB];
   __shared__ double rowsSh[NW][SY_R];
   __shared__ double vrSh[SY_R];
@@ -503,19 +500,20 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const bool defer = SY_DEFER && nprocs == 1 && !fz;  // see SY_DEFER
-  __shared__ double scSh[4];  // deferred: d_j, tau, beta, scale as sytrd_col's last block had them
+  const bool defer = deferArg && nprocs == 1 && !fz;  // see `defer` at the top
+  __shared__ double scSh[3];  // deferred: d_j, tau, beta as sytrd_col's last block had them (thread 0's)
+  double scale = 0.0;
   if (defer) {
     double sc[4];
     dlarfgScalars(bb, colPart, (int)((n + 31) / 32), n, j, sh, sc);
-    if (threadIdx.x == 0) {
-      for (int q = 0; q < 4; ++q) scSh[q] = sc[q];
-      if (blockIdx.x == 0)  // bb's scalars for sytrd_w (this launch's readers use scSh)
+    scale = sc[3];
+    if (threadIdx.x == 0) {  // read back by this thread only (storeScalarValues below)
+      for (int q = 0; q < 3; ++q) scSh[q] = sc[q];
+      if (blockIdx.x == 0)  // bb's scalars for sytrd_w (this launch's readers use their own)
         for (int q = 0; q < 4; ++q) ((double*)bb)[q] = sc[q];
     }
-    __syncthreads();
   }
-  const HVec v = defer ? HVec(bb, j, scSh[3]) : HVec(bbIn(fz, bb, n, j), j, fz, nb);
+  const HVec v = defer ? HVec(bb, j, scale) : HVec(bbIn(fz, bb, n, j), j, fz, nb);
   // Fused: a final value of y also goes to every rank's yR (rows > j only: w reads no others).
   const auto putY = [&](i64 idx, double val) {
     y[idx] = val;
@@ -688,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
 }
 
-// One rank (SY_DEFER): row r's half of C v from sytrd_symv's partials, the rows half (ypart
+// Deferred sums (one rank): row r's half of C v from sytrd_symv's partials, the rows half (ypart
 // over the chunks reaching r's tile) or the columns half (cpart over the tiles from r's on):
 // the finishing units' sums, in their order.  Out of line: its loads in flight would otherwise
 // raise sytrd_w's registers for every warp.
@@ -701,7 +699,7 @@ __device__ __noinline__ double deferredHalf(const double* ypart, const double* c
 }
 
 // Every rank, after the Allreduce (of 2n: C v = cv[:n] + cv[n:], see sytrd_symv), grid of
-// (n + 31) / 32 row tiles (one rank, SY_DEFER: warps 1 and 2 first add sytrd_symv's partials of
+// (n + 31) / 32 row tiles (deferred sums, one rank: warps 1 and 2 first add sytrd_symv's partials of
 // the tile's rows, ypart over the chunks and cpart over the tiles, as its finishing units would
 // have: the same sums in the same order): w = tau (C v - (V W^T + W V^T) v) at rows > j (0 above), stored as
 // W's raw column k, and each tile's sum of w . v; the last block then stores W's correction
@@ -710,10 +708,10 @@ __device__ __noinline__ double deferredHalf(const double* ypart, const double* c
 // s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
-                                                          double* part, const Fused* fz, int nprocs,
+                                                          double* part, const Fused* fz, int deferArg,
                                                           const double* ypart, const double* cpart) {
   __shared__ double sh[TPB];
-  __shared__ double cvSh[2][32];  // SY_DEFER: the rows and columns halves of C v at the tile's rows
+  __shared__ double cvSh[2][32];  // deferred: the rows and columns halves of C v at the tile's rows
   const i64 j = st[0], k = st[1];
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
@@ -721,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
-  const bool defer = SY_DEFER && nprocs == 1 && !fz;
+  const bool defer = deferArg && !fz;  // one rank (sytrd_device.py)
   if (defer && (warp == 1 || warp == 2)) {  // one rank: local column r is global column r
     const double x = row ? deferredHalf(ypart, cpart, n, nb, j, r, warp == 1) : 0.0;
     cvSh[warp - 1][lane] = x;  // read by warp 0 after tileSum's barrier

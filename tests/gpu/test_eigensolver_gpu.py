@@ -356,10 +356,11 @@ def test_gpu_ll128_path_is_accurate():
 
 @pytest.mark.parametrize("n,nb", [(517, 32), (1100, 64), (2600, 64), (7300, 64)])
 def test_gpu_sytrd_one_rank_deferred_sums_change_no_bit(self_comm, n, nb):
-    """One rank: sytrd_w adding sytrd_symv's partial sums (SY_DEFER, the default) gives the same
-    bits as the product finishing them with its tickets (SY_DEFER=0), in graphs and eagerly: the
-    tridiagonal, tau and the reflectors in C, fresh data each run; the sizes reach chunks of
-    one, two and four SY_C columns and rows summed over many chunks."""
+    """One rank: each kernel's grid-wide sums finished by the next kernel (sytrd_symv's blocks
+    computing dlarfg's scalars, sytrd_w adding the product's partials: the default) give the same
+    bits as the last blocks finishing them (SY_DEFER=0, the path of several ranks), in graphs
+    and eagerly: the tridiagonal, tau and the reflectors in C, fresh data each run; the sizes
+    reach chunks of one, two and four SY_C columns and rows summed over many chunks."""
     import cupy as cp
 
     from hpccoll_eigensolver import BlockCyclic
@@ -370,6 +371,7 @@ def test_gpu_sytrd_one_rank_deferred_sums_change_no_bit(self_comm, n, nb):
     desc = BlockCyclic(n, n, nb, 1)
     outs = {}
     for defines in ((), ("SY_DEFER=0",)):
+        assert bool(sd._Step(cp.asfortranarray(C), desc, 0, None, defines).defer) == (not defines)
         for mode in ("graph", "eager"):
             local = cp.asfortranarray(C)
             res = sd.sytrd_device(local, desc, self_comm, mode, defines=defines)
