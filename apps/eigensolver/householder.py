@@ -165,11 +165,14 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     lead = 0 if device else 1
     alone = desc.nprocs == 1
     live_h = np.asarray(to_host(tau)) != 0 if alone else None  # one copy: which blocks need a masked Vb
+    # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
+    lives = tau != 0
+    diag = 1.0 / xp.where(lives, tau, 1.0)
+    eye = None
     for p0 in reversed(range(0, max(n - 1, 0), bw)):
         p1 = min(p0 + bw, n)
         top = p0 + lead                               # Z's first row in the block
-        t = tau[p0:p1]
-        live = t != 0
+        live = lives[p0:p1]
         if alone:  # V's columns p0..p1 hold the block's reflectors, zero above each one's 1
             if not Z.shape[1]:
                 continue
@@ -182,8 +185,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
             if not Z.shape[1]:
                 continue
             Vb *= live[None, :]
-        M = xp.triu(Vb.T @ Vb, 1)
-        M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
+        M = xp.ascontiguousarray(xp.triu(Vb.T @ Vb, 1))
+        M.reshape(-1)[::p1 - p0 + 1] = diag[p0:p1]       # its diagonal, through a strided view
         Zb = Z[top:]
         if device:  # Vb^T Zb read through Z's strides (CuPy's matmul would copy the rows Zb)
             VtZ = xp.zeros((p1 - p0, Zb.shape[1]), dtype=xp.float64, order="F")
@@ -191,7 +194,9 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
             # Y = M^-1 VtZ as T VtZ with T = M^-1 (LAPACK larft's T) from one small solve: a
             # GEMM instead of a triangular solve with n right-hand sides (13-15% of ormtr at
             # n = 8192-16384 on one H200)
-            Y = trsm(xp, M, xp.eye(p1 - p0), lower=False) @ VtZ
+            if eye is None or eye.shape[0] != p1 - p0:
+                eye = xp.eye(p1 - p0)                 # (solve_triangular does not write it)
+            Y = trsm(xp, M, eye, lower=False) @ VtZ
         else:
             VtZ = Vb.T @ Zb
             Y = trsm(xp, M, VtZ, lower=False)
