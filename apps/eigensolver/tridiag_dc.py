@@ -508,13 +508,13 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: in
         with _step("rotate", xp):
             # the left rows meet only the columns with entries there (likewise the right): two
             # GEMMs of about half the flops of one
-            QkL = L.Q[:, dev["srcKL"]] if hL and counts["nL"] else None
-            QkR = R.Q[:, dev["srcKR"]] if hR and counts["nR"] else None
+            QkL = _copy_cols(None, None, L.Q, dev["srcKL"], xp) if hL and counts["nL"] else None
+            QkR = _copy_cols(None, None, R.Q, dev["srcKR"], xp) if hR and counts["nR"] else None
             Z = xp.zeros((h, kn), order="F") if counts["ngone"] else xp.empty((h, kn), order="F")
             if hL and counts["nGL"]:
-                Z[:hL, dev["dstGL"]] = L.Q[:, dev["srcGL"]]
+                _copy_cols(Z[:hL], dev["dstGL"], L.Q, dev["srcGL"], xp)
             if hR and counts["nGR"]:
-                Z[hL:, dev["dstGR"]] = R.Q[:, dev["srcGR"]]
+                _copy_cols(Z[hL:], dev["dstGR"], R.Q, dev["srcGR"], xp)
             L.Q = R.Q = None
     if k:
         dx, ox, tx = dev["dk"], dev["origin"], dev["tau"]
@@ -533,6 +533,28 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: in
                 if hR:
                     Z[hL:, dst] = QkR @ UR if QkR is not None else 0.0
     return Z
+
+
+def _copy_cols(dst, didx, src, sidx, xp):
+    """dst[:, didx] = src[:, sidx] for matrices of the same rows (None for an index: every
+    column in order; dst None: a new column-major array of the gathered columns), returned.  On
+    the GPU, for column-major operands, one dc_copy_cols launch: CuPy's advanced indexing costs
+    tens of microseconds of Python per call, and a merge makes several."""
+    cols = (sidx if sidx is not None else didx).size if (sidx is not None or didx is not None) else src.shape[1]
+    if dst is None:
+        dst = xp.empty((src.shape[0], cols), order="F")
+    rows = src.shape[0]
+    if xp is np or src.dtype != np.float64 or dst.dtype != np.float64 or not (_unit_rows(src) and _unit_rows(dst)):
+        dst[:, slice(None) if didx is None else didx] = src[:, slice(None) if sidx is None else sidx]
+        return dst
+    if not rows or not cols:
+        return dst
+    kernel = raw_module("dc_kernels.cu").get_function("dc_copy_cols")
+    null = np.uint64(0)
+    kernel((min(-(-rows // TPB), 64), min(cols, 65535)), (TPB,),
+           (src, np.int64(src.strides[1] // 8), null if sidx is None else sidx, dst, np.int64(dst.strides[1] // 8),
+            null if didx is None else didx, np.int64(rows), np.int64(cols)))
+    return dst
 
 
 def _rotated_columns(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, hL: int, hR: int, xp):
