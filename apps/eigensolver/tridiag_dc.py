@@ -529,10 +529,21 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: in
             with _step("gemm", xp):
                 dst = cols_x[c0:c1]
                 if hL:
-                    Z[:hL, dst] = QkL @ UL if QkL is not None else 0.0
+                    _place_product(Z[:hL], dst, QkL, UL, xp)
                 if hR:
-                    Z[hL:, dst] = QkR @ UR if QkR is not None else 0.0
+                    _place_product(Z[hL:], dst, QkR, UR, xp)
     return Z
+
+
+def _place_product(Zrows, dst, Qk, U, xp) -> None:
+    """Zrows[:, dst] = Qk @ U (0 where Qk is None).  On the GPU the product is formed
+    column-major, as the transpose of U^T Qk^T, and placed by dc_copy_cols."""
+    if Qk is None:
+        Zrows[:, dst] = 0.0
+    elif xp is np:
+        Zrows[:, dst] = Qk @ U
+    else:
+        _copy_cols(Zrows, dst, (U.T @ Qk.T).T, None, xp)
 
 
 def _copy_cols(dst, didx, src, sidx, xp):
