@@ -8,5 +8,6 @@ Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algori
 docs/eigensolver.md for the memory model."""
 from .layout import BlockCyclic, distribute, gather, numroc
 from .solver import PHASES, NotPositiveDefinite, sygvd
+from .warmup import warm_up
 
-__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "PHASES", "NotPositiveDefinite"]
+__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "warm_up", "PHASES", "NotPositiveDefinite"]
