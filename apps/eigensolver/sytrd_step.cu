@@ -38,8 +38,8 @@ typedef long long i64;
 #include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
-// `defer` (the kernels' argument; sytrd_device.py sets it on one rank without fused transfers,
-// where nothing moves between the step's launches): each kernel's grid-wide sums are finished
+// `defer` (the kernels' argument, nonzero only on one rank without fused transfers, where
+// nothing moves between the step's launches: sytrd_device.py's _Step.defer decides it): each kernel's grid-wide sums are finished
 // by the next kernel instead of a last block.  Every block of sytrd_symv computes dlarfg's
 // scalars from sytrd_col's partial sums, and sytrd_w adds sytrd_symv's partials of its rows;
 // sytrd_col and the product's units then take no fence, no tickets and no finishing sums.  The
@@ -342,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
   }
-  if (defer && !fz) return;  // sytrd_symv's blocks finish the column
+  if (defer) return;  // sytrd_symv's blocks finish the column
   if (!lastBlock(st + 3, gridDim.x)) return;
   double sc[4];
   dlarfgScalars(bb, part, gridDim.x, n, j, sh, sc);
@@ -500,7 +500,9 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const bool defer = deferArg && nprocs == 1 && !fz;  // see `defer` at the top
+  // see `defer` at the top; nprocs and fz restated, though implied, because without them the
+  // compiler's registers for the unit loop spill (ptxas: 8 bytes)
+  const bool defer = deferArg && nprocs == 1 && !fz;
   __shared__ double scSh[3];  // deferred: d_j, tau, beta as sytrd_col's last block had them (thread 0's)
   double scale = 0.0;
   if (defer) {
@@ -708,7 +710,7 @@ __device__ __noinline__ double deferredHalf(const double* ypart, const double* c
 // s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
-                                                          double* part, const Fused* fz, int deferArg,
+                                                          double* part, const Fused* fz, int defer,
                                                           const double* ypart, const double* cpart) {
   __shared__ double sh[TPB];
   __shared__ double cvSh[2][32];  // deferred: the rows and columns halves of C v at the tile's rows
@@ -719,7 +721,6 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r > j && r < n;
-  const bool defer = deferArg && !fz;  // one rank (sytrd_device.py)
   if (defer && (warp == 1 || warp == 2)) {  // one rank: local column r is global column r
     const double x = row ? deferredHalf(ypart, cpart, n, nb, j, r, warp == 1) : 0.0;
     cvSh[warp - 1][lane] = x;  // read by warp 0 after tileSum's barrier
