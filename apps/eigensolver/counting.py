@@ -24,6 +24,7 @@ class CountingComm:
     def __init__(self, comm, *, sync_each: bool = True):
         self.comm = comm
         self.sync_each = sync_each
+        self._sync = sync_each and comm.Get_size() > 1   # what _timed does (see above)
         self.phase = "other"
         self.records: list[tuple[str, str, int, float]] = []  # (phase, name, bytes, seconds)
         self.estimated: set[str] = set()  # phases whose collective seconds are estimates
@@ -68,12 +69,11 @@ class CountingComm:
     # -- counted collectives ---------------------------------------------------
     def _timed(self, name, buf, fn, *args, **kw):
         xp = get_xp(buf)
-        synced = self.sync_each and self.comm.Get_size() > 1
-        if synced:
+        if self._sync:
             sync(xp)
         t0 = time.perf_counter()
         fn(*args, **kw)
-        if synced:
+        if self._sync:
             sync(xp)
         self.records.append((self.phase, name, int(buf.nbytes), time.perf_counter() - t0))
 

@@ -40,15 +40,16 @@ typedef long long i64;
 #include "proto_sentinel.cuh"
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
-// `defer` (the kernels' argument; sytrd_device.py sets it on one rank without fused transfers,
-// where nothing moves between the step's launches, with the persistent symv): each kernel's
-// grid-wide sums are finished by the next kernel instead of a last block.  Every block of
-// sytrd_symv computes dlarfg's scalars from sytrd_col's partial sums, sytrd_w adds
-// sytrd_symv's partials of its rows, and every block of the next column's sytrd_col (or of
-// sytrd_wfix after a panel's last column) computes W's correction al[k] from sytrd_w's partial
-// dots (`wpart`, apart from sytrd_col's own partials); the symv's last block, which exists
-// anyway, advances st.  No kernel of the step then takes a fence, a ticket or a finishing sum.
-// The same additions in the same order: the same bits either way.
+// `defer` (the kernels' argument, nonzero only on one rank without fused transfers, where
+// nothing moves between the step's launches, and with the persistent symv: sytrd_device.py's
+// _Step.defer decides it): each kernel's grid-wide sums are finished by the next kernel
+// instead of a last block.  Every block of sytrd_symv computes dlarfg's scalars from
+// sytrd_col's partial sums, sytrd_w adds sytrd_symv's partials of its rows, and every block of
+// the next column's sytrd_col (or of sytrd_wfix after a panel's last column) computes W's
+// correction al[k] from sytrd_w's partial dots (`wpart`, apart from sytrd_col's own partials);
+// the symv's last block, which exists anyway, advances st.  No kernel of the step then takes a
+// fence, a ticket or a finishing sum.  The same additions in the same order: the same bits
+// either way.
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
@@ -336,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
   const bool row = r >= j && r < n;
   // Deferred: the previous column's al[k - 1] from its sytrd_w's partial dots (same grid), as
   // that kernel's last block had it; block 0 stores it for the later kernels.
-  const bool prev = defer && !fz && k > 0;
+  const bool prev = defer && k > 0;
   const double alPrev = prev ? -0.5 * bb[1] * sumParts(wpart, gridDim.x, sh) : 0.0;
   if (prev && blockIdx.x == 0 && threadIdx.x == 0) al[k - 1] = alPrev;
   double c = 0.0;
@@ -358,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
     const double sq = warpSum(r >= j + 2 && r < n ? x * x : 0.0);
     if (lane == 0) part[blockIdx.x] = sq;
   }
-  if (defer && !fz) return;  // sytrd_symv's blocks finish the column
+  if (defer) return;  // sytrd_symv's blocks finish the column
   if (!lastBlock(st + 3, gridDim.x)) return;
   double sc[4];
   dlarfgScalars(bb, part, gridDim.x, n, j, sh, sc);
@@ -516,7 +517,9 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 #endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
-  const bool defer = deferArg && nprocs == 1 && !fz;  // see `defer` at the top
+  // see `defer` at the top; nprocs and fz restated, though implied, because without them the
+  // compiler's registers for the unit loop spill (ptxas: 8 bytes)
+  const bool defer = deferArg && nprocs == 1 && !fz;
   __shared__ double scSh[3];  // deferred: d_j, tau, beta as sytrd_col's last block had them (thread 0's)
   double scale = 0.0;
   if (defer) {
@@ -732,12 +735,11 @@ __device__ __noinline__ double deferredHalf(const double* ypart, const double* c
 // s[nb + q] + al[q] s[q]: the raw dot plus the correction's.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int nb, double* al, i64* st,
                                                           const double* bb, const double* cv, const double* s,
-                                                          double* part, const Fused* fz, int deferArg,
+                                                          double* part, const Fused* fz, int defer,
                                                           const double* ypart, const double* cpart) {
   __shared__ double sh[TPB];
   __shared__ double cvSh[2][32];  // deferred: the rows and columns halves of C v at the tile's rows
-  const bool defer = deferArg && !fz;  // one rank (sytrd_device.py): st[0..2] already advanced
-  const i64 j = st[defer ? 8 : 0], k = st[defer ? 9 : 1];
+  const i64 j = st[defer ? 8 : 0], k = st[defer ? 9 : 1];  // deferred: st[0..2] already advanced
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
   const double t = v.scalar(1);
