@@ -39,11 +39,12 @@ typedef long long i64;
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
 // `defer` (the kernels' argument, nonzero only on one rank without fused transfers, where
-// nothing moves between the step's launches: sytrd_device.py's _Step.defer decides it): each kernel's grid-wide sums are finished
-// by the next kernel instead of a last block.  Every block of sytrd_symv computes dlarfg's
-// scalars from sytrd_col's partial sums, and sytrd_w adds sytrd_symv's partials of its rows;
-// sytrd_col and the product's units then take no fence, no tickets and no finishing sums.  The
-// same additions in the same order: the same bits either way.
+// nothing moves between the step's launches: sytrd_device.py's _Step.defer decides it): each
+// kernel's grid-wide sums are finished by the next kernel instead of a last block.  Every
+// block of sytrd_symv computes dlarfg's scalars from sytrd_col's partial sums, and sytrd_w
+// adds sytrd_symv's partials of its rows; sytrd_col and the product's units then take no
+// fence, no tickets and no finishing sums.  The same additions in the same order: the same
+// bits either way.
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
