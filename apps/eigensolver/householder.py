@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import gemm_acc, householder, is_device, trsm, w_update
+from ._xp import gemm_acc, householder, is_device, to_host, trsm, w_update
 from .layout import BlockCyclic, panel_bcast
 from .triangular import own_blocks
 
@@ -148,7 +148,9 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     Blocks of `block` reflectors (rounded to whole panels) last to first; per block, one Bcast
     per panel gives every rank the unit lower trapezoidal Vb, and Z[p0+1:] -= Vb (M^-1 (Vb^T Z))
     with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
-    is zeroed and its diagonal of M set to 1, which leaves it out."""
+    is zeroed and its diagonal of M set to 1, which leaves it out.  One rank holds every column
+    in order, so Vb is a view of V's columns (copied only where a block has such a reflector):
+    no Bcasts and no copies."""
     n, nb = desc.n, desc.nb
     if block is None:
         block = ormtr_block(is_device(xp))
@@ -161,20 +163,30 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     # n = 8192 on one H200 that measured within noise of LAPACK's rows (bench/ormtr_lab.py).
     # Host: from row p0 + 1, as LAPACK.
     lead = 0 if device else 1
+    alone = desc.nprocs == 1
+    live_h = np.asarray(to_host(tau)) != 0 if alone else None  # one copy: which blocks need a masked Vb
+    # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
+    lives = tau != 0
+    diag = 1.0 / xp.where(lives, tau, 1.0)
+    eye = None
     for p0 in reversed(range(0, max(n - 1, 0), bw)):
         p1 = min(p0 + bw, n)
         top = p0 + lead                               # Z's first row in the block
-        Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
-        for q0 in range(p0, min(p1, n - 1), nb):
-            q1 = min(q0 + nb, p1)
-            Vb[q0 + 1 - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + 1)
-        if not Z.shape[1]:
-            continue
-        t = tau[p0:p1]
-        live = t != 0
-        Vb *= live[None, :]
-        M = xp.triu(Vb.T @ Vb, 1)
-        M[xp.diag_indices(p1 - p0)] = 1.0 / xp.where(live, t, 1.0)
+        live = lives[p0:p1]
+        if alone:  # V's columns p0..p1 hold the block's reflectors, zero above each one's 1
+            if not Z.shape[1]:
+                continue
+            Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
+        else:
+            Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
+            for q0 in range(p0, min(p1, n - 1), nb):
+                q1 = min(q0 + nb, p1)
+                Vb[q0 + 1 - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + 1)
+            if not Z.shape[1]:
+                continue
+            Vb *= live[None, :]
+        M = xp.ascontiguousarray(xp.triu(Vb.T @ Vb, 1))
+        M.reshape(-1)[::p1 - p0 + 1] = diag[p0:p1]       # its diagonal, through a strided view
         Zb = Z[top:]
         if device:  # Vb^T Zb read through Z's strides (CuPy's matmul would copy the rows Zb)
             VtZ = xp.zeros((p1 - p0, Zb.shape[1]), dtype=xp.float64, order="F")
@@ -182,7 +194,9 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
             # Y = M^-1 VtZ as T VtZ with T = M^-1 (LAPACK larft's T) from one small solve: a
             # GEMM instead of a triangular solve with n right-hand sides (13-15% of ormtr at
             # n = 8192-16384 on one H200)
-            Y = trsm(xp, M, xp.eye(p1 - p0), lower=False) @ VtZ
+            if eye is None or eye.shape[0] != p1 - p0:
+                eye = xp.eye(p1 - p0)                 # (solve_triangular does not write it)
+            Y = trsm(xp, M, eye, lower=False) @ VtZ
         else:
             VtZ = Vb.T @ Zb
             Y = trsm(xp, M, VtZ, lower=False)

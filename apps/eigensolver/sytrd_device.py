@@ -30,7 +30,8 @@ the panel's reflectors in the panel's columns of C (householder.py's convention)
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
 reads the rank's own product as the Allreduce's sum), and each kernel's grid-wide sums are
 finished by the next kernel instead of a last block: sytrd_symv's blocks compute the column's
-dlarfg scalars, sytrd_w adds the product's partial sums (`defer` in sytrd_step.cu).
+dlarfg scalars, sytrd_w adds the product's partial sums, the next sytrd_col's blocks W's
+correction (`defer` in sytrd_step.cu).
 
 The mode (sygvd's sytrd=): "auto" (fused on the sentinel communicator of several ranks up to
 FUSED_MAX_N, graph on the other device communicators and on one rank, eager on the host),
@@ -207,6 +208,7 @@ class _Step:
         self.s = cp.zeros(2 * nb, dtype=cp.float64)
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
+        self.part2 = cp.zeros(self.g1, dtype=cp.float64)    # w's, where the next kernel adds them (defer)
         self.defines = tuple(defines)                        # sytrd_symv's variant (symv_defines)
         macros = dict(d.split("=") for d in self.defines)
         self.sy_c = int(macros.get("SY_C", SY_C))
@@ -217,7 +219,7 @@ class _Step:
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
         self.ctick = cp.zeros(self.nch, dtype=cp.int64)              # symv: per-chunk tickets
-        self.st = cp.zeros(7, dtype=cp.int64)   # sytrd_step.cu's st
+        self.st = cp.zeros(10, dtype=cp.int64)   # sytrd_step.cu's st
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
@@ -236,8 +238,10 @@ class _Step:
             self.symv_grid = self.nt * self.nch + 2 * nb
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
-        # one rank: the next kernel finishes each kernel's grid-wide sums (sytrd_step.cu's defer)
-        self.defer = np.int32(self.alone and fused is None and int(macros.get("SY_DEFER", 1)) != 0)
+        # one rank: the next kernel finishes each kernel's grid-wide sums (sytrd_step.cu's defer;
+        # the persistent symv's last block advances the column)
+        self.defer = np.int32(self.alone and fused is None and self.persist and int(macros.get("SY_DEFER", 1)) != 0)
+        self.wpart = self.part2 if self.defer else self.part1
 
     def begin_panel(self, p0: int) -> None:
         lj0 = self.desc.local_index(p0) if self.desc.owner(p0) == self.rank else 0
@@ -252,7 +256,7 @@ class _Step:
         k, n, fused = self.k, self.n64, self.fused is not None
         if self.rank == owner and "col" not in skip:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
-                                          self.fz, self.defer))
+                                          self.fz, self.defer, self.part2))
         if "bcast" not in skip and not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
@@ -264,7 +268,7 @@ class _Step:
             comm.Allreduce(self.y, self.cv)
         if "w" not in skip:
             k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
-                                        self.part1, self.fz, self.defer, self.ypart, self.cpart))
+                                        self.wpart, self.fz, self.defer, self.ypart, self.cpart))
 
     def end_panel(self, p0: int, p1: int) -> None:
         """The panel's reflectors into its columns of C (the owner's); the trailing update
@@ -274,7 +278,8 @@ class _Step:
 
         nb, pw = self.nb, p1 - p0
         self.k["wfix"]((min(1024, -(-self.n * pw // TPB)),), (TPB,), (self.n64, self.P, self.nb32, self.al,
-                                                                    np.int64(pw)))
+                                                                    np.int64(pw), self.defer, self.bb, self.part2,
+                                                                    np.int32(self.g1)))
         if self.desc.owner(p0) == self.rank:
             lj = self.desc.local_index(p0)
             self.C[:, lj:lj + pw] = self.P[:, :pw]

@@ -19,7 +19,9 @@
 //   st    int64 state: st[0] = j (global column), st[1] = k (column in the panel),
 //         st[2] = local index of column j on its owner, st[3] = block ticket of sytrd_col,
 //         st[4] = block ticket of sytrd_w, st[5] = next work item of sytrd_symv's persistent
-//         launch, st[6] = its blocks done (both 0 at rest: the launch's last block resets them)
+//         launch, st[6] = its blocks done (both 0 at rest: the launch's last block resets them),
+//         st[7] unused, st[8], st[9] = j, k of the column sytrd_w works on (deferred sums: the
+//         symv's last block advances st[0..2] and leaves sytrd_w these)
 //   tick  per-row-tile tickets of the product kernels, ctick per-column-chunk tickets of
 //         sytrd_symv (zero at rest)
 // Each step: [owner] sytrd_col | Bcast(bb) | sytrd_symv | Allreduce(y, cv) |
@@ -39,12 +41,15 @@ typedef long long i64;
 #define TPB 256            // threads per block: a tile of 32 rows x NW warps
 #define NW (TPB / 32)      // warps per block
 // `defer` (the kernels' argument, nonzero only on one rank without fused transfers, where
-// nothing moves between the step's launches: sytrd_device.py's _Step.defer decides it): each
-// kernel's grid-wide sums are finished by the next kernel instead of a last block.  Every
-// block of sytrd_symv computes dlarfg's scalars from sytrd_col's partial sums, and sytrd_w
-// adds sytrd_symv's partials of its rows; sytrd_col and the product's units then take no
-// fence, no tickets and no finishing sums.  The same additions in the same order: the same
-// bits either way.
+// nothing moves between the step's launches, and with the persistent symv: sytrd_device.py's
+// _Step.defer decides it): each kernel's grid-wide sums are finished by the next kernel
+// instead of a last block.  Every block of sytrd_symv computes dlarfg's scalars from
+// sytrd_col's partial sums, sytrd_w adds sytrd_symv's partials of its rows, and every block of
+// the next column's sytrd_col (or of sytrd_wfix after a panel's last column) computes W's
+// correction al[k] from sytrd_w's partial dots (`wpart`, apart from sytrd_col's own partials);
+// the symv's last block, which exists anyway, advances st.  No kernel of the step then takes a
+// fence, a ticket or a finishing sum.  The same additions in the same order: the same bits
+// either way.
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
@@ -154,8 +159,11 @@ struct HVec {
 };
 
 // True W element (r, q) of the panel: Wraw + al[q] V, one fma (the stored form's rounding).
+__device__ __forceinline__ double wAtWith(const double* P, i64 n, int nb, double a, i64 r, i64 q) {
+  return fma(a, P[r + q * n], P[r + (nb + q) * n]);
+}
 __device__ __forceinline__ double wAt(const double* P, i64 n, int nb, const double* al, i64 r, i64 q) {
-  return fma(al[q], P[r + q * n], P[r + (nb + q) * n]);
+  return wAtWith(P, n, nb, al[q], r, q);
 }
 
 __device__ __forceinline__ double blockSum(double x, double* sh) {
@@ -319,18 +327,26 @@ extern "C" __global__ void sytrd_init(i64* st, i64 j0, i64 lj0) {
 // block then does LAPACK dlarfg's scalars and stores them in bb[0..4).  With `defer`:
 // no last block; every block of sytrd_symv computes the scalars from the same partial sums.
 extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64 n, const double* P, int nb,
-                                                            const double* al, i64* st, double* part,
-                                                            double* bb, const Fused* fz, int defer) {
+                                                            double* al, i64* st, double* part,
+                                                            double* bb, const Fused* fz, int defer,
+                                                            const double* wpart) {
   __shared__ double sh[TPB];
   const i64 j = st[0], k = st[1], lj = st[2];
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * 32 + lane;
   const bool row = r >= j && r < n;
+  // Deferred: the previous column's al[k - 1] from its sytrd_w's partial dots (same grid), as
+  // that kernel's last block had it; block 0 stores it for the later kernels.
+  const bool prev = defer && k > 0;
+  const double alPrev = prev ? -0.5 * bb[1] * sumParts(wpart, gridDim.x, sh) : 0.0;
+  if (prev && blockIdx.x == 0 && threadIdx.x == 0) al[k - 1] = alPrev;
   double c = 0.0;
   if (row) {
 #pragma unroll 4
-    for (i64 q = threadIdx.x >> 5; q < k; q += NW)
-      c += P[r + q * n] * wAt(P, n, nb, al, j, q) + wAt(P, n, nb, al, r, q) * P[j + q * n];
+    for (i64 q = threadIdx.x >> 5; q < k; q += NW) {
+      const double a = prev && q == k - 1 ? alPrev : al[q];
+      c += P[r + q * n] * wAtWith(P, n, nb, a, j, q) + wAtWith(P, n, nb, a, r, q) * P[j + q * n];
+    }
   }
   const double corr = tileSum(c, sh);
   if (threadIdx.x < 32) {
@@ -673,6 +689,14 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   if (threadIdx.x == 0 && atomicAdd((unsigned long long*)(st + 6), 1ull) == gridDim.x - 1) {
     st[5] = 0;
     st[6] = 0;
+    if (deferArg && nprocs == 1 && !fz) {  // every block has read st: the next column's, and sytrd_w's copy
+      const i64 jc = st[0], kc = st[1];  // (read again: no register held across the units)
+      st[8] = jc;
+      st[9] = kc;
+      st[0] = jc + 1;
+      st[1] = kc + 1;
+      st[2] += 1;
+    }
   }
 #else
   // A block per entry of the tiles x chunks rectangle sized for column 0 (blocks past this
@@ -715,7 +739,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
                                                           const double* ypart, const double* cpart) {
   __shared__ double sh[TPB];
   __shared__ double cvSh[2][32];  // deferred: the rows and columns halves of C v at the tile's rows
-  const i64 j = st[0], k = st[1];
+  const i64 j = st[defer ? 8 : 0], k = st[defer ? 9 : 1];  // deferred: st[0..2] already advanced
   double* bbr = (double*)bbIn(fz, bb, n, j);
   const HVec v(bbr, j, fz, nb);
   const double t = v.scalar(1);
@@ -772,6 +796,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
     if (fz && r >= j + 2 && r < n) rearm(bbr + 4 + r);  // read (value) above: x[r] of bbR
     if (lane == 0) part[blockIdx.x] = dot;
   }
+  if (defer) return;  // al[k]: the next sytrd_col's blocks (or sytrd_wfix) from `part`
   if (!lastBlock(st + 4, gridDim.x)) return;
   // Every block has read bbR's scalars (t, v's scale) before its ticket: re-arm them.
   if (fz && threadIdx.x < 4) rearm(bbr + threadIdx.x);
@@ -785,10 +810,17 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_w(i64 n, double* P, int 
 }
 
 // After a panel's columns: W's columns q < width made true in place, W = Wraw + al[q] V (the
-// fma of wAt), for the trailing update's GEMM.  Grid over the n x width elements.
-extern "C" __global__ void sytrd_wfix(i64 n, double* P, int nb, const double* al, i64 width) {
+// fma of wAt), for the trailing update's GEMM.  Grid over the n x width elements.  Deferred
+// (`defer`): the last column's al from its sytrd_w's partial dots (wparts of them) first, as
+// sytrd_col does for the others.
+extern "C" __global__ void __launch_bounds__(TPB) sytrd_wfix(i64 n, double* P, int nb, double* al, i64 width,
+                                                             int defer, const double* bb, const double* wpart,
+                                                             int wparts) {
+  __shared__ double sh[TPB];
+  const double alLast = defer && width > 0 ? -0.5 * bb[1] * sumParts(wpart, wparts, sh) : 0.0;
+  if (defer && width > 0 && blockIdx.x == 0 && threadIdx.x == 0) al[width - 1] = alLast;
   for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < n * width; t += (i64)gridDim.x * blockDim.x) {
     const i64 r = t % n, q = t / n;
-    P[r + (nb + q) * n] = wAt(P, n, nb, al, r, q);
+    P[r + (nb + q) * n] = wAtWith(P, n, nb, defer && q == width - 1 ? alLast : al[q], r, q);
   }
 }

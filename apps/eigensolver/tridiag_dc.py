@@ -468,15 +468,27 @@ def _merge_inputs(plan: _Plan, origin, tau, cols, staged: _Staged):
     ({name: handle}, counts).  Item t (the kept roots in order, then the deflated positions)
     goes to column cols[t]."""
     perm, keep, n1 = plan.perm, plan.keep, plan.n1
-    posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
     topk, botk = np.nonzero(plan.top[keep])[0], np.nonzero(plan.bot[keep])[0]
     i64, f64 = np.int64, np.float64
-    arrays = {"posL": (posL, i64), "srcL": (perm[posL], i64), "posR": (posR, i64), "srcR": (perm[posR] - n1, i64),
-              "keepL": (keep[topk], i64), "keepR": (keep[botk], i64), "gone": (plan.gone, i64), "cols": (cols, i64),
-              "origin": (origin, i64), "tau": (tau, f64), "topk": (topk, i64), "botk": (botk, i64)}
-    if plan.rots:
-        for name, a in zip(("ra", "rb", "rc", "rs"), _rotation_arrays(plan.rots)):
-            arrays[name] = (a, a.dtype)
+    arrays = {"cols": (cols, i64), "origin": (origin, i64), "tau": (tau, f64), "topk": (topk, i64),
+              "botk": (botk, i64)}
+    if not plan.rots:
+        # every column comes from one child: the kept ones' and the deflated ones' columns are
+        # read straight from the children's Q (_merge_rows builds no sorted blockdiag(Q1, Q2))
+        k, gone = keep.size, plan.gone
+        fromL = perm[gone] < n1
+        arrays.update({"srcKL": (perm[keep[topk]], i64), "srcKR": (perm[keep[botk]] - n1, i64),
+                       "dstGL": (cols[k:][fromL], i64), "srcGL": (perm[gone[fromL]], i64),
+                       "dstGR": (cols[k:][~fromL], i64), "srcGR": (perm[gone[~fromL]] - n1, i64)})
+        handles = {name: staged.add(a, t) for name, (a, t) in arrays.items()}
+        return handles, {"nL": topk.size, "nR": botk.size, "ngone": gone.size, "nGL": int(fromL.sum()),
+                         "nGR": int((~fromL).sum())}
+    posL, posR = np.nonzero(perm < n1)[0], np.nonzero(perm >= n1)[0]
+    arrays.update({"posL": (posL, i64), "srcL": (perm[posL], i64), "posR": (posR, i64),
+                   "srcR": (perm[posR] - n1, i64), "keepL": (keep[topk], i64), "keepR": (keep[botk], i64),
+                   "gone": (plan.gone, i64)})
+    for name, a in zip(("ra", "rb", "rc", "rs"), _rotation_arrays(plan.rots)):
+        arrays[name] = (a, a.dtype)
     handles = {name: staged.add(a, t) for name, (a, t) in arrays.items()}
     return handles, {"nL": topk.size, "nR": botk.size, "ngone": plan.gone.size}
 
@@ -488,27 +500,22 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: in
     hL = max(0, min(m, r1) - max(L.a, r0))
     hR = max(0, min(R.b, r1) - max(m, r0))
     h, kn = hL + hR, R.b - L.a
-    with _step("rotate", xp):
-        Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
-        if hL:
-            Qs[:hL, dev["posL"]] = L.Q[:, dev["srcL"]]
-        if hR:
-            Qs[hL:, dev["posR"]] = R.Q[:, dev["srcR"]]
-        L.Q = R.Q = None
-        if plan.rots:
-            _rotate(Qs, plan.rots, xp, staged=tuple(dev[q] for q in ("ra", "rb", "rc", "rs")))
     k = plan.k
-    # the left rows meet only the columns with entries there (likewise the right): two GEMMs of
-    # about half the flops of one
-    QkL = Qs[:hL][:, dev["keepL"]] if hL and counts["nL"] else None
-    QkR = Qs[hL:][:, dev["keepR"]] if hR and counts["nR"] else None
-    G = Qs[:, dev["gone"]] if counts["ngone"] else None
-    del Qs
-    Z = xp.empty((h, kn), order="F")
     cols_x = dev["cols"]
-    if G is not None:
-        Z[:, cols_x[k:]] = G
-        del G
+    if plan.rots:
+        QkL, QkR, Z = _rotated_columns(L, R, plan, dev, counts, hL, hR, xp)
+    else:  # the children's columns as they are (_merge_inputs): a deflated one in its child's rows only
+        with _step("rotate", xp):
+            # the left rows meet only the columns with entries there (likewise the right): two
+            # GEMMs of about half the flops of one
+            QkL = _copy_cols(None, None, L.Q, dev["srcKL"], xp) if hL and counts["nL"] else None
+            QkR = _copy_cols(None, None, R.Q, dev["srcKR"], xp) if hR and counts["nR"] else None
+            Z = xp.zeros((h, kn), order="F") if counts["ngone"] else xp.empty((h, kn), order="F")
+            if hL and counts["nGL"]:
+                _copy_cols(Z[:hL], dev["dstGL"], L.Q, dev["srcGL"], xp)
+            if hR and counts["nGR"]:
+                _copy_cols(Z[hL:], dev["dstGR"], R.Q, dev["srcGR"], xp)
+            L.Q = R.Q = None
     if k:
         dx, ox, tx = dev["dk"], dev["origin"], dev["tau"]
         with _step("vectors", xp):
@@ -522,10 +529,66 @@ def _merge_rows(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, r0: in
             with _step("gemm", xp):
                 dst = cols_x[c0:c1]
                 if hL:
-                    Z[:hL, dst] = QkL @ UL if QkL is not None else 0.0
+                    _place_product(Z[:hL], dst, QkL, UL, xp)
                 if hR:
-                    Z[hL:, dst] = QkR @ UR if QkR is not None else 0.0
+                    _place_product(Z[hL:], dst, QkR, UR, xp)
     return Z
+
+
+def _place_product(Zrows, dst, Qk, U, xp) -> None:
+    """Zrows[:, dst] = Qk @ U (0 where Qk is None).  On the GPU the product is formed
+    column-major, as the transpose of U^T Qk^T, and placed by dc_copy_cols."""
+    if Qk is None:
+        Zrows[:, dst] = 0.0
+    elif xp is np:
+        Zrows[:, dst] = Qk @ U
+    else:
+        _copy_cols(Zrows, dst, (U.T @ Qk.T).T, None, xp)
+
+
+def _copy_cols(dst, didx, src, sidx, xp):
+    """dst[:, didx] = src[:, sidx] for matrices of the same rows (None for an index: every
+    column in order; dst None: a new column-major array of the gathered columns), returned.  On
+    the GPU, for column-major operands, one dc_copy_cols launch: CuPy's advanced indexing costs
+    tens of microseconds of Python per call, and a merge makes several."""
+    cols = (sidx if sidx is not None else didx).size if (sidx is not None or didx is not None) else src.shape[1]
+    if dst is None:
+        dst = xp.empty((src.shape[0], cols), order="F")
+    rows = src.shape[0]
+    if xp is np or src.dtype != np.float64 or dst.dtype != np.float64 or not (_unit_rows(src) and _unit_rows(dst)):
+        dst[:, slice(None) if didx is None else didx] = src[:, slice(None) if sidx is None else sidx]
+        return dst
+    if not rows or not cols:
+        return dst
+    kernel = raw_module("dc_kernels.cu").get_function("dc_copy_cols")
+    null = np.uint64(0)
+    kernel((min(-(-rows // TPB), 64), min(cols, 65535)), (TPB,),
+           (src, np.int64(src.strides[1] // 8), null if sidx is None else sidx, dst, np.int64(dst.strides[1] // 8),
+            null if didx is None else didx, np.int64(rows), np.int64(cols)))
+    return dst
+
+
+def _rotated_columns(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, hL: int, hR: int, xp):
+    """(QkL, QkR, Z) of a merge with deflation rotations: the rows of blockdiag(Q1, Q2) with
+    sorted columns, rotated; its kept columns' left and right rows (None where none); Z with
+    the deflated columns in place (_merge_rows fills the kept ones)."""
+    h, kn = hL + hR, R.b - L.a
+    with _step("rotate", xp):
+        Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
+        if hL:
+            Qs[:hL, dev["posL"]] = L.Q[:, dev["srcL"]]
+        if hR:
+            Qs[hL:, dev["posR"]] = R.Q[:, dev["srcR"]]
+        L.Q = R.Q = None
+        _rotate(Qs, plan.rots, xp, staged=tuple(dev[q] for q in ("ra", "rb", "rc", "rs")))
+    QkL = Qs[:hL][:, dev["keepL"]] if hL and counts["nL"] else None
+    QkR = Qs[hL:][:, dev["keepR"]] if hR and counts["nR"] else None
+    G = Qs[:, dev["gone"]] if counts["ngone"] else None
+    del Qs
+    Z = xp.empty((h, kn), order="F")
+    if G is not None:
+        Z[:, dev["cols"][plan.k:]] = G
+    return QkL, QkR, Z
 
 
 def _leaves(d, e, bounds, xp):

@@ -354,6 +354,34 @@ def test_gpu_ll128_path_is_accurate():
         c.Free()
 
 
+def test_gpu_dc_copy_cols_matches_indexing():
+    """tridiag_dc._copy_cols on the GPU (dc_copy_cols) against NumPy's indexing: a gather into a
+    new array, a scatter and a gather-scatter into row blocks of a column-major matrix (a view
+    with an offset and its parent's leading dimension), fresh data and indices each time."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver.tridiag_dc import _copy_cols
+
+    rng = np.random.default_rng()
+    for rows, ncols, m in ((300, 517, 200), (1, 9, 4), (4097, 70, 70)):
+        src = np.asfortranarray(rng.standard_normal((rows, ncols)))
+        sidx = rng.permutation(ncols)[:m].astype(np.int64)
+        didx = rng.permutation(m + 5)[:m].astype(np.int64)
+        got = _copy_cols(None, None, cp.asarray(src, order="F"), cp.asarray(sidx), cp)
+        assert got.flags.f_contiguous and np.array_equal(got.get(), src[:, sidx])
+        big = np.asfortranarray(rng.standard_normal((rows + 7, m + 5)))
+        dst = cp.asarray(big, order="F")
+        _copy_cols(dst[7:], cp.asarray(didx), cp.asarray(src, order="F"), cp.asarray(sidx), cp)
+        want = big.copy()
+        want[7:, didx] = src[:, sidx]
+        assert np.array_equal(dst.get(), want)
+        part = np.asfortranarray(rng.standard_normal((rows, m)))
+        _copy_cols(dst[:rows], cp.asarray(didx), cp.asarray(part, order="F"), None, cp)
+        want[:rows, didx] = part
+        assert np.array_equal(dst.get(), want)
+
+
 @pytest.mark.parametrize("n,nb", [(517, 32), (1100, 64), (2600, 64), (7300, 64)])
 def test_gpu_sytrd_one_rank_deferred_sums_change_no_bit(self_comm, n, nb):
     """One rank: each kernel's grid-wide sums finished by the next kernel (sytrd_symv's blocks
