@@ -52,7 +52,7 @@ def run_single_gpu(args) -> int:
     from .runs import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
                       print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
     from .problems import make_problem
-    from .runinfo import MemoryMeter
+    from .runinfo import GcPauses, MemoryMeter, freeze_heap
 
     if not gpu_available():
         raise CliError("anchor single-gpu: needs CuPy and a GPU")
@@ -72,24 +72,28 @@ def run_single_gpu(args) -> int:
     A0, B0 = prob.A, prob.B
     stream = cp.cuda.get_current_stream()
     meter = MemoryMeter(cp, trace=False)
+    frozen = not args.no_gc_freeze
+    if frozen:
+        freeze_heap()
     for r in range(args.repeat):
         phases = {}
         meter.start()
-        t_all = time.perf_counter()
+        with GcPauses() as pauses:
+            t_all = time.perf_counter()
 
-        def step(name, fn):
-            stream.synchronize()
-            t0 = time.perf_counter()
-            out = fn()
-            stream.synchronize()
-            phases[name] = time.perf_counter() - t0
-            return out
+            def step(name, fn):
+                stream.synchronize()
+                t0 = time.perf_counter()
+                out = fn()
+                stream.synchronize()
+                phases[name] = time.perf_counter() - t0
+                return out
 
-        L = step("potrf", lambda: cp.linalg.cholesky(B0))
-        C = step("sygst", lambda: _sym(solve_triangular(L, solve_triangular(L, A0, lower=True).T, lower=True)))
-        w, Z = step("syevd", lambda: cp.linalg.eigh(C))
-        X = step("trsm", lambda: solve_triangular(L, Z, lower=True, trans=1))
-        solve_s = time.perf_counter() - t_all
+            L = step("potrf", lambda: cp.linalg.cholesky(B0))
+            C = step("sygst", lambda: _sym(solve_triangular(L, solve_triangular(L, A0, lower=True).T, lower=True)))
+            w, Z = step("syevd", lambda: cp.linalg.eigh(C))
+            X = step("trsm", lambda: solve_triangular(L, Z, lower=True, trans=1))
+            solve_s = time.perf_counter() - t_all
         meter.solve_done()
         L = C = Z = None  # free them before the metrics
         acc = {"residual": metrics.residual(A0, B0, X, w), "b_orthogonality": metrics.b_orthogonality(B0, X)}
@@ -98,7 +102,8 @@ def run_single_gpu(args) -> int:
         memory = [dict(rank=0, **meter.stop())]
         rec = anchor_record(args, comm="single-gpu", backend="cupy", ranks=1, n=n, r=r, w=w, per_rank=per_rank,
                             accuracy=acc, eigenvectors_sha256=x_digest, phases=phases, solve_s=solve_s,
-                            known=prob.eigenvalues, ref=ref, ref_s=ref_s, ref_err=ref_err, xp=cp, memory=memory)
+                            known=prob.eigenvalues, ref=ref, ref_s=ref_s, ref_err=ref_err, xp=cp, memory=memory,
+                            extra={"host_gc": {"frozen": frozen, "per_rank": [dict(rank=0, **pauses.record())]}})
         if save_vectors(args, n):
             import numpy as np
 

@@ -14,11 +14,11 @@ from collections import defaultdict
 import numpy as np
 
 from . import metrics
-from .runinfo import DEVICE_PEAK_KEYS, MemoryMeter
+from .runinfo import DEVICE_PEAK_KEYS, GcPauses, MemoryMeter
 
 #: the reproducibility guarantee, as solve writes it into every run
 #: what every metric of a run record means (the records and report.json carry it)
-METRIC_DEFINITIONS = {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS}
+METRIC_DEFINITIONS = {**metrics.DEFINITIONS, **MemoryMeter.DEFINITIONS, **GcPauses.DEFINITIONS}
 
 GUARANTEE = ("With a --comm that reduces in a fixed order (mpi, sentinel, ll; not ll128, whose floating-point "
              "atomics sum in arrival order; nccl as far as NCCL picks the same algorithm every run), two runs give "

@@ -1,10 +1,12 @@
 """Machine, git, BLAS, memory and communicator facts recorded with every run."""
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import socket
 import subprocess
+import time
 
 #: --comm choice -> Communicator keyword arguments
 COMM_CHOICES = {
@@ -213,6 +215,52 @@ class MemoryMeter:
 # -- launch facts and failing together ---------------------------------------------------------
 #: variables in which launchers (MPICH hydra, Open MPI, Slurm, PMIx) give a process its rank
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+class GcPauses:
+    """The collections of Python's cyclic garbage collector while entered, per generation, and
+    the seconds they took (gc.callbacks).  A collection of the oldest generation walks every
+    object the collector tracks - tens of milliseconds in a process with CuPy loaded - and
+    stalls whatever phase it lands in: the solve's host-issued phases (stedc, ormtr) showed it
+    as run-to-run spread.  See freeze_heap."""
+
+    DEFINITIONS = {
+        "host_gc": "per rank, the collections of Python's garbage collector during the solve by generation "
+                   "(0, 1, 2) and the seconds they took; frozen: objects made before the first solve were "
+                   "moved out of the collector (gc.freeze)",
+    }
+
+    def __init__(self):
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            g = min(int(info.get("generation", 2)), 2)
+            self.collections[g] += 1
+            self.seconds[g] += time.perf_counter() - self._t0
+            self._t0 = None
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def record(self) -> dict:
+        return {"collections": list(self.collections), "seconds": list(self.seconds)}
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object that exists now (modules, the problem, compiled kernels)
+    out of the collector's generations (gc.freeze): a collection during a later solve walks only
+    the objects made since.  The runs call it once before the first solve (--no-gc-freeze: not)."""
+    gc.collect()
+    gc.freeze()
 
 
 def launcher_rank() -> int:

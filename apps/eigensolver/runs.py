@@ -99,6 +99,15 @@ def _fmt(x, spec=".3g"):
     return "-" if x is None else format(x, spec)
 
 
+def _gc_text(rec: dict) -> str:
+    """The slowest rank's garbage-collector pauses in the solve: 'N ms (C full)', '-' if not recorded."""
+    ranks = (rec.get("host_gc") or {}).get("per_rank") or []
+    if not ranks:
+        return "-"
+    worst = max(ranks, key=lambda g: sum(g["seconds"]))
+    return f"{1e3 * sum(worst['seconds']):.1f} ms ({worst['collections'][2]} full)"
+
+
 def print_run(rec: dict) -> None:
     ph = " ".join(f"{k} {v:.3f}" for k, v in rec["phases"].items())
     coll = rec.get("collectives") or {}
@@ -111,7 +120,7 @@ def print_run(rec: dict) -> None:
           f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {_fmt(rec['residual'])} n·eps "
           f"B-orth {_fmt(rec['b_orthogonality'])} n·eps eig-err(known) {_fmt(rec.get('eigenvalue_error'))} "
           f"eig-err(scipy) {_fmt(rec.get('eigenvalue_error_vs_scipy'))}; memory "
-          f"{_fmt(max(peaks) / 2**20 if peaks else None, '.0f')} MiB; w {rec['eigenvalues_sha256'][:16]} "
+          f"{_fmt(max(peaks) / 2**20 if peaks else None, '.0f')} MiB; gc {_gc_text(rec)}; w {rec['eigenvalues_sha256'][:16]} "
           f"X {(rec.get('eigenvectors_sha256') or '-')[:16]}", flush=True)
 
 
