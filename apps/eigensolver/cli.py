@@ -140,7 +140,7 @@ def cmd_solve(args) -> int:
         from .warmup import warm_up
 
         # compile CuPy's kernels before the communicator opens (the solver the solve will use)
-        warm_up(stedc=stedc_choice(args.stedc, device=True))
+        warm_up(nb=args.nb, stedc=stedc_choice(args.stedc, device=True))
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:

@@ -18,9 +18,12 @@ def local_comm():
 
 
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
-    """Build and solve a small known problem on this rank's GPU (n = 3 nb + 5; one leaf + 37 for
-    stedc="dc") the way `solve` does: problem columns, symmetrization, input checks, sygvd, the
-    distributed metrics and the column digests."""
+    """Build and solve a small known problem on this rank's GPU the way `solve` does: problem
+    columns, symmetrization, input checks, sygvd, the distributed metrics and the column
+    digests.  n = 3 nb + 5, or for stedc="dc" ten leaves and a short one: large enough for the
+    branches a large one-rank solve takes (sygst's panel loop past its first 1024-column panel,
+    a batch of equal leaves, more than 8 arrays gathered at once: CuPy's single-kernel
+    concatenation), each of which compiles kernels of its own."""
     import cupy as cp
     from mpi4py import MPI
 
@@ -30,9 +33,12 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     from .problems import generated_columns, parse_problem
     from .tiles import symmetrize
     from .solver import sygvd
+    from .triangular import SYGST_ONE_RANK_NB_DEVICE
     from .tridiag_dc import LEAF_DEVICE
 
-    n = LEAF_DEVICE + 37 if stedc == "dc" else 3 * nb + 5  # dc: past one leaf, so the merge compiles too
+    n = 10 * LEAF_DEVICE + 37 if stedc == "dc" else 3 * nb + 5
+    if stedc == "dc":
+        n = max(n, SYGST_ONE_RANK_NB_DEVICE + 37)
     spec = parse_problem("known", n, cond_b=10.0, seed=1)
     desc = BlockCyclic(n, n, nb, 1)
     A, B = generated_columns(spec, desc.local_cols(0), cp)
@@ -44,6 +50,11 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
         metrics.distributed_accuracy(A, B, X, w, desc, comm)
     metrics.column_digests(X)
     metrics.sha256(w)
+    # more than 8 equal contiguous arrays: CuPy's same-size concatenation kernel (the leaves'
+    # eigenvalues when every leaf has LEAF_DEVICE rows; the solve above has a short one)
+    cp.concatenate([cp.zeros(4) for _ in range(9)])
+    # a 32-bit pattern fill, as hpccoll's CUDA communicator arms its buffers when it opens
+    cp.empty(64, dtype=cp.uint32).fill(0xFFFAFFFA)
     warm_gemms()
     cp.cuda.get_current_stream().synchronize()
 
