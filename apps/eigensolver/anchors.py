@@ -52,7 +52,7 @@ def run_single_gpu(args) -> int:
     from .runs import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
                       print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
     from .problems import make_problem
-    from .runinfo import GcPauses, MemoryMeter, freeze_heap
+    from .runinfo import GcPauses, MemoryMeter
 
     if not gpu_available():
         raise CliError("anchor single-gpu: needs CuPy and a GPU")
@@ -72,9 +72,6 @@ def run_single_gpu(args) -> int:
     A0, B0 = prob.A, prob.B
     stream = cp.cuda.get_current_stream()
     meter = MemoryMeter(cp, trace=False)
-    frozen = not args.no_gc_freeze
-    if frozen:
-        freeze_heap()
     for r in range(args.repeat):
         phases = {}
         meter.start()
@@ -103,7 +100,7 @@ def run_single_gpu(args) -> int:
         rec = anchor_record(args, comm="single-gpu", backend="cupy", ranks=1, n=n, r=r, w=w, per_rank=per_rank,
                             accuracy=acc, eigenvectors_sha256=x_digest, phases=phases, solve_s=solve_s,
                             known=prob.eigenvalues, ref=ref, ref_s=ref_s, ref_err=ref_err, xp=cp, memory=memory,
-                            extra={"host_gc": {"frozen": frozen, "per_rank": [dict(rank=0, **pauses.record())]}})
+                            extra={"host_gc": {"per_rank": [dict(rank=0, **pauses.record())]}})
         if save_vectors(args, n):
             import numpy as np
 

@@ -92,10 +92,6 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reference", action="store_true",
                    help=f"skip scipy.linalg.eigh(A, B) (by default done when n <= {SCIPY_REFERENCE_MAX_N}, "
                         "on rank 0, with A and B gathered there)")
-    p.add_argument("--no-gc-freeze", action="store_true",
-                   help="leave Python's garbage collector as it is: by default every object made before the "
-                        "first solve is frozen out of it (gc.freeze), so that a collection during a solve walks "
-                        "only the solve's own objects; the pauses are recorded either way (host_gc)")
     p.add_argument("--symmetry-tol", type=_finite_float(0.0, "--symmetry-tol"), default=None,
                    help="file: problems must satisfy max|M - M^T| <= tol * max|M| for M = A, B "
                         "(default 1e-10)")
@@ -183,7 +179,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from .problems import spectrum
     from hpccoll.config import git_commit
 
-    from .runinfo import GcPauses, MemoryMeter, freeze_heap, machine_info
+    from .runinfo import GcPauses, MemoryMeter, machine_info
     from .solver import PHASES, sygvd
 
     rank, size = ctl.Get_rank(), ctl.Get_size()
@@ -219,9 +215,6 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             print(f"{PROG}: scipy reference failed ({ref_err}); eig-err(scipy) not recorded", flush=True)
 
     meter = MemoryMeter(xp, trace=device == "cpu" and not args.no_trace_memory)
-    frozen = not args.no_gc_freeze
-    if frozen:
-        freeze_heap()
     for r in range(args.repeat):
         cc = CountingComm(comm, sync_each=not args.no_sync_collectives)
         bar = progress(len(PHASES), f"{args.comm} run {r}", rank == 0)
@@ -287,7 +280,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
                             "by_phase": {k: v for k, v in summary.items() if k != "total"},
                             "by_name": total, "sizes": cc.size_histogram()},
             "memory": {"per_rank": memory_per_rank},
-            "host_gc": {"frozen": frozen, "per_rank": [dict(rank=i, **g[4]) for i, g in enumerate(gathered)]},
+            "host_gc": {"per_rank": [dict(rank=i, **g[4]) for i, g in enumerate(gathered)]},
             "machine": info, "git_commit": commit,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "eigenvalues": [float(x) for x in to_host(w)],
@@ -328,7 +321,7 @@ def _problem_argv(args) -> list[str]:
     argv = ["--n", str(args.n), "--problem", args.problem, "--cond-b", repr(args.cond_b),
             "--seed", str(args.seed), "--nb", str(args.nb), "--repeat", str(args.repeat),
             "--out", args.out, "--save-vectors", args.save_vectors]
-    for flag in ("no_reference", "overwrite", "gather_vectors", "no_gc_freeze"):
+    for flag in ("no_reference", "overwrite", "gather_vectors"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     if args.symmetry_tol is not None:

@@ -220,14 +220,13 @@ RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 class GcPauses:
     """The collections of Python's cyclic garbage collector while entered, per generation, and
     the seconds they took (gc.callbacks).  A collection of the oldest generation walks every
-    object the collector tracks - tens of milliseconds in a process with CuPy loaded - and
-    stalls whatever phase it lands in: the solve's host-issued phases (stedc, ormtr) showed it
-    as run-to-run spread.  See freeze_heap."""
+    object the collector tracks (8-24 ms each in a host solve's process) and stalls whatever
+    phase it lands in; recorded with every solve, so that a slow run can be told from a
+    collector's pause."""
 
     DEFINITIONS = {
         "host_gc": "per rank, the collections of Python's garbage collector during the solve by generation "
-                   "(0, 1, 2) and the seconds they took; frozen: objects made before the first solve were "
-                   "moved out of the collector (gc.freeze)",
+                   "(0, 1, 2) and the seconds they took",
     }
 
     def __init__(self):
@@ -253,14 +252,6 @@ class GcPauses:
 
     def record(self) -> dict:
         return {"collections": list(self.collections), "seconds": list(self.seconds)}
-
-
-def freeze_heap() -> None:
-    """Collect, then move every object that exists now (modules, the problem, compiled kernels)
-    out of the collector's generations (gc.freeze): a collection during a later solve walks only
-    the objects made since.  The runs call it once before the first solve (--no-gc-freeze: not)."""
-    gc.collect()
-    gc.freeze()
 
 
 def launcher_rank() -> int:

@@ -301,7 +301,7 @@ def test_solve_json_defines_its_metrics_and_records_blas_and_memory(tmp_path, ra
     assert [m["rank"] for m in mem] == list(range(ranks))
     assert all(m["peak_rss_bytes"] > 10 * 2**20 and m["tracemalloc_peak_bytes"] > 0 for m in mem)
     gcs = rec["host_gc"]
-    assert gcs["frozen"] is True and "host_gc" in defs
+    assert "host_gc" in defs
     assert [g["rank"] for g in gcs["per_rank"]] == list(range(ranks))
     assert all(len(g["collections"]) == 3 and min(g["seconds"]) >= 0 for g in gcs["per_rank"])
     assert rec["residual"] < 1 and rec["b_orthogonality"] < 100 and rec["eigenvalue_error"] < 1e-12
@@ -399,20 +399,15 @@ def test_test_command_keeps_the_kernel_cache_and_ci_asks_for_installs():
     assert "HPCCOLL_TEST_KERNEL_CACHE" in (REPO / "tests" / "unit" / "test_device_code.py").read_text()
 
 
-def test_gc_pauses_count_the_collections_made_inside_and_freeze_empties_the_generations():
+def test_gc_pauses_count_only_the_collections_made_inside():
     import gc
 
-    from hpccoll_eigensolver.runinfo import GcPauses, freeze_heap
+    from hpccoll_eigensolver.runinfo import GcPauses
 
-    junk = [[i] for i in range(1000)]
     with GcPauses() as pauses:
         gc.collect()
         gc.collect(0)
     assert pauses.collections == [1, 0, 1] and pauses.seconds[2] > 0
     gc.collect()                       # outside: not counted
     assert pauses.record()["collections"] == [1, 0, 1]
-    try:
-        freeze_heap()
-        assert gc.get_freeze_count() > len(junk) and gc.get_count()[0] < 100
-    finally:
-        gc.unfreeze()
+    assert pauses._callback not in gc.callbacks
