@@ -20,10 +20,10 @@ def local_comm():
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     """Build and solve a small known problem on this rank's GPU the way `solve` does: problem
     columns, symmetrization, input checks, sygvd, the distributed metrics and the column
-    digests.  n = 3 nb + 5, or for stedc="dc" ten leaves and a short one: large enough for the
-    branches a large one-rank solve takes (sygst's panel loop past its first 1024-column panel,
-    a batch of equal leaves, more than 8 arrays gathered at once: CuPy's single-kernel
-    concatenation), each of which compiles kernels of its own."""
+    digests.  n is large enough for the branches a large one-rank solve takes, each of which
+    compiles kernels of its own: sygst's panel loop past its first 1024-column panel, and for
+    the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one (a batch of
+    equal leaves, more than 8 arrays gathered at once: CuPy's single-kernel concatenation)."""
     import cupy as cp
     from mpi4py import MPI
 
@@ -32,13 +32,12 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     from .layout import BlockCyclic
     from .problems import generated_columns, parse_problem
     from .tiles import symmetrize
-    from .solver import sygvd
+    from .solver import stedc_choice, sygvd
     from .triangular import SYGST_ONE_RANK_NB_DEVICE
     from .tridiag_dc import LEAF_DEVICE
 
-    n = 10 * LEAF_DEVICE + 37 if stedc == "dc" else 3 * nb + 5
-    if stedc == "dc":
-        n = max(n, SYGST_ONE_RANK_NB_DEVICE + 37)
+    stedc = stedc_choice(stedc, device=True)
+    n = max(10 * LEAF_DEVICE if stedc == "dc" else 0, SYGST_ONE_RANK_NB_DEVICE) + 37
     spec = parse_problem("known", n, cond_b=10.0, seed=1)
     desc = BlockCyclic(n, n, nb, 1)
     A, B = generated_columns(spec, desc.local_cols(0), cp)
