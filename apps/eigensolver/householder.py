@@ -164,7 +164,7 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     # Host: from row p0 + 1, as LAPACK.
     lead = 0 if device else 1
     alone = desc.nprocs == 1
-    live_h = np.asarray(to_host(tau)) != 0 if alone else None  # one copy: which blocks need a masked Vb
+    live_h = to_host(tau) != 0 if alone else None  # one copy: which blocks need a masked Vb
     # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
     lives = tau != 0
     diag = 1.0 / xp.where(lives, tau, 1.0)

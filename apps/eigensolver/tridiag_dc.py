@@ -551,7 +551,8 @@ def _copy_cols(dst, didx, src, sidx, xp):
     column in order; dst None: a new column-major array of the gathered columns), returned.  On
     the GPU, for column-major operands, one dc_copy_cols launch: CuPy's advanced indexing costs
     tens of microseconds of Python per call, and a merge makes several."""
-    cols = (sidx if sidx is not None else didx).size if (sidx is not None or didx is not None) else src.shape[1]
+    idx = sidx if sidx is not None else didx
+    cols = src.shape[1] if idx is None else idx.size
     if dst is None:
         dst = xp.empty((src.shape[0], cols), order="F")
     rows = src.shape[0]
@@ -576,18 +577,18 @@ def _rotated_columns(L: _Node, R: _Node, plan: _Plan, dev: dict, counts: dict, h
     with _step("rotate", xp):
         Qs = xp.zeros((h, kn), order="F")            # rows of blockdiag(Q1, Q2), columns sorted
         if hL:
-            Qs[:hL, dev["posL"]] = L.Q[:, dev["srcL"]]
+            _copy_cols(Qs[:hL], dev["posL"], L.Q, dev["srcL"], xp)
         if hR:
-            Qs[hL:, dev["posR"]] = R.Q[:, dev["srcR"]]
+            _copy_cols(Qs[hL:], dev["posR"], R.Q, dev["srcR"], xp)
         L.Q = R.Q = None
         _rotate(Qs, plan.rots, xp, staged=tuple(dev[q] for q in ("ra", "rb", "rc", "rs")))
-    QkL = Qs[:hL][:, dev["keepL"]] if hL and counts["nL"] else None
-    QkR = Qs[hL:][:, dev["keepR"]] if hR and counts["nR"] else None
-    G = Qs[:, dev["gone"]] if counts["ngone"] else None
-    del Qs
+    QkL = _copy_cols(None, None, Qs[:hL], dev["keepL"], xp) if hL and counts["nL"] else None
+    QkR = _copy_cols(None, None, Qs[hL:], dev["keepR"], xp) if hR and counts["nR"] else None
+    G = _copy_cols(None, None, Qs, dev["gone"], xp) if counts["ngone"] else None
+    del Qs                                           # before Z: the two are never held at once
     Z = xp.empty((h, kn), order="F")
     if G is not None:
-        Z[:, dev["cols"][plan.k:]] = G
+        _copy_cols(Z, dev["cols"][plan.k:], G, None, xp)
     return QkL, QkR, Z
 
 
