@@ -63,7 +63,7 @@ def main() -> int:
     cols = desc.local_cols(rank)
     # random local columns: the timing does not depend on the values (nor on symmetry)
     C = cp.asfortranarray(cp.random.default_rng(7 + rank).standard_normal((n, cols.size)))
-    stream = kept_streams("sytrd")[0]  # the solver's capture stream (the legacy stream cannot be captured)
+    stream = kept_streams("sytrd", priority="high")[0]  # the solver's capture stream (the legacy stream cannot be captured)
     rows = []
     for product in opts.symv.split(";"):
         st = _Step(C, desc, rank, defines=symv_defines(product.strip()))

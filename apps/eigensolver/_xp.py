@@ -38,15 +38,18 @@ def raw_module(filename: str, defines: tuple[str, ...] = ()):
 _kept_streams: dict = {}   # (purpose, CUDA device) -> its non-blocking streams
 
 
-def kept_streams(purpose: str, count: int = 1) -> list:
+def kept_streams(purpose: str, count: int = 1, priority: str = "default") -> list:
     """`count` non-blocking CuPy streams of this device for `purpose`, created once and kept
-    (the tridiagonalization's capture stream, the divide and conquer's leaf streams)."""
+    (the tridiagonalization's capture stream, the divide and conquer's leaf streams); priority
+    "high": the device's highest stream priority (its blocks are scheduled before those of
+    default-priority streams when both wait for an SM)."""
     import cupy
 
-    key = (purpose, cupy.cuda.Device().id)
+    key = (purpose, cupy.cuda.Device().id, priority)
     streams = _kept_streams.get(key)
     if streams is None or len(streams) != count:
-        streams = _kept_streams[key] = [cupy.cuda.Stream(non_blocking=True) for _ in range(count)]
+        level = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1] if priority == "high" else None
+        streams = _kept_streams[key] = [cupy.cuda.Stream(non_blocking=True, priority=level) for _ in range(count)]
     return streams
 
 

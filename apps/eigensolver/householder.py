@@ -38,18 +38,24 @@ def ormtr_block(device: bool) -> int:
     return ORMTR_BLOCK_DEVICE if device else ORMTR_BLOCK
 
 
-def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto"):
+def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto", notify=()):
     """Tridiagonalize the distributed symmetric C (its lower triangle): C = Q T Q^T.  Returns
     d, e (T's diagonals) and tau (the reflectors' scalars), replicated; C's columns then hold
     the reflectors (see the module doc).  mode: sytrd_device.mode_for's choice on the GPU
-    ("auto", "fused", "graph", "eager", "ops"); the host always runs the array operations."""
+    ("auto", "fused", "graph", "eager", "ops"); the host always runs the array operations.
+    notify: [(rows, fn)], each fn(d, e) called once T's first `rows` rows are final (d and e
+    hold them; later rows unspecified): on the GPU from the host loop while the device
+    reduces the remaining columns (sytrd_device), elsewhere at the end."""
     if is_device(xp):
         from . import sytrd_device
 
         mode = sytrd_device.mode_for(comm, desc.n, mode)
         if mode != "ops":
-            return sytrd_device.sytrd_device(C, desc, comm, mode)
-    return sytrd_ops(C, desc, comm, xp)
+            return sytrd_device.sytrd_device(C, desc, comm, mode, notify=notify)
+    d, e, tau = sytrd_ops(C, desc, comm, xp)
+    for _, fn in sorted(notify, key=lambda hook: hook[0]):
+        fn(d, e)
+    return d, e, tau
 
 
 def sytrd_ops(C, desc: BlockCyclic, comm, xp):

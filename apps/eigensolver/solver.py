@@ -40,6 +40,7 @@ from . import householder
 from .layout import BlockCyclic, column_order, rows_to_columns
 from .sytrd_device import MODES
 from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst, sygst_desc
+from .tridiag_dc import Early
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
@@ -74,9 +75,13 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         if tuple(a.shape) != shape:
             raise ValueError(f"sygvd: {name} has shape {tuple(a.shape)}, rank {rank} owns {shape}")
     timer = timer if timer is not None else PhaseTimer(xp, comm)
-    d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd)
+    # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
+    # it reduces the rest (tridiag_dc.Early; on the GPU they overlap sytrd's last columns)
+    early = Early(desc.n, xp) if where == "dc" and eigvecs and size == 1 else None
+    d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
+                                     early.hooks if early else ())
     with timer.phase("stedc"):
-        w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where)
+        w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where, early.solved if early else None)
     if not eigvecs:
         return w, None
     with timer.phase("ormtr"):
@@ -87,10 +92,12 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     return w, Z
 
 
-def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto"):
+def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto",
+                   notify=()):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local.
     Returns (d, e, tau, V, L): T's diagonals and the reflectors' scalars (replicated), the local
-    columns holding the reflectors and those of the Cholesky factor."""
+    columns holding the reflectors and those of the Cholesky factor.  notify: sytrd's
+    [(rows, fn)], fn(d, e) called once T's first `rows` rows are final (householder.sytrd)."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("potrf"):
@@ -100,7 +107,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTi
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
-        d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd)
+        d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
 
 
@@ -113,9 +120,10 @@ def stedc_choice(where: str, device: bool) -> str:
     return "dc" if where == "auto" else where
 
 
-def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str):
+def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=None):
     """w (replicated) and the owned columns of Z (F order; None without eigvecs) for
-    T = Z diag(w) Z^T, T = (d, e) replicated."""
+    T = Z diag(w) Z^T, T = (d, e) replicated; early: the divide and conquer's subtrees solved
+    already (tridiag_dc.Early.solved)."""
     n, rank = desc.n, comm.Get_rank()
     if not eigvecs:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
         w = xp.empty(n, dtype=xp.float64)
@@ -131,7 +139,7 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str):
     if where == "dc":
         from .tridiag_dc import stedc_rows
 
-        res = stedc_rows(d, e, comm, xp, place=place)
+        res = stedc_rows(d, e, comm, xp, place=place, early=early)
         return res.w, rows_to_columns(res.take_rows(), res.row_starts, desc, comm)
     w = xp.empty(n, dtype=xp.float64)
     parts = []

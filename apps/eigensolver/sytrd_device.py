@@ -304,16 +304,20 @@ def resident_grid(func, threads: int) -> int:
     return sms * max(1, per)
 
 
-def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple[str, ...] = ()):
+def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple[str, ...] = (), notify=()):
     """d, e, tau of C = Q T Q^T (as householder.sytrd_ops returns them); C (CuPy, F order, its
     lower triangle read) is overwritten, its panels' columns by their reflectors.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
     CountingComm, whose `uncounted` communicator is captured (the collectives are then recorded
     in bulk, timed from a graph of the two collectives alone; fused transfers are recorded with
     no time: they happen inside the kernels).
 
-    Runs on a stream of its own (the legacy default stream cannot be captured), ordered after
-    the caller's stream and synchronized at the end (one host sync per call).  `defines`:
-    sytrd_symv's compile-time variant (symv_defines), for tests and benches."""
+    Runs on a stream of its own (the legacy default stream cannot be captured; the device's
+    highest priority, so that work the caller queues meanwhile fills only the SMs the column
+    steps leave idle), ordered after the caller's stream and synchronized at the end (one host
+    sync per call).  `defines`: sytrd_symv's compile-time variant (symv_defines), for tests
+    and benches.  notify: [(rows, fn)], fn(d, e) called on the caller's stream, from this
+    host loop, once the device has finished T's first `rows` rows (an event after the panel
+    that ends them, polled after each panel is queued and waited for after the last)."""
     import cupy as cp
 
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
@@ -322,8 +326,18 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
     outer = cp.cuda.get_current_stream()
-    stream = kept_streams("sytrd")[0]   # the legacy default stream cannot be captured
+    stream = kept_streams("sytrd", priority="high")[0]   # the legacy default stream cannot be captured
     stream.wait_event(outer.record())
+    pending = sorted(notify, key=lambda hook: hook[0])
+    marks = []   # (event after the panel that finishes the rows, fn)
+
+    def called(wait: bool) -> None:
+        while marks and (wait or marks[0][0].done):
+            ev, fn = marks.pop(0)
+            ev.synchronize()
+            with outer:
+                fn(st.d, st.e[:max(n - 1, 0)])
+
     with stream:
         graphs = _capture(st, inner, desc, panels, stream) if mode in ("graph", "fused") else None
         for p0, p1 in panels:
@@ -333,7 +347,10 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple
                     st.column(desc.owner(p0), comm)
             else:
                 graphs[(desc.owner(p0), p1 - p0)].launch(stream=stream)
+            while pending and pending[0][0] <= p1:
+                marks.append((stream.record(), pending.pop(0)[1]))
             st.end_panel(p0, p1)
+            called(wait=False)
         if fused is not None and hasattr(comm, "record"):
             comm.record("Bcast (fused into sytrd_col)", st.bb.nbytes, n, 0.0, estimated=True)
             comm.record("Allreduce (fused into sytrd_symv)", st.y.nbytes, n, 0.0, estimated=True)
@@ -341,6 +358,7 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple
             per = _collective_seconds(st, inner, stream)
             comm.record("Bcast", st.bb.nbytes, n, per["Bcast"] * n, estimated=True)
             comm.record("Allreduce", st.y.nbytes, n, per["Allreduce"] * n, estimated=True)
+    called(wait=True)
     stream.synchronize()
     if fused is not None:
         try:

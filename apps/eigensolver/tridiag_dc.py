@@ -209,14 +209,16 @@ class _Node:
     Q: object         # this rank's rows of the eigenvectors, rows [max(a, r0), min(b, r1)), or None
 
 
-def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Rows:
+def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None, early=None) -> Rows:
     """Every eigenvalue, and this rank's block of rows of the eigenvectors, of the symmetric
     tridiagonal T = (d, e) (the same d, e on every rank); see the module doc.
 
     comm: an hpccoll Communicator, or None for this process alone (then the rows are all of Z).
     leaf: rows per leaf (default LEAF on the host, LEAF_DEVICE on the GPU; at most n / P, so
     that every rank has a leaf).  place: a permutation of range(n), the column of `rows`
-    that receives the eigenvector of w[p] (default: p)."""
+    that receives the eigenvector of w[p] (default: p).  early (one rank only): {(a, b): (w, Q)},
+    subtrees of the merge tree already solved by solve_range (early_ranges names them), which
+    join the tree at their level instead of being solved again."""
     team = _Team(comm, xp)
     d, e, scale = _checked_and_scale(d, e, xp)
     n = int(d.shape[0])
@@ -230,22 +232,31 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
     row_starts = [bounds[i] for i in first]
     r0, r1 = row_starts[team.rank], row_starts[team.rank + 1]
     mine = range(first[team.rank], first[team.rank + 1])
-    nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1)]
-    if r1 > r0:
+    joining = _early_nodes(early or {}, bounds, scale, team.size, xp)   # {level: [node]}
+    covered = [any(a <= bounds[i] < b for a, b in (early or {})) for i in range(len(bounds) - 1)]
+    nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1) if not covered[i]]
+    at = {node.a: node for node in nodes}
+    for run in _runs([i for i in mine if not covered[i]]):      # consecutive leaves to solve
+        a, b = bounds[run[0]], bounds[run[-1] + 1]
         with _step("leaves", xp):
-            pieces = _leaves(dt[r0:r1], et[r0:max(r1 - 1, r0)], [bounds[i] - r0 for i in range(mine.start, mine.stop + 1)],
-                             xp)
-        for i, (_, Q), w in zip(mine, pieces, _to_host_each([w for w, _ in pieces], xp)):
-            nodes[i].w, nodes[i].Q = w, Q
+            pieces = _leaves(dt[a:b], et[a:max(b - 1, a)], [bounds[i] - a for i in run] + [b - a], xp)
+        for i, (_, Q), w in zip(run, pieces, _to_host_each([w for w, _ in pieces], xp)):
+            at[bounds[i]].w, at[bounds[i]].Q = w, Q
     place = np.arange(n) if place is None else np.asarray(place)
     shared = False       # are the leaves' eigenvalues known to every rank yet?
-    while len(nodes) > 1 or not shared:
+    level = 0
+    while len(nodes) > 1 or not shared or joining:
+        nodes = sorted(nodes + joining.pop(level, []), key=lambda node: node.a)
         pairs = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
         zs = _share_level(team, nodes, pairs, n, r0, r1, shared, xp)
         shared = True
+        level += 1
         if not pairs:
+            if joining:
+                continue
             break
-        merged = _merge_level(team, pairs, zs, tears, r0, r1, place if len(nodes) == 2 else None, xp)
+        last = len(nodes) == 2 and not joining                # the root's merge: columns in place
+        merged = _merge_level(team, pairs, zs, tears, r0, r1, place if last else None, xp)
         nodes = merged + ([nodes[-1]] if len(nodes) % 2 else [])
     top = nodes[0]
     Z = top.Q
@@ -254,6 +265,113 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None) -> Row
     if Z is None:
         Z = xp.zeros((0, n), order="F")
     return Rows(xp.asarray(top.w * scale), row_starts, Z)
+
+
+# One rank can start the divide and conquer before T is whole: the tridiagonalization finishes
+# T's rows in order, so a subtree of the merge tree whose rows [a, b) are done can be solved
+# while the rest of T is still being reduced (solver.sygvd, from sytrd's host loop while the GPU
+# works on the last columns), and joins the tree at its level.  The subtrees are the left
+# children along the path from the root to the last leaf, [0, n/2), [n/2, 3n/4), ... for 2^k
+# leaves: whole subtrees before the last leaf, each finished once T's rows up to its end are.
+# EARLY_LEAVES: the fewest leaves of a subtree solved early (0: none early).
+EARLY_LEAVES = 2
+
+
+def merge_tree(bounds) -> list:
+    """The nodes (a, b) that enter each level of stedc_rows's merges, for leaf bounds `bounds`:
+    pairs left to right, an odd last node passed up to the next level."""
+    level = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    levels = [level]
+    while len(level) > 1:
+        up = [(level[i][0], level[i + 1][1]) for i in range(0, len(level) - 1, 2)]
+        level = up + ([level[-1]] if len(level) % 2 else [])
+        levels.append(level)
+    return levels
+
+
+def early_ranges(n: int, *, device: bool, leaf: int | None = None, min_leaves: int | None = None) -> list:
+    """The subtrees [a, b) of a one-rank stedc_rows that can be solved before T is whole (the
+    comment above EARLY_LEAVES), in the order T's rows complete them; those of at least
+    min_leaves leaves (default EARLY_LEAVES; 0: none)."""
+    min_leaves = EARLY_LEAVES if min_leaves is None else min_leaves
+    if n < 2 or min_leaves <= 0:
+        return []
+    leaf = _leaf_size(leaf, None if device else np, n, 1)
+    levels = merge_tree(tuple(range(0, n, leaf)) + (n,))
+    out, node = [], levels[-1][0]
+    for below in reversed(levels[:-1]):
+        if node in below:                           # passed up unmerged at this level
+            continue
+        i = next(i for i, x in enumerate(below) if x[0] == node[0])
+        left, node = below[i], below[i + 1]
+        if (left[1] - left[0]) // leaf >= min_leaves:
+            out.append(left)
+    return out
+
+
+def solve_range(d, e, a: int, b: int, xp=np, leaf: int | None = None):
+    """(w, Q) of rows [a, b) of T = (d, e) torn from its neighbours as stedc_rows tears it (the
+    couplings' |e| subtracted from the end rows): a subtree for stedc_rows(early=...).  w is in
+    T's units (stedc_rows scales it with the whole T); Q is (b - a) x (b - a)."""
+    n = int(d.shape[0])
+    if not 0 <= a < b <= n:
+        raise ValueError(f"solve_range: rows [{a}, {b}) are not inside T's {n}")
+    dd = xp.array(d[a:b], dtype=xp.float64, copy=True)
+    if a > 0:
+        dd[0] -= abs(e[a - 1])
+    if b < n:
+        dd[-1] -= abs(e[b - 1])
+    return eigh_tridiagonal_dc(dd, e[a:b - 1], xp, leaf=leaf)
+
+
+class Early:
+    """The early subtrees of one one-rank solve of order n: `hooks` for the tridiagonalization,
+    [(rows, fn)] with fn(d, e) to be called once T's first `rows` rows are final (d and e
+    below `rows`), each solving its subtree on the caller's stream; `solved` then goes to
+    stedc_rows(early=...)."""
+
+    def __init__(self, n: int, xp, leaf: int | None = None):
+        self.xp, self.leaf, self.solved = xp, leaf, {}
+        ranges = early_ranges(n, device=xp is not np, leaf=leaf)
+        self.hooks = [(b, self._solver(a, b)) for a, b in ranges]
+
+    def _solver(self, a: int, b: int):
+        def solve(d, e):
+            self.solved[(a, b)] = solve_range(d, e, a, b, self.xp, self.leaf)
+        return solve
+
+
+def _early_nodes(early: dict, bounds, scale: float, nranks: int, xp) -> dict:
+    """{level: [node]} of the solved subtrees `early` ({(a, b): (w, Q)}), each at the level of
+    stedc_rows's loop where its range enters (merge_tree), w scaled like the rest of T."""
+    if not early:
+        return {}
+    if nranks != 1:
+        raise ValueError("stedc_rows: early subtrees are for one rank (a rank holds all rows of one)")
+    levels = merge_tree(bounds)
+    out: dict = {}
+    for (a, b), (w, Q) in sorted(early.items()):
+        level = next((k for k, nodes in enumerate(levels) if (a, b) in nodes), None)
+        if level is None or level == len(levels) - 1:
+            raise ValueError(f"stedc_rows: rows [{a}, {b}) are not a subtree below the root of this merge tree")
+        if tuple(Q.shape) != (b - a, b - a):
+            raise ValueError(f"stedc_rows: the eigenvectors of rows [{a}, {b}) are {tuple(Q.shape)}")
+        out.setdefault(level, []).append(_Node(a, b, np.asarray(to_host(w), dtype=np.float64) / scale, Q))
+    spans = sorted((node.a, node.b) for nodes in out.values() for node in nodes)
+    if any(b0 > a1 for (_, b0), (a1, _) in zip(spans, spans[1:])):
+        raise ValueError("stedc_rows: early subtrees overlap")
+    return out
+
+
+def _runs(items: list) -> list:
+    """Consecutive runs of the ascending integers `items`: [[3, 4, 5], [8, 9]]."""
+    runs = []
+    for i in items:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def _placed(Z, place, xp):

@@ -54,8 +54,25 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     cp.concatenate([cp.zeros(4) for _ in range(9)])
     # a 32-bit pattern fill, as hpccoll's CUDA communicator arms its buffers when it opens
     cp.empty(64, dtype=cp.uint32).fill(0xFFFAFFFA)
+    warm_ranks()
     warm_gemms()
     cp.cuda.get_current_stream().synchronize()
+
+
+def warm_ranks(n: int = 300, w: int = 8) -> None:
+    """The kernels of the several-rank branches that the one-rank solve above does not take
+    (bench/late_builds.py at two ranks listed them): potrf's panel Cholesky, a small
+    cuSOLVER potrf whose result CuPy masks to its lower triangle, and ormtr's reflector block
+    masked by the live reflectors (a column-major block times a boolean row)."""
+    import cupy as cp
+
+    from ._xp import potrf
+
+    B = cp.asfortranarray(cp.eye(n) * 2.0)
+    potrf(cp, B[n - w:, n - w:])
+    Vb = cp.zeros((n, w), dtype=cp.float64, order="F")
+    lives = cp.arange(2 * w) != 0
+    Vb *= lives[w:][None, :]
 
 
 def warm_gemms(m: int = 4096, cols: int = 1024) -> None:

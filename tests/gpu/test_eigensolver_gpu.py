@@ -612,3 +612,49 @@ def test_gpu_dc_vectors_kernel_matches_the_expression(k, cols):
     np.testing.assert_allclose(np.linalg.norm(U, axis=0), 1.0, rtol=1e-14)
     none, UR2 = tridiag_dc._u_rows(dx, zhat, origin, tau, c0, c0 + cols, None, cp.asarray(rR), cp)
     assert none is None and cp.array_equal(UR2, UR)
+
+
+@pytest.mark.parametrize("n,nb", [(1100, 64), (2600, 64), (1900, 100)])
+def test_gpu_one_rank_early_subtrees_overlap_and_change_no_bit(self_comm, n, nb):
+    """One GPU rank solves the divide and conquer's early subtrees from sytrd's host loop, on the
+    caller's stream, while the high-priority sytrd stream still reduces the last columns: the
+    hooks are called before sytrd's last panel is done (they overlap it), and the solve has the
+    same bits as one that runs every hook after the tridiagonalization, as sygvd's own; accurate against SciPy;
+    fresh problem each run (odd n and a panel width that does not divide the leaves)."""
+    import cupy as cp
+    import numpy as np
+
+    from hpccoll_eigensolver import BlockCyclic, metrics
+    from hpccoll_eigensolver import sytrd_device as sd
+    from hpccoll_eigensolver.counting import PhaseTimer
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.solver import _stedc, tridiagonalize
+    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges
+
+    seed = int(np.random.SeedSequence().entropy % (1 << 30))
+    prob = make_problem("clustered", n, cond_b=1e3, seed=seed)
+    desc = BlockCyclic(n, n, nb, 1)
+    ranges = early_ranges(n, device=True)
+    assert ranges, n
+    A, B = (cp.asfortranarray(cp.asarray(x)) for x in (prob.A, prob.B))
+    early = Early(n, cp)
+    seen = []   # (rows, was sytrd's stream still busy when the hook ran)
+    stream = sd.kept_streams("sytrd", priority="high")[0]
+    hooks = [(rows, lambda d, e, fn=fn, rows=rows: (seen.append((rows, not stream.done)), fn(d, e)))
+             for rows, fn in early.hooks]
+    d, e, _, V, L = tridiagonalize(A, B, desc, self_comm, cp, PhaseTimer(cp, self_comm), "auto", hooks)
+    assert [r for r, _ in seen] == [b for _, b in ranges] and set(early.solved) == set(ranges)
+    if n - ranges[0][1] >= 500:   # ~10 ms of columns left after the first subtree's rows
+        assert seen[0][1], f"the first early subtree ran after sytrd had finished (seed {seed})"
+    w1, Z1 = _stedc(d, e, desc, self_comm, cp, True, "dc", early.solved)
+    late = Early(n, cp)
+    for _, fn in late.hooks:
+        fn(d, e)
+    w2, Z2 = _stedc(d, e, desc, self_comm, cp, True, "dc", late.solved)
+    assert w1.get().tobytes() == w2.get().tobytes() and Z1.get().tobytes() == Z2.get().tobytes(), seed
+    w, X, _ = _solve(self_comm, prob, nb)
+    assert w.get().tobytes() == w1.get().tobytes(), seed
+    w, X = w.get(), X.get()
+    assert metrics.eigenvalue_error(w, sl.eigh(prob.A, prob.B, eigvals_only=True)) < 1e-10, seed
+    assert metrics.residual(prob.A, prob.B, X, w) < 1.0, seed
+    assert metrics.b_orthogonality(prob.B, X) < 100, seed

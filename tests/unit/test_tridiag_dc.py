@@ -224,3 +224,101 @@ def test_deflation_equals_the_scan_bit_for_bit():
         assert Dg.tolist() == D2 and zg.tolist() == z2, trial
         chains += len(rots) > 1
     assert chains > 50   # the chains were exercised
+
+
+@pytest.mark.parametrize("n,leaf", [(2, 4), (64, 4), (65, 4), (300, 16), (517, 32), (1000, 64), (4096, 256), (10000, 256)])
+def test_early_ranges_are_subtrees_before_the_last_leaf(n, leaf):
+    """early_ranges: consecutive from row 0, each a node of merge_tree below the root with at
+    least EARLY_LEAVES leaves, none reaching the last leaf; the halves first for 2^k leaves."""
+    from hpccoll_eigensolver.tridiag_dc import EARLY_LEAVES, early_ranges, merge_tree
+
+    bounds = tuple(range(0, n, leaf)) + (n,)
+    levels = merge_tree(bounds)
+    assert levels[-1] == [(0, n)] and levels[0] == list(zip(bounds[:-1], bounds[1:]))
+    got = early_ranges(n, device=False, leaf=leaf)
+    nodes = {node for level in levels[:-1] for node in level}
+    assert all(r in nodes and r[1] <= bounds[-2] and (r[1] - r[0]) // leaf >= EARLY_LEAVES for r in got)
+    assert all(a == b for (_, a), (b, _) in zip([(0, 0)] + got, got))
+    if n % leaf == 0 and n // leaf in (16, 64):   # 2^k equal leaves: [0, n/2), [n/2, 3n/4), ...
+        assert got[:2] == [(0, n // 2), (n // 2, 3 * n // 4)]
+    assert early_ranges(n, device=False, leaf=leaf, min_leaves=0) == []
+
+
+@pytest.mark.parametrize("leaf", [4, 16])
+def test_early_subtrees_join_the_tree(leaf):
+    """stedc_rows(early=...) with every subset of early_ranges solved ahead by solve_range (the
+    one-rank solver's overlap with sytrd): the same accuracy against LAPACK as the plain solve,
+    eigenvalues within rounding of it, bitwise reproducible."""
+    from hpccoll_eigensolver.tridiag_dc import early_ranges, solve_range, stedc_rows
+
+    seed = _seed()
+    for name, (d, e) in _matrices(np.random.default_rng(seed)).items():
+        n = d.size
+        ranges = early_ranges(n, device=False, leaf=leaf, min_leaves=1)
+        T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
+        nt = max(np.abs(d).max(), np.abs(e).max())
+        w0, _ = eigh_tridiagonal_dc(d, e, leaf=leaf)
+        for subset in (ranges, ranges[:1], ranges[1::2]):
+            msg = f"{name} n={n} leaf={leaf} early={subset} seed={seed}"
+            runs = []
+            for _ in range(2):
+                early = {r: solve_range(d, e, *r, leaf=leaf) for r in subset}
+                res = stedc_rows(d, e, None, np, leaf=leaf, early=early)
+                runs.append((res.w, res.take_rows()))
+            (w, Z), (w2, Z2) = runs
+            assert w.tobytes() == w2.tobytes() and Z.tobytes() == Z2.tobytes(), msg
+            assert np.all(np.diff(w) >= 0), msg
+            assert np.abs(w - w0).max() <= 10 * n * EPS * nt, msg
+            assert np.linalg.norm(Z.T @ Z - np.eye(n)) <= 10 * n * EPS, msg
+            assert np.linalg.norm(T @ Z - Z * w) <= 50 * n * EPS * nt, msg
+
+
+def test_early_subtrees_bad_input():
+    """Early subtrees that are not subtrees, overlap, have the wrong shape, or come with
+    several ranks are refused by name; solve_range checks its rows."""
+    from hpccoll_eigensolver.tridiag_dc import _early_nodes, solve_range, stedc_rows
+
+    rng = np.random.default_rng(_seed())
+    d, e = rng.standard_normal(64), rng.standard_normal(63)
+    ok = solve_range(d, e, 0, 32, leaf=8)
+    with pytest.raises(ValueError, match=r"\[0, 24\) are not a subtree"):
+        stedc_rows(d, e, None, np, leaf=8, early={(0, 24): solve_range(d, e, 0, 24, leaf=8)})
+    with pytest.raises(ValueError, match=r"\[0, 64\) are not a subtree below the root"):
+        stedc_rows(d, e, None, np, leaf=8, early={(0, 64): solve_range(d, e, 0, 64, leaf=8)})
+    with pytest.raises(ValueError, match="overlap"):
+        stedc_rows(d, e, None, np, leaf=8, early={(0, 32): ok, (0, 16): solve_range(d, e, 0, 16, leaf=8)})
+    with pytest.raises(ValueError, match=r"eigenvectors of rows \[0, 32\) are \(16, 16\)"):
+        stedc_rows(d, e, None, np, leaf=8, early={(0, 32): solve_range(d, e, 0, 16, leaf=8)})
+    with pytest.raises(ValueError, match="one rank"):
+        _early_nodes({(0, 32): ok}, tuple(range(0, 65, 8)), 1.0, 2, np)
+    with pytest.raises(ValueError, match=r"rows \[40, 70\) are not inside T's 64"):
+        solve_range(d, e, 40, 70)
+
+
+def test_solver_early_subtrees_are_scheduling_only():
+    """sygvd on one rank solves the divide and conquer's early subtrees from sytrd's hooks: the
+    same bits as a solve that runs every hook after the tridiagonalization, and accurate."""
+    from hpccoll import Communicator
+    from hpccoll_eigensolver import BlockCyclic
+    from hpccoll_eigensolver.counting import PhaseTimer
+    from hpccoll_eigensolver.problems import make_problem
+    from hpccoll_eigensolver.solver import _stedc, sygvd, tridiagonalize
+    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges
+
+    rng = np.random.default_rng(_seed())
+    n, nb = int(rng.integers(300, 420)), int(rng.choice([16, 32]))
+    prob = make_problem("known", n, cond_b=1e3, seed=int(rng.integers(1 << 30)), xp=np)
+    A, B = np.asfortranarray(prob.A), np.asfortranarray(prob.B)
+    desc = BlockCyclic(n, n, nb, 1)
+    with Communicator(backend="host", deterministic=True) as comm:
+        w, X = sygvd(A, B, desc, comm)
+        early = Early(n, np)
+        assert early.hooks, "n >= 256 has early subtrees"
+        d, e, _, _, _ = tridiagonalize(A, B, desc, comm, np, PhaseTimer(np, comm))
+        for _, fn in early.hooks:
+            fn(d, e)
+        assert set(early.solved) == set(early_ranges(n, device=False))
+        w2, _ = _stedc(d, e, desc, comm, np, True, "dc", early.solved)
+    assert np.asarray(w).tobytes() == np.asarray(w2).tobytes()
+    ref = prob.eigenvalues
+    np.testing.assert_allclose(w, ref, rtol=0, atol=1e-11 * np.abs(ref).max())
