@@ -48,7 +48,7 @@ def kept_streams(purpose: str, count: int = 1, priority: str = "default") -> lis
     key = (purpose, cupy.cuda.Device().id, priority)
     streams = _kept_streams.get(key)
     if streams is None or len(streams) != count:
-        level = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1] if priority == "high" else None
+        level = -100 if priority == "high" else None   # CUDA clamps it to the device's highest
         streams = _kept_streams[key] = [cupy.cuda.Stream(non_blocking=True, priority=level) for _ in range(count)]
     return streams
 

@@ -640,6 +640,8 @@ def test_gpu_one_rank_early_subtrees_overlap_and_change_no_bit(self_comm, n, nb)
     early = Early(n, cp)
     seen = []   # (rows, was sytrd's stream still busy when the hook ran)
     stream = sd.kept_streams("sytrd", priority="high")[0]
+    lo, hi = cp.cuda.Stream(non_blocking=True).priority, stream.priority
+    assert hi < lo, (hi, lo)   # lower numbers are higher priorities
     hooks = [(rows, lambda d, e, fn=fn, rows=rows: (seen.append((rows, not stream.done)), fn(d, e)))
              for rows, fn in early.hooks]
     d, e, _, V, L = tridiagonalize(A, B, desc, self_comm, cp, PhaseTimer(cp, self_comm), "auto", hooks)
