@@ -7,6 +7,7 @@ holds the caller's A_local and B_local (2u) plus:
   potrf   B's copy (becoming L) (host: + one chunk's update product)  u   + panel
   sygst   L, C (host: + one chunk's update product)                   2u  + 2 panels
   sytrd   L, C (becoming the reflectors V)                            2u  + panel work (6 nb n)
+          (one rank: + the divide and conquer's early subtrees, ~u / 3)
   stedc   L, V, two copies of the rank's rows of the eigenvectors     2u + 2 h n + chunks
           (h = rows ~ n / P; the Alltoallv then holds sent and
           received shares, and the assembled columns: at most 2u)
@@ -43,7 +44,7 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     model = {
         "potrf": 2 * u + u + update + b * n,
         "sygst": 2 * u + 2 * u + update + 4 * bs * n,
-        "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n,
+        "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n + _early(n, nprocs, device),
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
         "ormtr": 2 * u + 3 * u + (n * bw + 2 * bw * w if device else n * (bw + householder.ORMTR_COLUMNS)),
         "trsm": 2 * u + 2 * u + b * n,
@@ -51,6 +52,14 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     out = {phase: 8 * int(v) for phase, v in model.items()}
     out["peak"] = max(out.values())
     return out
+
+
+def _early(n: int, nprocs: int, device: bool) -> int:
+    """One rank: the eigenvectors of the divide and conquer's early subtrees, solved during sytrd
+    (tridiag_dc.Early: about n^2 / 3 doubles in all, n^2/4 + n^2/16 + ...); several ranks: 0."""
+    from .tridiag_dc import early_ranges
+
+    return sum((b - a) ** 2 for a, b in early_ranges(n, device=device)) if nprocs == 1 else 0
 
 
 def _dc_rows(n: int, nprocs: int, rank: int, device: bool) -> int:

@@ -218,7 +218,8 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None, early=
     that every rank has a leaf).  place: a permutation of range(n), the column of `rows`
     that receives the eigenvector of w[p] (default: p).  early (one rank only): {(a, b): (w, Q)},
     subtrees of the merge tree already solved by solve_range (early_ranges names them), which
-    join the tree at their level instead of being solved again."""
+    join the tree at their level instead of being solved again; the dict is emptied (its
+    arrays are then freed as their merges finish)."""
     team = _Team(comm, xp)
     d, e, scale = _checked_and_scale(d, e, xp)
     n = int(d.shape[0])
@@ -232,8 +233,11 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None, early=
     row_starts = [bounds[i] for i in first]
     r0, r1 = row_starts[team.rank], row_starts[team.rank + 1]
     mine = range(first[team.rank], first[team.rank + 1])
+    spans = list(early or {})
     joining = _early_nodes(early or {}, bounds, scale, team.size, xp)   # {level: [node]}
-    covered = [any(a <= bounds[i] < b for a, b in (early or {})) for i in range(len(bounds) - 1)]
+    if early:
+        early.clear()     # the nodes hold the arrays now, and drop them once merged
+    covered = [any(a <= bounds[i] < b for a, b in spans) for i in range(len(bounds) - 1)]
     nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1) if not covered[i]]
     at = {node.a: node for node in nodes}
     for run in _runs([i for i in mine if not covered[i]]):      # consecutive leaves to solve
