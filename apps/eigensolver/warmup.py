@@ -22,8 +22,10 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     columns, symmetrization, input checks, sygvd, the distributed metrics and the column
     digests.  n is large enough for the branches a large one-rank solve takes, each of which
     compiles kernels of its own: sygst's panel loop past its first 1024-column panel, and for
-    the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one (a batch of
-    equal leaves, more than 8 arrays gathered at once: CuPy's single-kernel concatenation)."""
+    the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one, solved once
+    more as one whole tree (a batch of equal leaves, more than 8 rows gathered at once: CuPy's
+    single-kernel concatenation); then the several-rank branches' kernels (warm_ranks) and the
+    trailing updates' GEMMs."""
     import cupy as cp
     from mpi4py import MPI
 
@@ -49,9 +51,17 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
         metrics.distributed_accuracy(A, B, X, w, desc, comm)
     metrics.column_digests(X)
     metrics.sha256(w)
-    # more than 8 equal contiguous arrays: CuPy's same-size concatenation kernel (the leaves'
-    # eigenvalues when every leaf has LEAF_DEVICE rows; the solve above has a short one)
-    cp.concatenate([cp.zeros(4) for _ in range(9)])
+    if stedc == "dc":
+        # one divide and conquer of the whole tree of ten equal leaves and a short one: the
+        # solve above splits its tree (tridiag_dc.Early), so none of its solves gathers more
+        # than eight leaves' rows at once (CuPy's concatenation of more than eight strided rows,
+        # as the early subtrees of a large solve and every solve of several ranks do)
+        import numpy as np
+
+        from .tridiag_dc import eigh_tridiagonal_dc
+
+        rng = np.random.default_rng(1)
+        eigh_tridiagonal_dc(cp.asarray(rng.standard_normal(n)), cp.asarray(rng.standard_normal(n - 1)), cp)
     # a 32-bit pattern fill, as hpccoll's CUDA communicator arms its buffers when it opens
     cp.empty(64, dtype=cp.uint32).fill(0xFFFAFFFA)
     warm_ranks()
