@@ -43,8 +43,8 @@ def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto", notify=()):
     d, e (T's diagonals) and tau (the reflectors' scalars), replicated; C's columns then hold
     the reflectors (see the module doc).  mode: sytrd_device.mode_for's choice on the GPU
     ("auto", "fused", "graph", "eager", "ops"); the host always runs the array operations.
-    notify: [(rows, fn)], each fn(d, e) called once T's first `rows` rows are final (d and e
-    hold them; later rows unspecified): on the GPU from the host loop while the device
+    notify: [(rows, fn)], each fn(d, e) called once T's first `rows` rows are final (d[:rows]
+    and e[:rows]; later entries unspecified): on the GPU from the host loop while the device
     reduces the remaining columns (sytrd_device), elsewhere at the end."""
     if is_device(xp):
         from . import sytrd_device

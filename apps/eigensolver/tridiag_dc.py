@@ -330,8 +330,9 @@ def solve_range(d, e, a: int, b: int, xp=np, leaf: int | None = None):
 
 class Early:
     """The early subtrees of one one-rank solve of order n: `hooks` for the tridiagonalization,
-    [(rows, fn)] with fn(d, e) to be called once T's first `rows` rows are final (d and e
-    below `rows`), each solving its subtree on the caller's stream; `solved` then goes to
+    [(rows, fn)] with fn(d, e) to be called once T's first `rows` rows are final (d[:rows] and
+    e[:rows], the coupling to the next row included: the reduction of column rows - 1 gives
+    both), each solving its subtree on the caller's stream; `solved` then goes to
     stedc_rows(early=...)."""
 
     def __init__(self, n: int, xp, leaf: int | None = None):
