@@ -3,8 +3,9 @@ conquer's early subtrees set to another minimum size (tridiag_dc.EARLY_LEAVES; 0
 that stedc runs whole after sytrd), to time a one-rank solve with and without them in one job:
 
     mpiexec -n 1 python3 bench/early_dc.py 0 solve --n 8192 --comm sentinel --out DIR ...
+    mpiexec -n 1 python3 bench/early_dc.py 2@0.75 solve ...   # and EARLY_START = 0.75
 
-Give the variant its own --out directory (its results have the default's names)."""
+Give each variant its own --out directory (its results have the default's names)."""
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,11 @@ def main() -> int:
     from hpccoll_eigensolver import tridiag_dc
     from hpccoll_eigensolver.cli import main as cli_main
 
-    tridiag_dc.EARLY_LEAVES = int(sys.argv[1])
-    print(f"tridiag_dc.EARLY_LEAVES = {tridiag_dc.EARLY_LEAVES}", flush=True)
+    leaves, _, start = sys.argv[1].partition("@")
+    tridiag_dc.EARLY_LEAVES = int(leaves)
+    if start:
+        tridiag_dc.EARLY_START = float(start)
+    print(f"tridiag_dc.EARLY_LEAVES = {tridiag_dc.EARLY_LEAVES}, EARLY_START = {tridiag_dc.EARLY_START}", flush=True)
     return cli_main(sys.argv[2:])
 
 

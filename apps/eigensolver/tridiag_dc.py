@@ -277,8 +277,12 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None, early=
 # works on the last columns), and joins the tree at its level.  The subtrees are the left
 # children along the path from the root to the last leaf, [0, n/2), [n/2, 3n/4), ... for 2^k
 # leaves: whole subtrees before the last leaf, each finished once T's rows up to its end are.
-# EARLY_LEAVES: the fewest leaves of a subtree solved early (0: none early).
+# EARLY_LEAVES: the fewest leaves of a subtree solved early (0: none early).  EARLY_START: the
+# share of T's rows sytrd must have finished before any subtree is solved (0: each as soon as
+# its rows are done; later starts leave sytrd's bandwidth-bound columns to themselves, at the
+# risk of work left for after sytrd).
 EARLY_LEAVES = 2
+EARLY_START = 0.0
 
 
 def merge_tree(bounds) -> list:
@@ -338,7 +342,8 @@ class Early:
     def __init__(self, n: int, xp, leaf: int | None = None):
         self.xp, self.leaf, self.solved = xp, leaf, {}
         ranges = early_ranges(n, device=xp is not np, leaf=leaf)
-        self.hooks = [(b, self._solver(a, b)) for a, b in ranges]
+        start = min(n, math.ceil(EARLY_START * n))
+        self.hooks = [(max(b, start), self._solver(a, b)) for a, b in ranges]
 
     def _solver(self, a: int, b: int):
         def solve(d, e):

@@ -322,3 +322,28 @@ def test_solver_early_subtrees_are_scheduling_only():
     assert np.asarray(w).tobytes() == np.asarray(w2).tobytes()
     ref = prob.eigenvalues
     np.testing.assert_allclose(w, ref, rtol=0, atol=1e-11 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("start", [0.0, 0.3, 0.75, 1.0])
+def test_early_hooks_wait_for_the_start_share(monkeypatch, start):
+    """Early's hooks ask for a subtree's rows, and with EARLY_START for at least that share of
+    T's rows too (never more than n): the same subtrees, solved later, the same bits."""
+    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges, stedc_rows
+
+    rng = np.random.default_rng(_seed())
+    n = int(rng.integers(600, 1100))
+    d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
+    monkeypatch.setattr(tridiag_dc, "EARLY_START", start)
+    early = Early(n, np)
+    ranges = early_ranges(n, device=False)
+    assert [rows for rows, _ in early.hooks] == [min(n, max(b, int(np.ceil(start * n)))) for _, b in ranges]
+    for _, fn in early.hooks:
+        fn(d, e)
+    res = stedc_rows(d, e, None, np, early=early.solved)
+    monkeypatch.setattr(tridiag_dc, "EARLY_START", 0.0)
+    again = Early(n, np)
+    for _, fn in again.hooks:
+        fn(d, e)
+    res0 = stedc_rows(d, e, None, np, early=again.solved)
+    assert res.w.tobytes() == res0.w.tobytes() and res.take_rows().tobytes() == res0.take_rows().tobytes()
