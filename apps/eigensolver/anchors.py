@@ -72,20 +72,20 @@ def run_single_gpu(args) -> int:
     A0, B0 = prob.A, prob.B
     stream = cp.cuda.get_current_stream()
     meter = MemoryMeter(cp, trace=False)
+
+    def step(name, fn):   # one phase, timed between two syncs into this run's `phases`
+        stream.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        stream.synchronize()
+        phases[name] = time.perf_counter() - t0
+        return out
+
     for r in range(args.repeat):
         phases = {}
         meter.start()
         with GcPauses() as pauses:
             t_all = time.perf_counter()
-
-            def step(name, fn):
-                stream.synchronize()
-                t0 = time.perf_counter()
-                out = fn()
-                stream.synchronize()
-                phases[name] = time.perf_counter() - t0
-                return out
-
             L = step("potrf", lambda: cp.linalg.cholesky(B0))
             C = step("sygst", lambda: _sym(solve_triangular(L, solve_triangular(L, A0, lower=True).T, lower=True)))
             w, Z = step("syevd", lambda: cp.linalg.eigh(C))

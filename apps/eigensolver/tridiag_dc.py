@@ -233,10 +233,10 @@ def stedc_rows(d, e, comm, xp=np, *, leaf: int | None = None, place=None, early=
     row_starts = [bounds[i] for i in first]
     r0, r1 = row_starts[team.rank], row_starts[team.rank + 1]
     mine = range(first[team.rank], first[team.rank + 1])
-    spans = list(early or {})
     joining = _early_nodes(early or {}, bounds, scale, team.size, xp)   # {level: [node]}
     if early:
         early.clear()     # the nodes hold the arrays now, and drop them once merged
+    spans = [(node.a, node.b) for nodes in joining.values() for node in nodes]
     covered = [any(a <= bounds[i] < b for a, b in spans) for i in range(len(bounds) - 1)]
     nodes = [_Node(bounds[i], bounds[i + 1], None, None) for i in range(len(bounds) - 1) if not covered[i]]
     at = {node.a: node for node in nodes}
