@@ -193,6 +193,15 @@ __device__ __forceinline__ double sumParts(const double* part, int nparts, doubl
   return blockSum(s, sh);
 }
 
+// A deferred column's al (-t/2 times its w.v, t = bb[1]) from its sytrd_w's partial dots, summed
+// in sumParts' fixed order as that kernel's last block would have; block 0 stores it at *slot.
+__device__ __forceinline__ double deferredAl(const double* bb, const double* wpart, int nparts, double* sh,
+                                             double* slot) {
+  const double a = -0.5 * bb[1] * sumParts(wpart, nparts, sh);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *slot = a;
+  return a;
+}
+
 // sum over i in [j + 1, n) of x[i] v[i], this thread's share (i = v.j + 1 +
 // threadIdx.x + m blockDim) with 8 independent partial sums, added in a fixed order: the
 // loads of 8 iterations are in flight together (one running sum made each load wait for the
@@ -338,8 +347,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
   // Deferred: the previous column's al[k - 1] from its sytrd_w's partial dots (same grid), as
   // that kernel's last block had it; block 0 stores it for the later kernels.
   const bool prev = defer && k > 0;
-  const double alPrev = prev ? -0.5 * bb[1] * sumParts(wpart, gridDim.x, sh) : 0.0;
-  if (prev && blockIdx.x == 0 && threadIdx.x == 0) al[k - 1] = alPrev;
+  const double alPrev = prev ? deferredAl(bb, wpart, gridDim.x, sh, al + k - 1) : 0.0;
   double c = 0.0;
   if (row) {
 #pragma unroll 4
@@ -817,8 +825,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_wfix(i64 n, double* P, i
                                                              int defer, const double* bb, const double* wpart,
                                                              int wparts) {
   __shared__ double sh[TPB];
-  const double alLast = defer && width > 0 ? -0.5 * bb[1] * sumParts(wpart, wparts, sh) : 0.0;
-  if (defer && width > 0 && blockIdx.x == 0 && threadIdx.x == 0) al[width - 1] = alLast;
+  const double alLast = defer && width > 0 ? deferredAl(bb, wpart, wparts, sh, al + width - 1) : 0.0;
   for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < n * width; t += (i64)gridDim.x * blockDim.x) {
     const i64 r = t % n, q = t / n;
     P[r + (nb + q) * n] = wAtWith(P, n, nb, defer && q == width - 1 ? alLast : al[q], r, q);
