@@ -5,7 +5,8 @@ that stedc runs whole after sytrd), to time a one-rank solve with and without th
     mpiexec -n 1 python3 bench/early_dc.py 0 solve --n 8192 --comm sentinel --out DIR ...
     mpiexec -n 1 python3 bench/early_dc.py 2@0.75 solve ...   # and EARLY_START = 0.75
 
-Give each variant its own --out directory (its results have the default's names)."""
+The runs record the minimum (config.dc_early_leaves: it changes the bits); EARLY_START only
+moves when the subtrees run, so give each start its own --out directory (same names)."""
 from __future__ import annotations
 
 import sys

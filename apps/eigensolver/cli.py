@@ -196,6 +196,13 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     problem_identity, problem_digest = ctl.bcast((spec.identity(device), spec.digest(device)) if rank == 0
                                                  else None, root=0)
     identity = config_identity(args, problem_digest, size, args.comm, device)
+    from . import tridiag_dc
+    from .solver import stedc_choice
+
+    if size == 1 and stedc_choice(args.stedc, device == "gpu") == "dc":
+        # one rank solves the divide and conquer's subtrees of at least this many leaves apart
+        # (each scaled by its own |T|): a different minimum gives other bits
+        identity["dc_early_leaves"] = tridiag_dc.EARLY_LEAVES
     digest = config_digest(identity)
     stems = [run_stem(args, n, size, args.comm, r, digest) for r in range(args.repeat)]
     agree(ctl, lambda: refuse_overwrite(args.out, stems, args.overwrite) if rank == 0 else None, "results",

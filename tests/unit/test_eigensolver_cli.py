@@ -314,6 +314,34 @@ def test_solve_json_defines_its_metrics_and_records_blas_and_memory(tmp_path, ra
     assert rec["eigenvectors_sha256"] == json.loads(runs[1].read_text())["eigenvectors_sha256"]
 
 
+def test_one_rank_runs_name_their_early_subtrees(tmp_path):
+    """At one rank the divide and conquer's early subtrees (each scaled by its own |T|) change
+    the bits, so their minimum size is part of the configuration: a run without them gets its
+    own files and its own row in the report instead of a false 'distinct digests'."""
+    out = tmp_path / "runs"
+    common = ("solve", "--n", 300, "--nb", 32, "--comm", "mpi", "--out", out, "--repeat", 2)
+    tool = [sys.executable, str(REPO / "bench" / "early_dc.py")]
+    for leaves in (0, 2):
+        proc = subprocess.run([_mpiexec(), "-n", "1", *tool, str(leaves), *map(str, common)], capture_output=True,
+                              text=True, timeout=HANG_TIMEOUT, env=_env())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = [json.loads(p.read_text()) for p in _runs(out)]
+    assert len(recs) == 4
+    by_leaves = {}
+    for rec in recs:
+        by_leaves.setdefault(rec["config"]["dc_early_leaves"], set()).add(rec["eigenvalues_sha256"])
+    assert sorted(by_leaves) == [0, 2]
+    assert all(len(d) == 1 for d in by_leaves.values()), by_leaves
+    assert by_leaves[0] != by_leaves[2], "the early subtrees no longer change the bits: drop the field"
+    build_report(str(out))
+    rep = json.loads((out / "report.json").read_text())
+    assert len(rep["configurations"]) == 2
+    # more ranks: no early subtrees, no field
+    proc = run_cli("solve", "--n", 40, "--nb", 8, "--comm", "mpi", "--out", tmp_path / "p2", ranks=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dc_early_leaves" not in json.loads(_runs(tmp_path / "p2")[0].read_text())["config"]
+
+
 def test_same_problem_and_solution_bits_on_2_and_3_ranks(tmp_path):
     """The generated problem is identical on any number of ranks (its digest and the
     eigenvalues' bits agree up to the rank-count-dependent solve)."""
