@@ -5,8 +5,8 @@ its deflation, and any wait, such as a kernel's first load):
 
     mpiexec -n 1 python3 bench/early_hook_times.py solve --n 8192 --comm sentinel --repeat 3 ...
 
-prints `[early] rows [a, b): host S s` before each run's line; with --warm-early no, the CLI's
-warm_up leaves the early subtrees' kernels out (as before warm_early), for comparison."""
+prints `[early] rows [a, b): host S s` before each run's line (the first lines are warm_up's own
+small solve)."""
 from __future__ import annotations
 
 import sys
@@ -14,15 +14,9 @@ import time
 
 
 def main() -> int:
-    from hpccoll_eigensolver import tridiag_dc, warmup
+    from hpccoll_eigensolver import tridiag_dc
     from hpccoll_eigensolver.cli import main as cli_main
 
-    argv = sys.argv[1:]
-    if "--warm-early" in argv:
-        i = argv.index("--warm-early")
-        if argv[i + 1] == "no":
-            warmup.warm_early = lambda n: None
-        del argv[i:i + 2]
     made = tridiag_dc.Early._solver
 
     def timed_solver(self, a: int, b: int):
@@ -35,7 +29,7 @@ def main() -> int:
         return timed
 
     tridiag_dc.Early._solver = timed_solver
-    return cli_main(argv)
+    return cli_main(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -135,10 +135,8 @@ def cmd_solve(args) -> int:
     if device == "gpu":
         from .warmup import warm_up
 
-        # compile CuPy's kernels before the communicator opens (the solver the solve will use;
-        # at one rank the early subtrees' kernels at the solve's size)
-        warm_up(nb=args.nb, stedc=stedc_choice(args.stedc, device=True),
-                n=args.n if world.Get_size() == 1 else None)
+        # compile CuPy's kernels before the communicator opens (the solver the solve will use)
+        warm_up(nb=args.nb, stedc=stedc_choice(args.stedc, device=True))
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:

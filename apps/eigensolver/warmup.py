@@ -17,7 +17,7 @@ def local_comm():
     return Communicator(MPI.COMM_SELF, backend="host", deterministic=True)
 
 
-def warm_up(nb: int = 8, stedc: str = "auto", n: int | None = None) -> None:
+def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     """Build and solve a small known problem on this rank's GPU the way `solve` does: problem
     columns, symmetrization, input checks, sygvd, the distributed metrics and the column
     digests.  n is large enough for the branches a large one-rank solve takes, each of which
@@ -25,8 +25,7 @@ def warm_up(nb: int = 8, stedc: str = "auto", n: int | None = None) -> None:
     the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one, solved once
     more as one whole tree (a batch of equal leaves, more than 8 rows gathered at once: CuPy's
     single-kernel concatenation); then the several-rank branches' kernels (warm_ranks) and the
-    trailing updates' GEMMs.  n: the order of the one-rank solves to come, if any: their largest
-    early subtree's kernels too (warm_early)."""
+    trailing updates' GEMMs."""
     import cupy as cp
     from mpi4py import MPI
 
@@ -70,29 +69,7 @@ def warm_up(nb: int = 8, stedc: str = "auto", n: int | None = None) -> None:
     cp.empty(64, dtype=cp.uint32).fill(0xFFFAFFFA)
     warm_ranks()
     warm_gemms()
-    if stedc == "dc" and n is not None:
-        warm_early(n)
     cp.cuda.get_current_stream().synchronize()
-
-
-def warm_early(n: int) -> None:
-    """The largest early subtree of a one-rank solve of order n (tridiag_dc.Early), solved once
-    on a random T of its size.  CUDA loads a kernel the first time it is launched (lazy
-    loading), and cuBLAS picks the merges' GEMM kernels by size; a load waits for the work in
-    flight, so a first load inside the solve's early subtrees drained sytrd's queued columns
-    (bench/early_hook_times.py at n = 8192: the first solve's subtree of rows [0, 4096) held
-    the host for 0.15 s instead of 0.03, and sytrd took 0.52-0.54 s instead of 0.47)."""
-    import cupy as cp
-    import numpy as np
-
-    from .tridiag_dc import early_ranges, eigh_tridiagonal_dc
-
-    ranges = early_ranges(int(n), device=True)
-    if not ranges:
-        return
-    m = max(b - a for a, b in ranges)
-    rng = np.random.default_rng(2)
-    eigh_tridiagonal_dc(cp.asarray(rng.standard_normal(m)), cp.asarray(rng.standard_normal(m - 1)), cp)
 
 
 def warm_ranks(n: int = 300, w: int = 8) -> None:

@@ -23,7 +23,7 @@ def compiled():
     from hpccoll_eigensolver.warmup import warm_up
 
     warm_up()
-    warm_up(stedc="dc", n=2048)   # and a one-rank solve's largest early subtree at n = 2048
+    warm_up(stedc="dc")
 
 
 @pytest.fixture(scope="module")
