@@ -119,7 +119,7 @@ def cmd_solve(args) -> int:
 
     from .checks import InputError
     from .runinfo import make_communicator, select_device
-    from .solver import NotPositiveDefinite, stedc_choice
+    from .solver import NotPositiveDefinite
 
     world = MPI.COMM_WORLD
     ctl = world.Dup()  # the CLI's own agreements: never matched against the library's collectives
@@ -135,8 +135,9 @@ def cmd_solve(args) -> int:
     if device == "gpu":
         from .warmup import warm_up
 
-        # compile CuPy's kernels before the communicator opens (the solver the solve will use)
-        warm_up(nb=args.nb, stedc=stedc_choice(args.stedc, device=True))
+        # compile CuPy's kernels before the communicator opens (the solver the solve will use;
+        # warm_up resolves "auto" as sygvd does)
+        warm_up(nb=args.nb, stedc=args.stedc)
     try:
         comm = make_communicator(args.comm, world, dev)
     except HpccollError as exc:
@@ -179,8 +180,9 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from .problems import spectrum
     from hpccoll.config import git_commit
 
+    from . import tridiag_dc
     from .runinfo import GcPauses, MemoryMeter, machine_info
-    from .solver import PHASES, sygvd
+    from .solver import PHASES, solves_early, stedc_choice, sygvd
 
     rank, size = ctl.Get_rank(), ctl.Get_size()
     spec, n = args.spec, args.n
@@ -196,12 +198,8 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     problem_identity, problem_digest = ctl.bcast((spec.identity(device), spec.digest(device)) if rank == 0
                                                  else None, root=0)
     identity = config_identity(args, problem_digest, size, args.comm, device)
-    from . import tridiag_dc
-    from .solver import stedc_choice
-
-    if size == 1 and stedc_choice(args.stedc, device == "gpu") == "dc":
-        # one rank solves the divide and conquer's subtrees of at least this many leaves apart
-        # (each scaled by its own |T|): a different minimum gives other bits
+    if solves_early(stedc_choice(args.stedc, device == "gpu"), True, size):
+        # the subtrees are scaled by their own |T|: another minimum size gives other bits
         identity["dc_early_leaves"] = tridiag_dc.EARLY_LEAVES
     digest = config_digest(identity)
     stems = [run_stem(args, n, size, args.comm, r, digest) for r in range(args.repeat)]

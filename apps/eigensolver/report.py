@@ -24,8 +24,9 @@ GUARANTEE = ("With a --comm that reduces in a fixed order (mpi, sentinel, ll; no
              "atomics sum in arrival order; nccl as far as NCCL picks the same algorithm every run), two runs give "
              "bitwise identical eigenvalues and eigenvectors, the same on every rank, when their fixed "
              "configuration is equal: the problem (problem_digest), n, nb, ranks, comm, stedc, sytrd_mode, at one "
-             "rank the divide and conquer's early subtrees (dc_early_leaves), the device and its library versions (machine), the BLAS/LAPACK library and its thread counts "
-             "(machine.blas: a BLAS may split a sum by thread count) and the hpccoll commit.")
+             "rank the divide and conquer's early subtrees (dc_early_leaves), the device and its library versions "
+             "(machine), the BLAS/LAPACK library and its thread counts (machine.blas: a BLAS may split a sum by "
+             "thread count) and the hpccoll commit.")
 
 CLUSTER_RTOL = 1e-7
 ATOMICS_NOTE = (

@@ -77,7 +77,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     timer = timer if timer is not None else PhaseTimer(xp, comm)
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
     # it reduces the rest (tridiag_dc.Early; on the GPU they overlap sytrd's last columns)
-    early = Early(desc.n, xp) if where == "dc" and eigvecs and size == 1 else None
+    early = Early(desc.n, xp) if solves_early(where, eigvecs, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
                                      early.hooks if early else ())
     with timer.phase("stedc"):
@@ -109,6 +109,12 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTi
     with timer.phase("sytrd"):
         d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
+
+
+def solves_early(where: str, eigvecs: bool, nranks: int) -> bool:
+    """Whether sygvd solves the divide and conquer's early subtrees during sytrd
+    (tridiag_dc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
+    return where == "dc" and eigvecs and nranks == 1
 
 
 def stedc_choice(where: str, device: bool) -> str:
