@@ -27,7 +27,8 @@ from hpccoll.config import git_commit
 from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
 from hpccoll_eigensolver.problems import make_problem
 
-KINDS = ("known", "clustered", "wilkinson")
+from accuracy_spread import KINDS, summary   # bench/, beside this script
+
 EPS = np.finfo(np.float64).eps
 SPLIT = 134217729.0  # 2^27 + 1
 
@@ -115,11 +116,6 @@ def validate(A, B, X, cols, label):
         print(f"  validate {label} col {k:3d}: rho {exact:+.17e}  accurate vs exact {ulp:.0f} ulp "
               f"(num rel err {num_rel:.1e}, den {den_rel:.1e}); float64 RQ {ulp64:.3g} ulp", flush=True)
     return out
-
-
-def summary(label, ratios):
-    r = np.array(ratios)
-    return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
 
 
 def main() -> int:
