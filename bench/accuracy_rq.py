@@ -24,10 +24,9 @@ import scipy.linalg as sl
 
 import hpccoll
 from hpccoll.config import git_commit
-from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
-from hpccoll_eigensolver.problems import make_problem
+from hpccoll_eigensolver import metrics
 
-from accuracy_spread import KINDS, summary   # bench/, beside this script
+from accuracy_spread import KINDS, solved, summary   # bench/, beside this script
 
 EPS = np.finfo(np.float64).eps
 SPLIT = 134217729.0  # 2^27 + 1
@@ -145,49 +144,42 @@ def main() -> int:
         unsorted = {k: 0 for k in names}
         sort_changed = {k: 0 for k in names}
         nval = 0
-        for n in range(lo, hi):
-            for kind in KINDS:
-                prob = make_problem(kind, n, cond_b=cond, seed=3)
-                desc = BlockCyclic(n, n, opts.nb, comm.size)
-                w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
-                Xg = gather(X, desc, comm)
-                if not root:
-                    continue
-                A, B, lam = np.asarray(prob.A), np.asarray(prob.B), np.asarray(prob.eigenvalues)
-                ws, Xs = sl.eigh(A, B)
-                base = max(metrics.eigenvalue_error(ws, lam), 4 * EPS)
-                abserr["LAPACK eigenvalues (unfloored)"].append(metrics.eigenvalue_error(ws, lam))
-                vals = {"ours as is": w,
-                        "ours RQ float64": rq_float64(A, B, Xg),
-                        "ours RQ accurate": rq_accurate(A, B, Xg),
-                        "LAPACK-vectors RQ float64": rq_float64(A, B, Xs),
-                        "LAPACK-vectors RQ accurate": rq_accurate(A, B, Xs)}
-                for k, v in vals.items():
-                    v = np.asarray(v)
-                    vs = np.sort(v)
-                    if np.any(np.diff(v) < 0):
-                        unsorted[k] += 1
-                    e_sorted = metrics.eigenvalue_error(vs, lam)
-                    if e_sorted != metrics.eigenvalue_error(v, lam):
-                        sort_changed[k] += 1
-                    ratio[k].append(e_sorted / base)
-                    abserr[k].append(e_sorted)
-                if opts.list and max(ratio[k][-1] for k in names) > 2:
-                    print(f"    over 2x: n {n} {kind}: LAPACK err {metrics.eigenvalue_error(ws, lam):.2e}; ratios "
-                          + ", ".join(f"{k} x{ratio[k][-1]:.2f}" for k in names), flush=True)
-                r_w = metrics.residual(A, B, Xg, w)
-                r_rq = metrics.residual(A, B, Xg, vals["ours RQ accurate"])   # rho_i paired with x_i
-                r_lap = metrics.residual(A, B, Xs, ws)
-                res_lap_rq.append(metrics.residual(A, B, Xs, vals["LAPACK-vectors RQ accurate"]) / r_lap)
-                res_ratio.append(r_rq / r_w)
-                res_rq_to_lapack.append(r_rq / r_lap)
-                res_to_lapack.append(r_w / r_lap)
-                if nval < opts.validate:
-                    nval += 1
-                    i_small = int(np.argmin(np.abs(lam)))
-                    cols = sorted({0, i_small, n // 2, n - 1})
-                    to_validate.append((A, B, Xg, cols, f"cond {cond:.0e} n {n} {kind} ours X"))
-                    to_validate.append((A, B, Xs, cols[:2], f"cond {cond:.0e} n {n} {kind} LAPACK X"))
+        for n, kind, prob, w, Xg in solved(lo, hi, cond, opts.nb, comm):
+            A, B, lam = np.asarray(prob.A), np.asarray(prob.B), np.asarray(prob.eigenvalues)
+            ws, Xs = sl.eigh(A, B)
+            base = max(metrics.eigenvalue_error(ws, lam), 4 * EPS)
+            abserr["LAPACK eigenvalues (unfloored)"].append(metrics.eigenvalue_error(ws, lam))
+            vals = {"ours as is": w,
+                    "ours RQ float64": rq_float64(A, B, Xg),
+                    "ours RQ accurate": rq_accurate(A, B, Xg),
+                    "LAPACK-vectors RQ float64": rq_float64(A, B, Xs),
+                    "LAPACK-vectors RQ accurate": rq_accurate(A, B, Xs)}
+            for k, v in vals.items():
+                v = np.asarray(v)
+                vs = np.sort(v)
+                if np.any(np.diff(v) < 0):
+                    unsorted[k] += 1
+                e_sorted = metrics.eigenvalue_error(vs, lam)
+                if e_sorted != metrics.eigenvalue_error(v, lam):
+                    sort_changed[k] += 1
+                ratio[k].append(e_sorted / base)
+                abserr[k].append(e_sorted)
+            if opts.list and max(ratio[k][-1] for k in names) > 2:
+                print(f"    over 2x: n {n} {kind}: LAPACK err {metrics.eigenvalue_error(ws, lam):.2e}; ratios "
+                      + ", ".join(f"{k} x{ratio[k][-1]:.2f}" for k in names), flush=True)
+            r_w = metrics.residual(A, B, Xg, w)
+            r_rq = metrics.residual(A, B, Xg, vals["ours RQ accurate"])   # rho_i paired with x_i
+            r_lap = metrics.residual(A, B, Xs, ws)
+            res_lap_rq.append(metrics.residual(A, B, Xs, vals["LAPACK-vectors RQ accurate"]) / r_lap)
+            res_ratio.append(r_rq / r_w)
+            res_rq_to_lapack.append(r_rq / r_lap)
+            res_to_lapack.append(r_w / r_lap)
+            if nval < opts.validate:
+                nval += 1
+                i_small = int(np.argmin(np.abs(lam)))
+                cols = sorted({0, i_small, n // 2, n - 1})
+                to_validate.append((A, B, Xg, cols, f"cond {cond:.0e} n {n} {kind} ours X"))
+                to_validate.append((A, B, Xs, cols[:2], f"cond {cond:.0e} n {n} {kind} LAPACK X"))
         if root:
             print(f"cond(B) = {cond:.0e}, {len(res_ratio)} problems, eigenvalue error ratio to LAPACK's "
                   f"(floored at 4 eps); RQ values sorted before comparison", flush=True)

@@ -41,6 +41,19 @@ def textbook_cholesky(B):
     return L
 
 
+def solved(lo: int, hi: int, cond: float, nb: int, comm):
+    """sygvd of every problem (n in [lo, hi), each kind, seed 3) on every rank; on rank 0 yields
+    (n, kind, problem, w, X gathered)."""
+    for n in range(lo, hi):
+        for kind in KINDS:
+            prob = make_problem(kind, n, cond_b=cond, seed=3)
+            desc = BlockCyclic(n, n, nb, comm.size)
+            w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
+            Xg = gather(X, desc, comm)
+            if comm.rank == 0:
+                yield n, kind, prob, w, Xg
+
+
 def summary(label, ratios):
     r = np.array(ratios)
     return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
@@ -61,31 +74,24 @@ def main() -> int:
               f"kinds {', '.join(KINDS)}, seed 3", flush=True)
     for cond in conds:
         res, orth, eig, chol = [], [], [], {k: [] for k in ("potrf_nb", "potrf_64", "textbook", "lapack", "two_trsm")}
-        for n in range(lo, hi):
-            for kind in KINDS:
-                prob = make_problem(kind, n, cond_b=cond, seed=3)
-                desc = BlockCyclic(n, n, opts.nb, comm.size)
-                w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
-                Xg = gather(X, desc, comm)
-                if not root:
-                    continue
-                ref = metrics.lapack_reference(prob.A, prob.B, prob.eigenvalues)
-                base = ref[2]
-                for acc, r in zip((res, orth, eig), metrics.ratios_to(ref, prob.A, prob.B, Xg, w, prob.eigenvalues)):
-                    acc.append(r)
-                one = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
-                factors = {"potrf_nb": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, opts.nb, 1), one, np),
-                           "potrf_64": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, 64, 1), one, np),
-                           "textbook": textbook_cholesky(prob.B),
-                           "lapack": np.tril(dpotrf(prob.B, lower=1)[0])}
-                one.Free()
-                for name, L in factors.items():
-                    C = dsygst(prob.A, L, itype=1, lower=1)[0]
-                    chol[name].append(metrics.eigenvalue_error(np.linalg.eigvalsh(C, UPLO="L"), prob.eigenvalues) / base)
-                # C as two whole-matrix triangular solves, (L^-1 A) L^-T, its lower triangle read
-                L = factors["lapack"]
-                C = sl.solve_triangular(L, sl.solve_triangular(L, prob.A, lower=True).T, lower=True).T
-                chol["two_trsm"].append(metrics.eigenvalue_error(np.linalg.eigvalsh(C, UPLO="L"), prob.eigenvalues) / base)
+        for n, _, prob, w, Xg in solved(lo, hi, cond, opts.nb, comm):
+            ref = metrics.lapack_reference(prob.A, prob.B, prob.eigenvalues)
+            base = ref[2]
+            for acc, r in zip((res, orth, eig), metrics.ratios_to(ref, prob.A, prob.B, Xg, w, prob.eigenvalues)):
+                acc.append(r)
+            one = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+            factors = {"potrf_nb": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, opts.nb, 1), one, np),
+                       "potrf_64": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, 64, 1), one, np),
+                       "textbook": textbook_cholesky(prob.B),
+                       "lapack": np.tril(dpotrf(prob.B, lower=1)[0])}
+            one.Free()
+            for name, L in factors.items():
+                C = dsygst(prob.A, L, itype=1, lower=1)[0]
+                chol[name].append(metrics.eigenvalue_error(np.linalg.eigvalsh(C, UPLO="L"), prob.eigenvalues) / base)
+            # C as two whole-matrix triangular solves, (L^-1 A) L^-T, its lower triangle read
+            L = factors["lapack"]
+            C = sl.solve_triangular(L, sl.solve_triangular(L, prob.A, lower=True).T, lower=True).T
+            chol["two_trsm"].append(metrics.eigenvalue_error(np.linalg.eigvalsh(C, UPLO="L"), prob.eigenvalues) / base)
         if root:
             print(f"cond(B) = {cond:.0e}, {len(res)} problems, ratio to LAPACK's", flush=True)
             for label, r in (("  sygvd residual", res), ("  sygvd B-orthogonality", orth), ("  sygvd eigenvalue error", eig)):
