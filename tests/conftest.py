@@ -69,6 +69,20 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_blas_threads():
+    """Under MPI, each rank's host BLAS gets its share of the CPUs it shares with the node's other
+    ranks, as hpccoll-eigensolver solve does (--host-threads auto; OMP_NUM_THREADS and the like,
+    if set, win).  Unbound ranks that each start a thread per CPU oversubscribe the node: the
+    tests' SciPy references took 32 s instead of 0.8 s in each of two ranks on 16 cores."""
+    world = _mpi_world()
+    if world is None:
+        return None
+    from hpccoll_eigensolver.runinfo import limit_host_threads
+
+    return limit_host_threads(world, "auto")
+
+
 @pytest.fixture
 def cupy():
     """The cupy module, or skip the test (for GPU tests that are not marked `gpu`)."""

@@ -50,6 +50,15 @@ def _finite_float(low: float, what: str):
     return parse
 
 
+def _host_threads(text: str) -> str | int:
+    from .runinfo import parse_host_threads
+
+    try:
+        return parse_host_threads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _comm_list(text: str) -> list[str]:
     items = [c.strip() for c in text.split(",") if c.strip()]
     bad = [c for c in items if c not in COMM_CHOICES]
@@ -118,12 +127,13 @@ def cmd_solve(args) -> int:
     from hpccoll import HpccollError
 
     from .checks import InputError
-    from .runinfo import make_communicator, select_device
+    from .runinfo import limit_host_threads, make_communicator, select_device
     from .solver import NotPositiveDefinite
 
     world = MPI.COMM_WORLD
     ctl = world.Dup()  # the CLI's own agreements: never matched against the library's collectives
     rank = ctl.Get_rank()
+    args.host_threads_record = limit_host_threads(ctl, args.host_threads)
     if args.out:
         agree(ctl, lambda: check_out_dir(args.out) if rank == 0 else None, "output directory", False)
         if save_vectors(args, args.n) and not args.gather_vectors:
@@ -213,6 +223,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         info, commit = machine_info(xp), git_commit()
         if device == "gpu":
             info["gpus_used"] = len(set(gpus))  # ranks sharing a GPU (MPS) count it once
+        info["blas"]["host_threads"] = args.host_threads_record
         print(f"{PROG}: n={n} P={size} nb={args.nb} comm={args.comm} ({comm.backend}) problem={args.problem} "
               f"on {device}; built in {build_s:.2f} s; results {stems[0][:-7]}_run*", flush=True)
         print(METRICS_LEGEND, flush=True)
@@ -377,7 +388,8 @@ def cmd_compare(args) -> int:
                                "same configuration: pass --overwrite to rerun it, or another --out")
             os.remove(old)
     me = [sys.executable, "-m", "hpccoll_eigensolver.cli"]
-    solve_opts = ["--stedc", args.stedc] + (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
+    solve_opts = ["--stedc", args.stedc, "--sytrd", args.sytrd, "--host-threads", str(args.host_threads)] + \
+        (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
         (["--no-trace-memory"] if args.no_trace_memory else [])
     failed = []
     for choice in args.comm:
@@ -420,8 +432,10 @@ def cmd_anchor(args) -> int:
 
 
 def add_solve_args(p: argparse.ArgumentParser) -> None:
+    from .runinfo import HOST_THREADS_HELP
     from .solver import STEDC_CHOICES, SYTRD_CHOICES
 
+    p.add_argument("--host-threads", type=_host_threads, default="auto", help=HOST_THREADS_HELP)
     p.add_argument("--no-sync-collectives", action="store_true",
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")

@@ -18,19 +18,12 @@ export HPCCOLL_TIMEOUT=${HPCCOLL_TIMEOUT:-10}
 export CUPY_ACCELERATORS=${CUPY_ACCELERATORS-}
 read -r -a MPIEXEC <<< "${MPIEXEC:-mpiexec --allow-run-as-root --oversubscribe --bind-to none}"
 gpus=$(nvidia-smi -L | wc -l)
-# Host BLAS threads per rank: the machine's cores shared out among the ranks (OMP_NUM_THREADS /
-# OPENBLAS_NUM_THREADS, if set, win).  Ranks that each start a thread per core oversubscribe the
-# host: two ranks' OpenBLAS, 16 threads each on 16 cores, took 32 s for a scipy.linalg.eigh(A, B)
-# of n = 1900 that takes 0.4 s alone and 0.8 s with 2 threads per rank (the tests' references).
-cores=$(nproc)
-user_omp=${OMP_NUM_THREADS-} user_openblas=${OPENBLAS_NUM_THREADS-}
+# Host BLAS threads: each rank takes its share of the CPUs the unbound ranks share
+# (tests/conftest.py's host_blas_threads; OMP_NUM_THREADS and the like, if set, win).
 python3 tests/gpu/precompile.py --ranks "$(IFS=,; echo "$*")" 2>&1 | tail -1
 rm -f "$OUT/failed.txt"
 for n in "$@"; do
   mps=0
-  per=$(( cores / n > 0 ? cores / n : 1 ))
-  export OMP_NUM_THREADS=${user_omp:-$per} OPENBLAS_NUM_THREADS=${user_openblas:-${user_omp:-$per}}
-  echo "host BLAS threads per rank: $OPENBLAS_NUM_THREADS ($cores cores, $n ranks)"
   if (( n > gpus )); then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
     mkdir -p /tmp/mps-pipe /tmp/mps-log && nvidia-cuda-mps-control -d && mps=1 && echo "MPS on ($n ranks, $gpus GPU)"

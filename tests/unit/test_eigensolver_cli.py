@@ -20,6 +20,7 @@ from hpccoll_eigensolver.cli import build_parser
 from hpccoll_eigensolver.problems import (Butterfly, ProblemError, generated_columns, make_problem,
                                           parse_problem, read_columns)
 from hpccoll_eigensolver.report import build_report
+from hpccoll_eigensolver.runinfo import THREAD_ENV, host_thread_choice, parse_host_threads
 
 REPO = Path(__file__).resolve().parents[2]
 #: seconds one end-to-end run may take before it counts as hung (they take 2-5 s)
@@ -31,21 +32,25 @@ def _mpiexec() -> str:
     return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
-def _env() -> dict:
+def _env(thread_env: bool = True) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in list(env):
+        if not thread_env and k in THREAD_ENV:
+            env.pop(k)
         if k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_")):  # not inside this process's own MPI job
             env.pop(k)
     return env
 
 
-def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
+def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIMEOUT,
+            thread_env: bool = True) -> subprocess.CompletedProcess:
     """hpccoll-eigensolver ARGS, under mpiexec -n ranks when given; a hang fails the test."""
     cmd = [sys.executable, "-m", "hpccoll_eigensolver.cli", *map(str, args)]
     if ranks:
         cmd = [_mpiexec(), "-n", str(ranks)] + cmd
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env())
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env=_env(thread_env))
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"hung: no exit within {timeout:.0f} s: {' '.join(cmd)}\n{exc.stdout or ''}{exc.stderr or ''}")
 
@@ -57,6 +62,8 @@ def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIM
     (["solve", "--cond-b", "0.5"], "--cond-b"), (["solve", "--seed", "-1"], "--seed"),
     (["solve", "--symmetry-tol", "-1"], "--symmetry-tol"), (["compare", "--ranks", "0"], "--ranks"),
     (["compare", "--repeat", "0"], "--repeat"), (["compare", "--comm", "mpi,bogus"], "--comm"),
+    (["solve", "--host-threads", "0"], "--host-threads"), (["solve", "--host-threads", "many"], "--host-threads"),
+    (["compare", "--host-threads", "-2"], "--host-threads"),
 ])
 def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -295,6 +302,7 @@ def test_solve_json_defines_its_metrics_and_records_blas_and_memory(tmp_path, ra
     assert "n eps" in defs["residual"] and "n eps" in defs["b_orthogonality"]
     blas = rec["machine"]["blas"]
     assert blas["env"]["OMP_NUM_THREADS"] == "1"
+    assert blas["host_threads"]["threads"] is None and "OMP_NUM_THREADS=1" in blas["host_threads"]["reason"]
     assert any(lib.get("num_threads") for lib in blas["libraries"]), blas
     assert "thread" in rec["reproducibility"]
     mem = rec["memory"]["per_rank"]
@@ -383,14 +391,59 @@ def test_an_uncaught_exception_on_one_rank_aborts_the_job():
 
 def test_compare_exits_1_when_a_configuration_failed_and_refuses_stale_failures(tmp_path):
     out = tmp_path / "cmp"
-    args = ("compare", "--n", 24, "--nb", 4, "--ranks", 2, "--comm", "mpi,nccl", "--out", out)
+    args = ("compare", "--n", 24, "--nb", 4, "--ranks", 2, "--comm", "mpi,nccl", "--out", out,
+            "--sytrd", "eager", "--host-threads", "2")
     proc = run_cli(*args, timeout=3 * HANG_TIMEOUT)
+    # every solve option reaches the solves compare launches
+    assert proc.stdout.count("--sytrd eager --host-threads 2") == 2, proc.stdout
     rep = json.loads((out / "report.json").read_text())
     if not rep["failures"]:
         pytest.skip("nccl ran here (a GPU machine): nothing failed")
     assert proc.returncode == 1 and "configurations failed (nccl)" in proc.stderr, proc.stdout + proc.stderr
     again = run_cli(*args)
     assert again.returncode == 2 and "--overwrite" in again.stderr, again.stdout + again.stderr
+
+
+# -- host BLAS threads ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting,cpus,sharing,env,threads", [
+    ("auto", 16, 2, {}, 8), ("auto", 16, 3, {}, 5), ("auto", 2, 3, {}, 1), ("auto", 16, 1, {}, None),
+    ("auto", 16, 4, {"OMP_NUM_THREADS": "2"}, None), ("auto", 16, 4, {"OPENBLAS_NUM_THREADS": "3"}, None),
+    ("all", 16, 4, {}, None), (3, 16, 4, {}, 3), (3, 16, 1, {"OMP_NUM_THREADS": "8"}, 3),
+])
+def test_host_threads_share_the_cpus_ranks_share(setting, cpus, sharing, env, threads):
+    got, why = host_thread_choice(setting, cpus, sharing, env)
+    assert got == threads and why
+    if env and setting == "auto":
+        assert next(iter(env)) in why
+
+
+def test_parse_host_threads():
+    assert parse_host_threads("auto") == "auto" and parse_host_threads("all") == "all"
+    assert parse_host_threads("7") == 7
+    for bad in ("0", "-1", "1.5", "", "ALL"):
+        with pytest.raises(ValueError, match="--host-threads"):
+            parse_host_threads(bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_getaffinity (Linux)")
+def test_unbound_ranks_share_the_node_for_host_blas(tmp_path):
+    """Two ranks of one node on the same CPUs (MPICH's mpiexec binds nothing) and no thread
+    variable: each limits its BLAS to its share; the run's JSON says so."""
+    out = tmp_path / "runs"
+    proc = run_cli("solve", "--n", 40, "--nb", 4, "--comm", "mpi", "--out", out, ranks=2, thread_env=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    blas = json.loads(_runs(out)[0].read_text())["machine"]["blas"]
+    ht = blas["host_threads"]
+    assert ht["ranks_sharing_them"] == 2 and ht["cpus"] == len(os.sched_getaffinity(0))
+    assert ht["threads"] == max(1, ht["cpus"] // 2)
+    assert all(lib["num_threads"] == ht["threads"] for lib in blas["libraries"] if lib.get("user_api") == "blas")
+    # --host-threads N wins over everything
+    proc = run_cli("solve", "--n", 40, "--nb", 4, "--comm", "mpi", "--out", out, "--host-threads", 3,
+                   "--overwrite", ranks=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    blas = json.loads(_runs(out)[0].read_text())["machine"]["blas"]
+    assert blas["host_threads"]["threads"] == 3
+    assert all(lib["num_threads"] == 3 for lib in blas["libraries"] if lib.get("user_api") == "blas")
 
 
 # -- the test command itself ---------------------------------------------------------------------------
