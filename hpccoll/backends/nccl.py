@@ -4,6 +4,7 @@ the eigensolver's `--comm nccl` path.  Not deterministic; NCCL picks its own alg
 from __future__ import annotations
 
 import os
+import socket
 
 from .._validate import Call
 from ..errors import HpccollError
@@ -19,6 +20,16 @@ def nccl_unavailable_reason() -> str | None:
     if not getattr(nccl, "available", True):
         return "CuPy found no NCCL library (pip install nvidia-nccl-cu13)"
     return None
+
+
+def shared_gpus(gpus: list[tuple[str, str]]) -> str | None:
+    """Which ranks share a GPU, from every rank's (host name, PCI bus id); None when none do."""
+    ranks: dict[tuple[str, str], list[int]] = {}
+    for r, key in enumerate(gpus):
+        ranks.setdefault(key, []).append(r)
+    shared = [f"ranks {', '.join(map(str, rs))} share GPU {bus} on {host}"
+              for (host, bus), rs in ranks.items() if len(rs) > 1]
+    return "; ".join(shared) or None
 
 
 class NcclBackend(Backend):
@@ -41,11 +52,24 @@ class NcclBackend(Backend):
         self.device_id = int(device) if device is not None else node.Get_rank() % ndev
         node.Free()
         cupy.cuda.Device(self.device_id).use()
-        uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+        self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
+        # NCCL refuses two ranks on one GPU (NCCL_ERROR_INVALID_USAGE, no reason given): say
+        # which ranks share which GPU, on every rank alike
+        gpus = mpi_comm.allgather((socket.gethostname(), cupy.cuda.Device(self.device_id).pci_bus_id))
+        shared = shared_gpus(gpus)
+        if shared:
+            raise HpccollError(f"Communicator: backend='nccl' needs one GPU per rank, and {shared}: use "
+                               "backend='cuda' (hpccoll's kernels serve several ranks per GPU, under MPS) "
+                               "or start one rank per GPU")
+        uid = nccl.get_unique_id() if self.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         self.nccl = nccl
-        self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
-        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        try:
+            self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        except Exception as exc:  # noqa: BLE001 - CuPy's NcclError, whatever its module
+            raise HpccollError(f"Communicator: backend='nccl': NCCL could not open a communicator of "
+                               f"{self.size} ranks on this rank's GPU {gpus[self.rank][1]} ({exc}); "
+                               "NCCL_DEBUG=WARN makes NCCL say why") from exc
         self.mpi = mpi_comm
         self.types = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
                       "float16": nccl.NCCL_FLOAT16, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}

@@ -220,3 +220,19 @@ def test_group_on_the_nccl_backend(cc):
             assert np.allclose(cp.asnumpy(out), ref, rtol=1e-5, atol=1e-5)
     finally:
         c.Free()
+
+
+def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
+    """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
+    ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""
+    if cc._backend.ranks_per_gpu == 1:
+        pytest.skip("needs ranks sharing a GPU (more ranks than GPUs, under MPS)")
+    with pytest.raises(hpccoll.HpccollError, match=r"one GPU per rank.*share GPU .*backend='cuda'"):
+        hpccoll.Communicator(backend="nccl")
+    # nothing was left half-open: the communicator still computes
+    import cupy as cp
+
+    x = cp.full(7, cc.rank + 1.0)
+    out = cp.empty_like(x)
+    cc.Allreduce(x, out)
+    assert float(out[0]) == cc.size * (cc.size + 1) / 2

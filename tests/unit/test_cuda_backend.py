@@ -164,3 +164,13 @@ def test_engine_slots_rest_as_their_protocol():
         assert engine_rest(dtype) == SENTINEL_U32
     for dtype in ("int32", "int64"):
         assert engine_rest(dtype) == 0
+
+
+def test_nccl_names_the_ranks_that_share_a_gpu():
+    from hpccoll.backends.nccl import shared_gpus
+
+    assert shared_gpus([("a", "0000:01:00.0"), ("a", "0000:02:00.0")]) is None
+    assert shared_gpus([("a", "0000:01:00.0"), ("b", "0000:01:00.0")]) is None   # two hosts
+    assert shared_gpus([("a", "0000:01:00.0")] * 3) == "ranks 0, 1, 2 share GPU 0000:01:00.0 on a"
+    got = shared_gpus([("a", "x"), ("a", "y"), ("a", "x"), ("b", "y"), ("b", "y")])
+    assert got == "ranks 0, 2 share GPU x on a; ranks 3, 4 share GPU y on b"
