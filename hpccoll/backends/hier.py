@@ -155,19 +155,24 @@ class Hierarchical(Backend):
         self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
         self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
         self.stripe_nccl = None
-        if self.local.backend == "cuda":
-            from .nccl import nccl_unavailable_reason
+        # NCCL between nodes for device calls: decided by every rank of the stripe together (the
+        # nodes' backends may differ); GPUs told apart by host and PCI bus, since on separate
+        # nodes the same ordinal is another GPU
+        from .nccl import gpu_identity, nccl_unavailable_reason, shared_gpus
 
-            why = nccl_unavailable_reason()
-            if why is None and len(set(stripe_mpi.allgather(self.local.device))) < stripe_mpi.Get_size():
-                why = "ranks of one inter-node group share a GPU (NCCL needs one GPU per rank)"
-            whys = [w for w in stripe_mpi.allgather(why) if w]
-            if whys:
+        why = (nccl_unavailable_reason() if self.local.backend == "cuda"
+               else f"a node runs the {self.local.backend} backend")
+        gathered = stripe_mpi.allgather((why, gpu_identity(self.local.device) if why is None else None))
+        whys = [w for w, _ in gathered if w]
+        shared = shared_gpus([gpu for _, gpu in gathered])
+        if shared:
+            whys.append(f"in one inter-node group {shared} (NCCL needs one GPU per rank)")
+        if whys:
+            if self.local.backend == "cuda":
                 log.info("hpccoll: inter-node phase on MPI only: %s", whys[0])
-            else:
-                dup = stripe_mpi.Dup()
-                self.stripe_nccl = Communicator(dup, backend="nccl", device=self.local.device,
-                                                _owned_comm=dup, **kw)
+        else:
+            dup = stripe_mpi.Dup()
+            self.stripe_nccl = Communicator(dup, backend="nccl", device=self.local.device, _owned_comm=dup, **kw)
 
     @property
     def name(self) -> str:

@@ -22,11 +22,21 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
-def shared_gpus(gpus: list[tuple[str, str]]) -> str | None:
-    """Which ranks share a GPU, from every rank's (host name, PCI bus id); None when none do."""
+def gpu_identity(device: int) -> tuple[str, str]:
+    """(host name, PCI bus id) of a CUDA device ordinal: one GPU on one machine, whatever the
+    ordinal numbering (CUDA_VISIBLE_DEVICES) of the process."""
+    import cupy
+
+    return socket.gethostname(), cupy.cuda.Device(device).pci_bus_id
+
+
+def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:
+    """Which ranks share a GPU, from every rank's gpu_identity (None: not known, never shared);
+    None when none do."""
     ranks: dict[tuple[str, str], list[int]] = {}
     for r, key in enumerate(gpus):
-        ranks.setdefault(key, []).append(r)
+        if key is not None:
+            ranks.setdefault(key, []).append(r)
     shared = [f"ranks {', '.join(map(str, rs))} share GPU {bus} on {host}"
               for (host, bus), rs in ranks.items() if len(rs) > 1]
     return "; ".join(shared) or None
@@ -55,7 +65,7 @@ class NcclBackend(Backend):
         self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
         # NCCL refuses two ranks on one GPU (NCCL_ERROR_INVALID_USAGE, no reason given): say
         # which ranks share which GPU, on every rank alike
-        gpus = mpi_comm.allgather((socket.gethostname(), cupy.cuda.Device(self.device_id).pci_bus_id))
+        gpus = mpi_comm.allgather(gpu_identity(self.device_id))
         shared = shared_gpus(gpus)
         if shared:
             raise HpccollError(f"Communicator: backend='nccl' needs one GPU per rank, and {shared}: use "

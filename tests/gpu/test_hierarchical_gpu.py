@@ -120,3 +120,16 @@ def test_allreduce_device_rsag(hc, monkeypatch, dtype, op):
         hc.synchronize()
         _assert_close(cp.asnumpy(fast), got, rtol=1e-5, atol=1e-5)
     assert ran == [n for n in counts for _ in range(3)]
+
+
+def test_nccl_between_nodes_exactly_where_the_inter_node_groups_hold_distinct_gpus(hc):
+    """The inter-node phase takes NCCL where it can run: NCCL is there and no two ranks of an
+    inter-node group (same node-local rank) share a GPU, GPUs told apart by host and PCI bus
+    (on real nodes every group has the same ordinals on different GPUs)."""
+    from hpccoll.backends.nccl import gpu_identity, nccl_unavailable_reason
+
+    layout = hc._backend.layout
+    gpus = WORLD.allgather(gpu_identity(hc._backend.device_id))
+    groups = [[gpus[r] for r in group] for group in zip(*layout.rank_of)]
+    distinct = all(len(set(g)) == len(g) for g in groups)
+    assert ("nccl" in hc.backend) == (distinct and nccl_unavailable_reason() is None), (hc.backend, groups)

@@ -174,3 +174,4 @@ def test_nccl_names_the_ranks_that_share_a_gpu():
     assert shared_gpus([("a", "0000:01:00.0")] * 3) == "ranks 0, 1, 2 share GPU 0000:01:00.0 on a"
     got = shared_gpus([("a", "x"), ("a", "y"), ("a", "x"), ("b", "y"), ("b", "y")])
     assert got == "ranks 0, 2 share GPU x on a; ranks 3, 4 share GPU y on b"
+    assert shared_gpus([None, None, ("a", "x")]) is None   # unknown GPUs are never counted as shared
