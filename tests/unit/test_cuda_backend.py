@@ -175,3 +175,16 @@ def test_nccl_names_the_ranks_that_share_a_gpu():
     got = shared_gpus([("a", "x"), ("a", "y"), ("a", "x"), ("b", "y"), ("b", "y")])
     assert got == "ranks 0, 2 share GPU x on a; ranks 3, 4 share GPU y on b"
     assert shared_gpus([None, None, ("a", "x")]) is None   # unknown GPUs are never counted as shared
+
+
+def test_ranks_that_number_their_gpus_differently_are_refused_with_the_fix():
+    from hpccoll.backends.cuda.backend import gpu_numbering_mismatch
+
+    assert gpu_numbering_mismatch([0, 1, 0, 1], ["A", "B", "A", "B"]) is None   # MPS: two ranks per GPU
+    assert gpu_numbering_mismatch([0, 0, 0], ["A", "A", "A"]) is None
+    # CUDA_VISIBLE_DEVICES=<local rank> per rank: every rank's only GPU is its GPU 0
+    why = gpu_numbering_mismatch([0, 0], ["A", "B"])
+    assert "rank 0: GPU 0 = A, rank 1: GPU 0 = B" in why and "CUDA_VISIBLE_DEVICES" in why
+    assert "--gpus-per-node" in why
+    # the same GPU under two ordinals (CUDA_VISIBLE_DEVICES=1,0 on one rank, 0,1 on another)
+    assert gpu_numbering_mismatch([0, 1], ["A", "A"]) is not None

@@ -34,6 +34,25 @@ CAPS = Capabilities(
     plans=True, groups=True, engine=True, asynchronous=True, extension=True)
 
 
+def gpu_numbering_mismatch(devices, buses) -> str | None:
+    """Why ranks of one node cannot share peer memory by GPU ordinal, from every rank's GPU
+    ordinal and PCI bus id (None when every ordinal names one GPU on every rank): ranks given
+    different CUDA_VISIBLE_DEVICES number their GPUs differently (one GPU each: all are GPU 0)."""
+    ordinals: dict[int, set] = {}
+    numbers: dict[str, set] = {}
+    for d, b in zip(devices, buses):
+        ordinals.setdefault(d, set()).add(b)
+        numbers.setdefault(b, set()).add(d)
+    if all(len(v) == 1 for v in ordinals.values()) and all(len(v) == 1 for v in numbers.values()):
+        return None
+    seen = ", ".join(f"rank {r}: GPU {d} = {b}" for r, (d, b) in enumerate(zip(devices, buses)))
+    return (f"the ranks of this node number their GPUs differently ({seen}): CUDA_VISIBLE_DEVICES differs "
+            "between them. hpccoll's kernels map the peers' GPU memory and name GPUs by ordinal, so every "
+            "rank must see the node's GPUs alike: give every rank the same CUDA_VISIBLE_DEVICES (Slurm: "
+            "--gpus-per-node, no --gpus-per-task or --gpu-bind), and choose a rank's GPU with "
+            "Communicator(device=...) or leave it to the node-local rank")
+
+
 class CudaBackend(Backend):
     name = "cuda"
     caps = CAPS
@@ -70,7 +89,12 @@ class CudaBackend(Backend):
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         pdl = config.pdl and int(props["major"]) >= 9
-        devices, sms = zip(*mpi_comm.allgather((self.device_id, self.sms)))  # per rank
+        bus = cupy.cuda.Device(self.device_id).pci_bus_id
+        devices, sms, buses = zip(*mpi_comm.allgather((self.device_id, self.sms, bus)))  # per rank
+        why = gpu_numbering_mismatch(devices, buses)
+        if why:
+            node.Free()
+            raise CudaUnavailable(why)
         # Launch configurations must be the same on every rank: so the most ranks any GPU
         # serves and the fewest SMs, not this rank's own (a rank alone on its GPU with a larger
         # grid would wait for blocks its peers never run).
