@@ -77,10 +77,20 @@ class Communicator:
             raise ValueError("Communicator: comm is MPI.COMM_NULL: pass a communicator this rank belongs to")
         detect_singleton(MPI.COMM_WORLD.Get_size())
         self._freed = True  # until construction has finished (repr and Free stay safe)
-        self.config = _config.Config.from_env(check=check, timeout=timeout)
+        # a setting that is invalid on some ranks only must not leave the others waiting in Dup:
+        # every rank comes to the agreement, which raises on all of them
+        try:
+            self.config, config_error = _config.Config.from_env(check=check, timeout=timeout), None
+        except (ValueError, TypeError) as exc:
+            self.config, config_error = None, exc
         self._comm = _owned_comm if _owned_comm is not None else base.Dup()
         self._rank, self._size = self._comm.Get_rank(), self._comm.Get_size()
-        _config.check_agreement(self._comm, self.config)
+        try:
+            _config.check_agreement(self._comm, self.config, config_error)
+        except Exception:
+            if _owned_comm is None:
+                self._comm.Free()
+            raise
         self.algorithm = algorithm
         self.deterministic = bool(deterministic)
         self.check = self.config.check

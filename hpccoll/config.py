@@ -81,7 +81,8 @@ SETTINGS = (
             "kernels' polls and host-backend MPI calls alike). The `timeout=` argument wins."),
     Setting("HPCCOLL_CHECK", "check", "0", _switch,
             "1: compare every call's arguments and validation outcome across ranks first, so a "
-            "mismatch raises the same error on every rank instead of hanging. The `check=` argument wins."),
+            "mismatch raises the same error on every rank instead of hanging. The `check=` argument wins.",
+            agreed=True),
     Setting("HPCCOLL_PDL", "pdl", "1", _switch,
             "Programmatic dependent launch (Hopper and newer): a collective kernel is scheduled "
             "while the stream's previous kernel runs, and waits for it on the device.", agreed=False),
@@ -165,10 +166,20 @@ class Config:
 assert {s.field for s in SETTINGS} == {f.name for f in fields(Config)}, "every Config field has its variable"
 
 
-def check_agreement(mpi_comm, config: Config) -> None:
-    """Raise on every rank when the settings that must agree differ between ranks (collective)."""
+def check_agreement(mpi_comm, config: Config | None, error: Exception | None = None) -> None:
+    """Raise on every rank when a rank's settings are invalid (`error`, from Config.from_env;
+    that rank re-raises its own) or the settings that must agree differ between ranks
+    (collective)."""
+    theirs = mpi_comm.allgather((None if error is None else str(error),
+                                 None if config is None else config.agreed_values()))
+    if error is not None:
+        raise error
+    bad = [(r, e) for r, (e, _) in enumerate(theirs) if e is not None]
+    if bad:
+        said = "; ".join(f"rank {r}: {e}" for r, e in bad)
+        raise ValueError(f"invalid HPCCOLL_* settings on other ranks ({said}): set valid values on every rank")
     mine = config.agreed_values()
-    theirs = mpi_comm.allgather(mine)
+    theirs = [t[1] for t in theirs]
     for i, (var, _val) in enumerate(mine):
         vals = [t[i][1] for t in theirs]
         if any(v != vals[0] for v in vals):

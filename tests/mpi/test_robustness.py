@@ -233,3 +233,32 @@ def test_alltoall_bad_inputs(comm):
     with pytest.raises(ValueError, match="negative"):
         comm.Alltoallv((np.ones(size), [-1] + [1] * (size - 1)), (np.empty(size), [1] * size))
     assert_still_works(comm)
+
+
+@pytest.mark.parametrize("var,value", [("HPCCOLL_TIMEOUT", "soon"), ("HPCCOLL_SMALL_BLOCK", "100"),
+                                       ("HPCCOLL_CHECK", "maybe")])
+def test_a_setting_invalid_on_one_rank_raises_on_every_rank(monkeypatch, var, value):
+    """Only the last rank has the bad value: it raises its own error, naming the variable; the
+    others raise one naming that rank, instead of waiting for it in the constructor's Dup."""
+    last = WORLD.Get_size() - 1
+    if WORLD.Get_rank() == last:
+        monkeypatch.setenv(var, value)
+        with pytest.raises(ValueError, match=var):
+            hpccoll.Communicator(backend="host")
+    else:
+        with pytest.raises(ValueError, match=f"invalid HPCCOLL_\\* settings on other ranks \\(rank {last}: .*{var}"):
+            hpccoll.Communicator(backend="host")
+    monkeypatch.delenv(var, raising=False)
+    c = hpccoll.Communicator(backend="host")   # the next one, with valid settings, works
+    assert_still_works(c)
+    c.Free()
+
+
+def test_check_mode_must_agree(monkeypatch):
+    """Check mode adds an agreement before every call: ranks with and without it would pair
+    different MPI calls, so it is refused on every rank."""
+    monkeypatch.setenv("HPCCOLL_CHECK", "1" if WORLD.Get_rank() == 0 else "0")
+    with pytest.raises(ValueError, match="HPCCOLL_CHECK differs between ranks"):
+        hpccoll.Communicator(backend="host")
+    with pytest.raises(ValueError, match="HPCCOLL_CHECK differs between ranks"):
+        hpccoll.Communicator(backend="host", check=WORLD.Get_rank() == 0)
