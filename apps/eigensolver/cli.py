@@ -157,23 +157,35 @@ def cmd_solve(args) -> int:
         # would land in the first timed collective); every collective of the solve is float64
         comm.prepare(("float64",))
     sytrd_mode = "ops"
+    # The teardown is collective: only where every rank comes to it.  An exception raised on one
+    # rank alone (a full disk when rank 0 writes, memory) skips it, so that the abort hook ends
+    # the job instead of this rank waiting in Free for peers that wait in the next solve.
+    alike = False
     try:
         if device == "gpu":
             from .sytrd_device import mode_for
 
             sytrd_mode = mode_for(comm, args.n, args.sytrd)
-        return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
+        result = _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
+        alike = True
+        return result
     except NotPositiveDefinite as exc:   # raised by every rank alike (every panel of L is broadcast)
+        alike = True
         raise CliError(f"B is not positive definite: {exc}") from None
     except InputError as exc:            # raised by every rank alike (checks.check_input)
+        alike = True
         raise CliError(f"input rejected: {exc}") from None
+    except CliError:                     # runs.agree: raised by every rank alike
+        alike = True
+        raise
     finally:
-        if sytrd_mode == "fused":
-            from .sytrd_device import release_fused
+        if alike:
+            if sytrd_mode == "fused":
+                from .sytrd_device import release_fused
 
-            release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
-        comm.Free()
-        ctl.Free()
+                release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
+            comm.Free()
+            ctl.Free()
 
 
 def _gpu_id(xp) -> str:

@@ -374,6 +374,20 @@ def test_gathered_vectors_equal_the_ones_written_by_columns(tmp_path):
     assert digests[0] == digests[1]
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_failure_of_rank_0_alone_in_the_solve_loop_ends_the_job(tmp_path, ranks):
+    """Rank 0 cannot write run 1's JSON (a directory holds its name) while the other ranks go on
+    to run 2: the job ends with rank 0's error, no rank is left waiting in a teardown."""
+    out = tmp_path / "runs"
+    common = ("solve", "--n", 24, "--nb", 4, "--comm", "mpi", "--save-vectors", "no", "--out", out)
+    assert run_cli(*common, ranks=ranks).returncode == 0
+    stem = _runs(out)[0].name.replace("_run000.json", "")
+    (out / f"{stem}_run001.json").mkdir()
+    proc = run_cli(*common, "--repeat", 3, "--overwrite", ranks=ranks)
+    assert proc.returncode != 0
+    assert f"rank 0 of {ranks} failed" in proc.stderr and "IsADirectoryError" in proc.stderr, proc.stderr
+
+
 def test_an_uncaught_exception_on_one_rank_aborts_the_job():
     """runinfo.install_abort_hook: rank 1 raises while rank 0 waits in a collective."""
     code = ("from hpccoll_eigensolver.runinfo import install_abort_hook; install_abort_hook('t')\n"
