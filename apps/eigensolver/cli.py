@@ -189,8 +189,10 @@ def cmd_solve(args) -> int:
 
 
 def _gpu_id(xp) -> str:
-    """This rank's GPU, as the machine names it (PCI bus id)."""
-    return xp.cuda.Device().pci_bus_id
+    """This rank's GPU: its host and PCI bus id (the same bus id on two nodes is two GPUs)."""
+    import socket
+
+    return f"{socket.gethostname()}/{xp.cuda.Device().pci_bus_id}"
 
 
 def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
