@@ -127,7 +127,7 @@ def cmd_solve(args) -> int:
     from hpccoll import HpccollError
 
     from .checks import InputError
-    from .runinfo import limit_host_threads, make_communicator, select_device
+    from .runinfo import MixedDevices, limit_host_threads, make_communicator, select_device
     from .solver import NotPositiveDefinite
 
     world = MPI.COMM_WORLD
@@ -138,7 +138,10 @@ def cmd_solve(args) -> int:
         agree(ctl, lambda: check_out_dir(args.out) if rank == 0 else None, "output directory", False)
         if save_vectors(args, args.n) and not args.gather_vectors:
             agree(ctl, lambda: _visible(args.out), "output directory")
-    xp, dev = select_device(world)
+    try:
+        xp, dev = select_device(world)
+    except MixedDevices as exc:   # raised on every rank alike
+        raise CliError(str(exc)) from None
     device = "gpu" if xp.__name__ == "cupy" else "cpu"
     if device == "cpu" and args.stedc == "gpu":
         raise CliError("--stedc gpu needs GPUs (CuPy and a device): use --stedc host or dc")

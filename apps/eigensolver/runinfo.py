@@ -354,17 +354,29 @@ def install_abort_hook(prog: str) -> None:
     sys.excepthook = hook
 
 
+class MixedDevices(RuntimeError):
+    """Some ranks of a job found a usable GPU and others none (raised on every rank)."""
+
+
 def select_device(mpi_comm):
     """Pick this rank's GPU by node-local rank and make it current: (cupy, ordinal), or
-    (numpy, None) without a GPU."""
+    (numpy, None) without a GPU.  Collective: every rank must find a GPU, or none (else
+    MixedDevices on every rank, naming the ranks without one)."""
     import numpy
+    from mpi4py import MPI
 
     from ._xp import gpu_available
 
-    if not gpu_available():
+    have = gpu_available()
+    haves = mpi_comm.allgather(have)
+    if any(haves) and not all(haves):
+        none = [r for r, h in enumerate(haves) if not h]
+        raise MixedDevices(f"rank{'s' if len(none) > 1 else ''} {', '.join(map(str, none))} found no usable GPU "
+                           "(CuPy and a CUDA device) while the others did: give every rank a GPU, or hide them "
+                           "from every rank (CUDA_VISIBLE_DEVICES=) for the CPU path")
+    if not have:
         return numpy, None
     import cupy
-    from mpi4py import MPI
 
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     dev = local.Get_rank() % cupy.cuda.runtime.getDeviceCount()

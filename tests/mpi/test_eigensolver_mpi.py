@@ -265,3 +265,19 @@ def test_accuracy_as_lapack(comm, kind, cond_b):
     prob = make_problem(kind, ACCURACY_N, cond_b=cond_b, seed=3)
     w, X, desc, _, _ = _solve(comm, prob, ACCURACY_NB)
     assert_as_accurate_as_lapack(prob, w, gather(X, desc, comm), f"{kind} cond(B)={cond_b:g}")
+
+
+def test_select_device_refuses_a_job_where_only_some_ranks_have_a_gpu(monkeypatch):
+    """A rank without a usable GPU among ranks with one: every rank raises MixedDevices naming
+    the ranks without one (before any rank splits the communicator for its GPU)."""
+    from hpccoll_eigensolver import _xp
+    from hpccoll_eigensolver.runinfo import MixedDevices, select_device
+
+    world = MPI.COMM_WORLD
+    monkeypatch.setattr(_xp, "gpu_available", lambda: world.Get_rank() == 0)
+    others = ", ".join(str(r) for r in range(1, world.Get_size()))
+    with pytest.raises(MixedDevices, match=f"{others} found no usable GPU.*CUDA_VISIBLE_DEVICES"):
+        select_device(world)
+    monkeypatch.setattr(_xp, "gpu_available", lambda: False)
+    xp, dev = select_device(world)
+    assert xp is np and dev is None
