@@ -108,7 +108,8 @@ SETTINGS = (
             "default too). 0: through MPI, as larger messages.", agreed=True),
     Setting("HPCCOLL_TUNING", "tuning", "", _path,
             "Tuning table written by `hpccoll tune` (default ~/.cache/hpccoll/tuning.json); "
-            "used when its GPU name matches this GPU's."),
+            "used when its GPU name matches this GPU's. Rank 0's table serves every rank (a "
+            "warning names the ranks that read another)."),
     Setting("HPCCOLL_CACHE_DIR", "cache_dir", "", _path,
             "Folder of compiled kernels (default ~/.cache/hpccoll/kernels)."),
     Setting("HPCCOLL_NVRTC", "nvrtc", "", _path,

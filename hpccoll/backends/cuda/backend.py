@@ -112,7 +112,16 @@ class CudaBackend(Backend):
         self.layout.arm(self.ws)
         cupy.cuda.runtime.deviceSynchronize()
         self.ws.probe_peers(mpi_comm)
-        self.table = policy.load_table(self.gpu_name, config.tuning_path())
+        # Every choice drawn from the table (algorithm by size, fusion limits, the NCCL fallback)
+        # must be the same on every rank: rank 0's table serves all (a rank may read another
+        # file: a per-rank HOME or HPCCOLL_TUNING, or a table rewritten meanwhile)
+        tables = mpi_comm.allgather(policy.load_table(self.gpu_name, config.tuning_path()))
+        self.table = tables[0]
+        differ = [r for r, t in enumerate(tables) if t != tables[0]]
+        if differ:
+            log.warning("hpccoll: ranks %s loaded another tuning table than rank 0 (HPCCOLL_TUNING, "
+                        "~/.cache/hpccoll/tuning.json); every rank uses rank 0's",
+                        ", ".join(map(str, differ)))
         self.kernels = Kernels(self.device_id, self.arch, self.size, self.ws.kernel_args(self.timeout_ns), pdl,
                                config.small_block)
         self.engines = EngineSet(self)
