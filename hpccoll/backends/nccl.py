@@ -8,7 +8,7 @@ import socket
 
 from .._validate import Call
 from ..errors import HpccollError
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, agreed_device
 from .streams import stream_ptr, synchronize_stream
 
 
@@ -50,17 +50,21 @@ class NcclBackend(Backend):
 
     def __init__(self, mpi_comm, device=None):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
-        why = nccl_unavailable_reason()
-        if why:
-            raise HpccollError(f"Communicator: backend='nccl' is not available: {why}")
+        # every rank comes to each agreement before any raises (a rank raising alone would leave
+        # its peers waiting in the next exchange)
+        whys = [(r, w) for r, w in enumerate(mpi_comm.allgather(nccl_unavailable_reason())) if w]
+        if whys:
+            raise HpccollError("Communicator: backend='nccl' is not available: "
+                               + "; ".join(f"rank {r}: {w}" for r, w in whys))
         import cupy
         from cupy.cuda import nccl
         from mpi4py import MPI
 
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-        ndev = cupy.cuda.runtime.getDeviceCount()
-        self.device_id = int(device) if device is not None else node.Get_rank() % ndev
+        local = node.Get_rank()
         node.Free()
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        self.device_id = agreed_device(mpi_comm, device, local % ndev, ndev)
         cupy.cuda.Device(self.device_id).use()
         self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
         # NCCL refuses two ranks on one GPU (NCCL_ERROR_INVALID_USAGE, no reason given): say

@@ -210,3 +210,18 @@ def test_group_misuse_raises_and_a_raising_block_issues_nothing(comm):
             raise RuntimeError("boom")
     assert not out.any(), "a call queued in a block that raised was issued"
     assert allreduce_sum(comm, 1) == comm.size  # and the communicator is usable after it
+
+
+def test_a_gpu_ordinal_out_of_range_on_one_rank_raises_on_every_rank():
+    """backends.base.agreed_device (the cuda and nccl backends' device choice): the last rank
+    asks for a GPU it does not have; every rank raises, naming it, instead of the others going
+    on to the next exchange."""
+    from hpccoll.backends.base import agreed_device
+
+    world = MPI.COMM_WORLD
+    last = world.Get_size() - 1
+    asked = 5 if world.Get_rank() == last else None
+    with pytest.raises(ValueError, match=f"rank {last}: device=5, it has GPUs 0..1.*device=None"):
+        agreed_device(world, asked, world.Get_rank() % 2, 2)
+    assert agreed_device(world, None, world.Get_rank() % 2, 2) == world.Get_rank() % 2
+    assert agreed_device(world, 1, 0, 2) == 1

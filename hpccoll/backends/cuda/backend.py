@@ -14,7 +14,7 @@ from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
 from ..._validate import Call
 from ...config import Config
 from ...errors import CollectiveTimeout
-from ..base import Backend, Capabilities
+from ..base import Backend, Capabilities, agreed_device
 from . import launch
 from .driver import p2p_native_atomics
 from .engines import EngineSet
@@ -78,9 +78,11 @@ class CudaBackend(Backend):
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         ndev = cupy.cuda.runtime.getDeviceCount()
-        self.device_id = int(device) if device is not None else node.Get_rank() % ndev
-        if not 0 <= self.device_id < ndev:
-            raise ValueError(f"Communicator: device={device}: this node has GPUs 0..{ndev - 1}")
+        try:
+            self.device_id = agreed_device(mpi_comm, device, node.Get_rank() % ndev, ndev)
+        except ValueError:
+            node.Free()
+            raise
         cupy.cuda.Device(self.device_id).use()
         props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
         name = props["name"]
