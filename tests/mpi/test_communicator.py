@@ -225,3 +225,60 @@ def test_a_gpu_ordinal_out_of_range_on_one_rank_raises_on_every_rank():
         agreed_device(world, asked, world.Get_rank() % 2, 2)
     assert agreed_device(world, None, world.Get_rank() % 2, 2) == world.Get_rank() % 2
     assert agreed_device(world, 1, 0, 2) == 1
+
+
+class _FakeRuntime:
+    """The part of cupy.cuda.runtime the workspace uses, failing where told to."""
+
+    def __init__(self, fail_malloc: bool, fail_open: bool):
+        self.fail_malloc, self.fail_open, self.log = fail_malloc, fail_open, []
+
+    def malloc(self, n):
+        if self.fail_malloc:
+            raise MemoryError("out of memory")
+        return 4096
+
+    def memset(self, *args):
+        pass
+
+    def deviceSynchronize(self):
+        pass
+
+    def ipcGetMemHandle(self, ptr):
+        return b"handle"
+
+    def ipcOpenMemHandle(self, handle):
+        if self.fail_open:
+            raise RuntimeError("peer access unsupported")
+        return 8192
+
+    def ipcCloseMemHandle(self, ptr):
+        self.log.append(("close", ptr))
+
+    def free(self, ptr):
+        self.log.append(("free", ptr))
+
+
+@pytest.mark.parametrize("stage", ["malloc", "open"])
+def test_a_workspace_failure_on_one_rank_raises_on_every_rank(monkeypatch, stage):
+    """The cuda backend's symmetric workspace (a fake CUDA runtime): the last rank fails to
+    allocate, or to map a peer; every rank raises CudaUnavailable naming it and releases what it
+    holds, where before the others waited for it in the next exchange."""
+    import sys
+    import types
+
+    from hpccoll.backends.cuda.workspace import CudaUnavailable, Workspace
+
+    last = WORLD.Get_size() - 1
+    me = WORLD.Get_rank() == last
+    rt = _FakeRuntime(fail_malloc=me and stage == "malloc", fail_open=me and stage == "open")
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=rt)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    why = "out of memory" if stage == "malloc" else "peer access unsupported"
+    with pytest.raises(CudaUnavailable, match=f"CUDA IPC setup failed: rank {last}.*{why}"):
+        Workspace(WORLD, 1024)
+    if not (me and stage == "malloc"):
+        assert ("free", 4096) in rt.log
+    if stage == "open" and not me:
+        assert rt.log.count(("close", 8192)) == WORLD.Get_size() - 1

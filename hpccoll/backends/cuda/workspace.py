@@ -35,14 +35,23 @@ class Workspace:
         self.nbytes = nbytes
         self.rank = node_comm.Get_rank()
         self.size = node_comm.Get_size()
-        self.ptr = rt.malloc(nbytes)
+        self.ptr = 0
         self._opened: list[int] = []
+        self.peers = []
+        # Each step's failure is agreed before anyone goes on: a rank out of memory, or one that
+        # cannot map a peer, raises with all the others (and `auto` falls back on all of them)
+        # instead of leaving them in the next exchange.
+        handle, error = None, None
         try:
+            self.ptr = rt.malloc(nbytes)
             rt.memset(self.ptr, 0, nbytes)
             rt.deviceSynchronize()
             handle = rt.ipcGetMemHandle(self.ptr)
-            handles = node_comm.allgather(handle)
-            self.peers = []
+        except Exception as exc:  # noqa: BLE001 - agreed below
+            error = f"rank {self.rank}: {nbytes} bytes of workspace: {exc}"
+        handles = self._agree(node_comm, handle, error, "CUDA IPC setup failed")
+        error = None
+        try:
             for r, h in enumerate(handles):
                 if r == self.rank:
                     self.peers.append(self.ptr)
@@ -50,15 +59,25 @@ class Workspace:
                     p = rt.ipcOpenMemHandle(h)
                     self._opened.append(p)
                     self.peers.append(p)
-        except Exception as exc:
-            self._release()
-            raise CudaUnavailable(f"CUDA IPC setup failed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - agreed below
+            error = f"rank {self.rank} mapping rank {len(self.peers)}'s workspace: {exc}"
+        self._agree(node_comm, None, error, "CUDA IPC setup failed")
         # Host-mapped error word: kernels set it when a poll times out; the host reads it
         # without synchronizing.
         self.host_err = rt.hostAlloc(64, 2)  # cudaHostAllocMapped
         ctypes.memset(self.host_err, 0, 64)
         self.host_err_dev = host_device_pointer(self.host_err)
         self.err_word = ctypes.c_int.from_address(self.host_err)  # read on every call: made once
+
+    def _agree(self, node_comm, value, error: str | None, what: str) -> list:
+        """Every rank's value; CudaUnavailable on every rank (its memory released) if any rank
+        had an error (collective)."""
+        got = node_comm.allgather((value, error))
+        errors = [e for _, e in got if e]
+        if errors:
+            self._release()
+            raise CudaUnavailable(f"{what}: {'; '.join(errors)}")
+        return [v for v, _ in got]
 
     def view(self, offset: int, nbytes: int, dtype=np.uint8):
         """A CuPy array over [offset, offset+nbytes) of my workspace."""
