@@ -152,7 +152,20 @@ class Hierarchical(Backend):
             device = _physical_device(parent.mpi_comm, layout, parent.config.node_size is not None)
         local_mpi = parent.mpi_comm.Split(layout.node, layout.local)
         stripe_mpi = parent.mpi_comm.Split(layout.local, layout.node)
-        self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
+        # A node whose communicator cannot open (backend='cuda' without P2P there, say) raises on
+        # its ranks: every node learns it before the stripes are made, and raises too
+        error = None
+        try:
+            self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
+        except Exception as exc:  # noqa: BLE001 - agreed below, then re-raised on this rank
+            error = exc
+        failed = parent.mpi_comm.allgather(None if error is None else f"node {layout.node}: {error}")
+        if any(failed):
+            if error is not None:
+                raise error
+            self.local.Free()
+            raise HpccollError("Communicator: another node's communicator could not open ("
+                               + "; ".join(dict.fromkeys(f for f in failed if f)) + ")")
         self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
         self.stripe_nccl = None
         # NCCL between nodes for device calls: decided by every rank of the stripe together (the

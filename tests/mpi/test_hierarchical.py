@@ -16,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import hpccoll
+from hpccoll import HpccollError
 from hpccoll.config import Config
 from hpccoll.ops import BFLOAT16, OPS, reduce_in_rank_order
 
@@ -304,3 +305,35 @@ def test_rsag_threshold_must_agree(monkeypatch):
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
     with pytest.raises(ValueError, match="differs between ranks"):
         hpccoll.Communicator(backend="host")
+
+
+def test_a_node_whose_communicator_fails_fails_every_node(monkeypatch):
+    """The last simulated node (one rank each) cannot open its node communicator: its rank
+    raises its own error, every other node an HpccollError naming it, instead of waiting for
+    it in the inter-node communicator's construction."""
+    import hpccoll.comm as comm_module
+
+    last = WORLD.Get_size() - 1
+    real = comm_module.HostBackend
+
+    def host_backend(mpi_comm, *args, **kw):
+        if mpi_comm.Get_size() == 1 and WORLD.Get_rank() == last:
+            raise RuntimeError("node communicator broken here")
+        return real(mpi_comm, *args, **kw)
+
+    monkeypatch.setattr(comm_module, "HostBackend", host_backend)
+    monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
+    if WORLD.Get_rank() == last:
+        with pytest.raises(RuntimeError, match="node communicator broken here"):
+            hpccoll.Communicator(backend="host")
+    else:
+        with pytest.raises(HpccollError, match=f"another node's communicator could not open \\(node {last}: "
+                                               "node communicator broken here"):
+            hpccoll.Communicator(backend="host")
+    monkeypatch.setattr(comm_module, "HostBackend", real)
+    c = hpccoll.Communicator(backend="host")   # the next one opens
+    x = np.ones(3)
+    y = np.empty_like(x)
+    c.Allreduce(x, y)
+    assert np.all(y == WORLD.Get_size())
+    c.Free()
