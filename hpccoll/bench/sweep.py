@@ -71,7 +71,9 @@ def run_sweep(opts, log=None) -> dict:
         torch_rows, torch_skip = torch_baselines_first(
             opts, sizes, world, log, lambda r: say(world.Get_rank(), progress_line(r)))
     comm = hpccoll.Communicator(backend="auto", check=False)
-    gpu = comm.device is not None     # device buffers (flat CUDA backend, or hierarchical on GPUs)
+    # device buffers (flat CUDA backend, or hierarchical on GPUs): on every rank or none (the
+    # nodes of a hierarchical communicator may have fallen back to the host backend alone)
+    gpu = all(world.allgather(comm.device is not None))
     flat = comm.backend == "cuda"     # one node: SoL, in-kernel, blocking and baselines apply
     skipped: dict = {}
     result = {"machine": machine_info(comm), "commit": git_commit(), "date": now(), "ranks": comm.size,
