@@ -23,7 +23,7 @@ from ._buffers import _cupy as _cupy_module
 from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
 from ._validate import agree, prepare, signature
-from .backends.base import Backend
+from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
 from .backends.host import HostBackend
@@ -115,10 +115,8 @@ class Communicator:
             return "host"
         reason = _device_backend_reason()
         # Construction is collective: agree on whether every rank can open the device path.
-        reasons = self._comm.allgather(reason)
-        bad = [(r, why) for r, why in enumerate(reasons) if why]
-        if bad:
-            msg = "; ".join(f"rank {r}: {why}" for r, why in bad)
+        msg = ranks_reasons(self._comm, reason)
+        if msg:
             if backend == "auto":
                 log.info("hpccoll: using the host backend (%s)", msg)
                 return "host"

@@ -163,23 +163,21 @@ def cmd_solve(args) -> int:
     # The teardown is collective: only where every rank comes to it.  An exception raised on one
     # rank alone (a full disk when rank 0 writes, memory) skips it, so that the abort hook ends
     # the job instead of this rank waiting in Free for peers that wait in the next solve.
-    alike = False
+    alike = True
     try:
         if device == "gpu":
             from .sytrd_device import mode_for
 
             sytrd_mode = mode_for(comm, args.n, args.sytrd)
-        result = _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
-        alike = True
-        return result
+        return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
     except NotPositiveDefinite as exc:   # raised by every rank alike (every panel of L is broadcast)
-        alike = True
         raise CliError(f"B is not positive definite: {exc}") from None
     except InputError as exc:            # raised by every rank alike (checks.check_input)
-        alike = True
         raise CliError(f"input rejected: {exc}") from None
     except CliError:                     # runs.agree: raised by every rank alike
-        alike = True
+        raise
+    except BaseException:                # any other: this rank's alone
+        alike = False
         raise
     finally:
         if alike:

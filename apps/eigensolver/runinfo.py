@@ -125,7 +125,7 @@ def limit_host_threads(mpi_comm, setting: str | int = "auto") -> dict:
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     masks = local.allgather(mine)
     local.Free()
-    sharing = sum(1 for m in masks if set(m) & set(mine))
+    sharing = sum(1 for m in masks if not set(mine).isdisjoint(m))
     env = {k: os.environ[k] for k in THREAD_ENV if os.environ.get(k)}
     threads, why = host_thread_choice(setting, len(mine), sharing, env)
     if threads is not None:

@@ -14,15 +14,22 @@ from dataclasses import dataclass
 COLLECTIVES = frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall", "Alltoallv"})
 
 
+def ranks_reasons(mpi_comm, why: str | None) -> str | None:
+    """Every rank's reason not to go on, as 'rank r: why; ...', or None when no rank has one
+    (collective): what each rank raises alike, where a rank raising alone would leave its
+    peers waiting in the next exchange."""
+    said = [f"rank {r}: {w}" for r, w in enumerate(mpi_comm.allgather(why)) if w]
+    return "; ".join(said) or None
+
+
 def agreed_device(mpi_comm, device, default: int, ndev: int) -> int:
     """This rank's GPU ordinal (`device`, else `default`), checked on every rank together
     (collective): an ordinal some rank does not have raises ValueError on every rank, naming
-    those ranks, where a rank raising alone would leave its peers waiting in the next exchange."""
+    those ranks."""
     dev = int(device) if device is not None else default
-    bad = None if 0 <= dev < ndev else f"rank {mpi_comm.Get_rank()}: device={dev}, it has GPUs 0..{ndev - 1}"
-    bads = [b for b in mpi_comm.allgather(bad) if b]
-    if bads:
-        raise ValueError(f"Communicator: a GPU ordinal out of range ({'; '.join(bads)}): pass an ordinal every "
+    bad = ranks_reasons(mpi_comm, None if 0 <= dev < ndev else f"device={dev}, it has GPUs 0..{ndev - 1}")
+    if bad:
+        raise ValueError(f"Communicator: a GPU ordinal out of range ({bad}): pass an ordinal every "
                          "such rank has, or device=None (the node-local rank's GPU)")
     return dev
 

@@ -171,7 +171,8 @@ class Hierarchical(Backend):
         # NCCL between nodes for device calls: decided by every rank of the stripe together (the
         # nodes' backends may differ); GPUs told apart by host and PCI bus, since on separate
         # nodes the same ordinal is another GPU
-        from .nccl import gpu_identity, nccl_unavailable_reason, shared_gpus
+        from .nccl import nccl_unavailable_reason
+        from .topology import gpu_identity, shared_gpus
 
         why = (nccl_unavailable_reason() if self.local.backend == "cuda"
                else f"a node runs the {self.local.backend} backend")

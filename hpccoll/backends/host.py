@@ -30,7 +30,7 @@ from .._abi import CANONICAL_NAN, DTYPE_CODES, OP_CODES
 from ..errors import CollectiveTimeout, HpccollError
 from ..ops import (_INT, MAX, MIN, PROD, SUM, canonicalize_nans, fp_quiet, fp_restore, from_ordered_keys,
                    ordered_keys, reduce_in_rank_order)
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, ranks_reasons
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
 _MPI_TYPED = {"float64", "float32", "int32", "int64"}
@@ -161,10 +161,9 @@ class HostBackend(Backend):
         shared.Free()
         if not one_node:
             return "the ranks span several nodes"
-        reasons = comm.allgather(hostshm_unavailable_reason())
-        bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
+        bad = ranks_reasons(comm, hostshm_unavailable_reason())
         if bad:
-            return "; ".join(bad)
+            return bad
         nbytes = _hostshm.segment_bytes(self.size, SHM_SLOT_BYTES)
         path = error = None
         if self.rank == 0:

@@ -4,12 +4,12 @@ the eigensolver's `--comm nccl` path.  Not deterministic; NCCL picks its own alg
 from __future__ import annotations
 
 import os
-import socket
 
 from .._validate import Call
 from ..errors import HpccollError
-from .base import Backend, Capabilities, agreed_device
+from .base import Backend, Capabilities, agreed_device, ranks_reasons
 from .streams import stream_ptr, synchronize_stream
+from .topology import gpu_identity, shared_gpus
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -22,26 +22,6 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
-def gpu_identity(device: int) -> tuple[str, str]:
-    """(host name, PCI bus id) of a CUDA device ordinal: one GPU on one machine, whatever the
-    ordinal numbering (CUDA_VISIBLE_DEVICES) of the process."""
-    import cupy
-
-    return socket.gethostname(), cupy.cuda.Device(device).pci_bus_id
-
-
-def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:
-    """Which ranks share a GPU, from every rank's gpu_identity (None: not known, never shared);
-    None when none do."""
-    ranks: dict[tuple[str, str], list[int]] = {}
-    for r, key in enumerate(gpus):
-        if key is not None:
-            ranks.setdefault(key, []).append(r)
-    shared = [f"ranks {', '.join(map(str, rs))} share GPU {bus} on {host}"
-              for (host, bus), rs in ranks.items() if len(rs) > 1]
-    return "; ".join(shared) or None
-
-
 class NcclBackend(Backend):
     name = "nccl"
     caps = Capabilities(device=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather",
@@ -52,10 +32,9 @@ class NcclBackend(Backend):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
         # every rank comes to each agreement before any raises (a rank raising alone would leave
         # its peers waiting in the next exchange)
-        whys = [(r, w) for r, w in enumerate(mpi_comm.allgather(nccl_unavailable_reason())) if w]
-        if whys:
-            raise HpccollError("Communicator: backend='nccl' is not available: "
-                               + "; ".join(f"rank {r}: {w}" for r, w in whys))
+        why = ranks_reasons(mpi_comm, nccl_unavailable_reason())
+        if why:
+            raise HpccollError(f"Communicator: backend='nccl' is not available: {why}")
         import cupy
         from cupy.cuda import nccl
         from mpi4py import MPI

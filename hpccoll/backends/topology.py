@@ -1,5 +1,8 @@
-"""GPU facts read from the driver: count, names, P2P access and native peer atomics."""
+"""GPU facts read from the driver: count, names, P2P access and native peer atomics, and which
+GPU a rank runs on (host and PCI bus)."""
 from __future__ import annotations
+
+import socket
 
 
 def p2p_matrix():
@@ -33,3 +36,23 @@ def describe_gpus() -> str:
                  for j in range(n)]
         lines.append(f"  {i:>3} " + " ".join(f"{c:>4}" for c in cells))
     return "\n".join(lines)
+
+
+def gpu_identity(device: int) -> tuple[str, str]:
+    """(host name, PCI bus id) of a CUDA device ordinal: one GPU on one machine, whatever the
+    ordinal numbering (CUDA_VISIBLE_DEVICES) of the process."""
+    import cupy
+
+    return socket.gethostname(), cupy.cuda.Device(device).pci_bus_id
+
+
+def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:
+    """Which ranks share a GPU, from every rank's gpu_identity (None: not known, never shared);
+    None when none do."""
+    ranks: dict[tuple[str, str], list[int]] = {}
+    for r, key in enumerate(gpus):
+        if key is not None:
+            ranks.setdefault(key, []).append(r)
+    shared = [f"ranks {', '.join(map(str, rs))} share GPU {bus} on {host}"
+              for (host, bus), rs in ranks.items() if len(rs) > 1]
+    return "; ".join(shared) or None

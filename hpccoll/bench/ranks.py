@@ -3,6 +3,7 @@ alone (a compile, a capture, an allocation) runs through `guarded`: its failure 
 on every rank, so no rank is left waiting in a kernel or a collective for one that gave up."""
 from __future__ import annotations
 
+from ..backends.base import ranks_reasons
 
 
 class Skip(Exception):
@@ -30,9 +31,9 @@ def max_over_ranks(mpi_comm, t):
 
 def skip_unless_all(mpi_comm, why: str | None, what: str = "") -> None:
     """Raise Skip on every rank when any rank has a reason `why` (collective)."""
-    whys = mpi_comm.allgather(why)
-    if any(whys):
-        raise Skip(what + "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w))
+    whys = ranks_reasons(mpi_comm, why)
+    if whys:
+        raise Skip(what + whys)
 
 
 def guarded(mpi_comm, fn, what: str = ""):

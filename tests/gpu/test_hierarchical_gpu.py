@@ -126,7 +126,8 @@ def test_nccl_between_nodes_exactly_where_the_inter_node_groups_hold_distinct_gp
     """The inter-node phase takes NCCL where it can run: NCCL is there and no two ranks of an
     inter-node group (same node-local rank) share a GPU, GPUs told apart by host and PCI bus
     (on real nodes every group has the same ordinals on different GPUs)."""
-    from hpccoll.backends.nccl import gpu_identity, nccl_unavailable_reason
+    from hpccoll.backends.nccl import nccl_unavailable_reason
+    from hpccoll.backends.topology import gpu_identity
 
     layout = hc._backend.layout
     gpus = WORLD.allgather(gpu_identity(hc._backend.device_id))

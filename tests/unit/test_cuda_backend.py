@@ -167,7 +167,7 @@ def test_engine_slots_rest_as_their_protocol():
 
 
 def test_nccl_names_the_ranks_that_share_a_gpu():
-    from hpccoll.backends.nccl import shared_gpus
+    from hpccoll.backends.topology import shared_gpus
 
     assert shared_gpus([("a", "0000:01:00.0"), ("a", "0000:02:00.0")]) is None
     assert shared_gpus([("a", "0000:01:00.0"), ("b", "0000:01:00.0")]) is None   # two hosts

@@ -21,6 +21,7 @@ from .engines import EngineSet
 from .fusion import Fuser
 from .groups import run_group
 from .kernels import Kernels, grid_block_cap
+from ..topology import gpu_identity
 from .plans import make_plan
 from ..streams import stream_ptr, synchronize_stream
 from .workspace import CudaUnavailable, Layout, Workspace
@@ -91,7 +92,7 @@ class CudaBackend(Backend):
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         pdl = config.pdl and int(props["major"]) >= 9
-        bus = cupy.cuda.Device(self.device_id).pci_bus_id
+        _host, bus = gpu_identity(self.device_id)
         devices, sms, buses = zip(*mpi_comm.allgather((self.device_id, self.sms, bus)))  # per rank
         why = gpu_numbering_mismatch(devices, buses)
         if why:
