@@ -196,8 +196,10 @@ class Communicator:
 
     def Free(self) -> None:
         """Release device workspace and the MPI communicator (collective).  A second Free is a no-op.
-        After a host-backend CollectiveTimeout the MPI communicator is left to MPI_Finalize (a
-        pending MPI operation cannot be cancelled, and freeing would wait for it)."""
+        After a CollectiveTimeout it waits for its peers at most the timeout (a peer that never
+        came may never come): past it, or after a host-backend timeout, the workspace and the MPI
+        communicator are left to the end of the process (a pending MPI operation cannot be
+        cancelled, and freeing would wait for it)."""
         if self._freed:
             return
         self._freed = True
@@ -207,7 +209,7 @@ class Communicator:
                 self._backend.free()
         finally:
             self._host.free()  # local
-            if not self._host.broken:
+            if not self._host.broken and not self._backend.abandoned:
                 self._comm.Free()
 
     def __enter__(self):

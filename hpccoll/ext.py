@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ._abi import CTRL_BYTES, DTYPE_CODES, MAX_RANKS, PACK, SENTINEL_U32, Args, const, cuda_dir
+from .backends.base import release_together
 from .errors import HpccollError
 
 DATA_ALIGN = 1024  # the data region and its sub-buffers start on 1 KiB (LL slot groups)
@@ -177,12 +178,14 @@ class SymmetricMemory:
                                          "This memory is unusable: free it")
 
     def free(self) -> None:
-        """Release the memory (collective: no peer may still write into it)."""
+        """Release the memory (collective: no peer may still write into it).  After a poll gave
+        up (check() raises) the wait for the peers is bounded by the timeout; past it the memory
+        is left to the end of the process."""
         if self._freed:
             return
         self._freed = True
-        self._mpi.Barrier()
-        self._ws.free()
+        within = self._timeout_ns / 1e9 if self._ws.host_error() else None
+        release_together(self._mpi, self._ws.free, within, "SymmetricMemory.free")
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"{self.nbytes} bytes at offset {self.data_offset}"

@@ -7,8 +7,12 @@ of node and inter-node communicators) for device buffers of the collectives that
 host memory.  Nothing in comm.py asks a backend what it is: it reads `caps`."""
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
+log = logging.getLogger("hpccoll")
 
 #: every collective a Communicator offers, by its mpi4py name
 COLLECTIVES = frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall", "Alltoallv"})
@@ -32,6 +36,29 @@ def agreed_device(mpi_comm, device, default: int, ndev: int) -> int:
         raise ValueError(f"Communicator: a GPU ordinal out of range ({bad}): pass an ordinal every "
                          "such rank has, or device=None (the node-local rank's GPU)")
     return dev
+
+
+def release_together(mpi_comm, release, within: float | None, what: str) -> bool:
+    """Call `release()` once every rank of `mpi_comm` has come here (collective: a nonblocking
+    barrier, so that no peer still writes into memory this rank unmaps).  `within` None waits
+    as long as it takes; a number of seconds is for teardown after a CollectiveTimeout, where a
+    peer may never come: past it nothing is released (the process's exit reclaims it), a
+    warning says so, and the result is False.  Every rank of a teardown must call this (the
+    barrier is MPI_Ibarrier, which a blocking MPI_Barrier does not match); a rank that gave up
+    leaves its barrier posted, so a peer arriving later still passes."""
+    req = mpi_comm.Ibarrier()
+    if within is None:
+        req.Wait()
+    else:
+        deadline = time.monotonic() + within
+        while not req.Test():
+            if time.monotonic() > deadline:
+                log.warning("hpccoll: %s: a peer did not come within %g s after the timeout; its "
+                            "memory and MPI communicator are left to the end of the process", what, within)
+                return False
+            time.sleep(1e-3)
+    release()
+    return True
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,9 @@ class Backend(ABC):
     name: str = "?"
     caps: Capabilities = Capabilities(device=False)
     device_id: int | None = None
+    #: free() gave up waiting for a peer after a CollectiveTimeout (release_together): the MPI
+    #: communicator must not be freed either
+    abandoned: bool = False
 
     @abstractmethod
     def run(self, call, deterministic: bool, algorithm: str, stream) -> None:
@@ -115,4 +145,5 @@ class Backend(ABC):
 
     @abstractmethod
     def free(self) -> None:
-        """Release what the backend holds (collective)."""
+        """Release what the backend holds (collective; after a CollectiveTimeout bounded by the
+        timeout, see release_together)."""

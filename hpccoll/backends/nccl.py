@@ -7,7 +7,7 @@ import os
 
 from .._validate import Call
 from ..errors import HpccollError
-from .base import Backend, Capabilities, agreed_device, ranks_reasons
+from .base import Backend, Capabilities, agreed_device, ranks_reasons, release_together
 from .streams import stream_ptr, synchronize_stream
 from .topology import gpu_identity, shared_gpus
 
@@ -134,6 +134,9 @@ class NcclBackend(Backend):
         if sync:
             self.synchronize(stream)
 
-    def free(self) -> None:
-        self.mpi.Barrier()
-        self.comm.destroy()
+    def free(self, within: float | None = None) -> None:
+        """Destroy the NCCL communicator once every rank is here (collective); `within` bounds
+        the wait (the cuda backend's teardown after a CollectiveTimeout), past which the
+        communicator is aborted instead (local)."""
+        if not release_together(self.mpi, self.comm.destroy, within, "Free (NCCL)"):
+            self.comm.abort()

@@ -503,6 +503,35 @@ def test_rank_that_never_joins_times_out():
         c.Free()
 
 
+def test_free_after_a_timeout_waits_for_peers_at_most_the_timeout():
+    """Rank 0's Allreduce in a `with` block times out (the others never call it): the block
+    raises CollectiveTimeout after about two timeouts (the poll's, then Free's bounded wait),
+    rather than waiting in Free for peers that may never come; rank 0 leaves its workspace and
+    MPI communicator to the end of the process.  The others, arriving much later, pass their
+    Free (rank 0's barrier stays posted) and release theirs."""
+    import time
+
+    import cupy as cp
+
+    timeout = 2.0
+    c = hpccoll.Communicator(backend="cuda", timeout=timeout)  # (returns on every rank together)
+    x = cp.ones(1000, dtype=cp.float32)
+    if c.rank == 0:
+        t0 = time.perf_counter()
+        with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce"):
+            with c:
+                c.Allreduce(x, cp.empty_like(x))
+                c.synchronize()
+        elapsed = time.perf_counter() - t0
+        assert 2 * timeout - 0.5 <= elapsed < 2 * timeout + 4, elapsed
+        assert c._backend.abandoned
+    else:
+        time.sleep(4 * timeout + 4)  # well past rank 0's bounded Free
+        c.Free()
+        assert not c._backend.abandoned
+    _world().Barrier()
+
+
 def test_bad_inputs_on_device(cc):
     import cupy as cp
 

@@ -282,3 +282,59 @@ def test_a_workspace_failure_on_one_rank_raises_on_every_rank(monkeypatch, stage
         assert ("free", 4096) in rt.log
     if stage == "open" and not me:
         assert rt.log.count(("close", 8192)) == WORLD.Get_size() - 1
+
+
+def test_release_together_waits_for_every_rank_or_gives_up_after_a_bound(caplog):
+    """Teardown after a timeout (backends.base.release_together): with every rank there, each
+    releases; with the last rank late, the others give up after the bound, release nothing and
+    say so, and the last rank, arriving later, still passes (their barrier stays posted)."""
+    import time
+
+    from hpccoll.backends.base import release_together
+
+    comm = WORLD.Dup()
+    released = []
+    assert release_together(comm, lambda: released.append(1), None, "Free")
+    assert release_together(comm, lambda: released.append(2), 5.0, "Free")
+    assert released == [1, 2]
+    late = WORLD.Get_rank() == WORLD.Get_size() - 1
+    if not late:
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="hpccoll"):
+            assert not release_together(comm, lambda: released.append(3), 0.3, "Free")
+        assert 0.3 <= time.monotonic() - t0 < 5
+        assert "did not come within 0.3 s" in caplog.text
+    WORLD.Barrier()
+    if late:
+        assert release_together(comm, lambda: released.append(3), None, "Free")
+        assert released == [1, 2, 3]
+    else:
+        assert released == [1, 2]
+    WORLD.Barrier()
+
+
+def test_free_leaves_the_mpi_communicator_when_the_backend_gave_up():
+    """A device backend whose teardown gave up on a peer (`abandoned`) leaves the MPI
+    communicator alone (freeing it could wait for the pending barrier); otherwise Free frees it."""
+    from hpccoll.backends.base import Backend
+
+    class GaveUp(Backend):
+        def run(self, *a):
+            raise AssertionError("not called")
+
+        def barrier(self):
+            pass
+
+        def free(self):
+            self.abandoned = True
+
+    for gives_up in (True, False):
+        c = hpccoll.Communicator(WORLD, backend="host")
+        mpi_comm = c.mpi_comm
+        if gives_up:
+            c._backend = GaveUp()
+        c.Free()
+        assert (mpi_comm != MPI.COMM_NULL) == gives_up
+        if gives_up:
+            assert mpi_comm.Get_size() == WORLD.Get_size()
+            mpi_comm.Free()

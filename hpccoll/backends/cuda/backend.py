@@ -14,7 +14,7 @@ from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
 from ..._validate import Call
 from ...config import Config
 from ...errors import CollectiveTimeout
-from ..base import Backend, Capabilities, agreed_device
+from ..base import Backend, Capabilities, agreed_device, release_together
 from . import launch
 from .driver import p2p_native_atomics
 from .engines import EngineSet
@@ -275,19 +275,23 @@ class CudaBackend(Backend):
             self.synchronize(stream)
 
     def free(self) -> None:
+        # after a timeout a peer may never come: the waits are bounded by the timeout then
+        within = self.timeout_ns / 1e9 if self.broken or self.ws.host_error() else None
         try:
             self.engines.free()
             import cupy
 
-            cupy.cuda.runtime.deviceSynchronize()
+            cupy.cuda.runtime.deviceSynchronize()  # (every poll is bounded: this returns)
             if self._nccl is not None:
-                self._nccl.free()
+                self._nccl.free(within)
             if self.fuser is not None:
                 self.fuser.forget()  # (its nodes' parameter blocks)
-        finally:
-            self.comm.Barrier()  # no peer may still be writing into a workspace we unmap
-            self.ws.free()
-            self.node.Free()
+        finally:  # no peer may still be writing into a workspace we unmap
+            self.abandoned = not release_together(self.comm, self._release, within, "Free")
+
+    def _release(self) -> None:
+        self.ws.free()
+        self.node.Free()
 
     # -- capture fusion (fusion.py) --------------------------------------------------------------
     def chain_algorithm(self, requested: str, algo: str, nbytes: int) -> str | None:
