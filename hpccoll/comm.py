@@ -392,7 +392,7 @@ class Communicator:
         for backend, run in itertools.groupby(items, key=lambda item: item[0]):
             batch = [call for _b, call in run]
             if backend.caps.groups:
-                backend.run_group(batch)
+                backend.run_group(batch, self.check)
             else:
                 for call in batch:
                     backend.run(*call)

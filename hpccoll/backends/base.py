@@ -96,7 +96,8 @@ class Backend(ABC):
         communication).
     plan(call, deterministic, algorithm): a prepared launch with `.launch(stream)` for repeats
         of exactly this call, or None.
-    run_group(items): the calls of a group block, items of (call, deterministic, algorithm, stream).
+    run_group(items, check): the calls of a group block, items of (call, deterministic, algorithm,
+        stream); check: compare with every rank how they would be issued first (check mode).
     synchronize(stream), barrier(), free()."""
 
     name: str = "?"
@@ -128,7 +129,7 @@ class Backend(ABC):
     def plan(self, call, deterministic: bool, algorithm: str):
         return None
 
-    def run_group(self, items) -> None:
+    def run_group(self, items, check: bool = False) -> None:
         for call, det, algo, stream in items:
             self.run(call, det, algo, stream)
 

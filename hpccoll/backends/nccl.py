@@ -112,7 +112,7 @@ class NcclBackend(Backend):
         finally:
             self.nccl.groupEnd()
 
-    def run_group(self, items) -> None:
+    def run_group(self, items, check: bool = False) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
         self.nccl.groupStart()
         try:

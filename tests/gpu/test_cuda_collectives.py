@@ -209,6 +209,41 @@ def test_bcast_allgather_reduce_scatter(cc, dtype):
     cc.Barrier()
 
 
+def test_blockwise_collectives_with_buffers_aligned_on_some_ranks_only(cc):
+    """Allgather, Alltoall and Reduce_scatter_block where odd ranks' buffers are 4 bytes off
+    16-byte alignment and even ranks' aligned: every rank runs the launches its peers run (the
+    direct launch on aligned copies; before, an unaligned rank took the staged path, chunk by
+    chunk, against its peers' one launch).  Blocks of whole packs, one chunk and several
+    (1 << 17 floats: 512 KiB), and not whole packs; exact bits against the host reference."""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 29])
+    size, rank, off = cc.size, cc.rank, cc.rank % 2
+
+    def unaligned(a):  # a device copy of `a`, 4 bytes off alignment on odd ranks
+        d = cp.zeros(a.size + off, a.dtype)[off:]
+        d[...] = cp.asarray(a)
+        return d
+
+    for n in (8, 1000, 1 << 17, 7):
+        x = rng.standard_normal(n).astype(np.float32)
+        xs = _world().allgather(x)
+        out = unaligned(np.zeros(n * size, np.float32))
+        cc.Allgather(unaligned(x), out)
+        _assert_bitwise(cp.asnumpy(out), np.concatenate(xs), f"Allgather n={n} offset {off}")
+        y = rng.standard_normal(n * size).astype(np.float32)
+        ys = _world().allgather(y)
+        out = unaligned(np.zeros(n * size, np.float32))
+        cc.Alltoall(unaligned(y), out)
+        want = np.concatenate([ys[src][rank * n:(rank + 1) * n] for src in range(size)])
+        _assert_bitwise(cp.asnumpy(out), want, f"Alltoall n={n} offset {off}")
+        rs = unaligned(np.zeros(n, np.float32))
+        cc.Reduce_scatter_block(unaligned(y), rs, deterministic=True)
+        ref = reduce_in_rank_order(OPS["SUM"], ys)[rank * n:(rank + 1) * n]
+        _assert_bitwise(cp.asnumpy(rs), ref, f"Reduce_scatter_block n={n} offset {off}")
+    cc.Barrier()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64"])
 def test_alltoall_and_alltoallv(cc, dtype):
     """Alltoall on the device kernel (block j to rank j, exact bits; padded and staged where a

@@ -236,3 +236,65 @@ def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     out = cp.empty_like(x)
     cc.Allreduce(x, out)
     assert float(out[0]) == cc.size * (cc.size + 1) / 2
+
+
+def test_group_with_buffers_aligned_on_some_ranks_only(cc, launches):
+    """Odd ranks pass buffers 4 bytes off 16-byte alignment, even ranks aligned ones: every rank
+    makes the same single launch (unaligned buffers through aligned copies), each result bitwise
+    the rank-order reduction.  (A rank launching its unaligned calls one by one would meet no
+    peer: they wait in the group's launch.)"""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 71])
+    off = cc.rank % 2
+    counts = [5, 64, 1001, 3]
+    for rep in range(3):
+        xs = [rng.standard_normal(n).astype(np.float32) for n in counts]
+        refs = [reduce_in_rank_order(OPS["SUM"], _world().allgather(x)) for x in xs]
+        dxs, outs = [], []
+        for k, x in enumerate(xs):
+            dx = cp.zeros(x.size + off, np.float32)[off:]
+            dx[...] = cp.asarray(x)
+            dxs.append(dx)
+            outs.append(cp.zeros(x.size + 1, np.float32)[(k + off) % 2:][:x.size])
+        with cc.group():
+            for k, (dx, out) in enumerate(zip(dxs, outs)):
+                if k == 3:
+                    cc.Allreduce(hpccoll.IN_PLACE, dx, algorithm="oneshot_ll")
+                else:
+                    cc.Allreduce(dx, out, algorithm="oneshot_ll")
+        cc.synchronize()
+        for k, ref in enumerate(refs):
+            got = dxs[k] if k == 3 else outs[k]
+            _check(cp.asnumpy(got), ref, f"call {k} (n={counts[k]}) rep {rep}, rank {cc.rank} offset {off}")
+    assert launches == [(len(counts), "oneshot_ll")] * 3, launches
+
+
+def test_check_mode_refuses_a_group_launched_differently_on_some_ranks(cc, launches):
+    """Rank 0's second call reads its first call's output (so it must run after it), the other
+    ranks' calls are independent: without check mode rank 0 would launch them one by one and
+    its peers together.  Check mode raises MismatchError on every rank before any launch; the
+    communicator stays usable."""
+    import cupy as cp
+
+    c = hpccoll.Communicator(backend="cuda", check=True)
+    try:
+        rng = np.random.default_rng([c.rank, 73])
+        x = rng.standard_normal(100).astype(np.float32)
+        ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
+        dx, y, z = cp.asarray(x), cp.zeros(100, np.float32), cp.zeros(100, np.float32)
+        with pytest.raises(hpccoll.MismatchError, match="group: ranks would issue different launches"):
+            with c.group():
+                c.Allreduce(dx, y, algorithm="oneshot_ll")
+                c.Allreduce(y if c.rank == 0 else dx, z, algorithm="oneshot_ll")
+        assert launches == []
+        assert not cp.asnumpy(y).any() and not cp.asnumpy(z).any()  # nothing was issued
+        with c.group():  # alike on every rank: one launch
+            c.Allreduce(dx, y, algorithm="oneshot_ll")
+            c.Allreduce(dx, z, algorithm="oneshot_ll")
+        c.synchronize()
+        assert launches == [(2, "oneshot_ll")]
+        _check(cp.asnumpy(y), ref, "after the mismatch, call 0")
+        _check(cp.asnumpy(z), ref, "after the mismatch, call 1")
+    finally:
+        c.Free()

@@ -278,3 +278,31 @@ def test_engine_caller_order(cc):
             _check(cp.asnumpy(out), ref, "after the refused call")
     finally:
         cc.check = False
+
+
+def test_engine_with_buffers_aligned_on_some_ranks_only(cc):
+    """Odd ranks pass buffers 4 bytes off 16-byte alignment, even ranks aligned ones: every
+    rank's call goes to the engine (an unaligned buffer through an aligned copy), the results
+    bitwise the rank-order reduction.  (A rank sending its unaligned call to a launched kernel
+    would meet no peer: they wait in the engine.)"""
+    import cupy as cp
+
+    rng = np.random.default_rng([cc.rank, 67])
+    off = cc.rank % 2
+    for k in range(3):  # (loads what the staging copies need before the engine runs)
+        x = cp.zeros(8 + off, np.float32)[off:]
+        x[...] = cp.zeros(8, np.float32)
+    with cc.persistent("float32"):
+        eng = _engine(cc, "float32")
+        before = eng.calls
+        for i, n in enumerate([1, 7, 1000, 4099]):
+            x = rng.standard_normal(n).astype(np.float32)
+            ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
+            dx = cp.zeros(n + off, np.float32)[off:]
+            dx[...] = cp.asarray(x)
+            out = cp.zeros(n + 1, np.float32)[1 - off:]  # the other alignment than dx's
+            cc.Allreduce(dx, out)
+            _check(cp.asnumpy(out), ref, f"n={n} (rank {cc.rank}: input {'un' * off}aligned)")
+            cc.Allreduce(hpccoll.IN_PLACE, dx)
+            _check(cp.asnumpy(dx), ref, f"in place n={n}")
+        assert eng.calls - before == 8

@@ -6,29 +6,43 @@ from __future__ import annotations
 
 from ... import policy
 from ..._abi import GROUP_MAX, PACK, Args, Group
+from ...errors import MismatchError
 from .driver import Launcher
-from .kernels import OPS, aligned, packs
+from .kernels import OPS, aligned, aligned_copy, copy_to, packs
 from .launch import allreduce_launcher
 from ..streams import stream_ptr
 
 
-def run_group(b, items) -> None:
+def run_group(b, items, check: bool = False) -> None:
     """A group's calls, in order: every run of consecutive Allreduce calls that can share a
     launch as one launch, any other call as usual.  items: (call, deterministic, algorithm,
-    stream) tuples."""
+    stream) tuples.  check: first compare the launches with every rank's (MismatchError on
+    every rank where they differ, and nothing issued)."""
+    runs = []  # (i, j, algorithm or None)
     i = 0
     while i < len(items):
         j, algo = _run_at(b, items, i)
+        runs.append((i, j, algo))
+        i = j
+    if check:
+        mine = [(j - i, algo) for i, j, algo in runs]
+        theirs = b.comm.allgather(mine)
+        if any(t != mine for t in theirs):
+            raise MismatchError("group: ranks would issue different launches (calls per launch, one-shot): "
+                                + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs))
+                                + ": the calls' buffers overlap each other's outputs, or share a stream, "
+                                "on some ranks only; make them alike on every rank")
+    for i, j, algo in runs:
         if algo is None:
             b.run(*items[i])
         else:
             _launch(b, items[i:j], algo)
-        i = j
 
 
 def _groupable(b, call, algorithm: str) -> bool:
-    return (policy.groupable(call.name, algorithm) and call.recv.count > 0 and call.recv.device == b.device_id
-            and aligned(call.send.flat) and aligned(call.recv.flat))
+    """(Not the buffers' alignment, which is each rank's own: a rank launching its calls one by
+    one would never meet its peers' group launch.  _launch stages unaligned buffers.)"""
+    return policy.groupable(call.name, algorithm) and call.recv.count > 0 and call.recv.device == b.device_id
 
 
 def _run_at(b, items, i: int) -> tuple[int, str | None]:
@@ -79,10 +93,17 @@ def _launch(b, calls, algo: str) -> None:
     a.count, a.iters = 0, 1
     g = Group(n=len(calls))
     npacks = 0
+    staged = []  # (user recvbuf, aligned copy): buffers not 16-byte aligned
     for j, (c, *_rest) in enumerate(calls):
-        g.start[j], g.in_[j], g.out[j], g.count[j] = npacks, c.send.flat.data.ptr, c.recv.flat.data.ptr, c.recv.count
+        send, recv = c.send.flat, c.recv.flat
+        if not (aligned(send) and aligned(recv)):
+            send = recv = aligned_copy(send, s)
+            staged.append((c.recv.flat, recv))
+        g.start[j], g.in_[j], g.out[j], g.count[j] = npacks, send.data.ptr, recv.data.ptr, c.recv.count
         npacks += packs(c.recv.flat)
     g.start[len(calls)] = npacks
     fn = b.kernels.module(dtype).fn(f"hc_allreduce_{algo}_{OPS[op]}_group")
     Launcher(fn, a, pdl=b.kernels.pdl, extra=g)(*b.kernels.grid(npacks), s)
     b.engines.note_launch(s)
+    for user, tmp in staged:
+        copy_to(user, tmp, s)

@@ -132,3 +132,23 @@ def packs(flat) -> int:
 def aligned(flat) -> bool:
     """Kernels read and write 16-byte packs: unaligned user buffers go through aligned copies."""
     return flat.data.ptr % PACK == 0
+
+
+def aligned_copy(flat, s: int, fill: bool = True):
+    """A fresh (so aligned) contiguous device array like `flat`, holding its values if `fill`,
+    on stream `s`.  Copies here and in copy_to are the copy engine's (cudaMemcpyAsync), not a
+    kernel: nothing to load while an eager engine runs (loading a module may wait for it)."""
+    import cupy
+
+    with cupy.cuda.ExternalStream(s):
+        tmp = cupy.empty(flat.shape, flat.dtype)
+    if fill:
+        copy_to(tmp, flat, s)
+    return tmp
+
+
+def copy_to(dst, src, s: int) -> None:
+    """dst[...] = src for contiguous device arrays of the same bytes, on stream `s`."""
+    import cupy
+
+    cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, 3, s)  # device to device

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..._abi import PACK
 from ..._validate import Call
-from .kernels import OPS, aligned, packs_of
+from .kernels import OPS, aligned, aligned_copy, copy_to, packs_of
 from .workspace import S_LL, S_LLB, S_TWOSHOT
 
 
@@ -25,15 +25,11 @@ def allreduce_launcher(b, dtype: str, algo: str, op: str, loop: bool = False):
 
 
 def allreduce(b, call: Call, algo: str, op: str, s: int, iters: int, chain: str | None = None) -> None:
-    import cupy
-
     send, recv = call.send.flat, call.recv.flat
     if not (aligned(send) and aligned(recv)):
-        with cupy.cuda.ExternalStream(s):
-            tmp = send.copy()  # fresh allocation: aligned
+        tmp = aligned_copy(send, s)
         _allreduce_aligned(b, tmp, tmp, call.recv.dtype, algo, op, s, iters)
-        with cupy.cuda.ExternalStream(s):
-            recv[...] = tmp
+        copy_to(recv, tmp, s)
         return
     _allreduce_aligned(b, send, recv, call.recv.dtype, algo, op, s, iters, chain)
 
@@ -66,15 +62,11 @@ def bcast_grid(b, nbytes: int) -> tuple[int, int]:
 
 
 def bcast(b, call: Call, algo: str, op, s: int, iters: int) -> None:
-    import cupy
-
     buf = call.recv.flat
     if not aligned(buf):
-        with cupy.cuda.ExternalStream(s):
-            tmp = buf.copy()
+        tmp = aligned_copy(buf, s)
         _bcast_flat(b, tmp, call, s, iters)
-        with cupy.cuda.ExternalStream(s):
-            buf[...] = tmp
+        copy_to(buf, tmp, s)
         return
     _bcast_flat(b, buf, call, s, iters)
 
@@ -91,9 +83,11 @@ def _bcast_flat(b, buf, call, s, iters):
 
 def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int, mode: str) -> None:
     """Allgather / Reduce_scatter_block / Alltoall: per-rank blocks of `count` elements; direct
-    when the blocks are pack-aligned and fit (Allgather and Alltoall walk their chunks inside one
+    when the blocks are whole packs and fit (Allgather and Alltoall walk their chunks inside one
     launch, Reduce_scatter takes one launch per cap_bytes), else staged through padded
-    [nranks, chunk] buffers."""
+    [nranks, chunk] buffers.  The choice reads only values every rank shares (a rank whose
+    buffers are not 16-byte aligned runs the direct launch on aligned copies): a rank taking
+    the other path would run other launches than its peers."""
     import cupy
 
     n = b.size
@@ -117,9 +111,13 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
     a = lau.args
     a.iters = iters
     fits = mode != "scatter" or count * esize <= cap_bytes
-    if count % epp == 0 and fits and aligned(src) and aligned(out):
-        a.in_, a.out, a.count = src.data.ptr, out.data.ptr, count
+    if count % epp == 0 and fits:  # (values every rank shares: every rank takes this path)
+        tsrc = src if aligned(src) else aligned_copy(src, s)  # (this rank's buffers only)
+        tout = out if aligned(out) else aligned_copy(out, s, fill=False)
+        a.in_, a.out, a.count = tsrc.data.ptr, tout.data.ptr, count
         lau(*b.kernels.grid(min(count, cap_bytes // esize) // epp), s)
+        if tout is not out:
+            copy_to(out, tout, s)
         return
     step = max(epp, cap_bytes // esize // epp * epp)
     dtype = out.dtype
