@@ -7,7 +7,8 @@ Check mode (`Communicator(check=True)`, HPCCOLL_CHECK=1) adds one exchange befor
 `agree(...)`: every rank shares the outcome of its own validation (the call's signature, or
 the error it raised), so an error on any rank becomes an error on every rank (the failing rank
 re-raises its own; the others raise MismatchError naming it), and signatures that differ
-(collective, count, dtype, op, root, algorithm, deterministic, Alltoallv's counts) raise
+(collective, count, dtype, op, root, algorithm, deterministic, the backend that runs it (host
+or device buffers), Alltoallv's counts) raise
 MismatchError on every rank.  Without check mode a call whose arguments differ between ranks
 is erroneous, as in MPI: it may hang until the timeout or give wrong values."""
 from __future__ import annotations
@@ -192,15 +193,17 @@ def block_count(call: Call, size: int) -> int:
     return call.recv.count
 
 
-_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic")
+_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic", "backend")
 
 
-def signature(call: Call, size: int, algorithm: str, deterministic: bool) -> tuple:
+def signature(call: Call, size: int, algorithm: str, deterministic: bool, backend: str = "host") -> tuple:
     """What every rank's call must agree on (check mode).  Alltoallv's counts may differ per rank:
-    what must match is checked pairwise from its VSpec (agree)."""
+    what must match is checked pairwise from its VSpec (agree).  `backend`: the backend that
+    runs this rank's call (host buffers on some ranks and device buffers on others send them
+    to different backends, whose calls never meet)."""
     count = None if call.v is not None else block_count(call, size)
     return (call.name, count, call.recv.dtype, call.op.name if call.op else None,
-            call.root, algorithm, bool(deterministic))
+            call.root, algorithm, bool(deterministic), backend)
 
 
 def agree(allgather, rank: int, name: str, outcome, vspec: VSpec | None = None) -> None:

@@ -291,7 +291,7 @@ class Communicator:
             backend = self._backend_for(call)
             algo = self._algorithm_for(backend, algorithm)
             self._resolve(backend, call, det, algo)
-            outcome = signature(call, self._size, algo, det)
+            outcome = signature(call, self._size, algo, det, backend.name)
         except (TypeError, ValueError, HpccollError) as exc:
             agree(gather, self._rank, name, exc)  # raises exc here, MismatchError on the other ranks
             raise  # pragma: no cover - agree always raises for an exception

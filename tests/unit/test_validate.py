@@ -213,3 +213,20 @@ def test_prepare_checks_its_dtypes():
     c.Free()
     with pytest.raises(hpccoll.HpccollError, match="prepare"):
         c.prepare()
+
+
+def test_check_mode_names_ranks_whose_buffers_go_to_different_backends():
+    """Host buffers on one rank and device buffers on another send the call to different
+    backends (MPI on one, device kernels on the other), which never meet: check mode's
+    signature carries the backend, and agree raises MismatchError naming it on every rank."""
+    from hpccoll import MismatchError
+    from hpccoll._validate import agree, signature
+
+    x = np.arange(6, dtype=np.float32)
+    call = prepare("Allreduce", 2, x, np.empty_like(x), op=hpccoll.SUM)
+    sigs = [signature(call, 2, "auto", False, "host"), signature(call, 2, "auto", False, "cuda")]
+    assert sigs[0][:-1] == sigs[1][:-1]
+    for rank in (0, 1):
+        with pytest.raises(MismatchError, match="ranks disagree on backend: rank 0 has host, rank 1 has cuda"):
+            agree(lambda mine, name: [("ok", s, None) for s in sigs], rank, "Allreduce", sigs[rank])
+    agree(lambda mine, name: [("ok", sigs[0], None)] * 2, 0, "Allreduce", sigs[0])  # alike: no error
