@@ -241,6 +241,9 @@ def test_blockwise_collectives_with_buffers_aligned_on_some_ranks_only(cc):
         cc.Reduce_scatter_block(unaligned(y), rs, deterministic=True)
         ref = reduce_in_rank_order(OPS["SUM"], ys)[rank * n:(rank + 1) * n]
         _assert_bitwise(cp.asnumpy(rs), ref, f"Reduce_scatter_block n={n} offset {off}")
+        inplace = unaligned(y)  # the result is its first n elements
+        cc.Reduce_scatter_block(hpccoll.IN_PLACE, inplace, deterministic=True)
+        _assert_bitwise(cp.asnumpy(inplace[:n]), ref, f"Reduce_scatter_block in place n={n} offset {off}")
     cc.Barrier()
 
 

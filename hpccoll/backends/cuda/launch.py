@@ -112,12 +112,13 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
     a.iters = iters
     fits = mode != "scatter" or count * esize <= cap_bytes
     if count % epp == 0 and fits:  # (values every rank shares: every rank takes this path)
+        dst = out[:count] if mode == "scatter" else out  # what the launch writes (in place: the first block)
         tsrc = src if aligned(src) else aligned_copy(src, s)  # (this rank's buffers only)
-        tout = out if aligned(out) else aligned_copy(out, s, fill=False)
+        tout = dst if aligned(dst) else aligned_copy(dst, s, fill=False)
         a.in_, a.out, a.count = tsrc.data.ptr, tout.data.ptr, count
         lau(*b.kernels.grid(min(count, cap_bytes // esize) // epp), s)
-        if tout is not out:
-            copy_to(out, tout, s)
+        if tout is not dst:
+            copy_to(dst, tout, s)
         return
     step = max(epp, cap_bytes // esize // epp * epp)
     dtype = out.dtype
