@@ -196,7 +196,7 @@ def block_count(call: Call, size: int) -> int:
 _FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic", "backend")
 
 
-def signature(call: Call, size: int, algorithm: str, deterministic: bool, backend: str = "host") -> tuple:
+def signature(call: Call, size: int, algorithm: str, deterministic: bool, backend: str) -> tuple:
     """What every rank's call must agree on (check mode).  Alltoallv's counts may differ per rank:
     what must match is checked pairwise from its VSpec (agree).  `backend`: the backend that
     runs this rank's call (host buffers on some ranks and device buffers on others send them

@@ -26,6 +26,15 @@ def ranks_reasons(mpi_comm, why: str | None) -> str | None:
     return "; ".join(said) or None
 
 
+def ranks_differ(mpi_comm, mine) -> str | None:
+    """Every rank's `mine`, as 'rank r: value; ...', when they are not all equal, else None
+    (collective): for arguments every rank must pass alike."""
+    theirs = mpi_comm.allgather(mine)
+    if all(t == mine for t in theirs):
+        return None
+    return "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs))
+
+
 def agreed_device(mpi_comm, device, default: int, ndev: int) -> int:
     """This rank's GPU ordinal (`device`, else `default`), checked on every rank together
     (collective): an ordinal some rank does not have raises ValueError on every rank, naming

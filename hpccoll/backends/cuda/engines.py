@@ -8,6 +8,7 @@ import numpy as np
 from ... import policy
 from ..._abi import SENTINEL_U32
 from ...ops import np_dtype
+from ..base import ranks_differ
 from .engine import HOST_BYTES, Engine
 from .kernels import INTEGERS, aligned
 from .workspace import ENGINES
@@ -56,11 +57,9 @@ class EngineSet:
         """Start the eager engine for `dtype` (collective; arguments validated by the caller)."""
         b = self.b
         b.check_error()
-        mine = (dtype, blocks, max_bytes, order)
-        theirs = b.comm.allgather(mine)
-        if any(t != mine for t in theirs):
-            raise ValueError("start_persistent: ranks passed different (dtype, blocks, max_bytes, order): "
-                             + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs)))
+        differ = ranks_differ(b.comm, (dtype, blocks, max_bytes, order))
+        if differ:
+            raise ValueError(f"start_persistent: ranks passed different (dtype, blocks, max_bytes, order): {differ}")
         if dtype in self.active:
             raise ValueError(f"start_persistent: an engine for {dtype} already runs on this communicator")
         if len(self.active) >= ENGINES:

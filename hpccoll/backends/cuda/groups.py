@@ -10,6 +10,7 @@ from ...errors import MismatchError
 from .driver import Launcher
 from .kernels import OPS, aligned, aligned_copy, copy_to, packs
 from .launch import allreduce_launcher
+from ..base import ranks_differ
 from ..streams import stream_ptr
 
 
@@ -25,13 +26,11 @@ def run_group(b, items, check: bool = False) -> None:
         runs.append((i, j, algo))
         i = j
     if check:
-        mine = [(j - i, algo) for i, j, algo in runs]
-        theirs = b.comm.allgather(mine)
-        if any(t != mine for t in theirs):
-            raise MismatchError("group: ranks would issue different launches (calls per launch, one-shot): "
-                                + "; ".join(f"rank {r}: {t}" for r, t in enumerate(theirs))
-                                + ": the calls' buffers overlap each other's outputs, or share a stream, "
-                                "on some ranks only; make them alike on every rank")
+        differ = ranks_differ(b.comm, [(j - i, algo) for i, j, algo in runs])
+        if differ:
+            raise MismatchError(f"group: ranks would issue different launches (calls per launch, one-shot): "
+                                f"{differ}: the calls' buffers overlap each other's outputs, or share a "
+                                "stream, on some ranks only; make them alike on every rank")
     for i, j, algo in runs:
         if algo is None:
             b.run(*items[i])
