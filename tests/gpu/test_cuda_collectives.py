@@ -362,7 +362,8 @@ def test_in_kernel_loops(cc, algo):
         for n in (1, 7, 1023, 4099, 65537, 300001):
             x = _random(rng, "float32", n, "SUM")
             ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
-            dx, out = cp.asarray(x), cp.zeros(n, cp.float32)
+            with s:  # (on s: the default stream's copy and fill would race with the launch on s)
+                dx, out = cp.asarray(x), cp.zeros(n, cp.float32)
             dev.run(prepare("Allreduce", cc.size, dx, out, op=hpccoll.SUM), det, algo, s, iters=iters)
             cc.synchronize(s)
             what = f"{algo} iters={iters} n={n} rank {cc.rank}"
@@ -737,7 +738,8 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
                 s.begin_capture()
                 c.Allreduce(x, y, stream=s)
                 g = s.end_capture()
-            y.fill(0)
+            with s:  # (the fill on s: on the default stream it could land after the replay)
+                y.fill(0)
             g.launch(stream=s)
             s.synchronize()
             np.testing.assert_allclose(y.get(), ref, rtol=1e-5, atol=1e-5)

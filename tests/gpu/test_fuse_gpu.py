@@ -94,9 +94,9 @@ def test_chain_of_dependent_calls_is_one_node_and_exact(cc, algo, dtype, op, n):
     rng = np.random.default_rng([rank, n, len(algo), len(dtype)])
     s = cp.cuda.Stream(non_blocking=True)
     npd = np_dtype(dtype)
-    bufs = {k: cp.zeros(n, dtype=npd) for k in NAMES}
-    eager = {k: cp.zeros(n, dtype=npd) for k in NAMES}
-    with s:
+    with s:  # (every array made on s, where the calls run: the default stream does not order them)
+        bufs = {k: cp.zeros(n, dtype=npd) for k in NAMES}
+        eager = {k: cp.zeros(n, dtype=npd) for k in NAMES}
         _run_sequence(cc, bufs, algo, op, s)  # warm: compiles, plans
     s.synchronize()
     graph, fused = _capture(cc, s, lambda: _run_sequence(cc, bufs, algo, op, s))
@@ -137,9 +137,10 @@ def test_what_breaks_a_chain(cc):
 
     s = cp.cuda.Stream(non_blocking=True)
     n = 1000
-    x = cp.arange(n, dtype=cp.float32) * (cc.rank + 1)
-    y, z = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
-    w = cp.empty(2 * n, cp.float32)
+    with s:  # (made on s, where the calls run)
+        x = cp.arange(n, dtype=cp.float32) * (cc.rank + 1)
+        y, z = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+        w = cp.empty(2 * n, cp.float32)
     det = {"deterministic": True, "stream": s}
     sr = sum(range(1, cc.size + 1))
 
@@ -188,8 +189,9 @@ def test_eager_calls_on_a_stream_are_not_fused(cc):
     import cupy as cp
 
     s = cp.cuda.Stream(non_blocking=True)
-    x = cp.ones(333, cp.float32)
-    y = cp.empty_like(x)
+    with s:  # (made on s, where the calls run)
+        x = cp.ones(333, cp.float32)
+        y = cp.empty_like(x)
     before = cc._backend.fuser.fused
     for _ in range(5):
         cc.Allreduce(x, y, algorithm="oneshot_sentinel", deterministic=True, stream=s)

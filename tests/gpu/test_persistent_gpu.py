@@ -122,11 +122,13 @@ def test_engine_mixes_with_launched_collectives_and_restarts(cc):
 def test_engine_falls_back_under_graph_capture(cc):
     import cupy as cp
 
-    x = cp.asarray(np.full(777, cc.rank + 1, np.float32))
-    out = cp.empty_like(x)
-    out.fill(0)  # the fill kernel, loaded before the engine starts
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:  # (made on s, where the calls run: the default stream does not order them)
+        x = cp.asarray(np.full(777, cc.rank + 1, np.float32))
+        out = cp.empty_like(x)
+        out.fill(0)  # the fill kernel, loaded before the engine starts
+    s.synchronize()
     with cc.persistent("float32"):
-        s = cp.cuda.Stream(non_blocking=True)
         cc.Allreduce(x, out, stream=s)  # engine (and plan noted)
         fuser = cc._backend.fuser
         fused = fuser.fused if fuser is not None else None
@@ -137,8 +139,8 @@ def test_engine_falls_back_under_graph_capture(cc):
             g = s.end_capture()
         if fuser is not None:  # back to back: one chain node (hpccoll/backends/cuda/fusion.py), its kernel loaded at start
             assert fuser.fused - fused == 2
-        out.fill(0)
-        s.synchronize()
+        with s:
+            out.fill(0)
         g.launch(s)
         cc.synchronize(s)
         total = cc.size * (cc.size + 1) / 2
