@@ -212,7 +212,7 @@ class CudaBackend(Backend):
         if self.engines.active:
             eng = self.engines.for_call(call, algorithm) if iters == 1 else None
             if eng is not None and not eng.capturing(s):
-                if not eng.call(call.send.flat.data.ptr, call.recv.flat.data.ptr, call.recv.flat.size, op, s):
+                if not self.engines.call(eng, call, op, s):
                     self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
                 return
             self.engines.pending.add(s)

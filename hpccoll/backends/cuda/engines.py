@@ -10,7 +10,7 @@ from ..._abi import SENTINEL_U32
 from ...ops import np_dtype
 from ..base import ranks_differ
 from .engine import HOST_BYTES, Engine
-from .kernels import INTEGERS, aligned
+from .kernels import INTEGERS, aligned, aligned_copy, copy_to
 from .workspace import ENGINES
 
 
@@ -49,9 +49,23 @@ class EngineSet:
         eng = entry[0]
         if not eng.running or not policy.engine_takes(call.name, algorithm, call.recv.flat.nbytes, eng.max_bytes):
             return None
-        if not (aligned(call.send.flat) and aligned(call.recv.flat)):
-            return None  # (launched; the same on every rank only if the alignment is: docs/api.md)
-        return eng
+        return eng  # (decided by values every rank shares: a peer launching instead would never meet it)
+
+    @staticmethod
+    def call(eng: Engine, call, op: str, s: int) -> bool:
+        """Run `call` on the engine `for_call` gave (False: a poll timed out).  Buffers not
+        16-byte aligned go through an aligned copy, which is on the stream before the call."""
+        send, recv = call.send.flat, call.recv.flat
+        if aligned(send) and aligned(recv):
+            return eng.call(send.data.ptr, recv.data.ptr, recv.size, op, s)
+        import cupy
+
+        tmp = aligned_copy(send, s)
+        cupy.cuda.runtime.streamSynchronize(s)  # (order="caller" calls find their stream idle)
+        if not eng.call(tmp.data.ptr, tmp.data.ptr, tmp.size, op, s):
+            return False
+        copy_to(recv, tmp, s)
+        return True
 
     def start(self, dtype: str, blocks: int, max_bytes: int, order: str = "stream", verify: bool = False) -> None:
         """Start the eager engine for `dtype` (collective; arguments validated by the caller)."""
