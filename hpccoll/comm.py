@@ -27,7 +27,7 @@ from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
 from .backends.host import HostBackend
-from .errors import HpccollError
+from .errors import CollectiveTimeout, HpccollError
 from .ops import SUM, dtype_name
 from .request import Request
 
@@ -540,12 +540,17 @@ class Communicator:
 
     @contextlib.contextmanager
     def persistent(self, dtype="float32", **kw):
-        """`with comm.persistent("float32"):` start_persistent, then stop_persistent on exit."""
+        """`with comm.persistent("float32"):` start_persistent, then stop_persistent on exit
+        (after a CollectiveTimeout, which stopped every engine already, the timeout propagates)."""
         self.start_persistent(dtype, **kw)
         try:
             yield self
-        finally:
+        except CollectiveTimeout:
+            raise
+        except BaseException:
             self.stop_persistent(dtype)
+            raise
+        self.stop_persistent(dtype)
 
     @contextlib.contextmanager
     def _exclusive(self, name):

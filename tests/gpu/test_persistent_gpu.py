@@ -184,6 +184,28 @@ def test_engine_peer_that_never_calls_times_out():
         c.Free()
 
 
+def test_timeout_inside_a_persistent_block_leaves_it_as_the_timeout():
+    """Rank 0's engine call times out inside `with c.persistent()`: the block exits with that
+    CollectiveTimeout (the timeout stopped the engine: the exit must not stop it again and
+    replace the timeout with an error of its own); the peers' blocks exit normally, and Free()
+    returns on every rank."""
+    import cupy as cp
+
+    c = hpccoll.Communicator(backend="cuda", timeout=2.0)
+    try:
+        x = cp.asarray(np.ones(1000, dtype=np.float32))
+        out = cp.empty_like(x)
+        if c.rank == 0:
+            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce"):
+                with c.persistent("float32"):
+                    c.Allreduce(x, out)
+        else:
+            with c.persistent("float32"):
+                pass
+    finally:
+        c.Free()
+
+
 @pytest.mark.parametrize("full_ring", ["default", "every 4th call"])
 def test_engine_blocks_skip_and_rejoin(cc, full_ring):
     """Calls of <= 16 KiB run on block 0 alone (2 packs per thread), larger ones on more blocks,
