@@ -17,7 +17,8 @@ the whole device waits for the engine, so it blocks until `stop_persistent`:
 - the first launch of a kernel that is not loaded yet: CUDA loads kernels lazily by default
   (CUDA_MODULE_LOADING=LAZY), and loading may synchronize the context.  hpccoll loads all of its
   own kernels before an engine starts; run your own kernels (CuPy's included) once before
-  starting it, or set CUDA_MODULE_LOADING=EAGER.
+  starting it.  CUDA_MODULE_LOADING=EAGER does not cover CuPy's, which compiles and loads each
+  kernel's module at the kernel's first use (a first use inside an engine block hung so).
 These are the hazards of any kernel that runs until told to stop."""
 from __future__ import annotations
 
