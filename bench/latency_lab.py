@@ -72,7 +72,8 @@ def main() -> int:
         h = rng.standard_normal(n).astype(np.float32)
         xs = mpi.allgather(h)
         ref = (xs[0] + xs[1]).astype(np.float32)
-        x, y = cp.asarray(h), cp.empty(n, cp.float32)
+        with s:  # (made on s, where the kernels run: the default stream does not order them)
+            x, y = cp.asarray(h), cp.empty(n, cp.float32)
         row = {"bytes": n * 4, "iters": K}
         call = prepare("Allreduce", 2, x, y, op=hpccoll.SUM)
 
@@ -81,7 +82,8 @@ def main() -> int:
             return agree(mpi, good)
 
         for name, algo in (("hpccoll", "oneshot_sentinel"), ("hpccoll_ll", "oneshot_ll")):
-            y.fill(0)
+            with s:
+                y.fill(0)
             dev.run(call, True, algo, s, iters=2)
             comm.synchronize(s)
             row[f"{name}_us"] = time_events(mpi, s, lambda algo=algo: dev.run(call, True, algo, s, iters=K), K, 1)

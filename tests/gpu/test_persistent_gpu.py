@@ -307,9 +307,11 @@ def test_engine_caller_order(cc):
 def test_engine_with_buffers_aligned_on_some_ranks_only(cc):
     """Odd ranks pass buffers 4 bytes off 16-byte alignment, even ranks aligned ones: every
     rank's call should go to the engine (an unaligned buffer through an aligned copy), the
-    results bitwise the rank-order reduction.  The buffers are filled before the engine starts:
-    inside the block only the calls and device-to-host copies run (a CuPy kernel loaded there
-    would wait for the engine, docs/api.md)."""
+    results bitwise the rank-order reduction.  The calls run on a non-blocking stream and their
+    results are read on the default stream with no synchronize between: an engine call is
+    blocking, the unaligned rank's copy back included.  The buffers are filled before the engine
+    starts: inside the block only the calls and device-to-host copies run (a CuPy kernel loaded
+    there would wait for the engine, docs/api.md)."""
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, 67])
@@ -323,12 +325,13 @@ def test_engine_with_buffers_aligned_on_some_ranks_only(cc):
         out = cp.zeros(n + 1, np.float32)[1 - off:1 - off + n]  # the other alignment than dx's
         cases.append((n, ref, dx, out))
     cp.cuda.Device().synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
     with cc.persistent("float32"):
         eng = _engine(cc, "float32")
         before = eng.calls
         for n, ref, dx, out in cases:
-            cc.Allreduce(dx, out)
+            cc.Allreduce(dx, out, stream=s)
             _check(cp.asnumpy(out), ref, f"n={n} (rank {cc.rank}: input {'un' * off}aligned)")
-            cc.Allreduce(hpccoll.IN_PLACE, dx)
+            cc.Allreduce(hpccoll.IN_PLACE, dx, stream=s)
             _check(cp.asnumpy(dx), ref, f"in place n={n}")
         assert eng.calls - before == 8

@@ -54,7 +54,8 @@ class EngineSet:
     @staticmethod
     def call(eng: Engine, call, op: str, s: int) -> bool:
         """Run `call` on the engine `for_call` gave (False: a poll timed out).  Buffers not
-        16-byte aligned go through an aligned copy, which is on the stream before the call."""
+        16-byte aligned go through an aligned copy, which is on the stream before the call; the
+        copy back is waited for, so the call stays blocking (its result final on return)."""
         send, recv = call.send.flat, call.recv.flat
         if aligned(send) and aligned(recv):
             return eng.call(send.data.ptr, recv.data.ptr, recv.size, op, s)
@@ -65,6 +66,7 @@ class EngineSet:
         if not eng.call(tmp.data.ptr, tmp.data.ptr, tmp.size, op, s):
             return False
         copy_to(recv, tmp, s)
+        cupy.cuda.runtime.streamSynchronize(s)
         return True
 
     def start(self, dtype: str, blocks: int, max_bytes: int, order: str = "stream", verify: bool = False) -> None:
