@@ -338,3 +338,27 @@ def test_free_leaves_the_mpi_communicator_when_the_backend_gave_up():
         if gives_up:
             assert mpi_comm.Get_size() == WORLD.Get_size()
             mpi_comm.Free()
+
+
+def test_persistent_block_stops_the_engine_on_exit_but_leaves_a_timeout_as_itself(monkeypatch):
+    """`with c.persistent()`: stop_persistent on a normal exit and after an ordinary exception;
+    after a CollectiveTimeout (which stopped every engine already) no stop, whose own error
+    ('no engine runs') would replace the timeout.  The engine calls are stand-ins (no GPU)."""
+    c = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
+    try:
+        stops = []
+        monkeypatch.setattr(c, "start_persistent", lambda dtype="float32", **kw: None)
+        monkeypatch.setattr(c, "stop_persistent", lambda dtype=None: stops.append(dtype))
+        with c.persistent("float64"):
+            pass
+        assert stops == ["float64"]
+        with pytest.raises(RuntimeError, match="user code"):
+            with c.persistent("float32"):
+                raise RuntimeError("user code")
+        assert stops == ["float64", "float32"]
+        with pytest.raises(hpccoll.CollectiveTimeout, match="a peer"):
+            with c.persistent("float32"):
+                raise hpccoll.CollectiveTimeout("a peer never came")
+        assert stops == ["float64", "float32"]
+    finally:
+        c.Free()
