@@ -124,7 +124,9 @@ def _xp(buf):
 
 
 def _on_stream(buf, stream):
-    """Context for array work (copies, allocations) of a device call: on the call's stream."""
+    """Context for array work (copies, allocations) of a device call: on the call's stream, so
+    that it follows the stream's earlier work (CuPy's current stream may not be ordered with it)
+    and the node and stripe phases follow it."""
     if not buf.is_device:
         return contextlib.nullcontext()
     import cupy
@@ -265,17 +267,19 @@ class Hierarchical(Backend):
         L, xp = self.layout, _xp(call.recv)
         recv = call.recv.flat
         n = recv.size // (L.nodes * L.per_node)
-        mine = recv[self.rank * n:(self.rank + 1) * n].copy() if call.in_place else call.send.flat
-        in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
+        with _on_stream(call.recv, stream):
+            mine = recv[self.rank * n:(self.rank + 1) * n].copy() if call.in_place else call.send.flat
+            in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
+            target = recv if L.contiguous else xp.empty_like(recv)
         self.local.Allgather(mine, in_node, stream=stream)
-        target = recv if L.contiguous else xp.empty_like(recv)
         self._between(call.recv, True, stream).Allgather(in_node, target, stream=stream)
         if not L.contiguous:  # [node][local] blocks -> rank order
             blocks = target.reshape(L.nodes * L.per_node, n)
             out = recv.reshape(-1, n)
-            for j, row in enumerate(L.rank_of):
-                for l, r in enumerate(row):
-                    out[r] = blocks[j * L.per_node + l]
+            with _on_stream(call.recv, stream):
+                for j, row in enumerate(L.rank_of):
+                    for l, r in enumerate(row):
+                        out[r] = blocks[j * L.per_node + l]
 
     def _reduce_scatter_block(self, call, det, algo, stream):
         L, xp = self.layout, _xp(call.recv)
@@ -286,8 +290,9 @@ class Hierarchical(Backend):
         # regroup the blocks as [local l][node j] so the node phase hands local rank l the blocks
         # of every node's rank l, summed over this node (local order)
         order = [L.rank_of[j][l] for l in range(L.per_node) for j in range(L.nodes)]
-        grouped = blocks[xp.asarray(order)].reshape(-1)
-        node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
+        with _on_stream(call.recv, stream):  # (after the stream's work that wrote src)
+            grouped = blocks[xp.asarray(order)].reshape(-1)
+            node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
         self.local.Reduce_scatter_block(grouped, node_sums, op=call.op, deterministic=det, stream=stream)
         out = call.recv.flat[:n]
         self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op,

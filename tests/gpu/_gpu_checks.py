@@ -70,3 +70,101 @@ def cc():
     assert c.backend == "cuda", "the CUDA backend did not open"
     yield c
     c.Free()
+
+
+_SPIN_SOURCE = r'''
+extern "C" __global__ void hc_test_spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+'''
+_spin_kernel = None
+
+
+def spin_on(stream, cycles: int = 200_000_000):
+    """Queue on `stream` a one-thread kernel that spins `cycles` clock cycles (about 0.1 s on an
+    H200): what is queued after it on that stream runs late, so work that is not ordered after
+    the stream finds the buffers as they were before."""
+    import cupy as cp
+
+    global _spin_kernel
+    if _spin_kernel is None:
+        _spin_kernel = cp.RawKernel(_SPIN_SOURCE, "hc_test_spin")
+    with stream:
+        _spin_kernel((1,), (1,), (np.int64(cycles),))
+
+
+def check_calls_follow_their_stream(c, seed: int):
+    """Every collective of `c` on a non-blocking stream s, its input written by s after a spin
+    (spin_on), the buffers 16-byte aligned and then 4 bytes off (so the staging copies run too),
+    out of place and in place: each call, and every copy it makes, must wait for s's earlier
+    work.  Stale input is NaN, so a copy made too early shows.  Every result bitwise against the
+    host's reduction in the backend's order (rank order; by node first where it is hierarchical)."""
+    import cupy as cp
+
+    import hpccoll
+    from hpccoll.ops import OPS
+
+    w = world()
+    rank, size = w.Get_rank(), w.Get_size()
+    layout = getattr(c._backend, "layout", None)
+    rank_of = getattr(layout, "rank_of", None)
+
+    def total(xs):  # the sum the backend computes: by node first where it is hierarchical
+        from hpccoll.ops import reduce_in_rank_order
+
+        if rank_of is None:
+            return reduce_in_rank_order(OPS["SUM"], xs)
+        return reduce_in_rank_order(OPS["SUM"], [reduce_in_rank_order(OPS["SUM"], [xs[r] for r in row])
+                                                 for row in rank_of])
+
+    s = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng([rank, seed])
+    n = 1001
+    for off in (0, 1):
+        def buf(count):  # `count` floats, 16-byte aligned when off == 0, 4 bytes past it otherwise
+            return cp.full(count + off, np.nan, np.float32)[off:]
+
+        def late(dst, host):  # dst[...] = host, written on s after the spin
+            src = cp.asarray(host)
+            cp.cuda.Device().synchronize()
+            spin_on(s)
+            with s:
+                dst[...] = src
+
+        h = rng.standard_normal(n).astype(np.float32)
+        big = rng.standard_normal(n * size).astype(np.float32)
+        hs, bigs = w.allgather(h), w.allgather(big)
+        cases = []
+        x, y = buf(n), buf(n)
+        late(x, h)
+        c.Allreduce(x, y, stream=s, deterministic=True)
+        cases.append(("Allreduce", y, total(hs)))
+        x = buf(n)
+        late(x, h)
+        c.Allreduce(hpccoll.IN_PLACE, x, stream=s, deterministic=True)
+        cases.append(("Allreduce in place", x, total(hs)))
+        x = buf(n)
+        late(x, h)
+        c.Bcast(x, root=size - 1, stream=s)
+        cases.append(("Bcast", x, hs[size - 1]))
+        g = buf(n * size)
+        late(g[rank * n:(rank + 1) * n], h)
+        c.Allgather(hpccoll.IN_PLACE, g, stream=s)
+        cases.append(("Allgather in place", g, np.concatenate(hs)))
+        x = buf(n * size)
+        late(x, big)
+        c.Reduce_scatter_block(hpccoll.IN_PLACE, x, stream=s, deterministic=True)
+        cases.append(("Reduce_scatter_block in place", x[:n], total([b[rank * n:(rank + 1) * n] for b in bigs])))
+        if "Alltoall" in c._backend.caps.collectives:
+            x = buf(n * size)
+            late(x, big)
+            c.Alltoall(hpccoll.IN_PLACE, x, stream=s)
+            cases.append(("Alltoall in place", x, np.concatenate([b[rank * n:(rank + 1) * n] for b in bigs])))
+        s.synchronize()
+        c.synchronize(s)
+        for what, got, ref in cases:  # (each rank's own reference: Reduce_scatter and Alltoall differ by rank)
+            got, ref = cp.asnumpy(got), np.asarray(ref, np.float32)
+            bad = np.flatnonzero(bits(got) != bits(ref))
+            assert bad.size == 0, (f"{what}, buffers {4 * off} bytes off, rank {rank}: {bad.size} of {got.size} "
+                                   f"elements differ (first {bad[:5]}: got {got[bad[:3]]}, want {ref[bad[:3]]})")

@@ -15,6 +15,7 @@ import pytest
 from _gpu_checks import assert_close as _assert_close
 from _gpu_checks import bits as _bits
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
+from _gpu_checks import check_calls_follow_their_stream
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
@@ -802,3 +803,9 @@ def test_prepare_refuses_to_load_while_an_engine_runs(cc, monkeypatch):
         monkeypatch.setattr(backend.kernels, "loaded", lambda dtype, loop=False: False)
         with pytest.raises(hpccoll.HpccollError, match="eager engine runs: call prepare before start_persistent"):
             cc.prepare(("float64",))
+
+
+def test_calls_on_a_stream_follow_its_earlier_work(cc):
+    """Each collective on a non-blocking stream, its input written there after a long kernel:
+    the call and its staging copies (unaligned, in place) wait for it (_gpu_checks)."""
+    check_calls_follow_their_stream(cc, 91)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
+from _gpu_checks import check_calls_follow_their_stream
 from mpi4py import MPI
 
 import hpccoll
@@ -134,3 +135,10 @@ def test_nccl_between_nodes_exactly_where_the_inter_node_groups_hold_distinct_gp
     groups = [[gpus[r] for r in group] for group in zip(*layout.rank_of)]
     distinct = all(len(set(g)) == len(g) for g in groups)
     assert ("nccl" in hc.backend) == (distinct and nccl_unavailable_reason() is None), (hc.backend, groups)
+
+
+def test_calls_on_a_stream_follow_its_earlier_work(hc):
+    """As the flat backend's test: the hierarchical calls' own copies (the in-place Allgather's
+    slice, the Reduce_scatter's regrouped blocks) run on the call's stream, after its earlier
+    work, and the node and stripe phases after them."""
+    check_calls_follow_their_stream(hc, 92)
