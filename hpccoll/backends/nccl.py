@@ -127,8 +127,9 @@ class NcclBackend(Backend):
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         import cupy
 
-        x = cupy.zeros(1, dtype=cupy.float32)
         s = stream_ptr(stream)
+        with cupy.cuda.ExternalStream(s):  # (on s: filled before, and its memory reused only after, the allreduces)
+            x = cupy.zeros(1, dtype=cupy.float32)
         for _ in range(iters):
             self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, s)
         if sync:
