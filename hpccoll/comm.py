@@ -502,8 +502,8 @@ class Communicator:
 
         A resident kernel on `blocks` SMs then runs every Allreduce of that dtype of at most
         `max_bytes` (device buffers, through an aligned copy where not 16-byte aligned; algorithm
-        'auto' or 'oneshot_ll'; the stream not being captured) without a kernel launch: the call waits for the stream's earlier work,
-        runs, and returns finished (blocking).  Results: the one-shot's, in rank order, bitwise
+        'auto' or 'oneshot_ll'; the stream not being captured) without a kernel launch: the call
+        waits for the stream's earlier work, runs, and returns finished (blocking).  Results: the one-shot's, in rank order, bitwise
         identical on every rank.  While an engine runs, device-wide synchronization
         (cudaDeviceSynchronize, cudaFree) waits for it: synchronize streams instead, and stop it
         first.  At most two engines (dtypes) at once; `with comm.persistent(...)` stops it for you.

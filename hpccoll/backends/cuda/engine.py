@@ -4,9 +4,9 @@ posted through mapped host memory, with no kernel launch and no stream synchroni
 One engine per (communicator, dtype), started and stopped collectively by
 `Communicator.start_persistent` / `stop_persistent` (or the `persistent()` context).  While it
 runs, every eligible Allreduce (this dtype, device buffers (through an aligned copy where not
-16-byte aligned), at most `max_bytes`, algorithm 'auto' or 'oneshot_ll', the stream not capturing) is blocking: it waits
-until the caller's stream has completed, posts the call, and returns when every block of the
-engine has finished it.  Results are the one-shot's: reduced in rank order, bitwise identical
+16-byte aligned), at most `max_bytes`, algorithm 'auto' or 'oneshot_ll', the stream not
+capturing) is blocking: it waits until the caller's stream has completed, posts the call, and
+returns when every block of the engine has finished it.  Results are the one-shot's: reduced in rank order, bitwise identical
 on every rank.  Floating types travel on sentinel slots (as in the launched sentinel kernels, an
 input NaN whose bits are the sentinel's arrives as the canonical NaN), integers on LL slots.
 

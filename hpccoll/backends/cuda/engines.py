@@ -10,7 +10,7 @@ from ..._abi import SENTINEL_U32
 from ...ops import np_dtype
 from ..base import ranks_differ
 from .engine import HOST_BYTES, Engine
-from .kernels import INTEGERS, aligned, aligned_copy, copy_to
+from .kernels import INTEGERS, aligned, through_aligned_copy
 from .workspace import ENGINES
 
 
@@ -61,11 +61,12 @@ class EngineSet:
             return eng.call(send.data.ptr, recv.data.ptr, recv.size, op, s)
         import cupy
 
-        tmp = aligned_copy(send, s)
-        cupy.cuda.runtime.streamSynchronize(s)  # (order="caller" calls find their stream idle)
-        if not eng.call(tmp.data.ptr, tmp.data.ptr, tmp.size, op, s):
+        def run(tmp) -> bool:
+            cupy.cuda.runtime.streamSynchronize(s)  # (order="caller" calls find their stream idle)
+            return eng.call(tmp.data.ptr, tmp.data.ptr, tmp.size, op, s)
+
+        if not through_aligned_copy(send, recv, s, run):
             return False
-        copy_to(recv, tmp, s)
         cupy.cuda.runtime.streamSynchronize(s)
         return True
 

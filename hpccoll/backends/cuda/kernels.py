@@ -147,6 +147,17 @@ def aligned_copy(flat, s: int, fill: bool = True):
     return tmp
 
 
+def through_aligned_copy(send, recv, s: int, run) -> bool:
+    """A single-buffer call (Allreduce, Bcast, the engine's Allreduce) whose buffers are not
+    16-byte aligned: run(tmp) in place on an aligned copy of `send`, then recv[...] = tmp, both
+    on stream `s`; False, and no copy back, when run returns False (a poll timed out)."""
+    tmp = aligned_copy(send, s)
+    if run(tmp) is False:
+        return False
+    copy_to(recv, tmp, s)
+    return True
+
+
 def copy_to(dst, src, s: int) -> None:
     """dst[...] = src for contiguous device arrays of the same bytes, on stream `s`."""
     import cupy

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..._abi import PACK
 from ..._validate import Call
-from .kernels import OPS, aligned, aligned_copy, copy_to, packs_of
+from .kernels import OPS, aligned, aligned_copy, copy_to, packs_of, through_aligned_copy
 from .workspace import S_LL, S_LLB, S_TWOSHOT
 
 
@@ -27,9 +27,8 @@ def allreduce_launcher(b, dtype: str, algo: str, op: str, loop: bool = False):
 def allreduce(b, call: Call, algo: str, op: str, s: int, iters: int, chain: str | None = None) -> None:
     send, recv = call.send.flat, call.recv.flat
     if not (aligned(send) and aligned(recv)):
-        tmp = aligned_copy(send, s)
-        _allreduce_aligned(b, tmp, tmp, call.recv.dtype, algo, op, s, iters)
-        copy_to(recv, tmp, s)
+        dtype = call.recv.dtype
+        through_aligned_copy(send, recv, s, lambda tmp: _allreduce_aligned(b, tmp, tmp, dtype, algo, op, s, iters))
         return
     _allreduce_aligned(b, send, recv, call.recv.dtype, algo, op, s, iters, chain)
 
@@ -64,9 +63,7 @@ def bcast_grid(b, nbytes: int) -> tuple[int, int]:
 def bcast(b, call: Call, algo: str, op, s: int, iters: int) -> None:
     buf = call.recv.flat
     if not aligned(buf):
-        tmp = aligned_copy(buf, s)
-        _bcast_flat(b, tmp, call, s, iters)
-        copy_to(buf, tmp, s)
+        through_aligned_copy(buf, buf, s, lambda tmp: _bcast_flat(b, tmp, call, s, iters))
         return
     _bcast_flat(b, buf, call, s, iters)
 
