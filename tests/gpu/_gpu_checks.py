@@ -44,12 +44,26 @@ def bits(a):
     return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
+def assert_bitwise(got, ref, what):
+    """Every bit, NaNs included (the host reference's NaNs are canonical, as the kernels' are)."""
+    bad = np.flatnonzero(bits(got) != bits(ref))
+    assert bad.size == 0, (f"{what}: {bad.size} elements differ (first {bad[:5]}: got bits "
+                           f"{[hex(v) for v in bits(got)[bad[:3]]]}, want {[hex(v) for v in bits(ref)[bad[:3]]]})")
+
+
+def reduce_by_nodes(op, xs, rank_of):
+    """The hierarchical backend's order: each node's ranks in local order, then the nodes in
+    order (rank_of[node][local] -> rank, its layout's)."""
+    from hpccoll.ops import reduce_in_rank_order
+
+    return reduce_in_rank_order(op, [reduce_in_rank_order(op, [xs[r] for r in row]) for row in rank_of])
+
+
 def check_bitwise(got, ref, what):
     """got == ref bit for bit, and the same bits on every rank (a digest compared across them)."""
     import hashlib
 
-    bad = np.flatnonzero(bits(got) != bits(ref))
-    assert bad.size == 0, f"{what}: {bad.size} elements differ (first: {bad[:5]})"
+    assert_bitwise(got, ref, what)
     digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
     assert len(set(world().allgather(digest))) == 1, f"{what}: results differ across ranks"
 
@@ -107,16 +121,10 @@ def check_calls_follow_their_stream(c, seed: int):
 
     w = world()
     rank, size = w.Get_rank(), w.Get_size()
-    layout = getattr(c._backend, "layout", None)
-    rank_of = getattr(layout, "rank_of", None)
+    rank_of = getattr(getattr(c._backend, "layout", None), "rank_of", [range(size)])  # flat: one node
 
     def total(xs):  # the sum the backend computes: by node first where it is hierarchical
-        from hpccoll.ops import reduce_in_rank_order
-
-        if rank_of is None:
-            return reduce_in_rank_order(OPS["SUM"], xs)
-        return reduce_in_rank_order(OPS["SUM"], [reduce_in_rank_order(OPS["SUM"], [xs[r] for r in row])
-                                                 for row in rank_of])
+        return reduce_by_nodes(OPS["SUM"], xs, rank_of)
 
     s = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng([rank, seed])
@@ -164,7 +172,5 @@ def check_calls_follow_their_stream(c, seed: int):
         s.synchronize()
         c.synchronize(s)
         for what, got, ref in cases:  # (each rank's own reference: Reduce_scatter and Alltoall differ by rank)
-            got, ref = cp.asnumpy(got), np.asarray(ref, np.float32)
-            bad = np.flatnonzero(bits(got) != bits(ref))
-            assert bad.size == 0, (f"{what}, buffers {4 * off} bytes off, rank {rank}: {bad.size} of {got.size} "
-                                   f"elements differ (first {bad[:5]}: got {got[bad[:3]]}, want {ref[bad[:3]]})")
+            assert_bitwise(cp.asnumpy(got), np.asarray(ref, np.float32),
+                           f"{what}, buffers {4 * off} bytes off, rank {rank}")

@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 import pytest
+from _gpu_checks import assert_bitwise as _assert_bitwise
 from _gpu_checks import assert_close as _assert_close
-from _gpu_checks import bits as _bits
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
 from _gpu_checks import check_calls_follow_their_stream
 from _gpu_checks import random_data as _random
@@ -36,13 +36,6 @@ INTS = ["int32", "int64"]
 DTYPES = FLOATS + INTS
 SIZES = [1, 7, 8, 1023, 4096, 65537, (1 << 18) + 3]
 ALGOS = ["oneshot_sentinel", "oneshot_ll", "twoshot_sentinel", "twoshot_ll", "twoshot_ll128"]
-
-
-def _assert_bitwise(got, ref, what):
-    """Every bit, NaNs included (the host reference's NaNs are canonical, as the kernels' are)."""
-    bad = np.flatnonzero(_bits(got) != _bits(ref))
-    assert bad.size == 0, (f"{what}: {bad.size} elements differ (first {bad[:5]}: got bits "
-                           f"{[hex(v) for v in _bits(got)[bad[:3]]]}, want {[hex(v) for v in _bits(ref)[bad[:3]]]})")
 
 
 def _same_on_all_ranks(arr, what):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
-from _gpu_checks import check_calls_follow_their_stream
+from _gpu_checks import check_calls_follow_their_stream, reduce_by_nodes
 from mpi4py import MPI
 
 import hpccoll
-from hpccoll.ops import OPS, reduce_in_rank_order
+from hpccoll.ops import OPS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD
@@ -40,7 +40,7 @@ def hc():
 
 
 def _ref(op, xs, layout):
-    return reduce_in_rank_order(op, [reduce_in_rank_order(op, [xs[r] for r in row]) for row in layout.rank_of])
+    return reduce_by_nodes(op, xs, layout.rank_of)
 
 
 @pytest.mark.parametrize("op", ["SUM", "MAX"])
