@@ -113,7 +113,10 @@ def check_calls_follow_their_stream(c, seed: int):
     (spin_on), the buffers 16-byte aligned and then 4 bytes off (so the staging copies run too),
     out of place and in place: each call, and every copy it makes, must wait for s's earlier
     work.  Stale input is NaN, so a copy made too early shows.  Every result bitwise against the
-    host's reduction in the backend's order (rank order; by node first where it is hierarchical)."""
+    host's reduction in the backend's order (rank order; by node first where it is hierarchical).
+    Every array the queued work on s reads is kept until s is synchronized: CuPy's pool hands a
+    freed array's memory to the next allocation on the stream it was made on (here the default
+    stream, which does not wait for s), whose NaN fill would then land before s read it."""
     import cupy as cp
 
     import hpccoll
@@ -129,12 +132,15 @@ def check_calls_follow_their_stream(c, seed: int):
     s = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng([rank, seed])
     n = 1001
+    keep = []  # everything s still reads, alive until s is synchronized
     for off in (0, 1):
         def buf(count):  # `count` floats, 16-byte aligned when off == 0, 4 bytes past it otherwise
-            return cp.full(count + off, np.nan, np.float32)[off:]
+            keep.append(cp.full(count + off, np.nan, np.float32)[off:])
+            return keep[-1]
 
         def late(dst, host):  # dst[...] = host, written on s after the spin
             src = cp.asarray(host)
+            keep.append(src)
             cp.cuda.Device().synchronize()
             spin_on(s)
             with s:
