@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from . import config as _config
 from ._buffers import _cupy as _cupy_module
+from ._buffers import as_buf
 from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
 from ._validate import agree, prepare, signature
@@ -562,8 +563,9 @@ class Communicator:
             self._lock.release()
 
     def allreduce(self, x, op=SUM, **kw):
-        """Return a new array: op over ranks of x (same type and device as x)."""
-        out = _empty_like(x)
+        """Return a new array: op over ranks of x, of x's kind (NumPy, torch, else CuPy), shape,
+        dtype and memory order, on x's device (_result_like)."""
+        out = _result_like(x, kw.get("stream"))
         self.Allreduce(x, out, op=op, **kw)
         return out
 
@@ -620,14 +622,34 @@ class _FastCall:
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
 
 
-def _empty_like(x):
+def _result_like(x, stream):
+    """allreduce's result, made so that the call's stream may write it at once.  Made on any other
+    stream, its memory could be an array's just freed there whose last kernels, queued on that
+    stream, still read it: a CuPy result comes from the call's stream's pool; a torch result
+    from torch's allocator, the call's stream waiting for torch's current stream (the memory's
+    earlier users) and recorded on the tensor (its memory, freed, waits for the call)."""
     import numpy as np
 
     if isinstance(x, np.ndarray):
         return np.empty_like(x)
-    try:
-        import cupy
+    buf = as_buf(x, "x", "allreduce", writable=False)
+    if buf.device is None:
+        return np.empty_like(buf.array)
+    import cupy
 
-        return cupy.empty_like(cupy.asarray(x))
-    except ImportError:
-        raise TypeError(f"allreduce: x must be a numpy or device array, not {type(x).__name__}") from None
+    from .backends.streams import stream_ptr
+
+    with cupy.cuda.Device(buf.device):
+        s = stream_ptr(stream)
+        if type(x).__module__.split(".")[0] == "torch":
+            import torch
+
+            out = torch.empty_like(x)
+            current = torch.cuda.current_stream(x.device)
+            if current.cuda_stream != s:
+                call = torch.cuda.ExternalStream(s, device=x.device)
+                call.wait_stream(current)
+                out.record_stream(call)
+            return out
+        with cupy.cuda.ExternalStream(s):
+            return cupy.empty_like(buf.array)

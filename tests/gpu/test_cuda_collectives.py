@@ -802,3 +802,48 @@ def test_calls_on_a_stream_follow_its_earlier_work(cc):
     """Each collective on a non-blocking stream, its input written there after a long kernel:
     the call and its staging copies (unaligned, in place) wait for it (_gpu_checks)."""
     check_calls_follow_their_stream(cc, 91)
+
+
+def test_lowercase_allreduce_result_is_made_for_the_calls_stream(cc):
+    """allreduce(x, stream=s) returns a result that s may write at once.  An array freed on the
+    default stream while a kernel queued there (behind a spin) still reads it: its memory must
+    not become the result (from the default stream's pool, it did, and s wrote it before that
+    kernel read it).  CuPy and torch inputs; results bitwise, of x's kind, shape and device."""
+    import cupy as cp
+    from _gpu_checks import spin_on
+
+    w = _world()
+    rank, size = w.Get_rank(), w.Get_size()
+    rng = np.random.default_rng([rank, 93])
+    s = cp.cuda.Stream(non_blocking=True)
+    null = cp.cuda.Stream.null
+    n = (1 << 16) + 8
+    kinds = ["cupy"] + (["torch"] if _torch is not None else [])
+    for it in range(3):
+        for kind in kinds:
+            h = rng.standard_normal((n // 8, 8)).astype(np.float32)
+            ref = reduce_in_rank_order(OPS["SUM"], w.allgather(h))
+            with s:
+                x = cp.asarray(h)
+            s.synchronize()
+            if kind == "torch":
+                x = _torch.from_dlpack(x)
+            with null:
+                old = cp.full(n, 7.0, np.float32)  # the result's size: the pool would hand it over
+                seen = cp.empty(n, np.float32)
+                null.synchronize()
+                spin_on(null)
+                cp.multiply(old, 1, out=seen)  # reads `old` after the spin
+                del old
+                y = cc.allreduce(x, stream=s, deterministic=True)
+            s.synchronize()
+            null.synchronize()
+            what = f"{kind} allreduce, iteration {it}, rank {rank}"
+            assert int((seen != 7).sum()) == 0, f"{what}: the result was written over memory a queued kernel still read"
+            if kind == "torch":
+                assert isinstance(y, _torch.Tensor) and y.device == x.device, f"{what}: {type(y)} on {getattr(y, 'device', '?')}"
+                y = cp.from_dlpack(y)
+            else:
+                assert isinstance(y, cp.ndarray) and y.device.id == cc.device, what
+            assert y.shape == h.shape and y.dtype == h.dtype, what
+            _assert_bitwise(cp.asnumpy(y), np.asarray(ref, np.float32), what)

@@ -163,6 +163,14 @@ def test_lowercase_allreduce_returns_new_array(comm, request, dtype, op):
         assert_reduced(y, gather(x), op, True)
 
 
+def test_lowercase_allreduce_bad_input_names_x(comm):
+    """Not an array: the error names allreduce's argument, before any communication."""
+    with pytest.raises(TypeError, match="allreduce: x must be a numpy array or a device array .* not list"):
+        comm.allreduce([1.0, 2.0])
+    y = comm.allreduce(np.asfortranarray(np.ones((3, 4), np.float64)))  # the comm still works; order kept
+    assert y.flags.f_contiguous and (y == comm.Get_size()).all()
+
+
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_allreduce_multidimensional(comm, request, order):
     """2-D arrays in either memory order reduce element by element, shape kept."""
