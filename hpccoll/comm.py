@@ -627,7 +627,8 @@ def _result_like(x, stream):
     stream, its memory could be an array's just freed there whose last kernels, queued on that
     stream, still read it: a CuPy result comes from the call's stream's pool; a torch result
     from torch's allocator, the call's stream waiting for torch's current stream (the memory's
-    earlier users) and recorded on the tensor (its memory, freed, waits for the call)."""
+    earlier users).  Not recorded on the tensor (record_stream): torch would record an event on
+    the call's stream when the tensor is freed, and a CuPy or raw stream may be gone by then."""
     import numpy as np
 
     if isinstance(x, np.ndarray):
@@ -647,9 +648,7 @@ def _result_like(x, stream):
             out = torch.empty_like(x)
             current = torch.cuda.current_stream(x.device)
             if current.cuda_stream != s:
-                call = torch.cuda.ExternalStream(s, device=x.device)
-                call.wait_stream(current)
-                out.record_stream(call)
+                torch.cuda.ExternalStream(s, device=x.device).wait_stream(current)
             return out
         with cupy.cuda.ExternalStream(s):
             return cupy.empty_like(buf.array)
