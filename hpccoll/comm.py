@@ -650,5 +650,7 @@ def _result_like(x, stream):
             if current.cuda_stream != s:
                 torch.cuda.ExternalStream(s, device=x.device).wait_stream(current)
             return out
+        if stream is None:  # the call runs on CuPy's current stream: allocate there
+            return cupy.empty_like(buf.array)
         with cupy.cuda.ExternalStream(s):
             return cupy.empty_like(buf.array)

@@ -847,3 +847,15 @@ def test_lowercase_allreduce_result_is_made_for_the_calls_stream(cc):
                 assert isinstance(y, cp.ndarray) and y.device.id == cc.device, what
             assert y.shape == h.shape and y.dtype == h.dtype, what
             _assert_bitwise(cp.asnumpy(y), np.asarray(ref, np.float32), what)
+        # on the current stream (stream=None), an F-ordered input: its order kept
+        h = np.asfortranarray(rng.standard_normal((9, 7)).astype(np.float32))
+        ref = reduce_in_rank_order(OPS["SUM"], w.allgather(h))
+        x = cp.asfortranarray(cp.asarray(h))
+        for kind in kinds:
+            xk = _torch.from_dlpack(x) if kind == "torch" else x
+            y = cc.allreduce(xk, deterministic=True)
+            cc.synchronize()
+            y = cp.from_dlpack(y) if kind == "torch" else y
+            what = f"{kind} allreduce on the current stream, F order, iteration {it}, rank {rank}"
+            assert y.shape == h.shape and y.flags.f_contiguous, what
+            _assert_bitwise(cp.asnumpy(y), np.asarray(ref, np.float32), what)
