@@ -109,18 +109,20 @@ def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
     if obj is not None and not isinstance(obj, np.ndarray) and _is_cupy_array(obj):
         return _cupy_buf(obj, argname, fn)
     if isinstance(obj, np.ndarray):
-        arr = obj
+        arr = obj if type(obj) is np.ndarray else _plain(obj, argname, fn)
         flags = arr.flags
         if not (flags.c_contiguous or flags.f_contiguous):
-            raise ValueError(f"{fn}: {argname} is not contiguous: pass np.ascontiguousarray({argname})")
+            raise ValueError(f"{fn}: {argname} is not contiguous: " +
+                             _copy_advice(argname, writable, f"np.ascontiguousarray({argname})", "a contiguous array"))
         if writable and not flags.writeable:
             raise ValueError(f"{fn}: {argname} is read-only: pass a writable array (e.g. {argname}.copy())")
         if not arr.dtype.isnative:
-            raise TypeError(f"{fn}: {argname} has non-native byte order ({arr.dtype.str}): pass "
-                            f"{argname}.astype({argname}.dtype.newbyteorder('='))")
+            raise TypeError(f"{fn}: {argname} has non-native byte order ({arr.dtype.str}): " +
+                            _copy_advice(argname, writable, f"{argname}.astype({argname}.dtype.newbyteorder('='))",
+                                         "an array of native byte order"))
         if not flags.aligned:
-            raise ValueError(f"{fn}: {argname} is not aligned to its {arr.itemsize}-byte elements: pass "
-                             f"an aligned copy ({argname}.copy())")
+            raise ValueError(f"{fn}: {argname} is not aligned to its {arr.itemsize}-byte elements: " +
+                             _copy_advice(argname, writable, f"an aligned copy ({argname}.copy())", "an aligned array"))
         flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr  # "A": a view in memory order
         order = "A" if arr.ndim < 2 or (flags.c_contiguous and flags.f_contiguous) else \
             ("C" if flags.c_contiguous else "F")
@@ -143,6 +145,25 @@ def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
     else:
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")
+
+
+def _plain(obj, argname: str, fn: str):
+    """A numpy subclass as a plain ndarray view of the same memory (np.matrix keeps two
+    dimensions through reshape(-1), and its slices are rows); a masked array is refused (its
+    mask would be ignored)."""
+    if isinstance(obj, np.ma.MaskedArray):
+        raise TypeError(f"{fn}: {argname} is a masked array, whose mask a collective would ignore: "
+                        f"pass {argname}.filled(...) or np.asarray({argname})")
+    return obj.view(np.ndarray)
+
+
+def _copy_advice(argname: str, written: bool, copy: str, kind: str) -> str:
+    """The fix for a buffer the call cannot use as it is: a converted copy for an input; for a
+    buffer the call writes, a copy passed in its place would take the results away with it."""
+    if not written:
+        return f"pass {copy}"
+    return (f"pass {kind} as {argname} (the call writes {argname}: a copy passed in its place would "
+            f"receive the results, so keep it and copy them back)")
 
 
 def _foreign_device(obj, buf) -> int:

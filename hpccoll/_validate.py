@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._buffers import Buf, as_buf, is_in_place
 from .errors import MismatchError
 from .ops import Op, as_op
@@ -61,10 +63,10 @@ def _same_order(fn, a: Buf, b: Buf):
     """Elements are matched in memory order: a C-ordered and an F-ordered array would silently
     pair transposed elements."""
     if "A" not in (a.order, b.order) and a.order != b.order:
-        fix = "np.ascontiguousarray" if b.order == "F" else "np.asfortranarray"
+        fix = "np.asfortranarray" if b.order == "F" else "np.ascontiguousarray"  # sendbuf to recvbuf's order
         raise ValueError(f"{fn}: sendbuf is {a.order}-ordered {tuple(a.array.shape)} but recvbuf is "
                          f"{b.order}-ordered {tuple(b.array.shape)}: collectives pair elements in memory "
-                         f"order, so this would transpose them; pass both in one order (e.g. {fix}(recvbuf))")
+                         f"order, so this would transpose them; pass both in one order (e.g. {fix}(sendbuf))")
 
 
 def _disjoint(fn, a: Buf, b: Buf):
@@ -79,13 +81,23 @@ def _root(fn, root, size: int) -> int:
     return root.__index__()  # numpy integers too, as in mpi4py
 
 
-def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=None) -> Call:
+def switch(fn: str, argname: str, value) -> bool:
+    """An on/off argument: a bool (or numpy bool, or the integers 0 and 1).  A string is refused:
+    bool("false") is True."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{fn}: {argname}={value!r}: pass True or False")
+
+
+def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=None,
+            rank: int | None = None) -> Call:
+    """`rank`: the calling rank, for checks of its own part (Alltoallv's block to itself)."""
     fn = name
     if name == "Bcast":
         buf = as_buf(recvbuf, "buf", fn, writable=True)
         return Call(name, buf, buf, None, _root(fn, root, size), True)
     if name == "Alltoallv":
-        return _prepare_alltoallv(size, sendbuf, recvbuf)
+        return _prepare_alltoallv(size, sendbuf, recvbuf, rank)
 
     rop = as_op(op, fn) if name in ("Allreduce", "Reduce_scatter_block") else None  # op=None raises
     recv = as_buf(recvbuf, "recvbuf", fn, writable=True)
@@ -167,7 +179,7 @@ def _ints(fn, what: str, values, size: int) -> list[int]:
     return [v.__index__() for v in vals]
 
 
-def _prepare_alltoallv(size: int, sendbuf, recvbuf) -> Call:
+def _prepare_alltoallv(size: int, sendbuf, recvbuf, rank: int | None) -> Call:
     fn = "Alltoallv"
     if is_in_place(sendbuf):
         raise ValueError("Alltoallv: IN_PLACE is not supported: pass (array, counts[, displs]) as sendbuf")
@@ -176,6 +188,9 @@ def _prepare_alltoallv(size: int, sendbuf, recvbuf) -> Call:
     _same_dtype(fn, send, recv, "sendbuf's array", "recvbuf's array")
     _same_place(fn, send, recv, "sendbuf's array", "recvbuf's array")
     _disjoint(fn, send, recv)
+    if rank is not None and sc[rank] != rc[rank]:
+        raise ValueError(f"Alltoallv: rank {rank} sends itself {sc[rank]} elements (sendbuf counts[{rank}]) but "
+                         f"expects {rc[rank]} from itself (recvbuf counts[{rank}]): make the two equal")
     blocks = sorted((d, d + c, j) for j, (c, d) in enumerate(zip(rc, rd)) if c)  # sent blocks may overlap
     for (_, end, i), (start, _, j) in zip(blocks, blocks[1:]):
         if start < end:

@@ -16,6 +16,7 @@ import logging
 import threading
 import weakref
 
+import numpy as np
 from mpi4py import MPI
 
 from . import config as _config
@@ -23,7 +24,7 @@ from ._buffers import _cupy as _cupy_module
 from ._buffers import as_buf
 from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
-from ._validate import agree, prepare, signature
+from ._validate import agree, prepare, signature, switch
 from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
@@ -80,7 +81,10 @@ class Communicator:
         self._freed = True  # until construction has finished (repr and Free stay safe)
         # a setting that is invalid on some ranks only must not leave the others waiting in Dup:
         # every rank comes to the agreement, which raises on all of them
+        det = False
         try:
+            det = switch("Communicator", "deterministic", deterministic)
+            check = None if check is None else switch("Communicator", "check", check)
             self.config, config_error = _config.Config.from_env(check=check, timeout=timeout), None
         except (ValueError, TypeError) as exc:
             self.config, config_error = None, exc
@@ -93,7 +97,7 @@ class Communicator:
                 self._comm.Free()
             raise
         self.algorithm = algorithm
-        self.deterministic = bool(deterministic)
+        self.deterministic = det
         self.check = self.config.check
         self.timeout = self.config.timeout
         self._host = HostBackend(self._comm, self.timeout, shm=self.config.host_shm)
@@ -190,7 +194,10 @@ class Communicator:
     def Split(self, color: int = 0, key: int = 0) -> "Communicator | None":
         """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None (collective)."""
         self._live("Split")
-        sub = self._comm.Split(color, key)
+        for arg, val in (("color", color), ("key", key)):  # (checked before MPI's Split, which peers wait in)
+            if not isinstance(val, (int, np.integer)) or isinstance(val, (bool, np.bool_)):
+                raise TypeError(f"Split: {arg}={val!r} must be an integer (or color=MPI.UNDEFINED)")
+        sub = self._comm.Split(int(color), int(key))
         if sub == MPI.COMM_NULL:
             return None
         return self._like_me(sub)
@@ -229,7 +236,8 @@ class Communicator:
     def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
              deterministic=None, stream=None):
         key = self.algorithm if algorithm is None else algorithm  # what a repeat must match
-        det = self.deterministic if deterministic is None else bool(deterministic)
+        det = self.deterministic if deterministic is None else (
+            deterministic if deterministic is True or deterministic is False else switch(name, "deterministic", deterministic))
         if self._group is not None:
             self._enqueue(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
             return
@@ -283,12 +291,12 @@ class Communicator:
                 stream, "cuda_stream") or hasattr(stream, "handle")):
             raise TypeError(f"{name}: stream={stream!r}: pass a CuPy or torch stream, a raw handle (int), or None")
         if not self.check:  # (the backend checks the algorithm's name before it communicates)
-            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
+            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
             backend = self._backend_for(call)
             return call, backend, self._algorithm_for(backend, algorithm)
         gather = self._host.allgather_object
         try:
-            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root)
+            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
             backend = self._backend_for(call)
             algo = self._algorithm_for(backend, algorithm)
             self._resolve(backend, call, det, algo)
@@ -425,7 +433,7 @@ class Communicator:
         """A request's arguments, checked once (local: no communication) and its launch
         prepared where one launch serves it (check mode: never, so every Start checks)."""
         self._live(f"{req._name}_init")
-        call = prepare(req._name, self._size, req._send, req._recv, op=req._op, root=req._root)
+        call = prepare(req._name, self._size, req._send, req._recv, op=req._op, root=req._root, rank=self._rank)
         if req._stream is not None:
             from .backends.streams import stream_ptr
 
@@ -583,7 +591,8 @@ class _FastCall:
     A repeat must pass the very same arrays (held by weak reference, so a freed array can never
     be mistaken for a new one at the same address), with the dtype and shape they had, and the
     same op, root, algorithm and determinism policy.  A CuPy ndarray's `data`, `size` and `dtype`
-    are read-only; a numpy array's dtype and shape can be reassigned, so they are compared.
+    are read-only; a numpy array's dtype, shape, strides and writeable flag can be reassigned, so
+    they are compared.
     A view, a slice or a reshape is a new object.  Anything else takes the full path: validation,
     algorithm choice, staging."""
 
@@ -597,8 +606,6 @@ class _FastCall:
         if cp is not None and type(recvbuf) is cp.ndarray:
             return call.recv.nbytes <= _FAST_DEVICE_BYTES and (
                 sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is cp.ndarray)
-        import numpy as np
-
         return (type(recvbuf) is np.ndarray and call.recv.nbytes <= _FAST_HOST_BYTES
                 and (sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is np.ndarray))
 
@@ -610,14 +617,17 @@ class _FastCall:
         self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)
         self.args = (op, root, key, det)
         self.meta = (recvbuf.dtype, recvbuf.shape, sendbuf.dtype if self.send_ref else None,
-                     sendbuf.shape if self.send_ref else None)
+                     sendbuf.shape if self.send_ref else None, recvbuf.strides,
+                     sendbuf.strides if self.send_ref else None, type(recvbuf) is not np.ndarray)
 
     def matches(self, sendbuf, recvbuf, op, root, algo, det) -> bool:
         if self.recv() is not recvbuf or (self.send() if self.send_ref else self.send) is not sendbuf:
             return False
         a, m = self.args, self.meta
-        if recvbuf.dtype is not m[0] or recvbuf.shape != m[1] or (
-                self.send_ref and (sendbuf.dtype is not m[2] or sendbuf.shape != m[3])):
+        if recvbuf.dtype is not m[0] or recvbuf.shape != m[1] or recvbuf.strides != m[4] or (
+                self.send_ref and (sendbuf.dtype is not m[2] or sendbuf.shape != m[3] or sendbuf.strides != m[5])):
+            return False
+        if not (m[6] or recvbuf.flags.writeable):  # a numpy array made read-only since: validation says so
             return False
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
 
@@ -629,8 +639,6 @@ def _result_like(x, stream):
     from torch's allocator, the call's stream waiting for torch's current stream (the memory's
     earlier users).  Not recorded on the tensor (record_stream): torch would record an event on
     the call's stream when the tensor is freed, and a CuPy or raw stream may be gone by then."""
-    import numpy as np
-
     if isinstance(x, np.ndarray):
         return np.empty_like(x)
     buf = as_buf(x, "x", "allreduce", writable=False)

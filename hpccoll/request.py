@@ -16,6 +16,7 @@ requests started in a group share one launch.
 """
 from __future__ import annotations
 
+from ._validate import switch
 from .errors import HpccollError
 
 
@@ -29,7 +30,7 @@ class Request:
         self._comm, self._name = comm, name
         self._send, self._recv, self._op, self._root = sendbuf, recvbuf, op, root
         self._algo = algorithm  # (None: the communicator's default; _validate_persistent decides)
-        self._det = comm.deterministic if deterministic is None else bool(deterministic)
+        self._det = comm.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
         self._stream = stream
         self._call = self._plan = self._backend = None  # the validated call, its backend, its prepared launch
         self._gen = -1

@@ -262,3 +262,110 @@ def test_check_mode_must_agree(monkeypatch):
         hpccoll.Communicator(backend="host")
     with pytest.raises(ValueError, match="HPCCOLL_CHECK differs between ranks"):
         hpccoll.Communicator(backend="host", check=WORLD.Get_rank() == 0)
+
+
+# -- arguments that used to be taken wrongly ------------------------------------------------------
+def test_a_repeat_with_a_read_only_or_restrided_buffer_is_validated_again(comm):
+    """The repeated call's fast path compares the writeable flag and the strides too: a buffer
+    made read-only since its last call is refused (it was written), on every rank, and the
+    communicator stays in step (a Bcast refused on some ranks only had left the root ahead)."""
+    x, z = np.ones(4), np.zeros(4)
+    comm.Allreduce(x, z)
+    comm.Allreduce(x, z)
+    z[:] = 0
+    z.flags.writeable = False
+    with pytest.raises(ValueError, match="Allreduce: recvbuf is read-only"):
+        comm.Allreduce(x, z)
+    assert not z.any(), "a read-only recvbuf was written"
+    y = np.zeros(4)
+    comm.Bcast(y)
+    comm.Bcast(y)
+    y.flags.writeable = False
+    with pytest.raises(ValueError, match="Bcast: buf is read-only"):
+        comm.Bcast(y)
+    assert_still_works(comm)
+    raw = np.zeros(8)
+    view = raw[:4]
+    comm.Allreduce(x, view)
+    comm.Allreduce(x, view)
+    view = np.lib.stride_tricks.as_strided(raw, shape=(4,), strides=(16,))  # a new object: full path
+    with pytest.raises(ValueError, match="Allreduce: recvbuf is not contiguous"):
+        comm.Allreduce(x, view)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+def test_numpy_subclasses_are_their_plain_memory(comm):
+    """np.matrix keeps two dimensions through reshape(-1) (its slices are rows): taken as a plain
+    view of its memory, its results are the plain array's; a masked array is refused."""
+    size, rank = WORLD.size, WORLD.rank
+    rng = np.random.default_rng([rank, 71])
+    h = rng.standard_normal(2)
+    y = np.matrix(np.full(2 * size, -1.0))
+    y[0, 2 * rank:2 * rank + 2] = h
+    comm.Allgather(hpccoll.IN_PLACE, y)
+    assert np.array_equal(np.asarray(y).ravel(), np.concatenate(WORLD.allgather(h)))
+    x = np.matrix(np.arange(size, dtype=np.float64) + 10 * rank)
+    out = np.matrix(np.full(size, -1.0))
+    comm.Alltoallv((x, [1] * size), (out, [1] * size))
+    assert np.array_equal(np.asarray(out).ravel(), np.arange(size) * 10.0 + rank)
+    s = np.matrix(rng.standard_normal(size))
+    r = np.matrix(np.zeros(size))
+    comm.Allreduce(s, r, op=MPI.SUM, deterministic=True)
+    assert np.array_equal(np.asarray(r).ravel(), reduce_in_rank_order(OPS["SUM"], [np.asarray(v).ravel() for v in WORLD.allgather(s)]))
+    with pytest.raises(TypeError, match="Allreduce: sendbuf is a masked array"):
+        comm.Allreduce(np.ma.masked_array(np.ones(3), mask=[0, 1, 0]), np.empty(3))
+    assert_still_works(comm)
+
+
+def test_alltoallv_own_block_mismatch_is_refused_before_a_group_issues(comm):
+    """The block a rank sends itself must be the size it expects from itself: checked when the
+    call is validated, so inside a group the block issues nothing (the Allreduce before it too)."""
+    size, rank = WORLD.size, WORLD.rank
+    a, b = np.ones(3), np.full(3, -1.0)
+    rc = [1] * size
+    rc[rank] = 0
+    with pytest.raises(ValueError, match=f"Alltoallv: rank {rank} sends itself 1 elements .* expects 0 from itself"):
+        with comm.group():
+            comm.Allreduce(a, b)
+            comm.Alltoallv((np.ones(size), [1] * size), (np.empty(size), rc))
+    assert np.all(b == -1.0), "a group that raised issued its calls"
+    assert_still_works(comm)
+
+
+def test_on_off_arguments_refuse_strings():
+    """bool('false') is True: deterministic= and check= take True or False (or 0 / 1)."""
+    with pytest.raises(TypeError, match="Communicator: check='no': pass True or False"):
+        hpccoll.Communicator(backend="host", check="no")
+    with pytest.raises(TypeError, match="Communicator: deterministic='false': pass True or False"):
+        hpccoll.Communicator(backend="host", deterministic="false")
+    c = hpccoll.Communicator(backend="host", deterministic=np.bool_(True), check=0)
+    assert c.deterministic is True and c.check is False
+    with pytest.raises(TypeError, match="Allreduce: deterministic='false': pass True or False"):
+        c.Allreduce(np.ones(2), np.empty(2), deterministic="false")
+    with pytest.raises(TypeError, match="Allreduce: deterministic=2: pass True or False"):
+        c.Allreduce_init(np.ones(2), np.empty(2), deterministic=2)
+    assert_still_works(c)
+    c.Free()
+
+
+def test_split_refuses_a_color_or_key_that_is_not_an_integer(comm):
+    """Checked before MPI's Split, in which the other ranks would wait past any timeout."""
+    with pytest.raises(TypeError, match="Split: color='x' must be an integer"):
+        comm.Split(color="x")
+    with pytest.raises(TypeError, match="Split: key=0.7 must be an integer"):
+        comm.Split(color=1, key=0.7)
+    sub = comm.Split(color=np.int64(WORLD.rank % 2), key=-WORLD.rank)
+    assert sub.Get_size() == len(range(WORLD.rank % 2, WORLD.size, 2)) and sub.Get_rank() == sub.Get_size() - 1 - WORLD.rank // 2
+    sub.Free()
+
+
+def test_advice_for_a_written_buffer_keeps_it(comm):
+    """A buffer the call writes cannot be replaced by a converted copy: the advice says so, and
+    a C/F pair is fixed on sendbuf."""
+    with pytest.raises(ValueError, match="Allreduce: recvbuf is not contiguous: pass a contiguous array as recvbuf "
+                                         "\\(the call writes recvbuf"):
+        comm.Allreduce(np.ones(4), np.zeros(8)[::2])
+    with pytest.raises(ValueError, match="Bcast: buf is not contiguous: pass a contiguous array as buf"):
+        comm.Bcast(np.zeros(8)[::2])
+    with pytest.raises(ValueError, match="pass both in one order \\(e.g. np.asfortranarray\\(sendbuf\\)\\)"):
+        comm.Allreduce(np.ones((3, 4)), np.empty((3, 4), order="F"))

@@ -1,7 +1,7 @@
 """The repeated call's fast path (hpccoll.comm._FastCall), without a GPU: a repeat is
-recognised only for the very same live array objects with the dtype and shape they had (a CuPy
-array's address, size and dtype are read-only; a numpy array's dtype and shape can be
-reassigned) and the same op / root / algorithm / policy; anything else must take the validated
+recognised only for the very same live array objects with the dtype, shape and strides they had
+(a CuPy array's address, size and dtype are read-only; a numpy array's dtype, shape, strides and
+writeable flag can be reassigned) and the same op / root / algorithm / policy; anything else must take the validated
 path."""
 import gc
 
@@ -21,7 +21,7 @@ class _Arr:
 
     def __init__(self, ptr, size=16, dtype=np.float32):
         self.data, self.size, self.dtype = _Mem(ptr), size, np.dtype(dtype)
-        self.shape = (size,)
+        self.shape, self.strides = (size,), (self.dtype.itemsize,)
 
 
 def _fc(send, recv, op=hpccoll.SUM, root=None, algo="auto", det=False):
@@ -85,3 +85,21 @@ def test_a_numpy_array_whose_dtype_or_shape_was_reassigned_misses():
     assert f.matches(x, y, hpccoll.SUM, None, "auto", False)
     x.shape = (4, 4)
     assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+
+
+def test_a_numpy_array_made_read_only_or_restrided_misses():
+    x, y = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    f = _fc(x, y)
+    y.flags.writeable = False  # validation must refuse it: the fast path would write it
+    assert not f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    y.flags.writeable = True
+    assert f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    x.flags.writeable = False  # an input may be read-only
+    assert f.matches(x, y, hpccoll.SUM, None, "auto", False)
+    raw = np.zeros(32, np.float32)
+    z = raw[:16]
+    g = _fc(x, z)
+    with np.testing.suppress_warnings() as sup:  # (assigning strides is deprecated in numpy)
+        sup.filter(DeprecationWarning)
+        z.strides = (8,)  # the same object, every other element
+    assert not g.matches(x, z, hpccoll.SUM, None, "auto", False)
