@@ -639,11 +639,9 @@ def _result_like(x, stream):
     from torch's allocator, the call's stream waiting for torch's current stream (the memory's
     earlier users).  Not recorded on the tensor (record_stream): torch would record an event on
     the call's stream when the tensor is freed, and a CuPy or raw stream may be gone by then."""
-    if isinstance(x, np.ndarray):
-        return np.empty_like(x)
-    buf = as_buf(x, "x", "allreduce", writable=False)
+    buf = as_buf(x, "x", "allreduce", writable=False)  # (its errors name allreduce's x)
     if buf.device is None:
-        return np.empty_like(buf.array)
+        return np.empty_like(x)
     import cupy
 
     from .backends.streams import stream_ptr

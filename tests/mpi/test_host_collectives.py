@@ -167,6 +167,8 @@ def test_lowercase_allreduce_bad_input_names_x(comm):
     """Not an array: the error names allreduce's argument, before any communication."""
     with pytest.raises(TypeError, match="allreduce: x must be a numpy array or a device array .* not list"):
         comm.allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="allreduce: x is not contiguous: pass np.ascontiguousarray\\(x\\)"):
+        comm.allreduce(np.ones(8)[::2])
     y = comm.allreduce(np.asfortranarray(np.ones((3, 4), np.float64)))  # the comm still works; order kept
     assert y.flags.f_contiguous and (y == comm.Get_size()).all()
 
