@@ -75,6 +75,13 @@ def _disjoint(fn, a: Buf, b: Buf):
                          "to work in place, or separate buffers")
 
 
+def integer(fn: str, argname: str, value) -> int:
+    """An integer argument: Python's or numpy's (anything with __index__, as in mpi4py), not a bool."""
+    if isinstance(value, bool) or not hasattr(value, INDEXLIKE):
+        raise TypeError(f"{fn}: {argname}={value!r} must be an integer")
+    return value.__index__()
+
+
 def _root(fn, root, size: int) -> int:
     if isinstance(root, bool) or not hasattr(root, INDEXLIKE) or not 0 <= root.__index__() < size:
         raise ValueError(f"{fn}: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
@@ -84,6 +91,8 @@ def _root(fn, root, size: int) -> int:
 def switch(fn: str, argname: str, value) -> bool:
     """An on/off argument: a bool (or numpy bool, or the integers 0 and 1).  A string is refused:
     bool("false") is True."""
+    if value is True or value is False:  # (the common case first: a call's deterministic=)
+        return value
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
     raise TypeError(f"{fn}: {argname}={value!r}: pass True or False")

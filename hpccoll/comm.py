@@ -24,7 +24,7 @@ from ._buffers import _cupy as _cupy_module
 from ._buffers import as_buf
 from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
-from ._validate import agree, prepare, signature, switch
+from ._validate import agree, integer, prepare, signature, switch
 from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
@@ -194,10 +194,8 @@ class Communicator:
     def Split(self, color: int = 0, key: int = 0) -> "Communicator | None":
         """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None (collective)."""
         self._live("Split")
-        for arg, val in (("color", color), ("key", key)):  # (checked before MPI's Split, which peers wait in)
-            if not isinstance(val, (int, np.integer)) or isinstance(val, (bool, np.bool_)):
-                raise TypeError(f"Split: {arg}={val!r} must be an integer (or color=MPI.UNDEFINED)")
-        sub = self._comm.Split(int(color), int(key))
+        # (checked before MPI's Split, in which the other ranks would wait)
+        sub = self._comm.Split(integer("Split", "color", color), integer("Split", "key", key))
         if sub == MPI.COMM_NULL:
             return None
         return self._like_me(sub)
@@ -236,8 +234,7 @@ class Communicator:
     def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
              deterministic=None, stream=None):
         key = self.algorithm if algorithm is None else algorithm  # what a repeat must match
-        det = self.deterministic if deterministic is None else (
-            deterministic if deterministic is True or deterministic is False else switch(name, "deterministic", deterministic))
+        det = self.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
         if self._group is not None:
             self._enqueue(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
             return

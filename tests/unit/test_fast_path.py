@@ -1,8 +1,8 @@
 """The repeated call's fast path (hpccoll.comm._FastCall), without a GPU: a repeat is
 recognised only for the very same live array objects with the dtype, shape and strides they had
 (a CuPy array's address, size and dtype are read-only; a numpy array's dtype, shape, strides and
-writeable flag can be reassigned) and the same op / root / algorithm / policy; anything else must take the validated
-path."""
+writeable flag can be reassigned) and the same op / root / algorithm / policy; anything else
+must take the validated path."""
 import gc
 
 import numpy as np
