@@ -107,7 +107,7 @@ def as_buf(obj, argname: str, fn: str, *, writable: bool) -> Buf:
 
 def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
     if obj is not None and not isinstance(obj, np.ndarray) and _is_cupy_array(obj):
-        return _cupy_buf(obj, argname, fn)
+        return _cupy_buf(obj, argname, fn, writable)
     if isinstance(obj, np.ndarray):
         arr = obj if type(obj) is np.ndarray else _plain(obj, argname, fn)
         flags = arr.flags
@@ -139,7 +139,7 @@ def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
             arr = cp.asarray(obj)
         else:
             arr = cp.from_dlpack(obj)
-        buf = _cupy_buf(_typed_bfloat16(arr, obj), argname, fn)
+        buf = _cupy_buf(_typed_bfloat16(arr, obj), argname, fn, writable)
         dev = _foreign_device(obj, buf)
         return buf if dev == buf.device else replace(buf, device=dev)
     else:
@@ -193,22 +193,27 @@ def _is_cupy_array(obj) -> bool:
     return cp is not None and type(obj) is cp.ndarray
 
 
-def _cupy_buf(arr, argname: str, fn: str) -> Buf:
+def _cupy_buf(arr, argname: str, fn: str, writable: bool) -> Buf:
     """as_buf for a CuPy array: the common case, kept to a few attribute reads."""
     order = "A"
     if arr.ndim == 1:
         if arr.strides[0] != arr.itemsize and arr.size > 1:
-            raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
+            raise _not_contiguous(argname, fn, writable)
         flat = arr
     else:
         flags = arr.flags
         if not (flags.c_contiguous or flags.f_contiguous):
-            raise ValueError(f"{fn}: {argname} is not contiguous: pass cupy.ascontiguousarray({argname})")
+            raise _not_contiguous(argname, fn, writable)
         flat = arr.reshape(-1, order="A")  # "A": a view in memory order
         if not (flags.c_contiguous and flags.f_contiguous):
             order = "C" if flags.c_contiguous else "F"
     return Buf(array=arr, flat=flat, dtype=dtype_name(arr.dtype), count=arr.size, device=arr.data.device_id,
                order=order)
+
+
+def _not_contiguous(argname: str, fn: str, writable: bool) -> ValueError:
+    return ValueError(f"{fn}: {argname} is not contiguous: " +
+                      _copy_advice(argname, writable, f"cupy.ascontiguousarray({argname})", "a contiguous array"))
 
 
 def _typed_bfloat16(arr, source):

@@ -578,6 +578,15 @@ def test_bad_inputs_on_device(cc):
         cc.Allreduce(y, cp.empty_like(y), algorithm="twoshot_ll128", deterministic=True)
     with pytest.raises(ValueError, match="unknown"):
         cc.Allreduce(y, cp.empty_like(y), algorithm="ring")
+    # a strided input is copied by the caller; a strided output cannot be (the copy would get the results)
+    z = cp.ones((10, 2), dtype=cp.float32)
+    with pytest.raises(ValueError, match=r"Allreduce: sendbuf is not contiguous: pass cupy\.ascontiguousarray\(sendbuf\)"):
+        cc.Allreduce(z[:, 0], cp.empty_like(y))
+    with pytest.raises(ValueError, match="Allreduce: recvbuf is not contiguous: pass a contiguous array as recvbuf "
+                                         r"\(the call writes recvbuf"):
+        cc.Allreduce(y, z[:, 0])
+    with pytest.raises(ValueError, match="Bcast: buf is not contiguous: pass a contiguous array as buf"):
+        cc.Bcast(z[::2], root=0)
 
 
 def test_repeat_calls_follow_every_change(cc):
