@@ -132,10 +132,11 @@ def test_soak_back_to_back_mixed_calls(cc):
             else:
                 tol = TOL[call["dtype"]]
                 assert_close(got, ref, rtol=tol, atol=tol * size * 4, err_msg=what)
-            digest.update(np.ascontiguousarray(got).tobytes())
+            if call["kind"] in ("Allreduce", "Bcast", "Allgather"):  # the others' results differ by rank
+                digest.update(np.ascontiguousarray(got).tobytes())
             key = call["kind"] if call["kind"] != "Allreduce" else f"Allreduce {call['algo']}"
             counts[key] = counts.get(key, 0) + 1
-        assert len(set(world().allgather(digest.hexdigest()))) == 1, f"seed {seed} batch {b}: ranks differ"
+        assert len(set(world().allgather(digest.hexdigest()))) == 1, f"seed {seed} batch {b}: results differ across ranks"
         done += len(batch)
         b += 1
     if rank == 0:
