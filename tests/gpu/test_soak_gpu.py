@@ -3,7 +3,8 @@ host synchronization between them (as an application issues them), every collect
 dtype, op, root, size and in-place form mixed on the same communicator, some batches inside
 `comm.group()`, some on a non-blocking stream.  Only after a batch is synchronized are its
 results read and checked: bitwise against the host's rank-order reference where the call
-promises bits, within rounding for the LL128 atomics, and the same bits on every rank.
+promises bits, within rounding for the LL128 atomics, and (Allreduce, Bcast, Allgather) the
+same bits on every rank.
 
 Every rank draws the same calls from one seed (rank 0's, fresh each run, printed with any
 failure), and every rank regenerates every rank's inputs from it, so a reference needs no
