@@ -86,6 +86,32 @@ def cc():
     c.Free()
 
 
+@pytest.fixture(scope="module")
+def hc():
+    """A hierarchical Communicator over MPI.COMM_WORLD on two simulated nodes of equal size
+    (HPCCOLL_NODE_SIZE): CUDA kernels inside a node, MPI or NCCL between nodes.  Skips at odd
+    rank counts."""
+    import os
+
+    import hpccoll
+
+    size = world().Get_size()
+    if size % 2:
+        pytest.skip(f"two simulated nodes of equal size need an even rank count, not {size}")
+    old = os.environ.get("HPCCOLL_NODE_SIZE")
+    os.environ["HPCCOLL_NODE_SIZE"] = str(size // 2)
+    try:
+        c = hpccoll.Communicator(backend="cuda")
+    finally:
+        if old is None:
+            os.environ.pop("HPCCOLL_NODE_SIZE")
+        else:
+            os.environ["HPCCOLL_NODE_SIZE"] = old
+    assert c.backend.startswith("hier(2x"), c.backend
+    yield c
+    c.Free()
+
+
 _SPIN_SOURCE = r'''
 extern "C" __global__ void hc_test_spin(long long cycles) {
   const long long t0 = clock64();

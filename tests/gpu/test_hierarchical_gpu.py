@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
 from _gpu_checks import check_calls_follow_their_stream, reduce_by_nodes
+from _gpu_checks import hc  # noqa: F401 - the module's hierarchical Communicator fixture
 from mpi4py import MPI
 
 import hpccoll
@@ -16,27 +17,6 @@ from hpccoll.ops import OPS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD
-
-
-@pytest.fixture(scope="module")
-def hc():
-    import os
-
-    size = WORLD.Get_size()
-    if size % 2:
-        pytest.skip(f"two simulated nodes of equal size need an even rank count, not {size}")
-    old = os.environ.get("HPCCOLL_NODE_SIZE")
-    os.environ["HPCCOLL_NODE_SIZE"] = str(size // 2)
-    try:
-        c = hpccoll.Communicator(backend="cuda")
-    finally:
-        if old is None:
-            os.environ.pop("HPCCOLL_NODE_SIZE")
-        else:
-            os.environ["HPCCOLL_NODE_SIZE"] = old
-    assert c.backend.startswith("hier(2x"), c.backend
-    yield c
-    c.Free()
 
 
 def _ref(op, xs, layout):
