@@ -1,7 +1,8 @@
 """A randomized soak of the device collectives: batches of calls issued back to back with no
 host synchronization between them (as an application issues them), every collective, algorithm,
 dtype, op, root, size and in-place form mixed on the same communicator, some batches inside
-`comm.group()`, some on a non-blocking stream; then the same on a hierarchical communicator of
+`comm.group()`, some on a non-blocking stream, persistent requests (made once, fresh input
+each Start) started among the calls; then the same on a hierarchical communicator of
 two simulated nodes (even rank counts).  Only after a batch is synchronized are its
 results read and checked: bitwise against the host's rank-order reference where the call
 promises bits, within rounding for the LL128 atomics, and (Allreduce, Bcast, Allgather) the
@@ -22,7 +23,7 @@ from _gpu_checks import assert_bitwise, assert_close, random_data, reduce_by_nod
 from _gpu_checks import cc, hc  # noqa: F401 - the module's flat and hierarchical Communicators
 
 import hpccoll
-from hpccoll.ops import OPS, reduce_in_rank_order
+from hpccoll.ops import OPS, np_dtype, reduce_in_rank_order
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
@@ -105,6 +106,38 @@ def _issue(c, cp, call: dict, x, stream):
     return out
 
 
+class _Persistent:
+    """A persistent request of the soak, made once: its buffers stay bound, and each use writes
+    fresh input into them (on CuPy's default stream, the request's) before Start."""
+
+    def __init__(self, c, cp, call: dict):
+        kind, n, size, rank = call["kind"], call["n"], c.size, c.rank
+        ip, self.call = call["in_place"], call
+        dt = cp.asarray(np.zeros(1, np_dtype(call["dtype"]))).dtype  # as CuPy takes a host array's
+        src = hpccoll.IN_PLACE
+        if kind == "Allreduce":
+            self.inp = cp.empty(n, dt)
+            self.out = self.inp if ip else cp.empty(n, dt)
+            self.req = c.Allreduce_init(src if ip else self.inp, self.out, op=OPS[call["op"]],
+                                        algorithm=call["algo"], deterministic=call["det"])
+        elif kind == "Bcast":
+            self.inp = self.out = cp.empty(n, dt)
+            self.req = c.Bcast_init(self.inp, root=call["root"])
+        elif kind == "Allgather":
+            self.out = cp.empty(n * size, dt)
+            self.inp = self.out[rank * n:(rank + 1) * n] if ip else cp.empty(n, dt)
+            self.req = c.Allgather_init(src if ip else self.inp, self.out)
+        else:  # Reduce_scatter_block
+            self.inp = cp.empty(n * size, dt)
+            self.out = self.inp[:n] if ip else cp.empty(n, dt)
+            self.req = c.Reduce_scatter_block_init(src if ip else self.inp, self.out, deterministic=True)
+
+    def start(self, cp, x):
+        self.inp[...] = cp.asarray(x)
+        self.req.Start()
+        return self.out
+
+
 def test_soak_back_to_back_mixed_calls(cc):
     _soak(cc, KINDS, True, reduce_in_rank_order)
 
@@ -123,22 +156,35 @@ def _soak(c, kinds, groups: bool, reduce):
     seed = world().bcast(int(np.random.SeedSequence().entropy % (1 << 63)) if c.rank == 0 else None)
     size, rank = c.size, c.rank
     side = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng([seed, 1 << 40])
+    reqs = [_Persistent(c, cp, _draw(rng, size, [k for k in kinds if k != "Alltoall"])) for _ in range(4)]
     done, b, counts = 0, 0, {}
     while done < calls:
         rng = np.random.default_rng([seed, b])
         batch = [_draw(rng, size, kinds) for _ in range(int(rng.integers(1, 33)))]
         grouped, on_side = groups and bool(rng.integers(4) == 0), bool(rng.integers(3) == 0)
         stream = side if on_side else None
-        xs = [_inputs(seed, b, i, call, size) for i, call in enumerate(batch)]
+        # requests (bound to the default stream) join the batches on it, each at most once
+        used = [] if on_side else [q for q in reqs if rng.integers(3) == 0]
+        for q in used:
+            batch.insert(int(rng.integers(len(batch) + 1)), q)
+        calls_of = [e.call if isinstance(e, _Persistent) else e for e in batch]
+        xs = [_inputs(seed, b, i, call, size) for i, call in enumerate(calls_of)]
+
+        def issue(e, x):
+            return e.start(cp, x[rank]) if isinstance(e, _Persistent) else _issue(c, cp, e, x[rank], stream)
+
         with side if on_side else cp.cuda.Stream.null:  # the batch's arrays are made on its stream
             if grouped:
                 with c.group():
-                    outs = [_issue(c, cp, call, x[rank], stream) for call, x in zip(batch, xs)]
+                    outs = [issue(e, x) for e, x in zip(batch, xs)]
             else:
-                outs = [_issue(c, cp, call, x[rank], stream) for call, x in zip(batch, xs)]
+                outs = [issue(e, x) for e, x in zip(batch, xs)]
         c.synchronize(stream)
+        for q in used:
+            q.req.Wait()
         digest = hashlib.sha256()
-        for i, (call, x, out) in enumerate(zip(batch, xs, outs)):
+        for i, (call, x, out) in enumerate(zip(calls_of, xs, outs)):
             got, ref = cp.asnumpy(out), _expected(call, x, rank, size, reduce)
             what = f"seed {seed} batch {b} call {i} {call} grouped={grouped} side={on_side} rank {rank}"
             if call["det"] or call["dtype"] not in FLOATS:
@@ -149,10 +195,13 @@ def _soak(c, kinds, groups: bool, reduce):
             if call["kind"] in ("Allreduce", "Bcast", "Allgather"):  # the others' results differ by rank
                 digest.update(np.ascontiguousarray(got).tobytes())
             key = call["kind"] if call["kind"] != "Allreduce" else f"Allreduce {call['algo']}"
+            key += " (request)" if isinstance(batch[i], _Persistent) else ""
             counts[key] = counts.get(key, 0) + 1
         assert len(set(world().allgather(digest.hexdigest()))) == 1, f"seed {seed} batch {b}: results differ across ranks"
         done += len(batch)
         b += 1
+    for q in reqs:
+        q.req.Free()
     if rank == 0:
         print(f"\nsoak ({c.backend}): {done} calls in {b} batches, seed {seed}, {size} ranks: "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
