@@ -130,7 +130,8 @@ class _Persistent:
         else:  # Reduce_scatter_block
             self.inp = cp.empty(n * size, dt)
             self.out = self.inp[:n] if ip else cp.empty(n, dt)
-            self.req = c.Reduce_scatter_block_init(src if ip else self.inp, self.out, deterministic=True)
+            self.req = c.Reduce_scatter_block_init(src, self.inp, deterministic=True) if ip else \
+                c.Reduce_scatter_block_init(self.inp, self.out, deterministic=True)
 
     def start(self, cp, x):
         self.inp[...] = cp.asarray(x)
