@@ -529,3 +529,173 @@ def test_alltoallv_check_mode_catches_counts_that_do_not_pair():
         with pytest.raises(hpccoll.MismatchError, match=f"rank {size - 1} sends 1 elements to rank 0, which expects 2"):
             c.Alltoallv((np.zeros(size), send), (np.zeros(size + 1), recv))
         c.Alltoallv((np.arange(size, dtype=float), send), (np.zeros(size), [1] * size))
+
+
+# -- a randomized soak -------------------------------------------------------------------
+
+SOAK_KINDS = ("Allreduce",) * 3 + ("allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall",
+                                   "Alltoallv")
+
+
+def _soak_draw(rng, size: int, kinds=SOAK_KINDS) -> dict:
+    """One call, the same on every rank."""
+    dts = [np.dtype(n) for n in ("float64", "float32", "float16", "int32", "int64")]
+    dts += [BFLOAT16] if BFLOAT16 is not None else []
+    n = int(np.exp(rng.uniform(0.0, np.log(1 << 13)))) - 1  # 0 .. 8 Ki elements, log-uniform
+    call = {"kind": str(rng.choice(kinds)), "dtype": dts[int(rng.integers(len(dts)))], "n": n,
+            "op": (SUM, PROD, MAX, MIN)[int(rng.integers(4))], "det": bool(rng.integers(2)),
+            "in_place": bool(rng.integers(3) == 0), "root": int(rng.integers(size)), "on_dup": bool(rng.integers(4) == 0)}
+    if call["kind"] in ("Reduce_scatter_block", "Alltoall"):
+        call["len"] = n * size
+    elif call["kind"] == "Alltoallv":  # counts[i][j]: rank i to rank j
+        call["counts"] = rng.integers(0, n + 1, (size, size)).tolist()
+    return call
+
+
+def _soak_input(seed, b: int, i: int, call: dict, r: int):
+    """Rank r's input for call i of batch b (every rank can make every rank's)."""
+    n = sum(call["counts"][r]) if "counts" in call else call.get("len", call["n"])
+    return random_input(np.random.default_rng([seed, b, i, r]), call["dtype"], n, call["op"])
+
+
+class _SoakRequest:
+    """A persistent request made once; each use writes fresh input into its bound buffer."""
+
+    def __init__(self, c, call: dict):
+        n, size, rank, dt, ip = call["n"], c.size, c.rank, call["dtype"], call["in_place"]
+        self.call, kind = call, call["kind"]
+        if kind == "Bcast":
+            self.inp = self.out = np.empty(n, dt)
+            self.req = c.Bcast_init(self.inp, root=call["root"])
+        elif kind == "Allgather":
+            self.out = np.empty(n * size, dt)
+            self.inp = self.out[rank * n:(rank + 1) * n] if ip else np.empty(n, dt)
+            self.req = c.Allgather_init(hpccoll.IN_PLACE if ip else self.inp, self.out)
+        elif kind == "Reduce_scatter_block":
+            self.inp = np.empty(n * size, dt)
+            self.out = self.inp[:n] if ip else np.empty(n, dt)
+            self.req = c.Reduce_scatter_block_init(hpccoll.IN_PLACE if ip else self.inp, self.inp if ip else self.out,
+                                                   op=call["op"], deterministic=call["det"])
+        else:
+            self.inp = np.empty(n, dt)
+            self.out = self.inp if ip else np.empty(n, dt)
+            self.req = c.Allreduce_init(hpccoll.IN_PLACE if ip else self.inp, self.out, op=call["op"],
+                                        deterministic=call["det"])
+
+    def start(self, x):
+        self.inp[...] = x
+        self.req.Start()
+        return self.out
+
+
+def _soak_issue(c, call: dict, x):
+    """Issue one call; returns the array that holds its result once the call (or its group) is done."""
+    kind, n, size, rank, ip = call["kind"], call["n"], c.size, c.rank, call["in_place"]
+    x = x.copy()  # the buffer the call may write
+    if kind == "allreduce":
+        return c.allreduce(x, op=call["op"], deterministic=call["det"])
+    if kind == "Allreduce":
+        out = x if ip else np.empty_like(x)
+        c.Allreduce(hpccoll.IN_PLACE if ip else x, out, op=call["op"], deterministic=call["det"])
+        return out
+    if kind == "Bcast":
+        c.Bcast(x, root=call["root"])
+        return x
+    if kind == "Allgather":
+        out = np.empty(n * size, x.dtype)
+        if ip:
+            out[rank * n:(rank + 1) * n] = x
+        c.Allgather(hpccoll.IN_PLACE if ip else x, out)
+        return out
+    if kind == "Reduce_scatter_block":
+        out = x[:n] if ip else np.empty(n, x.dtype)
+        c.Reduce_scatter_block(hpccoll.IN_PLACE if ip else x, x if ip else out, op=call["op"],
+                               deterministic=call["det"])
+        return out
+    if kind == "Alltoall":
+        out = x if ip else np.empty_like(x)
+        c.Alltoall(hpccoll.IN_PLACE if ip else x, out)
+        return out
+    counts = call["counts"]
+    out = np.empty(sum(counts[i][rank] for i in range(size)), x.dtype)
+    c.Alltoallv((x, counts[rank]), (out, [counts[i][rank] for i in range(size)]))
+    return out
+
+
+def _soak_check(got, call: dict, xs, rank: int, size: int, what: str):
+    try:
+        _soak_compare(got, call, xs, rank, size)
+    except (AssertionError, pytest.fail.Exception) as exc:
+        pytest.fail(f"{what}: {exc}")
+
+
+def _soak_compare(got, call: dict, xs, rank: int, size: int):
+    kind, n = call["kind"], call["n"]
+    if kind in ("Allreduce", "allreduce"):
+        return assert_reduced(got, np.stack(xs), call["op"], call["det"])
+    if kind == "Reduce_scatter_block":
+        return assert_reduced(got, np.stack([x[rank * n:(rank + 1) * n] for x in xs]), call["op"], call["det"])
+    if kind == "Bcast":
+        want = xs[call["root"]]
+    elif kind == "Allgather":
+        want = np.concatenate(xs)
+    elif kind == "Alltoall":
+        want = np.concatenate([x[rank * n:(rank + 1) * n] for x in xs])
+    else:
+        counts = call["counts"]
+        want = np.concatenate([xs[i][sum(counts[i][:rank]):sum(counts[i][:rank + 1])] for i in range(size)])
+    assert_bitwise(got, want)
+
+
+def test_soak_mixed_calls(comm):
+    """Random batches of calls, the same on every rank (one fresh seed from rank 0, named in any
+    failure): every collective, dtype, op, policy, root and in-place form, 0 to 8 Ki elements
+    (the shared-memory path and MPI's), on the communicator and on a Dup of it, some batches in
+    `comm.group()`, persistent requests started among the calls; every result checked after its
+    batch against every rank's input, regenerated from the seed.  HPCCOLL_SOAK_CALLS (default
+    1500) sets the number of calls."""
+    import os
+
+    size, rank = comm.size, comm.rank
+    calls = int(os.environ.get("HPCCOLL_SOAK_CALLS", "1500"))
+    seed = WORLD.bcast(int(np.random.SeedSequence().entropy % (1 << 63)) if rank == 0 else None)
+    dup = comm.Dup()
+    rng = np.random.default_rng([seed, 1 << 40])
+    reqs = [_SoakRequest(comm, _soak_draw(rng, size, ("Allreduce", "Bcast", "Allgather", "Reduce_scatter_block")))
+            for _ in range(4)]
+    done, b = 0, 0
+    try:
+        while done < calls:
+            rng = np.random.default_rng([seed, b])
+            batch = [_soak_draw(rng, size) for _ in range(int(rng.integers(1, 17)))]
+            grouped = bool(rng.integers(4) == 0)
+            used = [q for q in reqs if rng.integers(3) == 0]
+            for q in used:
+                batch.insert(int(rng.integers(len(batch) + 1)), q)
+            calls_of = [e.call if isinstance(e, _SoakRequest) else e for e in batch]
+            if grouped:  # a group is one communicator's: its calls all go there
+                calls_of = [dict(call, on_dup=False) for call in calls_of]
+            xs = [[_soak_input(seed, b, i, call, r) for r in range(size)] for i, call in enumerate(calls_of)]
+
+            def issue(e, call, x):
+                return e.start(x) if isinstance(e, _SoakRequest) else \
+                    _soak_issue(dup if call["on_dup"] else comm, call, x)
+
+            if grouped:
+                with comm.group():
+                    outs = [issue(e, call, x[rank]) for e, call, x in zip(batch, calls_of, xs)]
+            else:
+                outs = [issue(e, call, x[rank]) for e, call, x in zip(batch, calls_of, xs)]
+            for q in used:
+                q.req.Wait()
+            for i, (call, x, got) in enumerate(zip(calls_of, xs, outs)):
+                what = (f"seed {seed} batch {b} call {i} {call['kind']} {call['dtype']} {call['op'].name} "
+                        f"n={call['n']} det={call['det']} in_place={call['in_place']} grouped={grouped} "
+                        f"request={isinstance(batch[i], _SoakRequest)} rank {rank}")
+                _soak_check(got, call, x, rank, size, what)
+            done += len(batch)
+            b += 1
+    finally:
+        for q in reqs:
+            q.req.Free()
+        dup.Free()
