@@ -455,8 +455,9 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                    help="do not sync the device around each collective: the solve is timed as it runs "
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--no-trace-memory", action="store_true",
-                   help="CPU path: do not run tracemalloc during the solve (it records the peak of NumPy "
-                        "allocations but slows Python-heavy phases, up to 1.5x at n=2048)")
+                   help="CPU path: do not count the peak of NumPy's array memory during the solve (a NumPy "
+                        "memory handler, about 15%% slower on loops of tiny arrays; where its extension "
+                        "was not built, tracemalloc, which slows Python-heavy phases 2-5x)")
     p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
                         "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "

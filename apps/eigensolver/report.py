@@ -155,10 +155,10 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
 
 
 def _memory(recs: list[dict]) -> dict:
-    """Per configuration: the largest per-rank peak over runs (host RSS, tracemalloc, device pool,
+    """Per configuration: the largest per-rank peak over runs (host RSS, NumPy data or tracemalloc, device pool,
     nvidia-smi), and rank 0's and the other ranks' separately (rank 0 holds the reference)."""
     out = {}
-    for key in ("peak_rss_bytes", "tracemalloc_peak_bytes", "device_pool_solve_peak_bytes", "device_pool_peak_bytes",
+    for key in ("peak_rss_bytes", "numpy_peak_bytes", "tracemalloc_peak_bytes", "device_pool_solve_peak_bytes", "device_pool_peak_bytes",
                 "nvidia_smi_used_bytes"):
         per_rank = defaultdict(list)
         for rec in recs:
@@ -170,6 +170,13 @@ def _memory(recs: list[dict]) -> dict:
                         "rank0": max(per_rank.get(0, [0])),
                         "others": max((max(v) for r, v in per_rank.items() if r != 0), default=None)}
     return out
+
+
+def _numpy_peak(m: dict, mib) -> str:
+    """The NumPy data column: the handler's count, else tracemalloc's (marked tm), else '–'."""
+    if m.get("numpy_peak_bytes"):
+        return mib(m["numpy_peak_bytes"])
+    return f"{mib(m['tracemalloc_peak_bytes'])} tm" if m.get("tracemalloc_peak_bytes") else "–"
 
 
 def _blas_summary(rec: dict) -> str | None:
@@ -411,12 +418,13 @@ def build_report(directory: str) -> list[str]:
         md.append(f"- {g['comm']} {g['ranks']}r: {names}; per phase {g['collectives_by_phase']}; "
                   f"sizes {g['collective_sizes']}")
     md += ["", "## Memory (per rank, max over runs, MiB)", "",
-           "Host: peak RSS of the process during the solve and its metrics; tracemalloc: peak of traced "
-           "Python/NumPy allocations; device: CuPy pool high-water mark when the solve returned and at the end "
+           "Host: peak RSS of the process during the solve and its metrics; NumPy data: peak of the NumPy "
+           "arrays made during the solve and alive at once (where the counting extension was not built: "
+           "tracemalloc's peak of traced Python/NumPy allocations, marked tm); device: CuPy pool high-water mark when the solve returned and at the end "
            "of its metrics, and nvidia-smi's per-process figure. "
            "rank 0 / other ranks shown apart: rank 0 also held the gathered A and B for the scipy reference "
            "(small n only).", "",
-           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | tracemalloc max | device pool max, solve | "
+           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | NumPy data max | device pool max, solve | "
            "device pool max, with metrics | nvidia-smi max |",
            "|---|---|---|---|---|---|---|---|---|"]
 
@@ -427,7 +435,7 @@ def build_report(directory: str) -> list[str]:
     for g in groups:
         m = g["memory"]
         md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {mib(m.get('peak_rss_bytes'), 'rank0')} | "
-                  f"{mib(m.get('peak_rss_bytes'), 'others')} | {mib(m.get('tracemalloc_peak_bytes'))} | "
+                  f"{mib(m.get('peak_rss_bytes'), 'others')} | {_numpy_peak(m, mib)} | "
                   f"{mib(m.get('device_pool_solve_peak_bytes'))} | {mib(m.get('device_pool_peak_bytes'))} | "
                   f"{mib(m.get('nvidia_smi_used_bytes'))} |")
     md += ["", "## Accuracy", "",

@@ -200,12 +200,20 @@ def nvidia_smi_used_bytes(pid: int | None = None) -> int | None:
 DEVICE_PEAK_KEYS = ("device_pool_solve_peak_bytes", "device_pool_peak_bytes")
 
 
+try:
+    from . import _npmem  # the NumPy memory handler (apps/eigensolver/_npmem.c), built where a C compiler was
+except ImportError:
+    _npmem = None
+
+
 class MemoryMeter:
     """Peak memory of one stretch of work (a solve and its metrics) in this process.
 
     host: peak RSS over the stretch (VmHWM reset at start where Linux allows, else the process's
-    lifetime peak, ru_maxrss) and tracemalloc's peak of traced allocations (Python objects and
-    NumPy arrays; NumPy reports its data buffers to tracemalloc).  device: CuPy's default memory
+    lifetime peak, ru_maxrss) and the peak of NumPy's array data, counted by a NumPy memory
+    handler (the extension _npmem: a few atomic operations per allocation) or, where that
+    extension was not built, tracemalloc's peak of traced allocations (Python objects and NumPy
+    arrays; it slows Python-heavy phases severalfold).  device: CuPy's default memory
     pool's reserved bytes at the end - a high-water mark, since the pool keeps what it has
     reserved until free_all_blocks(), which is called at start - and nvidia-smi's per-process
     figure, which also counts memory outside the pool (hpccoll's IPC buffers, CUDA context)."""
@@ -214,8 +222,12 @@ class MemoryMeter:
         "peak_rss_bytes": "peak resident set size of the rank's process during the solve and its metrics "
                           "(Linux VmHWM reset at the start; 'rss_scope' says when it could not be reset)",
         "process_peak_rss_bytes": "peak resident set size over the process's life so far (getrusage ru_maxrss)",
+        "numpy_peak_bytes": "peak bytes of NumPy array data allocated during the solve and its metrics and "
+                            "alive at once (a NumPy memory handler; arrays made before the solve, such as its "
+                            "inputs, not counted)",
         "tracemalloc_peak_bytes": "tracemalloc's peak of traced allocations (Python objects and NumPy arrays) "
-                                  "during the solve and its metrics",
+                                  "during the solve and its metrics; only where the NumPy handler's extension "
+                                  "is not built",
         "device_pool_peak_bytes": "bytes reserved by CuPy's default memory pool at the end of the solve and its "
                                   "metrics: a high-water mark, the pool returns nothing until free_all_blocks()",
         "device_pool_used_bytes": "bytes in use from CuPy's pool at the end",
@@ -235,7 +247,10 @@ class MemoryMeter:
         import tracemalloc
 
         gc.collect()
-        if self.trace:
+        if self.trace and _npmem is not None:
+            _npmem.stop()  # (a no-op unless a stretch before this one ended in an exception)
+            _npmem.start()
+        elif self.trace:
             if not tracemalloc.is_tracing():
                 tracemalloc.start()
             tracemalloc.reset_peak()
@@ -257,8 +272,12 @@ class MemoryMeter:
 
         rec = {"peak_rss_bytes": None, "rss_scope": self.scope,
                "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "numpy_peak_bytes": None,
                "tracemalloc_peak_bytes": tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None,
                "device_pool_peak_bytes": None, "device_pool_used_bytes": None, "nvidia_smi_used_bytes": None}
+        if self.trace and _npmem is not None:
+            rec["numpy_peak_bytes"] = _npmem.peak()
+            _npmem.stop()
         hwm = _status_kib("VmHWM")
         rec["peak_rss_bytes"] = hwm * 1024 if hwm is not None else rec["process_peak_rss_bytes"]
         if self.xp.__name__ == "cupy":
