@@ -25,7 +25,8 @@ _TRACEMALLOC = ("import sys, hpccoll_eigensolver.runinfo as r; r._npmem = None; 
 
 
 def one(mode: str, args, out: Path) -> dict:
-    mpiexec = shutil.which("mpiexec") or "mpiexec"
+    sibling = Path(sys.executable).with_name("mpiexec")  # the venv's MPI (the mpich wheel) first
+    mpiexec = str(sibling) if sibling.exists() else shutil.which("mpiexec") or "mpiexec"
     py = [sys.executable, "-c", _TRACEMALLOC] if mode == "tracemalloc" else [sys.executable, "-m",
                                                                              "hpccoll_eigensolver.cli"]
     cmd = [mpiexec, "-n", str(args.ranks), *py, "solve", "--n", str(args.n), "--problem", args.problem,
