@@ -456,8 +456,8 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--no-trace-memory", action="store_true",
                    help="CPU path: do not count the peak of NumPy's array memory during the solve (a NumPy "
-                        "memory handler, about 15%% slower on loops of tiny arrays; where its extension "
-                        "was not built, tracemalloc, which slows Python-heavy phases 2-5x)")
+                        "memory handler, within noise of none; where its extension was not built, "
+                        "tracemalloc, which made host solves 2-3x slower)")
     p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
                         "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "
