@@ -143,8 +143,18 @@ def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
         dev = _foreign_device(obj, buf)
         return buf if dev == buf.device else replace(buf, device=dev)
     else:
+        if isinstance(obj, (list, tuple)) and any(map(is_mpi_datatype, obj)):
+            raise TypeError(f"{fn}: {argname} is an mpi4py buffer specification ([array, MPI.DOUBLE] or "
+                            f"[array, count, MPI.DOUBLE]), which hpccoll does not take: pass the array itself "
+                            f"(its dtype gives the datatype; a slice of it gives a count)")
         raise TypeError(f"{fn}: {argname} must be a numpy array or a device array "
                         f"(CuPy, __cuda_array_interface__ or DLPack), not {type(obj).__name__}")
+
+
+def is_mpi_datatype(obj) -> bool:
+    """Is `obj` an mpi4py Datatype (MPI.DOUBLE, ...)?  (By name: no mpi4py import here.)"""
+    t = type(obj)
+    return t.__name__ == "Datatype" and t.__module__.startswith("mpi4py")
 
 
 def _plain(obj, argname: str, fn: str):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._buffers import Buf, as_buf, is_in_place
+from ._buffers import Buf, as_buf, is_in_place, is_mpi_datatype
 from .errors import MismatchError
 from .ops import Op, as_op
 
@@ -153,6 +153,10 @@ def prepare(name: str, size: int, sendbuf=None, recvbuf=None, *, op=None, root=N
 def _vector(fn, argname: str, spec, size: int, writable: bool):
     """(Buf, counts, displs) of an Alltoallv argument, mpi4py's (array, counts) or (array,
     counts, displs); displs default to the running sum of counts."""
+    if isinstance(spec, (tuple, list)) and (any(map(is_mpi_datatype, spec)) or _nested(spec)):
+        raise TypeError(f"{fn}: {argname} is given in mpi4py's datatype or nested form ([array, counts, "
+                        f"MPI.DOUBLE], (array, (counts, displs))), which hpccoll does not take: pass (array, "
+                        f"counts) or (array, counts, displs) (the array's dtype gives the datatype)")
     if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
         raise TypeError(f"{fn}: {argname} must be (array, counts) or (array, counts, displs) as in "
                         f"mpi4py, not {type(spec).__name__}")
@@ -170,6 +174,13 @@ def _vector(fn, argname: str, spec, size: int, writable: bool):
             raise ValueError(f"{fn}: {argname}'s block for rank {r} (displacement {d}, count {c}) ends at element "
                              f"{d + c}, past the array's {buf.count}: use displs[j] + counts[j] <= {buf.count}")
     return buf, tuple(counts), tuple(displs)
+
+
+def _nested(spec) -> bool:
+    """mpi4py's (array, (counts, displs)): a pair of sequences where counts go."""
+    inner = spec[1] if len(spec) == 2 else None
+    return (isinstance(inner, (tuple, list)) and len(inner) == 2
+            and all(isinstance(v, (tuple, list)) or getattr(v, "ndim", 0) >= 1 for v in inner))
 
 
 def _ints(fn, what: str, values, size: int) -> list[int]:

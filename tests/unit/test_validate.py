@@ -230,3 +230,29 @@ def test_check_mode_names_ranks_whose_buffers_go_to_different_backends():
         with pytest.raises(MismatchError, match="ranks disagree on backend: rank 0 has host, rank 1 has cuda"):
             agree(lambda mine, name: [("ok", s, None) for s in sigs], rank, "Allreduce", sigs[rank])
     agree(lambda mine, name: [("ok", sigs[0], None)] * 2, 0, "Allreduce", sigs[0])  # alike: no error
+
+
+def test_mpi4py_buffer_specifications_are_refused_with_the_fix(comm):
+    """[array, MPI.DOUBLE] and friends: hpccoll takes arrays (their dtype is the datatype); the
+    message says so instead of calling the list an unknown buffer type."""
+    x, y = np.ones(4), np.empty(4)
+    spec = r"is an mpi4py buffer specification .* pass the array itself"
+    with pytest.raises(TypeError, match="Allreduce: sendbuf " + spec):
+        comm.Allreduce([x, MPI.DOUBLE], y)
+    with pytest.raises(TypeError, match="Allreduce: recvbuf " + spec):
+        comm.Allreduce(x, (y, 4, MPI.DOUBLE))
+    with pytest.raises(TypeError, match="Bcast: buf " + spec):
+        comm.Bcast([x, MPI.DOUBLE])
+    with pytest.raises(TypeError, match=r"Allreduce: sendbuf must be a numpy array .* not list"):
+        comm.Allreduce([1.0, 2.0], y)  # a plain list is not a spec: the general message
+
+
+def test_alltoallv_datatype_and_nested_forms_are_refused_with_the_fix(comm):
+    x, y = np.ones(1), np.empty(1)
+    form = r"datatype or nested form .* pass \(array, counts\) or \(array, counts, displs\)"
+    with pytest.raises(TypeError, match="Alltoallv: sendbuf is given in mpi4py's " + form):
+        comm.Alltoallv([x, [1], MPI.DOUBLE], (y, [1]))
+    with pytest.raises(TypeError, match="Alltoallv: recvbuf is given in mpi4py's " + form):
+        comm.Alltoallv((x, [1]), (y, ([1], [0])))
+    with pytest.raises(TypeError, match="Alltoallv: sendbuf is given in mpi4py's " + form):
+        comm.Alltoallv((x, (np.array([1]), np.array([0]))), (y, [1]))
