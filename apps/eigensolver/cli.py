@@ -59,6 +59,15 @@ def _host_threads(text: str) -> str | int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _rank_list(text: str) -> list[int]:
+    """--ranks: one rank count or a comma list of them (each >= 1), in the order given."""
+    one = _int_at_least(1, "--ranks (MPI ranks per configuration)")
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a rank count or a comma list of them (e.g. 2,3,4)")
+    return list(dict.fromkeys(one(t) for t in items))
+
+
 def _comm_list(text: str) -> list[str]:
     items = [c.strip() for c in text.split(",") if c.strip()]
     bad = [c for c in items if c not in COMM_CHOICES]
@@ -393,10 +402,12 @@ def cmd_compare(args) -> int:
         raise CliError("compare: pass --out DIR (the runs and the report go there)")
     check_out_dir(args.out)
     mpiexec = find_mpiexec()
-    labels = list(args.comm) + (["cusolvermp"] if args.cusolvermp else []) + \
-        (["single-gpu"] if args.single_gpu else [])
-    for label in labels:   # a stale failure record would outlive a now-successful configuration
-        old = failure_path(args, label)
+    per_count = list(args.comm) + (["cusolvermp"] if args.cusolvermp else [])  # run at each rank count
+    runs = [(ranks, label) for ranks in args.ranks for label in per_count] + \
+        ([(1, "single-gpu")] if args.single_gpu else [])
+    at = {r: argparse.Namespace(**{**vars(args), "ranks": r}) for r in dict.fromkeys(r for r, _ in runs)}
+    for ranks, label in runs:   # a stale failure record would outlive a now-successful configuration
+        old = failure_path(at[ranks], label)
         if os.path.exists(old):
             if not args.overwrite:
                 raise CliError(f"--out {args.out}: {os.path.basename(old)} exists from an earlier compare of the "
@@ -407,19 +418,19 @@ def cmd_compare(args) -> int:
         (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
         (["--no-trace-memory"] if args.no_trace_memory else [])
     failed = []
-    for choice in args.comm:
-        if not _launch(choice, mpiexec + ["-n", str(args.ranks)] + me + ["solve", "--comm", choice]
-                       + solve_opts + _problem_argv(args), args):
-            failed.append(choice)
-    if args.cusolvermp and not _launch("cusolvermp", mpiexec + ["-n", str(args.ranks)] + me +
-                                       ["anchor", "cusolvermp"] + _problem_argv(args), args):
-        failed.append("cusolvermp")
-    if args.single_gpu and not _launch("single-gpu", me + ["anchor", "single-gpu"] + _problem_argv(args), args):
-        failed.append("single-gpu")
+    for ranks, label in runs:
+        if label == "single-gpu":
+            cmd = me + ["anchor", "single-gpu"]
+        elif label == "cusolvermp":
+            cmd = mpiexec + ["-n", str(ranks)] + me + ["anchor", "cusolvermp"]
+        else:
+            cmd = mpiexec + ["-n", str(ranks)] + me + ["solve", "--comm", label] + solve_opts
+        if not _launch(label, cmd + _problem_argv(args), at[ranks]):
+            failed.append(label if len(args.ranks) == 1 or label == "single-gpu" else f"{label} at {ranks} ranks")
     paths = build_report(args.out)
     print("report: " + ", ".join(paths))
     if failed:
-        raise CliError(f"compare: {len(failed)} of {len(labels)} configurations failed ({', '.join(failed)}); "
+        raise CliError(f"compare: {len(failed)} of {len(runs)} configurations failed ({', '.join(failed)}); "
                        f"see failed_*.json and the report in {args.out}", code=1)
     return 0
 
@@ -484,8 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="run solve for several --comm paths under mpiexec, then report; "
                                        "exits 1 when a configuration failed")
     add_problem_args(c)
-    c.add_argument("--ranks", type=_int_at_least(1, "--ranks (MPI ranks per configuration)"), default=2,
-                   help="MPI ranks per configuration (default 2)")
+    c.add_argument("--ranks", type=_rank_list, default=[2],
+                   help="MPI ranks per configuration, or a comma list of rank counts to run every "
+                        "configuration at each (e.g. 2,3,4; default 2)")
     c.add_argument("--comm", type=_comm_list, default=_comm_list("sentinel,ll128,nccl,mpi"),
                    help="comma list of --comm paths")
     add_solve_args(c)

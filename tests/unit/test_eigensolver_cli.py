@@ -63,7 +63,8 @@ def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIM
     (["solve", "--symmetry-tol", "-1"], "--symmetry-tol"), (["compare", "--ranks", "0"], "--ranks"),
     (["compare", "--repeat", "0"], "--repeat"), (["compare", "--comm", "mpi,bogus"], "--comm"),
     (["solve", "--host-threads", "0"], "--host-threads"), (["solve", "--host-threads", "many"], "--host-threads"),
-    (["compare", "--host-threads", "-2"], "--host-threads"),
+    (["compare", "--host-threads", "-2"], "--host-threads"), (["compare", "--ranks", "2,x"], "--ranks"),
+    (["compare", "--ranks", "2,0"], "--ranks"), (["compare", "--ranks", ","], "--ranks"),
 ])
 def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -417,6 +418,20 @@ def test_compare_exits_1_when_a_configuration_failed_and_refuses_stale_failures(
     assert proc.returncode == 1 and "configurations failed (nccl)" in proc.stderr, proc.stdout + proc.stderr
     again = run_cli(*args)
     assert again.returncode == 2 and "--overwrite" in again.stderr, again.stdout + again.stderr
+
+
+def test_compare_runs_every_configuration_at_each_rank_count(tmp_path):
+    """--ranks 1,3: each --comm path at one rank and at three, one report over all of them."""
+    assert build_parser().parse_args(["compare", "--ranks", "3, 1,3"]).ranks == [3, 1]
+    out = tmp_path / "cmp"
+    proc = run_cli("compare", "--n", 24, "--nb", 4, "--ranks", "1,3", "--comm", "mpi", "--repeat", 2,
+                   "--out", out, timeout=3 * HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("mpiexec -n 1 ") == 1 and proc.stdout.count("mpiexec -n 3 ") == 1, proc.stdout
+    assert len(_runs(out)) == 4 and {r.name.split("_")[2] for r in _runs(out)} == {"p1", "p3"}
+    rep = json.loads((out / "report.json").read_text())
+    assert not rep["failures"]
+    assert "Rank counts used: 1, 3." in (out / "report.md").read_text()
 
 
 # -- host BLAS threads ---------------------------------------------------------------------------------
