@@ -255,7 +255,7 @@ def test_report_from_recorded_gpu_runs(tmp_path):
     n=2048, 10 runs each): the facts the issue asks for come out of the recorded data."""
     import tarfile
 
-    # the job's run JSONs are packed in runs.tar.xz (bench/results/eigensolver/README.md)
+    # the job's run JSONs are packed in runs.tar.xz (bench/results/README.md)
     job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
                        "2026-11-30-h200x2-f4b2279")
     n = 0
