@@ -544,7 +544,7 @@ def _soak_draw(rng, size: int, kinds=SOAK_KINDS) -> dict:
     n = int(np.exp(rng.uniform(0.0, np.log(1 << 13)))) - 1  # 0 .. 8 Ki elements, log-uniform
     call = {"kind": str(rng.choice(kinds)), "dtype": dts[int(rng.integers(len(dts)))], "n": n,
             "op": (SUM, PROD, MAX, MIN)[int(rng.integers(4))], "det": bool(rng.integers(2)),
-            "in_place": bool(rng.integers(3) == 0), "root": int(rng.integers(size)), "on_dup": bool(rng.integers(4) == 0)}
+            "in_place": bool(rng.integers(3) == 0), "root": int(rng.integers(size)), "on": int(rng.choice(3, p=[0.6, 0.2, 0.2]))}
     if call["kind"] in ("Reduce_scatter_block", "Alltoall"):
         call["len"] = n * size
     elif call["kind"] == "Alltoallv":  # counts[i][j]: rank i to rank j
@@ -650,8 +650,8 @@ def _soak_compare(got, call: dict, xs, rank: int, size: int):
 def test_soak_mixed_calls(comm):
     """Random batches of calls, the same on every rank (one fresh seed from rank 0, named in any
     failure): every collective, dtype, op, policy, root and in-place form, 0 to 8 Ki elements
-    (the shared-memory path and MPI's), on the communicator and on a Dup of it, some batches in
-    `comm.group()`, persistent requests started among the calls; every result checked after its
+    (the shared-memory path and MPI's), on the communicator, on a Dup of it and on one in check
+    mode, some batches in `comm.group()`, persistent requests started among the calls; every result checked after its
     batch against every rank's input, regenerated from the seed.  HPCCOLL_SOAK_CALLS (default
     1500) sets the number of calls."""
     import os
@@ -660,6 +660,8 @@ def test_soak_mixed_calls(comm):
     calls = int(os.environ.get("HPCCOLL_SOAK_CALLS", "1500"))
     seed = WORLD.bcast(int(np.random.SeedSequence().entropy % (1 << 63)) if rank == 0 else None)
     dup = comm.Dup()
+    checked = hpccoll.Communicator(backend="host", check=True)
+    comms = (comm, dup, checked)
     rng = np.random.default_rng([seed, 1 << 40])
     reqs = [_SoakRequest(comm, _soak_draw(rng, size, ("Allreduce", "Bcast", "Allgather", "Reduce_scatter_block")))
             for _ in range(4)]
@@ -674,12 +676,12 @@ def test_soak_mixed_calls(comm):
                 batch.insert(int(rng.integers(len(batch) + 1)), q)
             calls_of = [e.call if isinstance(e, _SoakRequest) else e for e in batch]
             if grouped:  # a group is one communicator's: its calls all go there
-                calls_of = [dict(call, on_dup=False) for call in calls_of]
+                calls_of = [dict(call, on=0) for call in calls_of]
             xs = [[_soak_input(seed, b, i, call, r) for r in range(size)] for i, call in enumerate(calls_of)]
 
             def issue(e, call, x):
                 return e.start(x) if isinstance(e, _SoakRequest) else \
-                    _soak_issue(dup if call["on_dup"] else comm, call, x)
+                    _soak_issue(comms[call["on"]], call, x)
 
             if grouped:
                 with comm.group():
@@ -691,7 +693,8 @@ def test_soak_mixed_calls(comm):
             for i, (call, x, got) in enumerate(zip(calls_of, xs, outs)):
                 what = (f"seed {seed} batch {b} call {i} {call['kind']} {call['dtype']} {call['op'].name} "
                         f"n={call['n']} det={call['det']} in_place={call['in_place']} grouped={grouped} "
-                        f"request={isinstance(batch[i], _SoakRequest)} rank {rank}")
+                        f"request={isinstance(batch[i], _SoakRequest)} on={('comm', 'dup', 'checked')[call['on']]} "
+                        f"rank {rank}")
                 _soak_check(got, call, x, rank, size, what)
             done += len(batch)
             b += 1
@@ -699,3 +702,4 @@ def test_soak_mixed_calls(comm):
         for q in reqs:
             q.req.Free()
         dup.Free()
+        checked.Free()
