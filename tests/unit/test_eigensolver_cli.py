@@ -376,6 +376,17 @@ def test_gathered_vectors_equal_the_ones_written_by_columns(tmp_path):
     assert digests[0] == digests[1]
 
 
+def _aborted(run):
+    """An MPI job expected to abort, run once more if its stderr came back empty: MPICH's
+    launcher has lost an aborted job's whole output (exit code 1, nothing on stdout or stderr)
+    twice in several hundred runs, both while other MPI jobs loaded the machine.  The exit code
+    is checked on both runs; the message the user reads, on the one whose output arrived."""
+    proc = run()
+    if proc.returncode != 0 and not proc.stderr:
+        proc = run()
+    return proc
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_failure_of_rank_0_alone_in_the_solve_loop_ends_the_job(tmp_path, ranks):
     """Rank 0 cannot write run 1's JSON (a directory holds its name) while the other ranks go on
@@ -385,7 +396,7 @@ def test_a_failure_of_rank_0_alone_in_the_solve_loop_ends_the_job(tmp_path, rank
     assert run_cli(*common, ranks=ranks).returncode == 0
     stem = _runs(out)[0].name.replace("_run000.json", "")
     (out / f"{stem}_run001.json").mkdir()
-    proc = run_cli(*common, "--repeat", 3, "--overwrite", ranks=ranks)
+    proc = _aborted(lambda: run_cli(*common, "--repeat", 3, "--overwrite", ranks=ranks))
     assert proc.returncode != 0
     assert f"rank 0 of {ranks} failed" in proc.stderr and "IsADirectoryError" in proc.stderr, proc.stderr
 
@@ -396,11 +407,15 @@ def test_an_uncaught_exception_on_one_rank_aborts_the_job():
             "from mpi4py import MPI\n"
             "if MPI.COMM_WORLD.Get_rank() == 1:\n    raise RuntimeError('boom on rank 1')\n"
             "MPI.COMM_WORLD.Barrier()\n")
-    try:
-        proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=HANG_TIMEOUT, env=_env())
-    except subprocess.TimeoutExpired:
-        pytest.fail("rank 0 was left waiting: the job did not abort")
+
+    def run():
+        try:
+            return subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True,
+                                  text=True, timeout=HANG_TIMEOUT, env=_env())
+        except subprocess.TimeoutExpired:
+            pytest.fail("rank 0 was left waiting: the job did not abort")
+
+    proc = _aborted(run)
     assert proc.returncode != 0
     assert "rank 1 of 2 failed" in proc.stderr and "boom on rank 1" in proc.stderr
 
