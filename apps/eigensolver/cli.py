@@ -381,18 +381,44 @@ def _launch(label: str, cmd: list[str], args) -> bool:
 
     print(f"== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode == 0:
+    limit = getattr(args, "config_timeout", None)
+    # its own process group: past the limit the launcher and every rank it started are stopped
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit)
+        code, why = proc.returncode, f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        output, code, why = _stop_group(proc), None, f"still running after --config-timeout {limit:g} s; stopped"
+    sys.stdout.write(output)
+    if code == 0:
         return True
     rec = {"schema": FAILURE_SCHEMA, "comm": label, "ranks": args.ranks, "n": args.n,
-           "problem": args.problem, "returncode": proc.returncode, "command": cmd,
-           "error": proc.stdout[-4000:], "seconds": time.perf_counter() - t0}
+           "problem": args.problem, "returncode": code, "command": cmd, "reason": why,
+           "error": output[-4000:], "seconds": time.perf_counter() - t0}
     path = failure_path(args, label)
     with open(path, "w") as f:
         json.dump(rec, f, indent=1)
-    print(f"== {label} failed (exit {proc.returncode}); recorded in {path}", flush=True)
+    print(f"== {label} failed ({why}); recorded in {path}", flush=True)
     return False
+
+
+def _stop_group(proc) -> str:
+    """SIGTERM to a configuration's process group (the launcher forwards it to the ranks), SIGKILL
+    to what is left after 10 s; returns its output so far."""
+    import signal
+    import subprocess
+
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.communicate(timeout=grace)[0] or ""
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
 
 
 def cmd_compare(args) -> int:
@@ -503,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_solve_args(c)
     c.add_argument("--cusolvermp", action="store_true", help="also run cuSOLVERMp sygvd (GPU)")
     c.add_argument("--single-gpu", action="store_true", help="also run the one-GPU CuPy anchor")
+    c.add_argument("--config-timeout", type=_finite_float(1.0, "--config-timeout (seconds)"), default=None,
+                   help="seconds one configuration may run; past them it is stopped (its launcher and ranks) "
+                        "and recorded as failed, and compare goes on (default: no limit; hpccoll's own "
+                        "collectives time out on a lost peer, NCCL's do not)")
     c.set_defaults(fn=cmd_compare)
     r = sub.add_parser("report", help="(re)build report.md / report.json / plots from a directory of runs")
     r.add_argument("dir")

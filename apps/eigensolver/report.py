@@ -471,7 +471,8 @@ def build_report(directory: str) -> list[str]:
         md += ["", "## Configurations that did not run", ""]
         for f in failures:
             tail = (f.get("error") or "").strip().splitlines()[-3:]
-            md.append(f"- **{f['comm']}** ({f.get('ranks')} ranks, exit {f.get('returncode')}): "
+            why = f.get("reason") or f"exit {f.get('returncode')}"
+            md.append(f"- **{f['comm']}** ({f.get('ranks')} ranks, {why}): "
                       + " / ".join(t.strip() for t in tail))
     if pngs:
         md += ["", "## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]

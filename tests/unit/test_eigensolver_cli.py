@@ -65,6 +65,7 @@ def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIM
     (["solve", "--host-threads", "0"], "--host-threads"), (["solve", "--host-threads", "many"], "--host-threads"),
     (["compare", "--host-threads", "-2"], "--host-threads"), (["compare", "--ranks", "2,x"], "--ranks"),
     (["compare", "--ranks", "2,0"], "--ranks"), (["compare", "--ranks", ","], "--ranks"),
+    (["compare", "--config-timeout", "0"], "--config-timeout"), (["compare", "--config-timeout", "inf"], "--config-timeout"),
 ])
 def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -537,3 +538,42 @@ def test_gc_pauses_count_only_the_collections_made_inside():
     gc.collect()                       # outside: not counted
     assert pauses.record()["collections"] == [1, 0, 1]
     assert pauses._callback not in gc.callbacks
+
+
+def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
+    """compare's --config-timeout: a configuration still running past it is stopped with every
+    process it started (its own process group), recorded as failed with the reason, and the
+    next one runs."""
+    import time
+
+    from hpccoll_eigensolver.cli import _launch
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    pidfile = tmp_path / "child.pid"
+    # a launcher stand-in whose child (a "rank") would outlive it if only the launcher were stopped
+    hang = [sys.executable, "-c",
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "print('started', flush=True)\n"
+            "time.sleep(120)\n"]
+    args = build_parser().parse_args(["compare", "--n", "24", "--nb", "4", "--out", str(out),
+                                      "--config-timeout", "2"])
+    args.ranks = 2
+    t0 = time.monotonic()
+    assert _launch("nccl", hang, args) is False
+    assert time.monotonic() - t0 < 30
+    rec = json.loads(next(out.glob("failed_*.json")).read_text())
+    assert rec["returncode"] is None and "--config-timeout 2 s" in rec["reason"] and "started" in rec["error"]
+    child = int(pidfile.read_text())
+    for _ in range(50):  # the child went with its group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the configuration's child process outlived the timeout")
+    args.config_timeout = None
+    assert _launch("mpi", [sys.executable, "-c", "print('fine')"], args) is True
