@@ -382,14 +382,19 @@ def _launch(label: str, cmd: list[str], args) -> bool:
     print(f"== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     limit = getattr(args, "config_timeout", None)
-    # its own process group: past the limit the launcher and every rank it started are stopped
+    # with a limit, its own process group: past the limit the launcher and every rank it started
+    # are stopped (without one it stays in compare's group, which a Ctrl-C in the terminal reaches)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=limit is not None)
     try:
         output, _ = proc.communicate(timeout=limit)
         code, why = proc.returncode, f"exit {proc.returncode}"
     except subprocess.TimeoutExpired:
         output, code, why = _stop_group(proc), None, f"still running after --config-timeout {limit:g} s; stopped"
+    except KeyboardInterrupt:  # its own group does not get the terminal's SIGINT: pass it on
+        if limit is not None:
+            _stop_group(proc)
+        raise
     sys.stdout.write(output)
     if code == 0:
         return True

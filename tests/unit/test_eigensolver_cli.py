@@ -577,3 +577,46 @@ def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
         pytest.fail("the configuration's child process outlived the timeout")
     args.config_timeout = None
     assert _launch("mpi", [sys.executable, "-c", "print('fine')"], args) is True
+
+
+def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
+    """Ctrl-C during a configuration run with --config-timeout (in its own process group, which
+    the terminal's SIGINT does not reach): compare stops the group and the interrupt goes on."""
+    import signal
+    import threading
+    import time
+
+    from hpccoll_eigensolver.cli import _launch
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    pidfile = tmp_path / "child.pid"
+    hang = [sys.executable, "-c",
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(120)\n"]
+    args = build_parser().parse_args(["compare", "--n", "24", "--out", str(out), "--config-timeout", "60"])
+    args.ranks = 2
+
+    def interrupt():
+        for _ in range(100):  # once the child is up
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _launch("nccl", hang, args)
+    assert time.monotonic() - t0 < 30
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the configuration's child process outlived the interrupt")
