@@ -35,7 +35,7 @@ def one(mode: str, args, out: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_run*.json"))]
-    mem = [m for m in recs[-1]["memory"]["per_rank"]]
+    mem = recs[-1]["memory"]["per_rank"]
     return {"mode": mode, "solve_s": [r["solve_seconds"] for r in recs],
             "numpy_peak_bytes": max((m.get("numpy_peak_bytes") or 0) for m in mem) or None,
             "tracemalloc_peak_bytes": max((m.get("tracemalloc_peak_bytes") or 0) for m in mem) or None}

@@ -112,8 +112,7 @@ def _as_buf(obj, argname: str, fn: str, writable: bool) -> Buf:
         arr = obj if type(obj) is np.ndarray else _plain(obj, argname, fn)
         flags = arr.flags
         if not (flags.c_contiguous or flags.f_contiguous):
-            raise ValueError(f"{fn}: {argname} is not contiguous: " +
-                             _copy_advice(argname, writable, f"np.ascontiguousarray({argname})", "a contiguous array"))
+            raise _not_contiguous(argname, fn, writable, "np")
         if writable and not flags.writeable:
             raise ValueError(f"{fn}: {argname} is read-only: pass a writable array (e.g. {argname}.copy())")
         if not arr.dtype.isnative:
@@ -208,12 +207,12 @@ def _cupy_buf(arr, argname: str, fn: str, writable: bool) -> Buf:
     order = "A"
     if arr.ndim == 1:
         if arr.strides[0] != arr.itemsize and arr.size > 1:
-            raise _not_contiguous(argname, fn, writable)
+            raise _not_contiguous(argname, fn, writable, "cupy")
         flat = arr
     else:
         flags = arr.flags
         if not (flags.c_contiguous or flags.f_contiguous):
-            raise _not_contiguous(argname, fn, writable)
+            raise _not_contiguous(argname, fn, writable, "cupy")
         flat = arr.reshape(-1, order="A")  # "A": a view in memory order
         if not (flags.c_contiguous and flags.f_contiguous):
             order = "C" if flags.c_contiguous else "F"
@@ -221,9 +220,10 @@ def _cupy_buf(arr, argname: str, fn: str, writable: bool) -> Buf:
                order=order)
 
 
-def _not_contiguous(argname: str, fn: str, writable: bool) -> ValueError:
+def _not_contiguous(argname: str, fn: str, writable: bool, module: str) -> ValueError:
+    """`module`: the array's library ("np", "cupy"), whose ascontiguousarray makes the copy."""
     return ValueError(f"{fn}: {argname} is not contiguous: " +
-                      _copy_advice(argname, writable, f"cupy.ascontiguousarray({argname})", "a contiguous array"))
+                      _copy_advice(argname, writable, f"{module}.ascontiguousarray({argname})", "a contiguous array"))
 
 
 def _typed_bfloat16(arr, source):

@@ -75,15 +75,20 @@ def _disjoint(fn, a: Buf, b: Buf):
                          "to work in place, or separate buffers")
 
 
+def _is_integer(value) -> bool:
+    """Python's or numpy's integers (anything with __index__, as in mpi4py), not a bool."""
+    return not isinstance(value, bool) and hasattr(value, INDEXLIKE)
+
+
 def integer(fn: str, argname: str, value) -> int:
-    """An integer argument: Python's or numpy's (anything with __index__, as in mpi4py), not a bool."""
-    if isinstance(value, bool) or not hasattr(value, INDEXLIKE):
+    """An integer argument, or a TypeError naming it."""
+    if not _is_integer(value):
         raise TypeError(f"{fn}: {argname}={value!r} must be an integer")
     return value.__index__()
 
 
 def _root(fn, root, size: int) -> int:
-    if isinstance(root, bool) or not hasattr(root, INDEXLIKE) or not 0 <= root.__index__() < size:
+    if not _is_integer(root) or not 0 <= root.__index__() < size:
         raise ValueError(f"{fn}: root={root!r} is not a rank of this communicator: use 0 <= root < {size}")
     return root.__index__()  # numpy integers too, as in mpi4py
 
@@ -192,7 +197,7 @@ def _ints(fn, what: str, values, size: int) -> list[int]:
     if len(vals) != size:
         raise ValueError(f"{fn}: {what} has {len(vals)} entries: give one per rank ({size})")
     for j, v in enumerate(vals):
-        if isinstance(v, bool) or not hasattr(v, INDEXLIKE):
+        if not _is_integer(v):
             raise TypeError(f"{fn}: {what}[{j}] = {v!r} is not an integer: pass element counts as ints")
         if v.__index__() < 0:
             raise ValueError(f"{fn}: {what}[{j}] = {v} is negative: counts and displacements are >= 0")

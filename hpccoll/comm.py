@@ -593,7 +593,8 @@ class _FastCall:
     A view, a slice or a reshape is a new object.  Anything else takes the full path: validation,
     algorithm choice, staging."""
 
-    __slots__ = ("call", "backend", "algo", "plan", "repeats", "send", "recv", "send_ref", "args", "meta")
+    __slots__ = ("call", "backend", "algo", "plan", "repeats", "send", "recv", "send_ref", "args", "recv_meta",
+                 "send_meta", "numpy")
 
     @staticmethod
     def eligible(sendbuf, recvbuf, call, backend) -> bool:
@@ -613,19 +614,19 @@ class _FastCall:
         self.send_ref = not (sendbuf is None or _is_in_place(sendbuf))
         self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)
         self.args = (op, root, key, det)
-        self.meta = (recvbuf.dtype, recvbuf.shape, sendbuf.dtype if self.send_ref else None,
-                     sendbuf.shape if self.send_ref else None, recvbuf.strides,
-                     sendbuf.strides if self.send_ref else None, type(recvbuf) is not np.ndarray)
+        self.recv_meta = (recvbuf.dtype, recvbuf.shape, recvbuf.strides)
+        self.send_meta = (sendbuf.dtype, sendbuf.shape, sendbuf.strides) if self.send_ref else None
+        self.numpy = type(recvbuf) is np.ndarray
 
     def matches(self, sendbuf, recvbuf, op, root, algo, det) -> bool:
         if self.recv() is not recvbuf or (self.send() if self.send_ref else self.send) is not sendbuf:
             return False
-        a, m = self.args, self.meta
-        if recvbuf.dtype is not m[0] or recvbuf.shape != m[1] or recvbuf.strides != m[4] or (
-                self.send_ref and (sendbuf.dtype is not m[2] or sendbuf.shape != m[3] or sendbuf.strides != m[5])):
+        if (recvbuf.dtype, recvbuf.shape, recvbuf.strides) != self.recv_meta or (
+                self.send_ref and (sendbuf.dtype, sendbuf.shape, sendbuf.strides) != self.send_meta):
             return False
-        if not (m[6] or recvbuf.flags.writeable):  # a numpy array made read-only since: validation says so
+        if self.numpy and not recvbuf.flags.writeable:  # made read-only since: validation says so
             return False
+        a = self.args
         return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
 
 

@@ -381,7 +381,7 @@ def _launch(label: str, cmd: list[str], args) -> bool:
 
     print(f"== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    limit = getattr(args, "config_timeout", None)
+    limit = args.config_timeout
     # with a limit, its own process group: past the limit the launcher and every rank it started
     # are stopped (without one it stays in compare's group, which a Ctrl-C in the terminal reaches)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -240,6 +240,7 @@ class MemoryMeter:
     def __init__(self, xp, trace: bool = True):
         self.xp = xp
         self.trace = trace
+        self.numpy_handler = trace and _npmem is not None  # else tracemalloc, where trace
         self.scope = None
 
     def start(self) -> None:
@@ -247,7 +248,7 @@ class MemoryMeter:
         import tracemalloc
 
         gc.collect()
-        if self.trace and _npmem is not None:
+        if self.numpy_handler:
             _npmem.stop()  # (a no-op unless a stretch before this one ended in an exception)
             _npmem.start()
         elif self.trace:
@@ -275,7 +276,7 @@ class MemoryMeter:
                "numpy_peak_bytes": None,
                "tracemalloc_peak_bytes": tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None,
                "device_pool_peak_bytes": None, "device_pool_used_bytes": None, "nvidia_smi_used_bytes": None}
-        if self.trace and _npmem is not None:
+        if self.numpy_handler:
             rec["numpy_peak_bytes"] = _npmem.peak()
             _npmem.stop()
         hwm = _status_kib("VmHWM")

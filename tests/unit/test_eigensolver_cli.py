@@ -540,6 +540,30 @@ def test_gc_pauses_count_only_the_collections_made_inside():
     assert pauses._callback not in gc.callbacks
 
 
+def _hanging_launcher(pidfile) -> list[str]:
+    """A launcher stand-in that starts a child (a "rank", which would outlive it if only the
+    launcher were stopped), writes the child's pid to `pidfile`, prints 'started' and sleeps."""
+    return [sys.executable, "-c",
+            "import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "print('started', flush=True)\n"
+            "time.sleep(120)\n"]
+
+
+def _assert_gone(pid: int, what: str) -> None:
+    """The process `pid` ends within 5 s."""
+    import time
+
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the configuration's child process outlived {what}")
+
+
 def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
     """compare's --config-timeout: a configuration still running past it is stopped with every
     process it started (its own process group), recorded as failed with the reason, and the
@@ -551,30 +575,15 @@ def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
     out = tmp_path / "cmp"
     out.mkdir()
     pidfile = tmp_path / "child.pid"
-    # a launcher stand-in whose child (a "rank") would outlive it if only the launcher were stopped
-    hang = [sys.executable, "-c",
-            "import subprocess, sys, time\n"
-            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-            "print('started', flush=True)\n"
-            "time.sleep(120)\n"]
     args = build_parser().parse_args(["compare", "--n", "24", "--nb", "4", "--out", str(out),
                                       "--config-timeout", "2"])
     args.ranks = 2
     t0 = time.monotonic()
-    assert _launch("nccl", hang, args) is False
+    assert _launch("nccl", _hanging_launcher(pidfile), args) is False
     assert time.monotonic() - t0 < 30
     rec = json.loads(next(out.glob("failed_*.json")).read_text())
     assert rec["returncode"] is None and "--config-timeout 2 s" in rec["reason"] and "started" in rec["error"]
-    child = int(pidfile.read_text())
-    for _ in range(50):  # the child went with its group
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the configuration's child process outlived the timeout")
+    _assert_gone(int(pidfile.read_text()), "the timeout")  # it went with its group
     args.config_timeout = None
     assert _launch("mpi", [sys.executable, "-c", "print('fine')"], args) is True
 
@@ -591,11 +600,6 @@ def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
     out = tmp_path / "cmp"
     out.mkdir()
     pidfile = tmp_path / "child.pid"
-    hang = [sys.executable, "-c",
-            "import subprocess, sys, time\n"
-            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-            "time.sleep(120)\n"]
     args = build_parser().parse_args(["compare", "--n", "24", "--out", str(out), "--config-timeout", "60"])
     args.ranks = 2
 
@@ -609,14 +613,6 @@ def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
     threading.Thread(target=interrupt, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        _launch("nccl", hang, args)
+        _launch("nccl", _hanging_launcher(pidfile), args)
     assert time.monotonic() - t0 < 30
-    child = int(pidfile.read_text())
-    for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the configuration's child process outlived the interrupt")
+    _assert_gone(int(pidfile.read_text()), "the interrupt")
