@@ -9,7 +9,7 @@ from .._validate import Call
 from ..errors import HpccollError
 from .base import Backend, Capabilities, agreed_device, ranks_reasons, release_together
 from .streams import stream_ptr, synchronize_stream
-from .topology import gpu_identity, shared_gpus
+from .topology import nccl_identity, shared_gpus
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -46,9 +46,9 @@ class NcclBackend(Backend):
         self.device_id = agreed_device(mpi_comm, device, local % ndev, ndev)
         cupy.cuda.Device(self.device_id).use()
         self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
-        # NCCL refuses two ranks on one GPU (NCCL_ERROR_INVALID_USAGE, no reason given): say
-        # which ranks share which GPU, on every rank alike
-        gpus = mpi_comm.allgather(gpu_identity(self.device_id))
+        # NCCL refuses two ranks on one GPU of one host (NCCL_ERROR_INVALID_USAGE, no reason
+        # given): say which ranks share which GPU, on every rank alike
+        gpus = mpi_comm.allgather(nccl_identity(self.device_id))
         shared = shared_gpus(gpus)
         if shared:
             raise HpccollError(f"Communicator: backend='nccl' needs one GPU per rank, and {shared}: use "

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _gpu_checks import check_bitwise as _check
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
+from _gpu_checks import nccl_shared_gpus
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
@@ -204,8 +205,8 @@ def test_group_on_the_nccl_backend(cc):
     """backend='nccl': the block is an NCCL group (the bench's grouped baseline)."""
     import cupy as cp
 
-    if cc._backend.ranks_per_gpu > 1:
-        pytest.skip("NCCL refuses two ranks on one GPU")
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
     c = hpccoll.Communicator(backend="nccl")
     try:
         rng = np.random.default_rng([c.rank, 59])
@@ -225,8 +226,9 @@ def test_group_on_the_nccl_backend(cc):
 def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
     ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""
-    if cc._backend.ranks_per_gpu == 1:
-        pytest.skip("needs ranks sharing a GPU (more ranks than GPUs, under MPS)")
+    if not nccl_shared_gpus(cc):
+        pytest.skip("needs ranks sharing a GPU as NCCL sees them (more ranks than GPUs, under MPS, "
+                    "without HPCCOLL_TEST_NCCL_LOOPBACK)")
     with pytest.raises(hpccoll.HpccollError, match=r"one GPU per rank.*share GPU .*backend='cuda'"):
         hpccoll.Communicator(backend="nccl")
     # nothing was left half-open: the communicator still computes
