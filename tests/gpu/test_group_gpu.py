@@ -223,6 +223,37 @@ def test_group_on_the_nccl_backend(cc):
         c.Free()
 
 
+def test_nccl_rank_that_never_joins_times_out(cc):
+    """backend='nccl': rank 0 queues an Allreduce no peer joins; the watchdog aborts NCCL after
+    the timeout, so the stream's wait ends and synchronize raises CollectiveTimeout, and the
+    communicator stays broken.  The peers wait past the timeout before freeing."""
+    import time
+
+    import cupy as cp
+
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    c = hpccoll.Communicator(backend="nccl", timeout=2.0)
+    try:
+        x = cp.ones(1000, dtype=cp.float32)
+        out = cp.empty_like(x)
+        c.Allreduce(x, out)  # every rank: NCCL is up
+        c.synchronize()
+        if c.rank == 0:
+            t0 = time.monotonic()
+            c.Allreduce(x, out)
+            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
+                c.synchronize()
+            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
+            cp.cuda.get_current_stream().synchronize()  # the aborted kernel has returned
+            with pytest.raises(hpccoll.CollectiveTimeout):
+                c.Allreduce(x, out)
+        else:
+            time.sleep(6.0)
+    finally:
+        c.Free()
+
+
 def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
     ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""

@@ -153,7 +153,7 @@ class CudaBackend(Backend):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
                      "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
             return None
-        return NcclBackend(mpi_comm, self.device_id)
+        return NcclBackend(mpi_comm, self.device_id, self.config.timeout)
 
     def _agree(self, ok: bool) -> bool:
         return all(self.comm.allgather(bool(ok)))
