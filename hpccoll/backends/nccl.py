@@ -122,7 +122,7 @@ class NcclBackend(Backend):
             from ..config import Config
 
             timeout = Config.from_env().timeout
-        self.timeout, self.broken = timeout, None
+        self.timeout, self.broken, self.captured, self.releaser = timeout, None, False, None
         self.watchdog = Watchdog(timeout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpccoll-nccl-watchdog", daemon=True)
@@ -159,6 +159,7 @@ class NcclBackend(Backend):
         import cupy
 
         if s and cupy.cuda.runtime.streamIsCapturing(s):
+            self.captured = True  # (NCCL now frees the communicator only after that graph: free)
             return
         ev = cupy.cuda.Event(block=False, disable_timing=True)
         ev.record(cupy.cuda.ExternalStream(s))
@@ -255,13 +256,27 @@ class NcclBackend(Backend):
     def free(self, within: float | None = None) -> None:
         """Destroy the NCCL communicator once every rank is here (collective); `within` bounds
         the wait (the cuda backend's teardown after a CollectiveTimeout), past which the
-        communicator is aborted instead (local)."""
+        communicator is aborted instead (local).  NCCL's destroy and abort both wait until every
+        CUDA graph that captured this communicator's calls is destroyed: after a capture they run
+        on a thread of their own, so Free returns while such graphs live, and NCCL releases the
+        communicator when the last of them goes."""
         self._stop.set()
-        self._thread.join()
+        while self._thread.is_alive() and not self.broken:  # (its abort may wait for graphs)
+            self._thread.join(0.05)
         if self.broken:  # aborted by the watchdog: nothing to destroy; peers may never come
             if within is None:
                 within = self.timeout
             self.abandoned = not release_together(self.mpi, lambda: None, within, "Free (NCCL)")
             return
-        if not release_together(self.mpi, self.comm.destroy, within, "Free (NCCL)"):
-            self.comm.abort()
+        if not release_together(self.mpi, lambda: self._release(self.comm.destroy), within, "Free (NCCL)"):
+            self._release(self.comm.abort)
+
+    def _release(self, fn) -> None:
+        """NCCL's destroy or abort: here, or after a capture on a daemon thread (see free)."""
+        if not self.captured:
+            fn()
+            return
+        log.info("hpccoll: Free (NCCL): calls of this communicator were captured into CUDA graphs; NCCL "
+                 "releases it when the last such graph is destroyed")
+        self.releaser = threading.Thread(target=fn, name="hpccoll-nccl-release", daemon=True)
+        self.releaser.start()

@@ -254,6 +254,41 @@ def test_nccl_rank_that_never_joins_times_out(cc):
         c.Free()
 
 
+def test_nccl_free_returns_while_a_graph_that_captured_its_calls_lives(cc):
+    """NCCL's destroy waits until every CUDA graph that captured the communicator's calls is
+    destroyed: Free() with such a graph still alive returns all the same, and NCCL's release
+    finishes once the graph goes."""
+    import gc
+    import time
+
+    import cupy as cp
+
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    c = hpccoll.Communicator(backend="nccl")
+    backend = c._backend
+    rng = np.random.default_rng()
+    h = rng.standard_normal(4099)
+    ref = np.sum(_world().allgather(h), axis=0)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x, out = cp.asarray(h), cp.zeros(h.size)
+        s.begin_capture()
+        c.Allreduce(x, out, stream=s)
+        g = s.end_capture()
+    g.launch(stream=s)
+    s.synchronize()
+    assert np.allclose(cp.asnumpy(out), ref, rtol=1e-12, atol=1e-12)
+    t0 = time.monotonic()
+    c.Free()
+    assert time.monotonic() - t0 < 10, "Free waited for the graph"
+    assert backend.releaser is not None and backend.releaser.is_alive()  # NCCL waits for g
+    del g
+    gc.collect()
+    backend.releaser.join(20)
+    assert not backend.releaser.is_alive(), "NCCL did not release the communicator after the graph went"
+
+
 def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
     ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""

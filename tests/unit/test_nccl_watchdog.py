@@ -56,7 +56,19 @@ def _backend(timeout: float, monkeypatch):
         def abort(self):
             aborted.set()
 
-    b.comm, b.timeout, b.broken, b.device_id = Comm(), timeout, None, 0
+    class Request:
+        def Wait(self):
+            pass
+
+        def Test(self):
+            return True
+
+    class Mpi:
+        def Ibarrier(self):
+            return Request()
+
+    b.comm, b.timeout, b.broken, b.device_id, b.mpi = Comm(), timeout, None, 0, Mpi()
+    b.captured, b.releaser = False, None
     b.watchdog = Watchdog(timeout)
     b._stop = threading.Event()
     monkeypatch.setattr(NcclBackend, "_use_device", lambda self: None)
@@ -90,3 +102,33 @@ def test_calls_that_finish_in_time_never_trip_it(monkeypatch):
     b._thread.join(5.0)
     assert not aborted.is_set() and b.broken is None
     b._check()
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_free_leaves_nccls_destroy_to_a_thread_only_after_a_capture(monkeypatch, captured):
+    """NCCL's destroy waits for the graphs that captured the communicator's calls: after a
+    capture it runs on a thread and Free returns at once; without one it runs in Free."""
+    b, aborted = _backend(5.0, monkeypatch)
+    graphs_gone, destroyed = threading.Event(), threading.Event()
+
+    class Comm:
+        def destroy(self):
+            if captured:
+                graphs_gone.wait(10.0)
+            destroyed.set()
+
+        def abort(self):
+            aborted.set()
+
+    b.comm, b.captured = Comm(), captured
+    b._thread.start()
+    t0 = time.monotonic()
+    b.free()
+    assert time.monotonic() - t0 < 2.0 and not b._thread.is_alive()
+    if captured:
+        assert b.releaser.is_alive() and not destroyed.is_set()
+        graphs_gone.set()
+        b.releaser.join(5.0)
+    else:
+        assert b.releaser is None
+    assert destroyed.is_set() and not aborted.is_set()
