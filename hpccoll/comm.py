@@ -129,7 +129,7 @@ class Communicator:
         if backend == "nccl":
             from .backends.nccl import NcclBackend
 
-            self._backend = NcclBackend(self._comm, device)
+            self._backend = NcclBackend(self._comm, device, self.timeout)
             return "nccl"
         from .backends.cuda import CudaBackend, CudaUnavailable
 

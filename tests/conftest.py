@@ -6,6 +6,8 @@ the next collective forever, so the first failure prints its report and aborts t
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import sys
 
 import numpy as np
@@ -54,6 +56,21 @@ def gpu_unavailable_reason() -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"no usable CUDA driver ({exc.__class__.__name__})"
     return None if n > 0 else "no GPU"
+
+
+def pytest_configure(config):
+    """HPCCOLL_TEST_NCCL_LOOPBACK=1 (GPU tests under MPI): each rank presents itself to NCCL as a
+    host of its own (NCCL_HOSTID), so NCCL accepts ranks sharing one GPU and joins them through
+    its socket transport on the loopback interface: NCCL's paths tested for correctness and
+    timeouts on one GPU (their speed means nothing there).  Set before any NCCL communicator:
+    NCCL reads its host id once per process."""
+    if os.environ.get("HPCCOLL_TEST_NCCL_LOOPBACK") != "1":
+        return
+    from mpi4py import MPI
+
+    os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{MPI.COMM_WORLD.Get_rank()}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -536,8 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--single-gpu", action="store_true", help="also run the one-GPU CuPy anchor")
     c.add_argument("--config-timeout", type=_finite_float(1.0, "--config-timeout (seconds)"), default=None,
                    help="seconds one configuration may run; past them it is stopped (its launcher and ranks) "
-                        "and recorded as failed, and compare goes on (default: no limit; hpccoll's own "
-                        "collectives time out on a lost peer, NCCL's do not)")
+                        "and recorded as failed, and compare goes on (default: no limit; hpccoll's collectives, "
+                        "through NCCL too, time out on a lost peer; cuSOLVERMp's do not)")
     c.set_defaults(fn=cmd_compare)
     r = sub.add_parser("report", help="(re)build report.md / report.json / plots from a directory of runs")
     r.add_argument("dir")

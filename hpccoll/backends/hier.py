@@ -171,14 +171,14 @@ class Hierarchical(Backend):
         self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
         self.stripe_nccl = None
         # NCCL between nodes for device calls: decided by every rank of the stripe together (the
-        # nodes' backends may differ); GPUs told apart by host and PCI bus, since on separate
-        # nodes the same ordinal is another GPU
+        # nodes' backends may differ); GPUs told apart as NCCL does, by host and PCI bus, since
+        # on separate nodes the same ordinal is another GPU
         from .nccl import nccl_unavailable_reason
-        from .topology import gpu_identity, shared_gpus
+        from .topology import nccl_identity, shared_gpus
 
         why = (nccl_unavailable_reason() if self.local.backend == "cuda"
                else f"a node runs the {self.local.backend} backend")
-        gathered = stripe_mpi.allgather((why, gpu_identity(self.local.device) if why is None else None))
+        gathered = stripe_mpi.allgather((why, nccl_identity(self.local.device) if why is None else None))
         whys = [w for w, _ in gathered if w]
         shared = shared_gpus([gpu for _, gpu in gathered])
         if shared:

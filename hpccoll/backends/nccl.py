@@ -1,15 +1,64 @@
 """NCCL backend (through CuPy's NCCL bindings): the baseline hpccoll is measured against, and
 the eigensolver's `--comm nccl` path.  Not deterministic; NCCL picks its own algorithms
-(NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced)."""
+(NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced).
+
+A missing peer leaves an NCCL kernel waiting forever, and whatever synchronizes with its
+stream with it.  So every call queued outside a graph capture records an event after it, and a
+watchdog thread (as PyTorch's ProcessGroupNCCL) aborts the NCCL communicator when the oldest
+unfinished call of a stream has been waiting longer than the timeout since the work before it
+on that stream finished: NCCL's kernels then return, the waits on the stream end, and this
+communicator's next call (or `synchronize`) raises CollectiveTimeout."""
 from __future__ import annotations
 
+import collections
+import logging
 import os
+import threading
+import time
 
 from .._validate import Call
-from ..errors import HpccollError
+from ..errors import CollectiveTimeout, HpccollError
 from .base import Backend, Capabilities, agreed_device, ranks_reasons, release_together
-from .streams import stream_ptr, synchronize_stream
-from .topology import gpu_identity, shared_gpus
+from .streams import stream_idle, stream_ptr, synchronize_stream
+from .topology import nccl_identity, shared_gpus
+
+
+log = logging.getLogger("hpccoll")
+
+
+class Watchdog:
+    """Which queued call has waited too long: per stream, the calls in the order queued, each
+    with an event recorded after it.  `poll(now)` drops the finished ones and returns the first
+    unfinished call that has been the oldest of its stream for longer than `timeout` seconds
+    (None if none); the clock starts when the call was queued or when the call before it on the
+    stream was seen finished, whichever is later.  Events need only `.done`; thread-safe for one
+    thread calling `note` and one calling `poll`."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.queues: dict[int, collections.deque] = {}
+        self.lock = threading.Lock()
+
+    def note(self, stream: int, event, name: str, now: float) -> None:
+        with self.lock:
+            q = self.queues.setdefault(stream, collections.deque())
+            q.append([event, name, now])
+
+    def poll(self, now: float):
+        """(name, waited seconds) of the first call past the timeout, else None."""
+        with self.lock:
+            for q in self.queues.values():
+                while q and q[0][0].done:
+                    q.popleft()
+                    if q:
+                        q[0][2] = max(q[0][2], now)  # the oldest from now: the work before it is done
+                if q and now - q[0][2] > self.timeout:
+                    return q[0][1], now - q[0][2]
+        return None
+
+    def pending(self) -> bool:
+        with self.lock:
+            return any(self.queues.values())
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -28,7 +77,7 @@ class NcclBackend(Backend):
                                                              "Reduce_scatter_block", "Alltoall"}),
                         groups=True, asynchronous=True)
 
-    def __init__(self, mpi_comm, device=None):
+    def __init__(self, mpi_comm, device=None, timeout: float | None = None):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
         # every rank comes to each agreement before any raises (a rank raising alone would leave
         # its peers waiting in the next exchange)
@@ -46,9 +95,9 @@ class NcclBackend(Backend):
         self.device_id = agreed_device(mpi_comm, device, local % ndev, ndev)
         cupy.cuda.Device(self.device_id).use()
         self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
-        # NCCL refuses two ranks on one GPU (NCCL_ERROR_INVALID_USAGE, no reason given): say
-        # which ranks share which GPU, on every rank alike
-        gpus = mpi_comm.allgather(gpu_identity(self.device_id))
+        # NCCL refuses two ranks on one GPU of one host (NCCL_ERROR_INVALID_USAGE, no reason
+        # given): say which ranks share which GPU, on every rank alike
+        gpus = mpi_comm.allgather(nccl_identity(self.device_id))
         shared = shared_gpus(gpus)
         if shared:
             raise HpccollError(f"Communicator: backend='nccl' needs one GPU per rank, and {shared}: use "
@@ -69,8 +118,60 @@ class NcclBackend(Backend):
         if hasattr(nccl, "NCCL_BFLOAT16"):
             self.types["bfloat16"] = nccl.NCCL_BFLOAT16
         self.ops = {"SUM": nccl.NCCL_SUM, "PROD": nccl.NCCL_PROD, "MAX": nccl.NCCL_MAX, "MIN": nccl.NCCL_MIN}
+        if timeout is None:
+            from ..config import Config
+
+            timeout = Config.from_env().timeout
+        self.timeout, self.broken, self.captured, self.releaser = timeout, None, False, None
+        self.watchdog = Watchdog(timeout)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpccoll-nccl-watchdog", daemon=True)
+        self._thread.start()
+
+    # -- the watchdog ----------------------------------------------------------------------------
+    def _use_device(self) -> None:
+        import cupy
+
+        cupy.cuda.Device(self.device_id).use()  # (event queries in this thread)
+
+    def _watch(self) -> None:
+        self._use_device()
+        period = min(0.05, self.timeout / 20)
+        while not self._stop.wait(period):
+            late = self.watchdog.poll(time.monotonic())
+            if late is not None:
+                name, waited = late
+                self.broken = (f"{name}: an NCCL call did not finish {waited:.1f} s after the work before it on "
+                               f"its stream (a peer missing or far behind); the NCCL communicator was aborted and "
+                               f"this communicator is unusable: Free() it (raise HPCCOLL_TIMEOUT if ranks are "
+                               f"legitimately that far apart)")
+                log.error("hpccoll: %s", self.broken)
+                self.comm.abort()  # NCCL's kernels return; waits on their streams end
+                return
+
+    def _check(self) -> None:
+        if self.broken:
+            raise CollectiveTimeout(self.broken)
+
+    def _watched(self, s: int, name: str) -> None:
+        """Record an event after the call just queued on stream s (not while s is captured into a
+        graph: a replay is not a queued call, and an event recorded in a capture is a graph node)."""
+        import cupy
+
+        if s and cupy.cuda.runtime.streamIsCapturing(s):
+            self.captured = True  # (NCCL now frees the communicator only after that graph: free)
+            return
+        ev = cupy.cuda.Event(block=False, disable_timing=True)
+        ev.record(cupy.cuda.ExternalStream(s))
+        self.watchdog.note(s, ev, name, time.monotonic())
 
     def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+        self._check()
+        self._issue(call, stream, iters)
+        if not self._in_group:
+            self._watched(stream_ptr(stream), call.name)
+
+    def _issue(self, call: Call, stream, iters: int) -> None:
         t = self.types.get(call.recv.dtype)
         if t is None:
             raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}: use backend='cuda'")
@@ -112,32 +213,70 @@ class NcclBackend(Backend):
         finally:
             self.nccl.groupEnd()
 
+    _in_group = False
+
     def run_group(self, items, check: bool = False) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
+        self._check()
         self.nccl.groupStart()
+        self._in_group = True
         try:
             for item in items:
                 self.run(*item)
         finally:
+            self._in_group = False
             self.nccl.groupEnd()
+        for s in dict.fromkeys(stream_ptr(item[3]) for item in items):  # each stream once, in order
+            self._watched(s, "group")
 
     def synchronize(self, stream=None) -> None:
-        synchronize_stream(stream)
+        """Wait for the stream; raise CollectiveTimeout if the watchdog aborted NCCL (the wait
+        polls, so that it ends when the watchdog does)."""
+        self._check()
+        if not self.watchdog.pending():
+            synchronize_stream(stream)
+        else:
+            while not stream_idle(stream):
+                time.sleep(1e-4)
+        self._check()
 
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         import cupy
 
+        self._check()
         s = stream_ptr(stream)
         with cupy.cuda.ExternalStream(s):  # (on s: filled before, and its memory reused only after, the allreduces)
             x = cupy.zeros(1, dtype=cupy.float32)
         for _ in range(iters):
             self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, s)
+        self._watched(s, "Barrier")
         if sync:
             self.synchronize(stream)
 
     def free(self, within: float | None = None) -> None:
         """Destroy the NCCL communicator once every rank is here (collective); `within` bounds
         the wait (the cuda backend's teardown after a CollectiveTimeout), past which the
-        communicator is aborted instead (local)."""
-        if not release_together(self.mpi, self.comm.destroy, within, "Free (NCCL)"):
-            self.comm.abort()
+        communicator is aborted instead (local).  NCCL's destroy and abort both wait until every
+        CUDA graph that captured this communicator's calls is destroyed: after a capture they run
+        on a thread of their own, so Free returns while such graphs live, and NCCL releases the
+        communicator when the last of them goes."""
+        self._stop.set()
+        while self._thread.is_alive() and not self.broken:  # (its abort may wait for graphs)
+            self._thread.join(0.05)
+        if self.broken:  # aborted by the watchdog: nothing to destroy; peers may never come
+            if within is None:
+                within = self.timeout
+            self.abandoned = not release_together(self.mpi, lambda: None, within, "Free (NCCL)")
+            return
+        if not release_together(self.mpi, lambda: self._release(self.comm.destroy), within, "Free (NCCL)"):
+            self._release(self.comm.abort)
+
+    def _release(self, fn) -> None:
+        """NCCL's destroy or abort: here, or after a capture on a daemon thread (see free)."""
+        if not self.captured:
+            fn()
+            return
+        log.info("hpccoll: Free (NCCL): calls of this communicator were captured into CUDA graphs; NCCL "
+                 "releases it when the last such graph is destroyed")
+        self.releaser = threading.Thread(target=fn, name="hpccoll-nccl-release", daemon=True)
+        self.releaser.start()

@@ -2,6 +2,7 @@
 GPU a rank runs on (host and PCI bus)."""
 from __future__ import annotations
 
+import os
 import socket
 
 
@@ -44,6 +45,21 @@ def gpu_identity(device: int) -> tuple[str, str]:
     import cupy
 
     return socket.gethostname(), cupy.cuda.Device(device).pci_bus_id
+
+
+def nccl_host() -> str:
+    """The host as NCCL tells hosts apart: NCCL_HOSTID where set, else the host name."""
+    return os.environ.get("NCCL_HOSTID") or socket.gethostname()
+
+
+def nccl_identity(device: int) -> tuple[str, str]:
+    """(NCCL's host, PCI bus id) of a CUDA device ordinal: NCCL refuses two ranks of one
+    communicator on one GPU of one host.  Ranks given distinct NCCL_HOSTID values count as on
+    different hosts, and NCCL joins them through its network transport, one GPU or not (the
+    GPU tests' NCCL loopback mode)."""
+    import cupy
+
+    return nccl_host(), cupy.cuda.Device(device).pci_bus_id
 
 
 def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:

@@ -74,6 +74,14 @@ def world():
     return MPI.COMM_WORLD
 
 
+def nccl_shared_gpus(c) -> str | None:
+    """Which ranks of `c` share a GPU as NCCL tells GPUs apart (None: none do, NCCL accepts
+    them); collective.  Ranks on one GPU count as apart under HPCCOLL_TEST_NCCL_LOOPBACK=1."""
+    from hpccoll.backends.topology import nccl_identity, shared_gpus
+
+    return shared_gpus(world().allgather(nccl_identity(c._backend.device_id)))
+
+
 @pytest.fixture(scope="module")
 def cc():
     """A CUDA-backend Communicator over MPI.COMM_WORLD, one per test module (import it into the

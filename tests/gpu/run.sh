@@ -5,6 +5,7 @@
 #
 #   tests/gpu/run.sh 2 3            # every tests/gpu/test_*.py at 2 ranks, then at 3
 #   FILES="tests/gpu/test_ext_gpu.py" tests/gpu/run.sh 4
+#   HPCCOLL_TEST_NCCL_LOOPBACK=1 tests/gpu/run.sh 2   # NCCL's tests too on ranks sharing a GPU
 #
 # Open MPI needs --allow-run-as-root where it runs as root; MPIEXEC overrides the launcher.
 set -uo pipefail

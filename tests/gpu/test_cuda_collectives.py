@@ -16,6 +16,7 @@ from _gpu_checks import assert_bitwise as _assert_bitwise
 from _gpu_checks import assert_close as _assert_close
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
 from _gpu_checks import check_calls_follow_their_stream
+from _gpu_checks import nccl_shared_gpus
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
@@ -703,8 +704,7 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
     if nccl_unavailable_reason():
         pytest.skip(nccl_unavailable_reason())
     if os.environ.get("HPCCOLL_NCCL_FALLBACK") != "1":
-        pytest.skip("the NCCL fallback is opt-in (HPCCOLL_NCCL_FALLBACK=1): this test hung at 2 ranks "
-                    "on 2xH200, not yet understood")
+        pytest.skip("the NCCL fallback is opt-in (HPCCOLL_NCCL_FALLBACK=1)")
     world = _world()
     path = world.bcast(str(tmp_path_factory.mktemp("tune") / "tuning.json") if world.rank == 0 else None)
     if world.rank == 0:
@@ -720,7 +720,7 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
     c = hpccoll.Communicator(backend="cuda", deterministic=False)
     try:
         dev = c._backend
-        if max(world.allgather(dev.ranks_per_gpu)) > 1:  # NCCL: one rank per GPU
+        if nccl_shared_gpus(c):  # NCCL: one rank per GPU (as NCCL tells GPUs apart)
             assert dev._nccl is None  # the previous row's kernel serves NCCL's sizes
             assert dev.resolve("Allreduce", "float32", "SUM", 1 << 20, False, "auto") == "oneshot_sentinel"
             return

@@ -6,6 +6,7 @@ path, the same eigenvalues as the host path to rounding, and LL128 at least accu
 from __future__ import annotations
 
 import _gpu_checks  # noqa: F401 - lazily-imported modules first (see there)
+import numpy as np
 import pytest
 import scipy.linalg as sl
 from mpi4py import MPI
@@ -350,6 +351,27 @@ def test_gpu_ll128_path_is_accurate():
         w, _X, _ = _solve(c, prob, 32)
         assert metrics.eigenvalue_error(w.get(), prob.eigenvalues) < 1e-10
         assert len(set(WORLD.allgather(metrics.sha256(w)))) == 1  # every rank gets the owners' sums
+    finally:
+        c.Free()
+
+
+def test_gpu_nccl_path_is_accurate(gpu_comm):
+    """`--comm nccl`: the solve through NCCL's collectives (graph-captured column step included)
+    as accurate as LAPACK; every rank the same eigenvalues."""
+    from _gpu_checks import nccl_shared_gpus
+
+    from hpccoll_eigensolver import gather, metrics
+    from hpccoll_eigensolver.problems import make_problem
+
+    if nccl_shared_gpus(gpu_comm):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    c = hpccoll.Communicator(backend="nccl")
+    try:
+        seed = WORLD.bcast(int(np.random.SeedSequence().entropy % 2**31) if WORLD.rank == 0 else None)
+        prob = make_problem("clustered", 173, cond_b=1e3, seed=seed)
+        w, X, desc = _solve(c, prob, 32)
+        assert_as_accurate_as_lapack(prob, w.get(), gather(X, desc, c).get(), f"nccl, seed {seed}")
+        assert len(set(WORLD.allgather(metrics.sha256(w)))) == 1
     finally:
         c.Free()
 

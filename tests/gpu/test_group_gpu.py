@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _gpu_checks import check_bitwise as _check
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
+from _gpu_checks import nccl_shared_gpus
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
@@ -204,8 +205,8 @@ def test_group_on_the_nccl_backend(cc):
     """backend='nccl': the block is an NCCL group (the bench's grouped baseline)."""
     import cupy as cp
 
-    if cc._backend.ranks_per_gpu > 1:
-        pytest.skip("NCCL refuses two ranks on one GPU")
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
     c = hpccoll.Communicator(backend="nccl")
     try:
         rng = np.random.default_rng([c.rank, 59])
@@ -222,11 +223,78 @@ def test_group_on_the_nccl_backend(cc):
         c.Free()
 
 
+def test_nccl_rank_that_never_joins_times_out(cc):
+    """backend='nccl': rank 0 queues an Allreduce no peer joins; the watchdog aborts NCCL after
+    the timeout, so the stream's wait ends and synchronize raises CollectiveTimeout, and the
+    communicator stays broken.  The peers wait past the timeout before freeing."""
+    import time
+
+    import cupy as cp
+
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    c = hpccoll.Communicator(backend="nccl", timeout=2.0)
+    try:
+        x = cp.ones(1000, dtype=cp.float32)
+        out = cp.empty_like(x)
+        c.Allreduce(x, out)  # every rank: NCCL is up
+        c.synchronize()
+        if c.rank == 0:
+            t0 = time.monotonic()
+            c.Allreduce(x, out)
+            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
+                c.synchronize()
+            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
+            cp.cuda.get_current_stream().synchronize()  # the aborted kernel has returned
+            with pytest.raises(hpccoll.CollectiveTimeout):
+                c.Allreduce(x, out)
+        else:
+            time.sleep(6.0)
+    finally:
+        c.Free()
+
+
+def test_nccl_free_returns_while_a_graph_that_captured_its_calls_lives(cc):
+    """NCCL's destroy waits until every CUDA graph that captured the communicator's calls is
+    destroyed: Free() with such a graph still alive returns all the same, and NCCL's release
+    finishes once the graph goes."""
+    import gc
+    import time
+
+    import cupy as cp
+
+    if nccl_shared_gpus(cc):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    c = hpccoll.Communicator(backend="nccl")
+    backend = c._backend
+    rng = np.random.default_rng()
+    h = rng.standard_normal(4099)
+    ref = np.sum(_world().allgather(h), axis=0)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x, out = cp.asarray(h), cp.zeros(h.size)
+        s.begin_capture()
+        c.Allreduce(x, out, stream=s)
+        g = s.end_capture()
+    g.launch(stream=s)
+    s.synchronize()
+    assert np.allclose(cp.asnumpy(out), ref, rtol=1e-12, atol=1e-12)
+    t0 = time.monotonic()
+    c.Free()
+    assert time.monotonic() - t0 < 10, "Free waited for the graph"
+    assert backend.releaser is not None and backend.releaser.is_alive()  # NCCL waits for g
+    del g
+    gc.collect()
+    backend.releaser.join(20)
+    assert not backend.releaser.is_alive(), "NCCL did not release the communicator after the graph went"
+
+
 def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
     ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""
-    if cc._backend.ranks_per_gpu == 1:
-        pytest.skip("needs ranks sharing a GPU (more ranks than GPUs, under MPS)")
+    if not nccl_shared_gpus(cc):
+        pytest.skip("needs ranks sharing a GPU as NCCL sees them (more ranks than GPUs, under MPS, "
+                    "without HPCCOLL_TEST_NCCL_LOOPBACK)")
     with pytest.raises(hpccoll.HpccollError, match=r"one GPU per rank.*share GPU .*backend='cuda'"):
         hpccoll.Communicator(backend="nccl")
     # nothing was left half-open: the communicator still computes

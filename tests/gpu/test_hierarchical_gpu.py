@@ -105,13 +105,14 @@ def test_allreduce_device_rsag(hc, monkeypatch, dtype, op):
 
 def test_nccl_between_nodes_exactly_where_the_inter_node_groups_hold_distinct_gpus(hc):
     """The inter-node phase takes NCCL where it can run: NCCL is there and no two ranks of an
-    inter-node group (same node-local rank) share a GPU, GPUs told apart by host and PCI bus
-    (on real nodes every group has the same ordinals on different GPUs)."""
+    inter-node group (same node-local rank) share a GPU, GPUs told apart as NCCL does, by host
+    (NCCL_HOSTID where set) and PCI bus (on real nodes every group has the same ordinals on
+    different GPUs; under HPCCOLL_TEST_NCCL_LOOPBACK=1 every rank is a host of its own)."""
     from hpccoll.backends.nccl import nccl_unavailable_reason
-    from hpccoll.backends.topology import gpu_identity
+    from hpccoll.backends.topology import nccl_identity
 
     layout = hc._backend.layout
-    gpus = WORLD.allgather(gpu_identity(hc._backend.device_id))
+    gpus = WORLD.allgather(nccl_identity(hc._backend.device_id))
     groups = [[gpus[r] for r in group] for group in zip(*layout.rank_of)]
     distinct = all(len(set(g)) == len(g) for g in groups)
     assert ("nccl" in hc.backend) == (distinct and nccl_unavailable_reason() is None), (hc.backend, groups)

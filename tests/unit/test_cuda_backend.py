@@ -179,6 +179,21 @@ def test_nccl_names_the_ranks_that_share_a_gpu():
     assert shared_gpus([None, None, ("a", "x")]) is None   # unknown GPUs are never counted as shared
 
 
+def test_nccl_tells_hosts_apart_by_nccl_hostid_where_set(monkeypatch):
+    """NCCL_HOSTID replaces the host name in NCCL's host hash: ranks given distinct ids count as
+    on different hosts (the GPU tests' NCCL loopback mode), an empty one does not count."""
+    import socket
+
+    from hpccoll.backends.topology import nccl_host
+
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+    assert nccl_host() == socket.gethostname()
+    monkeypatch.setenv("NCCL_HOSTID", "")
+    assert nccl_host() == socket.gethostname()
+    monkeypatch.setenv("NCCL_HOSTID", "box-rank1")
+    assert nccl_host() == "box-rank1"
+
+
 def test_ranks_that_number_their_gpus_differently_are_refused_with_the_fix():
     from hpccoll.backends.cuda.backend import gpu_numbering_mismatch
 

@@ -21,7 +21,7 @@ from .engines import EngineSet
 from .fusion import Fuser
 from .groups import run_group
 from .kernels import Kernels, grid_block_cap
-from ..topology import gpu_identity
+from ..topology import gpu_identity, nccl_identity, shared_gpus
 from .plans import make_plan
 from ..streams import stream_ptr, synchronize_stream
 from .workspace import CudaUnavailable, Layout, Workspace
@@ -147,14 +147,13 @@ class CudaBackend(Backend):
             return None
         from ..nccl import NcclBackend, nccl_unavailable_reason
 
-        why = nccl_unavailable_reason()
-        if why is None and self.ranks_per_gpu > 1:
-            why = "several ranks share a GPU, which NCCL does not support"
+        shared = shared_gpus(mpi_comm.allgather(nccl_identity(self.device_id)))  # (every rank)
+        why = nccl_unavailable_reason() or (f"{shared}, which NCCL does not support" if shared else None)
         if not self._agree(why is None):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
                      "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
             return None
-        return NcclBackend(mpi_comm, self.device_id)
+        return NcclBackend(mpi_comm, self.device_id, self.config.timeout)
 
     def _agree(self, ok: bool) -> bool:
         return all(self.comm.allgather(bool(ok)))

@@ -1,0 +1,134 @@
+"""The NCCL backend's watchdog without GPUs: which queued call it finds late (Watchdog), and the
+backend's thread aborting NCCL and turning every later call into CollectiveTimeout (fakes for
+NCCL's communicator and CUDA's events)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hpccoll.backends.nccl import NcclBackend, Watchdog
+from hpccoll.errors import CollectiveTimeout
+
+
+class Ev:
+    def __init__(self, done=False):
+        self.done = done
+
+
+def test_the_clock_of_a_call_starts_when_the_work_before_it_on_its_stream_is_done():
+    w = Watchdog(10.0)
+    a, b, c = Ev(), Ev(), Ev()
+    w.note(1, a, "Allreduce", 0.0)
+    w.note(1, b, "Bcast", 1.0)
+    w.note(2, c, "Allgather", 15.0)
+    assert w.poll(9.0) is None and w.pending()
+    assert w.poll(10.5) == ("Allreduce", 10.5)          # a: 10.5 s since queued
+    a.done = True
+    assert w.poll(11.0) is None                          # b is the oldest now: its clock starts at 11
+    assert w.poll(20.9) is None
+    name, waited = w.poll(21.5)
+    assert name == "Bcast" and waited == pytest.approx(10.5)
+    b.done = True
+    name, waited = w.poll(25.5)                          # stream 2's call, queued at 15, is late too
+    assert name == "Allgather" and waited == pytest.approx(10.5)
+    c.done = True
+    assert w.poll(100.0) is None and not w.pending()
+
+
+def test_a_call_queued_after_a_long_wait_gets_its_own_clock():
+    w = Watchdog(1.0)
+    w.note(7, Ev(True), "Allreduce", 0.0)
+    late = Ev()
+    w.note(7, late, "Allreduce", 50.0)
+    assert w.poll(50.5) is None                          # queued at 50 (the one before seen done at 50.5), not 0
+    assert w.poll(51.4) is None
+    assert w.poll(51.6)[0] == "Allreduce"
+
+
+def _backend(timeout: float, monkeypatch):
+    """An NcclBackend with its NCCL communicator and CUDA calls replaced by fakes."""
+    b = NcclBackend.__new__(NcclBackend)
+    aborted = threading.Event()
+
+    class Comm:
+        def abort(self):
+            aborted.set()
+
+    class Request:
+        def Wait(self):
+            pass
+
+        def Test(self):
+            return True
+
+    class Mpi:
+        def Ibarrier(self):
+            return Request()
+
+    b.comm, b.timeout, b.broken, b.device_id, b.mpi = Comm(), timeout, None, 0, Mpi()
+    b.captured, b.releaser = False, None
+    b.watchdog = Watchdog(timeout)
+    b._stop = threading.Event()
+    monkeypatch.setattr(NcclBackend, "_use_device", lambda self: None)
+    b._thread = threading.Thread(target=b._watch, daemon=True)
+    return b, aborted
+
+
+def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
+    b, aborted = _backend(0.2, monkeypatch)
+    b._thread.start()
+    b.watchdog.note(0, Ev(), "Allreduce", time.monotonic())
+    assert aborted.wait(5.0), "the watchdog did not abort NCCL"
+    b._thread.join(5.0)
+    assert not b._thread.is_alive()
+    with pytest.raises(CollectiveTimeout, match=r"Allreduce: an NCCL call did not finish .* aborted"):
+        b._check()
+    with pytest.raises(CollectiveTimeout):
+        b.run(None, False, "auto", 0)                    # raises before touching the call
+
+
+def test_calls_that_finish_in_time_never_trip_it(monkeypatch):
+    b, aborted = _backend(0.3, monkeypatch)
+    b._thread.start()
+    for _ in range(20):
+        e = Ev()
+        b.watchdog.note(0, e, "Allreduce", time.monotonic())
+        time.sleep(0.02)
+        e.done = True
+    time.sleep(0.5)
+    b._stop.set()
+    b._thread.join(5.0)
+    assert not aborted.is_set() and b.broken is None
+    b._check()
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_free_leaves_nccls_destroy_to_a_thread_only_after_a_capture(monkeypatch, captured):
+    """NCCL's destroy waits for the graphs that captured the communicator's calls: after a
+    capture it runs on a thread and Free returns at once; without one it runs in Free."""
+    b, aborted = _backend(5.0, monkeypatch)
+    graphs_gone, destroyed = threading.Event(), threading.Event()
+
+    class Comm:
+        def destroy(self):
+            if captured:
+                graphs_gone.wait(10.0)
+            destroyed.set()
+
+        def abort(self):
+            aborted.set()
+
+    b.comm, b.captured = Comm(), captured
+    b._thread.start()
+    t0 = time.monotonic()
+    b.free()
+    assert time.monotonic() - t0 < 2.0 and not b._thread.is_alive()
+    if captured:
+        assert b.releaser.is_alive() and not destroyed.is_set()
+        graphs_gone.set()
+        b.releaser.join(5.0)
+    else:
+        assert b.releaser is None
+    assert destroyed.is_set() and not aborted.is_set()
