@@ -219,6 +219,7 @@ def test_group_on_the_nccl_backend(cc):
         c.synchronize()
         for out, ref in zip(outs, refs):
             assert np.allclose(cp.asnumpy(out), ref, rtol=1e-5, atol=1e-5)
+        c.Barrier()  # (an NCCL allreduce of one float on the current stream)
     finally:
         c.Free()
 
