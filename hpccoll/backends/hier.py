@@ -315,6 +315,8 @@ class Hierarchical(Backend):
 
     def synchronize(self, stream=None) -> None:
         self.local.synchronize(stream)
+        if self.stripe_nccl is not None:  # (its stream is idle now: raises if its watchdog aborted NCCL)
+            self.stripe_nccl.synchronize(stream)
 
     def free(self) -> None:
         for c in (self.local, self.stripe, self.stripe_nccl):

@@ -123,6 +123,7 @@ class NcclBackend(Backend):
 
             timeout = Config.from_env().timeout
         self.timeout, self.broken, self.captured, self.releaser = timeout, None, False, None
+        self.on_abort = None  # an owner's callback, given the reason before the watchdog aborts NCCL
         self.watchdog = Watchdog(timeout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpccoll-nccl-watchdog", daemon=True)
@@ -146,6 +147,8 @@ class NcclBackend(Backend):
                                f"this communicator is unusable: Free() it (raise HPCCOLL_TIMEOUT if ranks are "
                                f"legitimately that far apart)")
                 log.error("hpccoll: %s", self.broken)
+                if self.on_abort is not None:
+                    self.on_abort(self.broken)
                 self.comm.abort()  # NCCL's kernels return; waits on their streams end
                 return
 

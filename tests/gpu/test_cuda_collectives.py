@@ -691,10 +691,9 @@ def test_torch_dlpack_and_cuda_array_interface_inputs(cc):
             cc.Allreduce(bad, torch.empty_like(bad))
 
 
-def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factory, monkeypatch):
-    """A tuning table with an "nccl" row: the communicator opens NCCL at construction, `auto`
-    runs the non-deterministic Allreduce above the threshold through it (eager and inside a
-    captured graph), and keeps hpccoll's kernels below it and for deterministic calls."""
+def _nccl_fallback_table(tmp_path_factory, monkeypatch) -> None:
+    """Skip unless the opt-in NCCL fallback can run; else HPCCOLL_TUNING names a table (written by
+    rank 0, the same for all) whose non-deterministic Allreduce above 64 KiB goes to NCCL."""
     import json
 
     import cupy as cp
@@ -717,6 +716,16 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
             json.dump(table, fh)
     world.Barrier()
     monkeypatch.setenv("HPCCOLL_TUNING", path)
+
+
+def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factory, monkeypatch):
+    """A tuning table with an "nccl" row: the communicator opens NCCL at construction, `auto`
+    runs the non-deterministic Allreduce above the threshold through it (eager and inside a
+    captured graph), and keeps hpccoll's kernels below it and for deterministic calls."""
+    import cupy as cp
+
+    _nccl_fallback_table(tmp_path_factory, monkeypatch)
+    world = _world()
     c = hpccoll.Communicator(backend="cuda", deterministic=False)
     try:
         dev = c._backend
@@ -746,6 +755,37 @@ def test_auto_hands_large_allreduce_to_nccl_where_the_table_says(tmp_path_factor
             g.launch(stream=s)
             s.synchronize()
             np.testing.assert_allclose(y.get(), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        c.Free()
+
+
+def test_the_nccl_fallback_times_out_on_a_missing_peer(tmp_path_factory, monkeypatch):
+    """The NCCL fallback's Allreduce that no peer joins: NCCL's watchdog aborts it after the
+    timeout and the communicator's synchronize raises CollectiveTimeout (the result is not
+    silently what the aborted kernel left); every later call raises it again."""
+    import time
+
+    import cupy as cp
+
+    _nccl_fallback_table(tmp_path_factory, monkeypatch)
+    c = hpccoll.Communicator(backend="cuda", deterministic=False, timeout=2.0)
+    try:
+        if c._backend._nccl is None:
+            pytest.skip("NCCL refuses these ranks (ranks sharing a GPU: HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it)")
+        x = cp.ones(1 << 18, cp.float32)
+        y = cp.empty_like(x)
+        c.Allreduce(x, y)  # every rank: NCCL is up
+        c.synchronize()
+        if c.rank == 0:
+            t0 = time.monotonic()
+            c.Allreduce(x, y)
+            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
+                c.synchronize()
+            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
+            with pytest.raises(hpccoll.CollectiveTimeout):
+                c.Allreduce(x, y)
+        else:
+            time.sleep(6.0)
     finally:
         c.Free()
 

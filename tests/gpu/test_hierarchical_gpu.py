@@ -123,3 +123,33 @@ def test_calls_on_a_stream_follow_its_earlier_work(hc):
     slice, the Reduce_scatter's regrouped blocks) run on the call's stream, after its earlier
     work, and the node and stripe phases after them."""
     check_calls_follow_their_stream(hc, 92)
+
+
+def test_nccl_between_nodes_times_out_when_the_other_node_never_comes(hc, monkeypatch):
+    """A non-deterministic device Allreduce that only the first node's ranks issue: its node
+    phase runs, NCCL between the nodes waits for a node that never comes, the watchdog aborts it
+    after the timeout, and synchronize raises CollectiveTimeout instead of returning what the
+    aborted phase left.  The other node's ranks wait past the timeout, then free."""
+    import time
+
+    import cupy as cp
+
+    monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(WORLD.Get_size() // 2))
+    c = hpccoll.Communicator(backend="cuda", timeout=2.0)
+    try:
+        if c._backend.stripe_nccl is None:
+            pytest.skip("no NCCL between these nodes (ranks sharing a GPU: HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it)")
+        x = cp.ones(4099, cp.float32)
+        y = cp.empty_like(x)
+        c.Allreduce(x, y, deterministic=False)  # every rank: NCCL between nodes is up
+        c.synchronize()
+        if c._backend.layout.node == 0:
+            t0 = time.monotonic()
+            c.Allreduce(x, y, deterministic=False)
+            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
+                c.synchronize()
+            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
+        else:
+            time.sleep(6.0)
+    finally:
+        c.Free()

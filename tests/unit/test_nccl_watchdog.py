@@ -68,7 +68,7 @@ def _backend(timeout: float, monkeypatch):
             return Request()
 
     b.comm, b.timeout, b.broken, b.device_id, b.mpi = Comm(), timeout, None, 0, Mpi()
-    b.captured, b.releaser = False, None
+    b.captured, b.releaser, b.on_abort = False, None, None
     b.watchdog = Watchdog(timeout)
     b._stop = threading.Event()
     monkeypatch.setattr(NcclBackend, "_use_device", lambda self: None)
@@ -78,6 +78,8 @@ def _backend(timeout: float, monkeypatch):
 
 def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
     b, aborted = _backend(0.2, monkeypatch)
+    owner = []  # the owner (the cuda backend's NCCL fallback) hears the reason before the abort
+    b.on_abort = lambda why: owner.append((why, aborted.is_set()))
     b._thread.start()
     b.watchdog.note(0, Ev(), "Allreduce", time.monotonic())
     assert aborted.wait(5.0), "the watchdog did not abort NCCL"
@@ -85,6 +87,7 @@ def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
     assert not b._thread.is_alive()
     with pytest.raises(CollectiveTimeout, match=r"Allreduce: an NCCL call did not finish .* aborted"):
         b._check()
+    assert owner == [(b.broken, False)]
     with pytest.raises(CollectiveTimeout):
         b.run(None, False, "auto", 0)                    # raises before touching the call
 
@@ -132,3 +135,28 @@ def test_free_leaves_nccls_destroy_to_a_thread_only_after_a_capture(monkeypatch,
     else:
         assert b.releaser is None
     assert destroyed.is_set() and not aborted.is_set()
+
+
+def test_the_hierarchical_synchronize_raises_when_the_nccl_between_nodes_was_aborted():
+    """The node phase's synchronize passes (its kernels ran on whatever NCCL left); the NCCL
+    communicator between nodes then raises its watchdog's CollectiveTimeout."""
+    from hpccoll.backends.hier import Hierarchical
+
+    class Local:
+        def synchronize(self, stream=None):
+            waited.append(("local", stream))
+
+    class Stripe:
+        def synchronize(self, stream=None):
+            waited.append(("nccl", stream))
+            raise CollectiveTimeout("Allreduce: an NCCL call did not finish")
+
+    h = Hierarchical.__new__(Hierarchical)
+    waited = []
+    h.local, h.stripe_nccl = Local(), None
+    h.synchronize(7)
+    assert waited == [("local", 7)]
+    h.stripe_nccl = Stripe()
+    with pytest.raises(CollectiveTimeout, match="did not finish"):
+        h.synchronize(7)
+    assert waited == [("local", 7), ("local", 7), ("nccl", 7)]

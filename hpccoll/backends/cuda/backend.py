@@ -29,8 +29,7 @@ from .workspace import CudaUnavailable, Layout, Workspace
 log = logging.getLogger("hpccoll")
 
 CAPS = Capabilities(
-    device=True,
-    collectives=frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall"}),
+    device=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall"}),
     algorithms=tuple(a for a in policy.ALGORITHMS),
     plans=True, groups=True, engine=True, asynchronous=True, extension=True)
 
@@ -153,7 +152,9 @@ class CudaBackend(Backend):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
                      "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
             return None
-        return NcclBackend(mpi_comm, self.device_id, self.config.timeout)
+        nccl = NcclBackend(mpi_comm, self.device_id, self.config.timeout)
+        nccl.on_abort = lambda why: setattr(self, "broken", why)  # its watchdog's timeout: ours too
+        return nccl
 
     def _agree(self, ok: bool) -> bool:
         return all(self.comm.allgather(bool(ok)))
