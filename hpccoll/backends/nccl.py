@@ -24,6 +24,7 @@ from .topology import nccl_identity, shared_gpus
 
 
 log = logging.getLogger("hpccoll")
+SPIN_S = 0.01  # synchronize's busy polling before it sleeps between polls
 
 
 class Watchdog:
@@ -233,14 +234,18 @@ class NcclBackend(Backend):
             self._watched(s, "group")
 
     def synchronize(self, stream=None) -> None:
-        """Wait for the stream; raise CollectiveTimeout if the watchdog aborted NCCL (the wait
-        polls, so that it ends when the watchdog does)."""
+        """Wait for the stream; raise CollectiveTimeout if the watchdog aborted NCCL.  While
+        watched calls are pending the wait polls, so that it ends when the watchdog does: it
+        spins for the first SPIN_S seconds (a sleep there would add its overshoot, tens of µs, to
+        every short call's latency), then sleeps between polls."""
         self._check()
         if not self.watchdog.pending():
             synchronize_stream(stream)
         else:
+            t0 = time.perf_counter()
             while not stream_idle(stream):
-                time.sleep(1e-4)
+                if time.perf_counter() - t0 > SPIN_S:
+                    time.sleep(1e-4)
         self._check()
 
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:

@@ -160,3 +160,21 @@ def test_the_hierarchical_synchronize_raises_when_the_nccl_between_nodes_was_abo
     with pytest.raises(CollectiveTimeout, match="did not finish"):
         h.synchronize(7)
     assert waited == [("local", 7), ("local", 7), ("nccl", 7)]
+
+
+def test_synchronize_spins_before_it_sleeps(monkeypatch):
+    """While watched calls are pending, synchronize polls the stream: a short call's wait must
+    not sleep (a sleep's overshoot, tens of µs, would land on every short call's latency)."""
+    import hpccoll.backends.nccl as nccl_mod
+
+    b, _ = _backend(5.0, monkeypatch)
+    b.watchdog.note(0, Ev(), "Allreduce", time.monotonic())
+    polls, sleeps = [], []
+    monkeypatch.setattr(nccl_mod, "stream_idle", lambda s: polls.append(s) or len(polls) > 200)
+    monkeypatch.setattr(nccl_mod.time, "sleep", lambda t: sleeps.append(t))
+    b.synchronize()
+    assert len(polls) == 201 and sleeps == []
+    polls.clear()
+    monkeypatch.setattr(nccl_mod, "SPIN_S", 0.0)  # a long wait: past the spin, it sleeps between polls
+    b.synchronize()
+    assert len(sleeps) == 200
