@@ -3,11 +3,12 @@ the eigensolver's `--comm nccl` path.  Not deterministic; NCCL picks its own alg
 (NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is forced).
 
 A missing peer leaves an NCCL kernel waiting forever, and whatever synchronizes with its
-stream with it.  So every call queued outside a graph capture records an event after it, and a
-watchdog thread (as PyTorch's ProcessGroupNCCL) aborts the NCCL communicator when the oldest
-unfinished call of a stream has been waiting longer than the timeout since the work before it
-on that stream finished: NCCL's kernels then return, the waits on the stream end, and this
-communicator's next call (or `synchronize`) raises CollectiveTimeout."""
+stream with it.  So every call queued outside a graph capture records an event before it and
+one after, and a watchdog thread (as PyTorch's ProcessGroupNCCL has) aborts the NCCL
+communicator when the oldest unfinished call of a stream has been waiting longer than the
+timeout since the work before it on that stream finished: NCCL's kernels then return, the
+waits on the stream end, and this communicator's next call (or `synchronize`) raises
+CollectiveTimeout."""
 from __future__ import annotations
 
 import collections
@@ -29,32 +30,38 @@ SPIN_S = 0.01  # synchronize's busy polling before it sleeps between polls
 
 class Watchdog:
     """Which queued call has waited too long: per stream, the calls in the order queued, each
-    with an event recorded after it.  `poll(now)` drops the finished ones and returns the first
-    unfinished call that has been the oldest of its stream for longer than `timeout` seconds
-    (None if none); the clock starts when the call was queued or when the call before it on the
-    stream was seen finished, whichever is later.  Events need only `.done`; thread-safe for one
-    thread calling `note` and one calling `poll`."""
+    with an event recorded before it (the work before it on its stream is done) and one after
+    (the call is done).  `poll(now)` drops the finished calls and returns the first unfinished
+    one whose start event was seen done more than `timeout` seconds ago (None if none): GPU work
+    queued before a call, however long, never counts against it.  Events need only `.done`;
+    those of finished calls go to `spare` for reuse.  Thread-safe for one thread calling `note`
+    and one calling `poll`."""
 
     def __init__(self, timeout: float):
         self.timeout = timeout
         self.queues: dict[int, collections.deque] = {}
+        self.spare: collections.deque = collections.deque()  # (append / pop: atomic in CPython)
         self.lock = threading.Lock()
 
-    def note(self, stream: int, event, name: str, now: float) -> None:
+    def note(self, stream: int, start, end, name: str) -> None:
         with self.lock:
-            q = self.queues.setdefault(stream, collections.deque())
-            q.append([event, name, now])
+            self.queues.setdefault(stream, collections.deque()).append([start, end, name, None])
 
     def poll(self, now: float):
         """(name, waited seconds) of the first call past the timeout, else None."""
         with self.lock:
             for q in self.queues.values():
-                while q and q[0][0].done:
-                    q.popleft()
-                    if q:
-                        q[0][2] = max(q[0][2], now)  # the oldest from now: the work before it is done
-                if q and now - q[0][2] > self.timeout:
-                    return q[0][1], now - q[0][2]
+                while q and q[0][1].done:
+                    start, end, _, _ = q.popleft()
+                    self.spare.extend((start, end))
+                if not q:
+                    continue
+                head = q[0]
+                if head[3] is None:
+                    if head[0].done:
+                        head[3] = now  # its clock starts: the work before it has finished
+                elif now - head[3] > self.timeout:
+                    return head[2], now - head[3]
         return None
 
     def pending(self) -> bool:
@@ -157,23 +164,30 @@ class NcclBackend(Backend):
         if self.broken:
             raise CollectiveTimeout(self.broken)
 
-    def _watched(self, s: int, name: str) -> None:
-        """Record an event after the call just queued on stream s (not while s is captured into a
-        graph: a replay is not a queued call, and an event recorded in a capture is a graph node)."""
+    def _mark(self, s: int):
+        """An event recorded on stream s now, or None while s is captured into a graph (a replay
+        is not a queued call, and an event recorded in a capture is a graph node)."""
         import cupy
 
         if s and cupy.cuda.runtime.streamIsCapturing(s):
             self.captured = True  # (NCCL now frees the communicator only after that graph: free)
-            return
-        ev = cupy.cuda.Event(block=False, disable_timing=True)
+            return None
+        spare = self.watchdog.spare
+        ev = spare.pop() if spare else cupy.cuda.Event(block=False, disable_timing=True)
         ev.record(cupy.cuda.ExternalStream(s))
-        self.watchdog.note(s, ev, name, time.monotonic())
+        return ev
+
+    def _watch_call(self, s: int, start, name: str) -> None:
+        """The call just queued on stream s after `start` (from _mark before it) goes to the watchdog."""
+        if start is not None:
+            self.watchdog.note(s, start, self._mark(s), name)
 
     def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
         self._check()
+        s = stream_ptr(stream)
+        start = None if self._in_group else self._mark(s)
         self._issue(call, stream, iters)
-        if not self._in_group:
-            self._watched(stream_ptr(stream), call.name)
+        self._watch_call(s, start, call.name)
 
     def _issue(self, call: Call, stream, iters: int) -> None:
         t = self.types.get(call.recv.dtype)
@@ -222,6 +236,8 @@ class NcclBackend(Backend):
     def run_group(self, items, check: bool = False) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
         self._check()
+        streams = dict.fromkeys(stream_ptr(item[3]) for item in items)  # each stream once, in order
+        starts = {s: self._mark(s) for s in streams}
         self.nccl.groupStart()
         self._in_group = True
         try:
@@ -230,8 +246,8 @@ class NcclBackend(Backend):
         finally:
             self._in_group = False
             self.nccl.groupEnd()
-        for s in dict.fromkeys(stream_ptr(item[3]) for item in items):  # each stream once, in order
-            self._watched(s, "group")
+        for s in streams:
+            self._watch_call(s, starts[s], "group")
 
     def synchronize(self, stream=None) -> None:
         """Wait for the stream; raise CollectiveTimeout if the watchdog aborted NCCL.  While
@@ -255,9 +271,10 @@ class NcclBackend(Backend):
         s = stream_ptr(stream)
         with cupy.cuda.ExternalStream(s):  # (on s: filled before, and its memory reused only after, the allreduces)
             x = cupy.zeros(1, dtype=cupy.float32)
+        start = self._mark(s)
         for _ in range(iters):
             self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, s)
-        self._watched(s, "Barrier")
+        self._watch_call(s, start, "Barrier")
         if sync:
             self.synchronize(stream)
 

@@ -19,32 +19,39 @@ class Ev:
 
 def test_the_clock_of_a_call_starts_when_the_work_before_it_on_its_stream_is_done():
     w = Watchdog(10.0)
-    a, b, c = Ev(), Ev(), Ev()
-    w.note(1, a, "Allreduce", 0.0)
-    w.note(1, b, "Bcast", 1.0)
-    w.note(2, c, "Allgather", 15.0)
-    assert w.poll(9.0) is None and w.pending()
-    assert w.poll(10.5) == ("Allreduce", 10.5)          # a: 10.5 s since queued
-    a.done = True
-    assert w.poll(11.0) is None                          # b is the oldest now: its clock starts at 11
-    assert w.poll(20.9) is None
-    name, waited = w.poll(21.5)
+    a0, a1, b0, b1, c0, c1 = (Ev() for _ in range(6))
+    w.note(1, a0, a1, "Allreduce")
+    w.note(1, b0, b1, "Bcast")
+    w.note(2, c0, c1, "Allgather")
+    assert w.poll(100.0) is None and w.pending()         # nothing has started: no clock runs
+    a0.done = True
+    assert w.poll(101.0) is None                         # a's clock starts at 101
+    assert w.poll(110.9) is None
+    assert w.poll(111.5) == ("Allreduce", 10.5)
+    a1.done = b0.done = True
+    assert w.poll(112.0) is None                         # b is the oldest now: its clock starts at 112
+    name, waited = w.poll(122.5)
     assert name == "Bcast" and waited == pytest.approx(10.5)
-    b.done = True
-    name, waited = w.poll(25.5)                          # stream 2's call, queued at 15, is late too
+    b1.done = c0.done = True
+    assert w.poll(130.0) is None                         # stream 2's call: its clock starts at 130
+    name, waited = w.poll(140.5)
     assert name == "Allgather" and waited == pytest.approx(10.5)
-    c.done = True
-    assert w.poll(100.0) is None and not w.pending()
+    c1.done = True
+    assert w.poll(200.0) is None and not w.pending()
+    assert sorted(map(id, w.spare)) == sorted(map(id, (a0, a1, b0, b1, c0, c1)))  # for reuse
 
 
-def test_a_call_queued_after_a_long_wait_gets_its_own_clock():
+def test_long_work_queued_before_a_call_never_counts_against_it():
+    """A call behind an hour of other GPU work on its stream: no timeout until that work is
+    done and the call itself then waits past the timeout."""
     w = Watchdog(1.0)
-    w.note(7, Ev(True), "Allreduce", 0.0)
-    late = Ev()
-    w.note(7, late, "Allreduce", 50.0)
-    assert w.poll(50.5) is None                          # queued at 50 (the one before seen done at 50.5), not 0
-    assert w.poll(51.4) is None
-    assert w.poll(51.6)[0] == "Allreduce"
+    start, end = Ev(), Ev()
+    w.note(7, start, end, "Allreduce")
+    assert w.poll(3600.0) is None
+    start.done = True
+    assert w.poll(3600.5) is None
+    assert w.poll(3601.4) is None
+    assert w.poll(3601.6)[0] == "Allreduce"
 
 
 def _backend(timeout: float, monkeypatch):
@@ -81,7 +88,7 @@ def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
     owner = []  # the owner (the cuda backend's NCCL fallback) hears the reason before the abort
     b.on_abort = lambda why: owner.append((why, aborted.is_set()))
     b._thread.start()
-    b.watchdog.note(0, Ev(), "Allreduce", time.monotonic())
+    b.watchdog.note(0, Ev(True), Ev(), "Allreduce")
     assert aborted.wait(5.0), "the watchdog did not abort NCCL"
     b._thread.join(5.0)
     assert not b._thread.is_alive()
@@ -97,7 +104,7 @@ def test_calls_that_finish_in_time_never_trip_it(monkeypatch):
     b._thread.start()
     for _ in range(20):
         e = Ev()
-        b.watchdog.note(0, e, "Allreduce", time.monotonic())
+        b.watchdog.note(0, Ev(True), e, "Allreduce")
         time.sleep(0.02)
         e.done = True
     time.sleep(0.5)
@@ -168,7 +175,7 @@ def test_synchronize_spins_before_it_sleeps(monkeypatch):
     import hpccoll.backends.nccl as nccl_mod
 
     b, _ = _backend(5.0, monkeypatch)
-    b.watchdog.note(0, Ev(), "Allreduce", time.monotonic())
+    b.watchdog.note(0, Ev(True), Ev(), "Allreduce")
     polls, sleeps = [], []
     monkeypatch.setattr(nccl_mod, "stream_idle", lambda s: polls.append(s) or len(polls) > 200)
     monkeypatch.setattr(nccl_mod.time, "sleep", lambda t: sleeps.append(t))
