@@ -290,6 +290,34 @@ def test_nccl_free_returns_while_a_graph_that_captured_its_calls_lives(cc):
     assert not backend.releaser.is_alive(), "NCCL did not release the communicator after the graph went"
 
 
+def test_an_nccl_call_behind_long_gpu_work_is_not_timed_out(cc):
+    """The watchdog's clock for a call starts when the work before it on its stream is done: an
+    NCCL call queued behind about three timeouts of other GPU work completes, right.  Each rank
+    alone (a one-rank NCCL communicator, which runs with ranks sharing a GPU too)."""
+    import time
+
+    import cupy as cp
+    from _gpu_checks import spin_on
+
+    sub = _world().Split(cc.rank, 0)
+    c = hpccoll.Communicator(sub, backend="nccl", timeout=1.0)
+    try:
+        s = cp.cuda.Stream(non_blocking=True)
+        h = np.random.default_rng().standard_normal(1000)
+        with s:
+            x, y = cp.asarray(h), cp.zeros(h.size)
+        s.synchronize()
+        t0 = time.monotonic()
+        spin_on(s, 6_000_000_000)  # about 3 s on an H200
+        c.Allreduce(x, y, stream=s)
+        c.synchronize(stream=s)
+        assert time.monotonic() - t0 > 2.0, "the spin was shorter than two timeouts: lengthen it"
+        assert np.array_equal(cp.asnumpy(y), h)
+    finally:
+        c.Free()
+        sub.Free()
+
+
 _EXIT_WITH_A_LIVE_GRAPH = """
 import cupy as cp
 import hpccoll
