@@ -82,6 +82,34 @@ def nccl_shared_gpus(c) -> str | None:
     return shared_gpus(world().allgather(nccl_identity(c._backend.device_id)))
 
 
+def check_nccl_missing_peer_times_out(c, n: int, waiting: bool, **kw) -> None:
+    """The NCCL watchdog's contract on `c` (made with timeout=2.0): an Allreduce of n floats
+    every rank makes (NCCL is up); then only the `waiting` ranks make another, whose synchronize
+    raises CollectiveTimeout within 20 s, after which the aborted kernel has returned and every
+    later call raises it again.  The other ranks wait past the timeout (6 s); the caller frees."""
+    import time
+
+    import cupy as cp
+
+    import hpccoll
+
+    x = cp.ones(n, cp.float32)
+    y = cp.empty_like(x)
+    c.Allreduce(x, y, **kw)
+    c.synchronize()
+    if not waiting:
+        time.sleep(6.0)
+        return
+    t0 = time.monotonic()
+    c.Allreduce(x, y, **kw)
+    with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
+        c.synchronize()
+    assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
+    cp.cuda.get_current_stream().synchronize()  # the aborted kernel has returned
+    with pytest.raises(hpccoll.CollectiveTimeout):
+        c.Allreduce(x, y, **kw)
+
+
 @pytest.fixture(scope="module")
 def cc():
     """A CUDA-backend Communicator over MPI.COMM_WORLD, one per test module (import it into the

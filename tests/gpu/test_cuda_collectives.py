@@ -15,7 +15,7 @@ import pytest
 from _gpu_checks import assert_bitwise as _assert_bitwise
 from _gpu_checks import assert_close as _assert_close
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
-from _gpu_checks import check_calls_follow_their_stream
+from _gpu_checks import check_calls_follow_their_stream, check_nccl_missing_peer_times_out
 from _gpu_checks import nccl_shared_gpus
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
@@ -763,29 +763,12 @@ def test_the_nccl_fallback_times_out_on_a_missing_peer(tmp_path_factory, monkeyp
     """The NCCL fallback's Allreduce that no peer joins: NCCL's watchdog aborts it after the
     timeout and the communicator's synchronize raises CollectiveTimeout (the result is not
     silently what the aborted kernel left); every later call raises it again."""
-    import time
-
-    import cupy as cp
-
     _nccl_fallback_table(tmp_path_factory, monkeypatch)
     c = hpccoll.Communicator(backend="cuda", deterministic=False, timeout=2.0)
     try:
         if c._backend._nccl is None:
             pytest.skip("NCCL refuses these ranks (ranks sharing a GPU: HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it)")
-        x = cp.ones(1 << 18, cp.float32)
-        y = cp.empty_like(x)
-        c.Allreduce(x, y)  # every rank: NCCL is up
-        c.synchronize()
-        if c.rank == 0:
-            t0 = time.monotonic()
-            c.Allreduce(x, y)
-            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
-                c.synchronize()
-            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
-            with pytest.raises(hpccoll.CollectiveTimeout):
-                c.Allreduce(x, y)
-        else:
-            time.sleep(6.0)
+        check_nccl_missing_peer_times_out(c, 1 << 18, waiting=c.rank == 0)  # (1 MiB: NCCL's size)
     finally:
         c.Free()
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _gpu_checks import check_bitwise as _check
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
+from _gpu_checks import check_nccl_missing_peer_times_out
 from _gpu_checks import nccl_shared_gpus
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
@@ -228,29 +229,11 @@ def test_nccl_rank_that_never_joins_times_out(cc):
     """backend='nccl': rank 0 queues an Allreduce no peer joins; the watchdog aborts NCCL after
     the timeout, so the stream's wait ends and synchronize raises CollectiveTimeout, and the
     communicator stays broken.  The peers wait past the timeout before freeing."""
-    import time
-
-    import cupy as cp
-
     if nccl_shared_gpus(cc):
         pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
     c = hpccoll.Communicator(backend="nccl", timeout=2.0)
     try:
-        x = cp.ones(1000, dtype=cp.float32)
-        out = cp.empty_like(x)
-        c.Allreduce(x, out)  # every rank: NCCL is up
-        c.synchronize()
-        if c.rank == 0:
-            t0 = time.monotonic()
-            c.Allreduce(x, out)
-            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
-                c.synchronize()
-            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
-            cp.cuda.get_current_stream().synchronize()  # the aborted kernel has returned
-            with pytest.raises(hpccoll.CollectiveTimeout):
-                c.Allreduce(x, out)
-        else:
-            time.sleep(6.0)
+        check_nccl_missing_peer_times_out(c, 1000, waiting=c.rank == 0)
     finally:
         c.Free()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _gpu_checks import assert_close as _assert_close
-from _gpu_checks import check_calls_follow_their_stream, reduce_by_nodes
+from _gpu_checks import check_calls_follow_their_stream, check_nccl_missing_peer_times_out, reduce_by_nodes
 from _gpu_checks import hc  # noqa: F401 - the module's hierarchical Communicator fixture
 from mpi4py import MPI
 
@@ -130,26 +130,11 @@ def test_nccl_between_nodes_times_out_when_the_other_node_never_comes(hc, monkey
     phase runs, NCCL between the nodes waits for a node that never comes, the watchdog aborts it
     after the timeout, and synchronize raises CollectiveTimeout instead of returning what the
     aborted phase left.  The other node's ranks wait past the timeout, then free."""
-    import time
-
-    import cupy as cp
-
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(WORLD.Get_size() // 2))
     c = hpccoll.Communicator(backend="cuda", timeout=2.0)
     try:
         if c._backend.stripe_nccl is None:
             pytest.skip("no NCCL between these nodes (ranks sharing a GPU: HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it)")
-        x = cp.ones(4099, cp.float32)
-        y = cp.empty_like(x)
-        c.Allreduce(x, y, deterministic=False)  # every rank: NCCL between nodes is up
-        c.synchronize()
-        if c._backend.layout.node == 0:
-            t0 = time.monotonic()
-            c.Allreduce(x, y, deterministic=False)
-            with pytest.raises(hpccoll.CollectiveTimeout, match="Allreduce: an NCCL call did not finish"):
-                c.synchronize()
-            assert time.monotonic() - t0 < 20, "the watchdog took far longer than the timeout"
-        else:
-            time.sleep(6.0)
+        check_nccl_missing_peer_times_out(c, 4099, waiting=c._backend.layout.node == 0, deterministic=False)
     finally:
         c.Free()
