@@ -174,7 +174,7 @@ class NcclBackend(Backend):
             return None
         spare = self.watchdog.spare
         ev = spare.pop() if spare else cupy.cuda.Event(block=False, disable_timing=True)
-        ev.record(cupy.cuda.ExternalStream(s))
+        cupy.cuda.runtime.eventRecord(ev.ptr, s)  # (Event.record would wrap s in a Stream object first)
         return ev
 
     def _watch_call(self, s: int, start, name: str) -> None:
