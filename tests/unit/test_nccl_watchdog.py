@@ -185,3 +185,41 @@ def test_synchronize_spins_before_it_sleeps(monkeypatch):
     monkeypatch.setattr(nccl_mod, "SPIN_S", 0.0)  # a long wait: past the spin, it sleeps between polls
     b.synchronize()
     assert len(sleeps) == 200
+
+
+def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeypatch):
+    """The CUDA backend's NCCL fallback: when its watchdog aborts NCCL, the CUDA backend is
+    broken too, so its synchronize and next call raise CollectiveTimeout (its own synchronize
+    never asks NCCL).  NCCL, MPI and the GPU replaced by fakes."""
+    import hpccoll.backends.cuda.backend as cb
+    import hpccoll.backends.nccl as nccl_mod
+    from hpccoll.config import Config
+
+    made = []
+
+    class FakeNccl:
+        def __init__(self, mpi_comm, device, timeout):
+            self.on_abort = None
+            made.append(self)
+
+    class Mpi:
+        def allgather(self, x):
+            return [x]
+
+    class Ws:
+        def host_error(self):
+            return False
+
+    monkeypatch.setattr(nccl_mod, "NcclBackend", FakeNccl)
+    monkeypatch.setattr(nccl_mod, "nccl_unavailable_reason", lambda: None)
+    monkeypatch.setattr(cb, "nccl_identity", lambda device: ("host", "bus"))
+    b = object.__new__(cb.CudaBackend)
+    b.table = {"allreduce": {"2": [[None, "nccl"]]}}  # (NCCL above every size at 2 ranks)
+    b.size, b.device_id, b.comm, b.ws, b.broken = 2, 0, Mpi(), Ws(), None
+    b.config = Config(nccl_fallback=True)
+    nccl = b._open_nccl_fallback(Mpi())
+    assert nccl is made[0] and nccl.on_abort is not None
+    b.check_error()                                      # nothing yet
+    nccl.on_abort("Allreduce: an NCCL call did not finish 30.0 s after ...")
+    with pytest.raises(CollectiveTimeout, match="did not finish"):
+        b.check_error()
