@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -223,3 +224,34 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     nccl.on_abort("Allreduce: an NCCL call did not finish 30.0 s after ...")
     with pytest.raises(CollectiveTimeout, match="did not finish"):
         b.check_error()
+
+
+def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_end(monkeypatch):
+    """run_group: one start event per stream before ncclGroupStart, one end event per stream
+    after ncclGroupEnd, the watchdog's entry named "group"; no per-call events inside."""
+    b, _ = _backend(5.0, monkeypatch)
+    order = []
+
+    class Nccl:
+        def groupStart(self):
+            order.append("groupStart")
+
+        def groupEnd(self):
+            order.append("groupEnd")
+
+    def mark(s):
+        order.append(("mark", s))
+        return Ev()
+
+    b.nccl = Nccl()
+    monkeypatch.setattr(b, "_mark", mark)
+    monkeypatch.setattr(b, "_issue", lambda call, stream, iters: order.append(("issue", stream)))
+    import hpccoll.backends.nccl as nccl_mod
+
+    monkeypatch.setattr(nccl_mod, "stream_ptr", lambda stream: stream)
+    call = types.SimpleNamespace(name="Allreduce")
+    items = [(call, False, "auto", 11), (call, False, "auto", 22), (call, False, "auto", 11)]
+    b.run_group(items)
+    assert order == [("mark", 11), ("mark", 22), "groupStart", ("issue", 11), ("issue", 22), ("issue", 11),
+                     "groupEnd", ("mark", 11), ("mark", 22)]
+    assert {s: [e[2] for e in q] for s, q in b.watchdog.queues.items()} == {11: ["group"], 22: ["group"]}
