@@ -155,11 +155,12 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
 
 
 def _memory(recs: list[dict]) -> dict:
-    """Per configuration: the largest per-rank peak over runs (host RSS, NumPy data or tracemalloc, device pool,
-    nvidia-smi), and rank 0's and the other ranks' separately (rank 0 holds the reference)."""
+    """Per configuration: the largest per-rank peak over runs (host RSS, NumPy data or tracemalloc,
+    device pool, nvidia-smi), and rank 0's and the other ranks' separately (rank 0 holds the
+    reference)."""
     out = {}
-    for key in ("peak_rss_bytes", "numpy_peak_bytes", "tracemalloc_peak_bytes", "device_pool_solve_peak_bytes", "device_pool_peak_bytes",
-                "nvidia_smi_used_bytes"):
+    for key in ("peak_rss_bytes", "numpy_peak_bytes", "tracemalloc_peak_bytes", "device_pool_solve_peak_bytes",
+                "device_pool_peak_bytes", "nvidia_smi_used_bytes"):
         per_rank = defaultdict(list)
         for rec in recs:
             for m in (rec.get("memory") or {}).get("per_rank", []):
@@ -420,8 +421,8 @@ def build_report(directory: str) -> list[str]:
     md += ["", "## Memory (per rank, max over runs, MiB)", "",
            "Host: peak RSS of the process during the solve and its metrics; NumPy data: peak of the NumPy "
            "arrays made during the solve and alive at once (where the counting extension was not built: "
-           "tracemalloc's peak of traced Python/NumPy allocations, marked tm); device: CuPy pool high-water mark when the solve returned and at the end "
-           "of its metrics, and nvidia-smi's per-process figure. "
+           "tracemalloc's peak of traced Python/NumPy allocations, marked tm); device: CuPy pool high-water "
+           "mark when the solve returned and at the end of its metrics, and nvidia-smi's per-process figure. "
            "rank 0 / other ranks shown apart: rank 0 also held the gathered A and B for the scipy reference "
            "(small n only).", "",
            "| comm | ranks | n | peak RSS rank 0 | peak RSS others | NumPy data max | device pool max, solve | "

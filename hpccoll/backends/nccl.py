@@ -21,7 +21,7 @@ from .._validate import Call
 from ..errors import CollectiveTimeout, HpccollError
 from .base import Backend, Capabilities, agreed_device, ranks_reasons, release_together
 from .streams import stream_idle, stream_ptr, synchronize_stream
-from .topology import nccl_identity, shared_gpus
+from .topology import ranks_sharing_gpus
 
 
 log = logging.getLogger("hpccoll")
@@ -85,7 +85,7 @@ class NcclBackend(Backend):
                                                              "Reduce_scatter_block", "Alltoall"}),
                         groups=True, asynchronous=True)
 
-    def __init__(self, mpi_comm, device=None, timeout: float | None = None):
+    def __init__(self, mpi_comm, device, timeout: float):
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on shared hosts
         # every rank comes to each agreement before any raises (a rank raising alone would leave
         # its peers waiting in the next exchange)
@@ -105,8 +105,7 @@ class NcclBackend(Backend):
         self.size, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
         # NCCL refuses two ranks on one GPU of one host (NCCL_ERROR_INVALID_USAGE, no reason
         # given): say which ranks share which GPU, on every rank alike
-        gpus = mpi_comm.allgather(nccl_identity(self.device_id))
-        shared = shared_gpus(gpus)
+        shared = ranks_sharing_gpus(mpi_comm, self.device_id)
         if shared:
             raise HpccollError(f"Communicator: backend='nccl' needs one GPU per rank, and {shared}: use "
                                "backend='cuda' (hpccoll's kernels serve several ranks per GPU, under MPS) "
@@ -117,8 +116,9 @@ class NcclBackend(Backend):
         try:
             self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
         except Exception as exc:  # noqa: BLE001 - CuPy's NcclError, whatever its module
+            bus = cupy.cuda.Device(self.device_id).pci_bus_id
             raise HpccollError(f"Communicator: backend='nccl': NCCL could not open a communicator of "
-                               f"{self.size} ranks on this rank's GPU {gpus[self.rank][1]} ({exc}); "
+                               f"{self.size} ranks on this rank's GPU {bus} ({exc}); "
                                "NCCL_DEBUG=WARN makes NCCL say why") from exc
         self.mpi = mpi_comm
         self.types = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
@@ -126,10 +126,6 @@ class NcclBackend(Backend):
         if hasattr(nccl, "NCCL_BFLOAT16"):
             self.types["bfloat16"] = nccl.NCCL_BFLOAT16
         self.ops = {"SUM": nccl.NCCL_SUM, "PROD": nccl.NCCL_PROD, "MAX": nccl.NCCL_MAX, "MIN": nccl.NCCL_MIN}
-        if timeout is None:
-            from ..config import Config
-
-            timeout = Config.from_env().timeout
         self.timeout, self.broken, self.captured, self.releaser = timeout, None, False, None
         self.on_abort = None  # an owner's callback, given the reason before the watchdog aborts NCCL
         self.watchdog = Watchdog(timeout)
@@ -185,15 +181,15 @@ class NcclBackend(Backend):
     def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
         self._check()
         s = stream_ptr(stream)
-        start = None if self._in_group else self._mark(s)
-        self._issue(call, stream, iters)
+        start = self._mark(s)
+        self._issue(call, s, iters)
         self._watch_call(s, start, call.name)
 
-    def _issue(self, call: Call, stream, iters: int) -> None:
+    def _issue(self, call: Call, s: int, iters: int) -> None:
+        """Queue the call on stream s (no watchdog: run and run_group watch it)."""
         t = self.types.get(call.recv.dtype)
         if t is None:
             raise HpccollError(f"{call.name}: this NCCL build has no {call.recv.dtype}: use backend='cuda'")
-        s = stream_ptr(stream)
         send, recv = call.send.flat, call.recv.flat
         size, rank = self.size, self.rank
         for _ in range(iters):
@@ -231,20 +227,17 @@ class NcclBackend(Backend):
         finally:
             self.nccl.groupEnd()
 
-    _in_group = False
-
     def run_group(self, items, check: bool = False) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
         self._check()
-        streams = dict.fromkeys(stream_ptr(item[3]) for item in items)  # each stream once, in order
+        ptrs = [stream_ptr(item[3]) for item in items]
+        streams = dict.fromkeys(ptrs)  # each stream once, in order
         starts = {s: self._mark(s) for s in streams}
         self.nccl.groupStart()
-        self._in_group = True
         try:
-            for item in items:
-                self.run(*item)
+            for item, s in zip(items, ptrs):
+                self._issue(item[0], s, 1)
         finally:
-            self._in_group = False
             self.nccl.groupEnd()
         for s in streams:
             self._watch_call(s, starts[s], "group")

@@ -1,5 +1,5 @@
 """GPU facts read from the driver: count, names, P2P access and native peer atomics, and which
-GPU a rank runs on (host and PCI bus)."""
+GPU a rank runs on as NCCL tells GPUs apart (host and PCI bus)."""
 from __future__ import annotations
 
 import os
@@ -39,22 +39,15 @@ def describe_gpus() -> str:
     return "\n".join(lines)
 
 
-def gpu_identity(device: int) -> tuple[str, str]:
-    """(host name, PCI bus id) of a CUDA device ordinal: one GPU on one machine, whatever the
-    ordinal numbering (CUDA_VISIBLE_DEVICES) of the process."""
-    import cupy
-
-    return socket.gethostname(), cupy.cuda.Device(device).pci_bus_id
-
-
 def nccl_host() -> str:
     """The host as NCCL tells hosts apart: NCCL_HOSTID where set, else the host name."""
     return os.environ.get("NCCL_HOSTID") or socket.gethostname()
 
 
 def nccl_identity(device: int) -> tuple[str, str]:
-    """(NCCL's host, PCI bus id) of a CUDA device ordinal: NCCL refuses two ranks of one
-    communicator on one GPU of one host.  Ranks given distinct NCCL_HOSTID values count as on
+    """(NCCL's host, PCI bus id) of a CUDA device ordinal: one GPU on one machine, whatever the
+    ordinal numbering (CUDA_VISIBLE_DEVICES) of the process.  NCCL refuses two ranks of one
+    communicator on one GPU of one host; ranks given distinct NCCL_HOSTID values count as on
     different hosts, and NCCL joins them through its network transport, one GPU or not (the
     GPU tests' NCCL loopback mode)."""
     import cupy
@@ -63,7 +56,7 @@ def nccl_identity(device: int) -> tuple[str, str]:
 
 
 def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:
-    """Which ranks share a GPU, from every rank's gpu_identity (None: not known, never shared);
+    """Which ranks share a GPU, from every rank's nccl_identity (None: not known, never shared);
     None when none do."""
     ranks: dict[tuple[str, str], list[int]] = {}
     for r, key in enumerate(gpus):
@@ -72,3 +65,9 @@ def shared_gpus(gpus: list[tuple[str, str] | None]) -> str | None:
     shared = [f"ranks {', '.join(map(str, rs))} share GPU {bus} on {host}"
               for (host, bus), rs in ranks.items() if len(rs) > 1]
     return "; ".join(shared) or None
+
+
+def ranks_sharing_gpus(mpi_comm, device: int) -> str | None:
+    """Which ranks of `mpi_comm` share a GPU as NCCL tells GPUs apart (None: none do, NCCL takes
+    them); collective."""
+    return shared_gpus(mpi_comm.allgather(nccl_identity(device)))

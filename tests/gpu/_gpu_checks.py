@@ -77,9 +77,9 @@ def world():
 def nccl_shared_gpus(c) -> str | None:
     """Which ranks of `c` share a GPU as NCCL tells GPUs apart (None: none do, NCCL accepts
     them); collective.  Ranks on one GPU count as apart under HPCCOLL_TEST_NCCL_LOOPBACK=1."""
-    from hpccoll.backends.topology import nccl_identity, shared_gpus
+    from hpccoll.backends.topology import ranks_sharing_gpus
 
-    return shared_gpus(world().allgather(nccl_identity(c._backend.device_id)))
+    return ranks_sharing_gpus(world(), c._backend.device_id)
 
 
 def check_nccl_missing_peer_times_out(c, n: int, waiting: bool, **kw) -> None:

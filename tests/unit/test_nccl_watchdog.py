@@ -213,7 +213,7 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
 
     monkeypatch.setattr(nccl_mod, "NcclBackend", FakeNccl)
     monkeypatch.setattr(nccl_mod, "nccl_unavailable_reason", lambda: None)
-    monkeypatch.setattr(cb, "nccl_identity", lambda device: ("host", "bus"))
+    monkeypatch.setattr(cb, "ranks_sharing_gpus", lambda mpi_comm, device: None)
     b = object.__new__(cb.CudaBackend)
     b.table = {"allreduce": {"2": [[None, "nccl"]]}}  # (NCCL above every size at 2 ranks)
     b.size, b.device_id, b.comm, b.ws, b.broken = 2, 0, Mpi(), Ws(), None

@@ -21,7 +21,7 @@ from .engines import EngineSet
 from .fusion import Fuser
 from .groups import run_group
 from .kernels import Kernels, grid_block_cap
-from ..topology import gpu_identity, nccl_identity, shared_gpus
+from ..topology import ranks_sharing_gpus
 from .plans import make_plan
 from ..streams import stream_ptr, synchronize_stream
 from .workspace import CudaUnavailable, Layout, Workspace
@@ -91,7 +91,7 @@ class CudaBackend(Backend):
         self.arch = f"sm_{props['major']}{props['minor']}"
         # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
         pdl = config.pdl and int(props["major"]) >= 9
-        _host, bus = gpu_identity(self.device_id)
+        bus = cupy.cuda.Device(self.device_id).pci_bus_id
         devices, sms, buses = zip(*mpi_comm.allgather((self.device_id, self.sms, bus)))  # per rank
         why = gpu_numbering_mismatch(devices, buses)
         if why:
@@ -146,7 +146,7 @@ class CudaBackend(Backend):
             return None
         from ..nccl import NcclBackend, nccl_unavailable_reason
 
-        shared = shared_gpus(mpi_comm.allgather(nccl_identity(self.device_id)))  # (every rank)
+        shared = ranks_sharing_gpus(mpi_comm, self.device_id)  # (every rank)
         why = nccl_unavailable_reason() or (f"{shared}, which NCCL does not support" if shared else None)
         if not self._agree(why is None):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
