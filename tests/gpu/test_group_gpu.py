@@ -301,43 +301,6 @@ def test_an_nccl_call_behind_long_gpu_work_is_not_timed_out(cc):
         sub.Free()
 
 
-_EXIT_WITH_A_LIVE_GRAPH = """
-import cupy as cp
-import hpccoll
-
-c = hpccoll.Communicator(backend="nccl")
-x, y = cp.ones(8), cp.empty(8)
-s = cp.cuda.Stream(non_blocking=True)
-with s:
-    s.begin_capture()
-    c.Allreduce(x, y, stream=s)
-    g = s.end_capture()
-g.launch(stream=s)
-s.synchronize()
-assert float(y[0]) == 1.0
-c.Free()
-print("freed", flush=True)
-"""  # (g lives until the interpreter exits)
-
-
-def test_a_one_rank_nccl_program_exits_cleanly_with_a_captured_graph_alive(cc):
-    """A program that captured NCCL calls and keeps the graph to the end: Free() returns, and
-    the process exits with 0 (NCCL's deferred release runs into the interpreter's exit).  One
-    rank, in a process of its own outside this MPI job (rank 0 only)."""
-    import os
-    import subprocess
-    import sys
-
-    p = None
-    if cc.rank == 0:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_"))}
-        p = subprocess.run([sys.executable, "-c", _EXIT_WITH_A_LIVE_GRAPH], env=env, capture_output=True,
-                           text=True, timeout=120)
-    _world().Barrier()  # (the other ranks wait here, not in the next test's kernels)
-    if p is not None:
-        assert p.returncode == 0 and "freed" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
-
-
 def test_nccl_on_a_shared_gpu_says_which_ranks_share_it(cc):
     """Ranks sharing a GPU (MPS): backend='nccl' raises HpccollError on every rank, naming the
     ranks and the GPU and the fix, instead of NCCL's bare 'invalid usage'."""
