@@ -1,8 +1,8 @@
 """What the NCCL backend's watchdog costs per call: eager Allreduce calls through
 `Communicator(backend="nccl")`, with the watchdog's bookkeeping (a capture check, CUDA events
 recorded before and after the call, its entry in the watchdog's queue, and synchronize's
-polling wait while such calls are pending) and without it (that step replaced by nothing on this
-communicator only, so synchronize blocks in CUDA), interleaved over several rounds.  Per-call
+polling wait while such calls are pending) and without it (the backend's `watch` off, as the
+benchmark's NCCL eager rows run, so synchronize blocks in CUDA), interleaved over several rounds.  Per-call
 time = the wall time of `--calls` calls, back to back with one synchronize or each with its
 own (as the benchmark's eager mode), divided by the calls; the median over rounds.
 One rank by default (an NCCL communicator of one rank needs one GPU, and its calls are short
@@ -47,7 +47,6 @@ def main() -> None:
 
     comm = hpccoll.Communicator(backend="nccl")
     rank, size, backend = comm.rank, comm.size, comm._backend
-    mark = backend._mark
     rows = []
     try:
         for n in map(int, args.counts.split(",")):
@@ -56,9 +55,9 @@ def main() -> None:
                 times = {"on": [], "off": []}
                 for _ in range(args.rounds):
                     for mode in ("on", "off"):
-                        backend._mark = mark if mode == "on" else (lambda s: None)
+                        backend.watch = mode == "on"
                         times[mode].append(per_call_us(comm, x, out, args.calls, blocking))
-                backend._mark = mark
+                backend.watch = True
                 on, off = statistics.median(times["on"]), statistics.median(times["off"])
                 rows.append({"count": n, "bytes": 4 * n, "timing": "blocking" if blocking else "back to back",
                              "on_us": on, "off_us": off, "cost_us": on - off,

@@ -127,6 +127,9 @@ class NcclBackend(Backend):
             self.types["bfloat16"] = nccl.NCCL_BFLOAT16
         self.ops = {"SUM": nccl.NCCL_SUM, "PROD": nccl.NCCL_PROD, "MAX": nccl.NCCL_MAX, "MIN": nccl.NCCL_MIN}
         self.timeout, self.broken, self.captured, self.releaser = timeout, None, False, None
+        self.watch = True  # False: calls go unwatched (the benchmark's NCCL-itself eager timing)
+        self._runtime = cupy.cuda.runtime
+        self._new_event = lambda: cupy.cuda.Event(block=False, disable_timing=True)
         self.on_abort = None  # an owner's callback, given the reason before the watchdog aborts NCCL
         self.watchdog = Watchdog(timeout)
         self._stop = threading.Event()
@@ -161,22 +164,27 @@ class NcclBackend(Backend):
             raise CollectiveTimeout(self.broken)
 
     def _mark(self, s: int):
-        """An event recorded on stream s now, or None while s is captured into a graph (a replay
-        is not a queued call, and an event recorded in a capture is a graph node)."""
-        import cupy
-
-        if s and cupy.cuda.runtime.streamIsCapturing(s):
+        """An event recorded on stream s now, before a call; None while s is captured into a
+        graph (a replay is not a queued call, and an event recorded in a capture is a graph
+        node) or while calls go unwatched."""
+        if not self.watch:
+            return None
+        if s and self._runtime.streamIsCapturing(s):
             self.captured = True  # (NCCL now frees the communicator only after that graph: free)
             return None
+        return self._record(s)
+
+    def _record(self, s: int):
         spare = self.watchdog.spare
-        ev = spare.pop() if spare else cupy.cuda.Event(block=False, disable_timing=True)
-        cupy.cuda.runtime.eventRecord(ev.ptr, s)  # (Event.record would wrap s in a Stream object first)
+        ev = spare.pop() if spare else self._new_event()
+        self._runtime.eventRecord(ev.ptr, s)  # (Event.record would wrap s in a Stream object first)
         return ev
 
     def _watch_call(self, s: int, start, name: str) -> None:
-        """The call just queued on stream s after `start` (from _mark before it) goes to the watchdog."""
+        """The call just queued on stream s after `start` (from _mark before it) goes to the
+        watchdog, with an event recorded after it (no capture check: _mark just made it)."""
         if start is not None:
-            self.watchdog.note(s, start, self._mark(s), name)
+            self.watchdog.note(s, start, self._record(s), name)
 
     def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
         self._check()

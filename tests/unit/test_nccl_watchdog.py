@@ -243,8 +243,13 @@ def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_e
         order.append(("mark", s))
         return Ev()
 
+    def record(s):
+        order.append(("end", s))
+        return Ev()
+
     b.nccl = Nccl()
     monkeypatch.setattr(b, "_mark", mark)
+    monkeypatch.setattr(b, "_record", record)
     monkeypatch.setattr(b, "_issue", lambda call, stream, iters: order.append(("issue", stream)))
     import hpccoll.backends.nccl as nccl_mod
 
@@ -253,5 +258,24 @@ def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_e
     items = [(call, False, "auto", 11), (call, False, "auto", 22), (call, False, "auto", 11)]
     b.run_group(items)
     assert order == [("mark", 11), ("mark", 22), "groupStart", ("issue", 11), ("issue", 22), ("issue", 11),
-                     "groupEnd", ("mark", 11), ("mark", 22)]
+                     "groupEnd", ("end", 11), ("end", 22)]
     assert {s: [e[2] for e in q] for s, q in b.watchdog.queues.items()} == {11: ["group"], 22: ["group"]}
+
+
+def test_events_only_around_calls_queued_outside_a_capture_while_watched(monkeypatch):
+    """_mark records an event before a call on a stream that is not being captured, and
+    _watch_call one after it, both noted; a capture records none (and marks the communicator
+    captured); with `watch` off nothing is recorded or noted."""
+    b, _ = _backend(5.0, monkeypatch)
+    recorded = []
+    b._runtime = types.SimpleNamespace(streamIsCapturing=lambda s: s == 7,
+                                       eventRecord=lambda ptr, s: recorded.append(s))
+    b._new_event = lambda: types.SimpleNamespace(ptr=0)
+    b.watch = True
+    assert b._mark(7) is None and b.captured and recorded == []
+    b.captured = False
+    b._watch_call(5, b._mark(5), "Allreduce")
+    assert recorded == [5, 5] and [e[2] for e in b.watchdog.queues[5]] == ["Allreduce"]
+    b.watch = False
+    b._watch_call(5, b._mark(5), "Allreduce")
+    assert recorded == [5, 5] and len(b.watchdog.queues[5]) == 1 and not b.captured
