@@ -51,6 +51,34 @@ def b_orthogonality(B, X) -> float:
     return float(xp.linalg.norm(G)) / (n * EPS)
 
 
+def stored_spectrum(A, B) -> np.ndarray:
+    """The eigenvalues of the pair (A, B) as stored, ascending, on the host: the Cholesky factor
+    L of B, L^-1 A and C = L^-1 (L^-1 A)^T formed in long double (x87 extended precision on
+    x86-64: 11 bits more than float64; lower triangles of A and B read), C rounded to float64
+    once, then LAPACK's dsyevd.  Forming A and B from a known spectrum moves theirs by about as
+    much as a float64 solver's own rounding when cond(B) is large; against this reference an
+    eigenvalue error is the solver's (about 1e-3 of LAPACK's at cond(B) = 1e12 by an mpmath check:
+    bench/accuracy_exact.py).  O(n^3) without BLAS: small n only."""
+    ld = np.longdouble
+    A, B = np.asarray(to_host(A), dtype=np.float64), np.asarray(to_host(B), dtype=np.float64)
+    n = A.shape[0]
+    Al, Bl = np.tril(A).astype(ld), np.tril(B).astype(ld)
+    Al, Bl = Al + np.tril(Al, -1).T, Bl + np.tril(Bl, -1).T
+    L = np.zeros((n, n), ld)
+    for j in range(n):
+        L[j, j] = np.sqrt(Bl[j, j] - L[j, :j] @ L[j, :j])
+        L[j + 1:, j] = (Bl[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
+
+    def forward(R):  # L^-1 R, row by row
+        Y = np.empty_like(R)
+        for i in range(n):
+            Y[i] = (R[i] - L[i, :i] @ Y[:i]) / L[i, i]
+        return Y
+
+    Z = forward(forward(Al).T.copy())
+    return np.linalg.eigvalsh(((Z + Z.T) / 2).astype(np.float64))
+
+
 def lapack_reference(A, B, eigenvalues) -> tuple:
     """(residual, B-orthogonality, eigenvalue error) of LAPACK sygvd (scipy.linalg.eigh(A, B)) on
     whole host matrices A, B against the known `eigenvalues`; the eigenvalue error at least 4 eps

@@ -1,0 +1,132 @@
+"""The eigenvalue error measured against the exact spectrum of the stored pair (A, B) rather
+than the spectrum make_problem built it from, for the solver (host backend) and for LAPACK
+(scipy.linalg.eigh(A, B): dsygvd).
+
+Forming A and B in float64 moves their spectrum off the built one by roughly as much as a
+solver's own rounding at large cond(B), so an error against the built spectrum mixes the two.
+Here the reference is the stored pair's (metrics.stored_spectrum: C = L^-1 A L^-T formed in
+long double from the float64 A and B, rounded to float64 once, then LAPACK's dsyevd);
+`--check-mp N` first compares that reference with mpmath's at 50 digits on a problem of order N.
+
+    mpiexec -n 2 python3 bench/accuracy_exact.py [--n 150:171] [--cond 1e8,1e12] [--nb 16]
+
+Per cond(B) and for each reference: the median and largest ratio of the solver's eigenvalue
+error to LAPACK's (floor 4 eps, as the tests), and how many problems exceed 2x; also LAPACK's
+dsygst + dsyev on a textbook Cholesky factor, and each error's size against the built spectrum."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import scipy.linalg as sl
+from scipy.linalg.lapack import dsygst
+
+import hpccoll
+from hpccoll.config import git_commit
+from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
+from hpccoll_eigensolver.problems import make_problem
+
+KINDS = ("known", "clustered", "wilkinson")
+EPS = np.finfo(np.float64).eps
+
+
+def mp_spectrum(A: np.ndarray, B: np.ndarray, dps: int = 50) -> np.ndarray:
+    import mpmath as mp
+
+    mp.mp.dps = dps
+    n = A.shape[0]
+    Am, Bm = mp.matrix(A.tolist()), mp.matrix(B.tolist())
+    L = mp.cholesky(Bm)
+    Li = mp.inverse(L)
+    C = Li * Am * Li.T
+    C = (C + C.T) / 2
+    w = mp.eigsy(C, eigvals_only=True)
+    return np.sort(np.array([float(w[i]) for i in range(n)]))
+
+
+def textbook_cholesky(B):
+    n = B.shape[0]
+    L = np.zeros_like(B)
+    for j in range(n):
+        L[j, j] = np.sqrt(B[j, j] - L[j, :j] @ L[j, :j])
+        L[j + 1:, j] = (B[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
+    return L
+
+
+def err(w, ref) -> float:
+    return max(metrics.eigenvalue_error(np.sort(w), ref), 4 * EPS)
+
+
+def summary(label, ratios):
+    r = np.array(ratios)
+    return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="150:171")
+    ap.add_argument("--cond", default="1e8,1e12")
+    ap.add_argument("--nb", type=int, default=16)
+    ap.add_argument("--check-mp", type=int, default=0, help="order of the problem checked against mpmath first")
+    opts = ap.parse_args()
+    lo, hi = map(int, opts.n.split(":"))
+    conds = [float(c) for c in opts.cond.split(",")]
+    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    root = comm.rank == 0
+    if root:
+        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, "
+              f"kinds {', '.join(KINDS)}, seed 3, numpy {np.__version__}, long double eps {np.finfo(np.longdouble).eps:.2e}",
+              flush=True)
+        if opts.check_mp:
+            for cond in conds:
+                p = make_problem("known", opts.check_mp, cond_b=cond, seed=3)
+                ref_mp, ref_ld = mp_spectrum(p.A, p.B), metrics.stored_spectrum(p.A, p.B)
+                w = sl.eigh(p.A, p.B, eigvals_only=True)
+                print(f"check, n {opts.check_mp}, cond(B) {cond:.0e}: long double reference vs mpmath "
+                      f"{metrics.eigenvalue_error(ref_ld, ref_mp):.2e}; LAPACK vs mpmath "
+                      f"{metrics.eigenvalue_error(w, ref_mp):.2e}; built spectrum vs mpmath "
+                      f"{metrics.eigenvalue_error(np.asarray(p.eigenvalues), ref_mp):.2e}", flush=True)
+    for cond in conds:
+        rows = {k: [] for k in ("built", "stored", "textbook_built", "textbook_stored")}
+        sizes = {k: [] for k in ("ours_stored", "lapack_stored", "built_vs_stored")}
+        outliers = []
+        for n in range(lo, hi):
+            for kind in KINDS:
+                prob = make_problem(kind, n, cond_b=cond, seed=3)
+                desc = BlockCyclic(n, n, opts.nb, comm.size)
+                w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
+                gather(X, desc, comm)
+                if not root:
+                    continue
+                built = np.asarray(prob.eigenvalues)
+                stored = metrics.stored_spectrum(prob.A, prob.B)
+                wl = sl.eigh(prob.A, prob.B, eigvals_only=True)
+                C = dsygst(prob.A, textbook_cholesky(prob.B), itype=1, lower=1)[0]
+                wt = np.linalg.eigvalsh(C, UPLO="L")
+                rows["built"].append(err(w, built) / err(wl, built))
+                rows["stored"].append(err(w, stored) / err(wl, stored))
+                rows["textbook_built"].append(err(wt, built) / err(wl, built))
+                rows["textbook_stored"].append(err(wt, stored) / err(wl, stored))
+                sizes["ours_stored"].append(err(w, stored))
+                sizes["lapack_stored"].append(err(wl, stored))
+                sizes["built_vs_stored"].append(metrics.eigenvalue_error(built, stored))
+                if rows["stored"][-1] > 2 or rows["built"][-1] > 2:
+                    outliers.append(f"    n {n} {kind}: sygvd {err(w, stored):.2e} LAPACK {err(wl, stored):.2e} against the "
+                                    f"stored pair's (x{rows['stored'][-1]:.2f}); {err(w, built):.2e} / {err(wl, built):.2e} "
+                                    f"against the built (x{rows['built'][-1]:.2f})")
+        if root:
+            print(f"cond(B) = {cond:.0e}, {len(rows['built'])} problems, eigenvalue error's ratio to LAPACK's", flush=True)
+            print(summary("  sygvd, against the built spectrum ", rows["built"]), flush=True)
+            print(summary("  sygvd, against the stored pair's  ", rows["stored"]), flush=True)
+            print(summary("  textbook Cholesky + dsygst + dsyev, built ", rows["textbook_built"]), flush=True)
+            print(summary("  textbook Cholesky + dsygst + dsyev, stored", rows["textbook_stored"]), flush=True)
+            for k, v in sizes.items():
+                print(f"  {k}: median {np.median(v):.2e}  max {np.max(v):.2e}", flush=True)
+            if outliers:
+                print("  sygvd over 2x LAPACK's against either spectrum:\n" + "\n".join(outliers), flush=True)
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
