@@ -9,6 +9,7 @@ long double from the float64 A and B, rounded to float64 once, then LAPACK's dsy
 `--check-mp N` first compares that reference with mpmath's at 50 digits on a problem of order N.
 
     mpiexec -n 2 python3 bench/accuracy_exact.py [--n 150:171] [--cond 1e8,1e12] [--nb 16]
+    mpiexec -n 3 python3 bench/accuracy_exact.py --table 400 --nb 32 --cond 1e3,1e8,1e12
 
 Per cond(B) and for each reference: the median and largest ratio of the solver's eigenvalue
 error to LAPACK's (floor n eps, as the tests), and how many problems exceed 2x; also LAPACK's
@@ -62,12 +63,37 @@ def summary(label, ratios):
     return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
 
 
+def table(n: int, conds, nb: int, comm) -> None:
+    """Residual, B-orthogonality and eigenvalue error (against the stored pair's spectrum and the
+    built one), ours / LAPACK's, per kind and cond(B) at order n (rank 0 prints)."""
+    if comm.rank == 0:
+        print(f"n = {n}: residual | B-orthogonality | eigenvalue error against the stored pair's spectrum | "
+              f"against the built one; each ours / LAPACK's (no floor)", flush=True)
+    for kind in KINDS:
+        for cond in conds:
+            prob = make_problem(kind, n, cond_b=cond, seed=3)
+            desc = BlockCyclic(n, n, nb, comm.size)
+            w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
+            Xg = gather(X, desc, comm)
+            if comm.rank != 0:
+                continue
+            wl, Xl = sl.eigh(prob.A, prob.B)
+            stored, built = metrics.stored_spectrum(prob.A, prob.B), np.asarray(prob.eigenvalues)
+            cells = [(metrics.residual(prob.A, prob.B, Xg, w), metrics.residual(prob.A, prob.B, Xl, wl)),
+                     (metrics.b_orthogonality(prob.B, Xg), metrics.b_orthogonality(prob.B, Xl)),
+                     (metrics.eigenvalue_error(w, stored), metrics.eigenvalue_error(wl, stored)),
+                     (metrics.eigenvalue_error(w, built), metrics.eigenvalue_error(wl, built))]
+            print(f"| {kind} | {cond:.0e} | " + " | ".join(f"{a:.2e} / {b:.2e}" for a, b in cells) + " |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="150:171")
     ap.add_argument("--cond", default="1e8,1e12")
     ap.add_argument("--nb", type=int, default=16)
     ap.add_argument("--check-mp", type=int, default=0, help="order of the problem checked against mpmath first")
+    ap.add_argument("--table", type=int, default=0,
+                    help="instead: one row per kind and cond(B) at this n, each metric ours / LAPACK's")
     opts = ap.parse_args()
     lo, hi = map(int, opts.n.split(":"))
     conds = [float(c) for c in opts.cond.split(",")]
@@ -86,6 +112,10 @@ def main() -> int:
                       f"{metrics.eigenvalue_error(ref_ld, ref_mp):.2e}; LAPACK vs mpmath "
                       f"{metrics.eigenvalue_error(w, ref_mp):.2e}; built spectrum vs mpmath "
                       f"{metrics.eigenvalue_error(np.asarray(p.eigenvalues), ref_mp):.2e}", flush=True)
+    if opts.table:
+        table(opts.table, conds, opts.nb, comm)
+        comm.Free()
+        return 0
     for cond in conds:
         rows = {k: [] for k in ("built", "stored", "textbook_built", "textbook_stored")}
         sizes = {k: [] for k in ("ours_stored", "lapack_stored", "built_vs_stored")}

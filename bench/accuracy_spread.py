@@ -7,7 +7,7 @@ large.
 
 Part 1 (every rank): sygvd at each n, kind (known, clustered, wilkinson) and cond(B); per cond(B)
 the median and largest ratio to LAPACK's residual, B-orthogonality and eigenvalue error (the
-last with the tests' floor of 4 eps), and how many cases exceed 2x.
+last against the built spectrum, floored at n eps), and how many cases exceed 2x.
 Part 2 (rank 0 alone): the eigenvalue error with C = L^-1 A L^-T formed by LAPACK dsygst from
 four Cholesky factors of the same B - the distributed blocked potrf (one process, panels of nb
 and of 64), a textbook unblocked Cholesky (dot products per column, as LAPACK dpotf2), and
