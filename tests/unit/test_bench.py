@@ -333,3 +333,22 @@ def test_invalid_algorithm_specs_name_the_bad_and_the_valid(coll, spec, named):
     why = collectives.unknown_algorithms(coll, spec)
     assert named in why and "--algorithms" in why
     assert all(a in why for a in ("auto",) + collectives.algorithms_of(coll))
+
+
+def test_nccl_eager_timing_runs_unwatched_and_restores_the_watchdog():
+    """The NCCL row's eager timing runs with the NCCL backend's watchdog off (NCCL itself), and
+    the watchdog is back on afterwards, also when the timing raises."""
+    import types
+
+    from hpccoll.bench.baselines import _unwatched
+
+    comm = types.SimpleNamespace(_backend=types.SimpleNamespace(watch=True))
+    assert _unwatched(comm, lambda: comm._backend.watch) is False
+    assert comm._backend.watch is True
+
+    def boom():
+        raise RuntimeError("timing failed")
+
+    with pytest.raises(RuntimeError, match="timing failed"):
+        _unwatched(comm, boom)
+    assert comm._backend.watch is True
