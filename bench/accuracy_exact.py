@@ -27,7 +27,8 @@ from hpccoll.config import git_commit
 from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
 from hpccoll_eigensolver.problems import make_problem
 
-KINDS = ("known", "clustered", "wilkinson")
+from accuracy_spread import KINDS, summary, textbook_cholesky  # (bench/, the script's own folder)
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -45,22 +46,8 @@ def mp_spectrum(A: np.ndarray, B: np.ndarray, dps: int = 50) -> np.ndarray:
     return np.sort(np.array([float(w[i]) for i in range(n)]))
 
 
-def textbook_cholesky(B):
-    n = B.shape[0]
-    L = np.zeros_like(B)
-    for j in range(n):
-        L[j, j] = np.sqrt(B[j, j] - L[j, :j] @ L[j, :j])
-        L[j + 1:, j] = (B[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
-    return L
-
-
 def err(w, ref) -> float:
     return max(metrics.eigenvalue_error(np.sort(w), ref), ref.size * EPS)
-
-
-def summary(label, ratios):
-    r = np.array(ratios)
-    return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
 
 
 def table(n: int, conds, nb: int, comm) -> None:
