@@ -120,17 +120,18 @@ def main() -> int:
                 wl = sl.eigh(prob.A, prob.B, eigvals_only=True)
                 C = dsygst(prob.A, textbook_cholesky(prob.B), itype=1, lower=1)[0]
                 wt = np.linalg.eigvalsh(C, UPLO="L")
-                rows["built"].append(err(w, built) / err(wl, built))
-                rows["stored"].append(err(w, stored) / err(wl, stored))
-                rows["textbook_built"].append(err(wt, built) / err(wl, built))
-                rows["textbook_stored"].append(err(wt, stored) / err(wl, stored))
-                sizes["ours_stored"].append(err(w, stored))
-                sizes["lapack_stored"].append(err(wl, stored))
+                e = {(who, ref_name): err(v, ref) for who, v in (("ours", w), ("lapack", wl), ("textbook", wt))
+                     for ref_name, ref in (("built", built), ("stored", stored))}
+                for ref_name in ("built", "stored"):
+                    rows[ref_name].append(e["ours", ref_name] / e["lapack", ref_name])
+                    rows[f"textbook_{ref_name}"].append(e["textbook", ref_name] / e["lapack", ref_name])
+                sizes["ours_stored"].append(e["ours", "stored"])
+                sizes["lapack_stored"].append(e["lapack", "stored"])
                 sizes["built_vs_stored"].append(metrics.eigenvalue_error(built, stored))
                 if rows["stored"][-1] > 2 or rows["built"][-1] > 2:
-                    outliers.append(f"    n {n} {kind}: sygvd {err(w, stored):.2e} LAPACK {err(wl, stored):.2e} against the "
-                                    f"stored pair's (x{rows['stored'][-1]:.2f}); {err(w, built):.2e} / {err(wl, built):.2e} "
-                                    f"against the built (x{rows['built'][-1]:.2f})")
+                    outliers.append(f"    n {n} {kind}: sygvd {e['ours', 'stored']:.2e} LAPACK {e['lapack', 'stored']:.2e} "
+                                    f"against the stored pair's (x{rows['stored'][-1]:.2f}); {e['ours', 'built']:.2e} / "
+                                    f"{e['lapack', 'built']:.2e} against the built (x{rows['built'][-1]:.2f})")
         if root:
             print(f"cond(B) = {cond:.0e}, {len(rows['built'])} problems, eigenvalue error's ratio to LAPACK's", flush=True)
             print(summary("  sygvd, against the built spectrum ", rows["built"]), flush=True)
