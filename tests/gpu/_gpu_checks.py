@@ -82,6 +82,37 @@ def nccl_shared_gpus(c) -> str | None:
     return ranks_sharing_gpus(world(), c._backend.device_id)
 
 
+def skip_where_nccl_refuses(c) -> None:
+    """Skip (on every rank: collective) where ranks of `c` share a GPU as NCCL sees them."""
+    if nccl_shared_gpus(c):
+        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+
+
+def replay_captured_allreduce_then_free(c, h):
+    """On NCCL communicator `c`: capture c.Allreduce of host array h into a CUDA graph on a
+    stream of its own, replay it once, then Free() c, which returns at once (under 10 s) though
+    NCCL's release waits for the graph, on c's releaser thread.  Returns (the result on the host,
+    (graph, stream, input, output)): the graph lives as long as the caller keeps that tuple."""
+    import time
+
+    import cupy as cp
+
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x, y = cp.asarray(h), cp.zeros(h.size)
+        s.begin_capture()
+        c.Allreduce(x, y, stream=s)
+        g = s.end_capture()
+    g.launch(stream=s)
+    s.synchronize()
+    got = cp.asnumpy(y)
+    t0 = time.monotonic()
+    c.Free()
+    assert time.monotonic() - t0 < 10, "Free waited for the graph"
+    assert c._backend.releaser is not None and c._backend.releaser.is_alive()  # NCCL waits for g
+    return got, (g, s, x, y)
+
+
 def check_nccl_missing_peer_times_out(c, n: int, waiting: bool, **kw) -> None:
     """The NCCL watchdog's contract on `c` (made with timeout=2.0): an Allreduce of n floats
     every rank makes (NCCL is up); then only the `waiting` ranks make another, whose synchronize

@@ -358,13 +358,12 @@ def test_gpu_ll128_path_is_accurate():
 def test_gpu_nccl_path_is_accurate(gpu_comm):
     """`--comm nccl`: the solve through NCCL's collectives (graph-captured column step included)
     as accurate as LAPACK; every rank the same eigenvalues."""
-    from _gpu_checks import nccl_shared_gpus
+    from _gpu_checks import skip_where_nccl_refuses
 
     from hpccoll_eigensolver import gather, metrics
     from hpccoll_eigensolver.problems import make_problem
 
-    if nccl_shared_gpus(gpu_comm):
-        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    skip_where_nccl_refuses(gpu_comm)
     c = hpccoll.Communicator(backend="nccl")
     try:
         seed = WORLD.bcast(int(np.random.SeedSequence().entropy % 2**31) if WORLD.rank == 0 else None)

@@ -13,7 +13,7 @@ import pytest
 from _gpu_checks import check_bitwise as _check
 from _gpu_checks import cc  # noqa: F401 - the module's Communicator fixture
 from _gpu_checks import check_nccl_missing_peer_times_out
-from _gpu_checks import nccl_shared_gpus
+from _gpu_checks import nccl_shared_gpus, replay_captured_allreduce_then_free, skip_where_nccl_refuses
 from _gpu_checks import random_data as _random
 from _gpu_checks import world as _world
 
@@ -206,8 +206,7 @@ def test_group_on_the_nccl_backend(cc):
     """backend='nccl': the block is an NCCL group (the bench's grouped baseline)."""
     import cupy as cp
 
-    if nccl_shared_gpus(cc):
-        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    skip_where_nccl_refuses(cc)
     c = hpccoll.Communicator(backend="nccl")
     try:
         rng = np.random.default_rng([c.rank, 59])
@@ -229,8 +228,7 @@ def test_nccl_rank_that_never_joins_times_out(cc):
     """backend='nccl': rank 0 queues an Allreduce no peer joins; the watchdog aborts NCCL after
     the timeout, so the stream's wait ends and synchronize raises CollectiveTimeout, and the
     communicator stays broken.  The peers wait past the timeout before freeing."""
-    if nccl_shared_gpus(cc):
-        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    skip_where_nccl_refuses(cc)
     c = hpccoll.Communicator(backend="nccl", timeout=2.0)
     try:
         check_nccl_missing_peer_times_out(c, 1000, waiting=c.rank == 0)
@@ -243,34 +241,17 @@ def test_nccl_free_returns_while_a_graph_that_captured_its_calls_lives(cc):
     destroyed: Free() with such a graph still alive returns all the same, and NCCL's release
     finishes once the graph goes."""
     import gc
-    import time
 
-    import cupy as cp
-
-    if nccl_shared_gpus(cc):
-        pytest.skip("NCCL refuses two ranks on one GPU (HPCCOLL_TEST_NCCL_LOOPBACK=1 runs it there)")
+    skip_where_nccl_refuses(cc)
     c = hpccoll.Communicator(backend="nccl")
-    backend = c._backend
-    rng = np.random.default_rng()
-    h = rng.standard_normal(4099)
+    h = np.random.default_rng().standard_normal(4099)
     ref = np.sum(_world().allgather(h), axis=0)
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        x, out = cp.asarray(h), cp.zeros(h.size)
-        s.begin_capture()
-        c.Allreduce(x, out, stream=s)
-        g = s.end_capture()
-    g.launch(stream=s)
-    s.synchronize()
-    assert np.allclose(cp.asnumpy(out), ref, rtol=1e-12, atol=1e-12)
-    t0 = time.monotonic()
-    c.Free()
-    assert time.monotonic() - t0 < 10, "Free waited for the graph"
-    assert backend.releaser is not None and backend.releaser.is_alive()  # NCCL waits for g
-    del g
+    got, kept = replay_captured_allreduce_then_free(c, h)
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    del kept  # the graph goes
     gc.collect()
-    backend.releaser.join(20)
-    assert not backend.releaser.is_alive(), "NCCL did not release the communicator after the graph went"
+    c._backend.releaser.join(20)
+    assert not c._backend.releaser.is_alive(), "NCCL did not release the communicator after the graph went"
 
 
 def test_an_nccl_call_behind_long_gpu_work_is_not_timed_out(cc):
