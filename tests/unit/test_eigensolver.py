@@ -218,16 +218,18 @@ def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
 
 
 def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path):
-    """From the recorded one-H200 job (n = 8192 and 32768 at P = 1, 2, 4 through MPS, and the
-    anchor): one rank against the anchor in time and memory, the per-rank memory scaling against
-    1.3 x the one-rank share (from the solve's own pool mark), each verdict following from the
-    numbers; and no 'N GPUs faster' row, since those ranks shared one GPU."""
+    """From the recorded one-H200 job (n = 8192, 16384 and 32768 at P = 1, 2, 4 through MPS, and
+    the anchor): one rank against the anchor in time and memory, the per-rank memory scaling
+    against 1.3 x the one-rank share (from the solve's own pool mark), each verdict following
+    from the numbers; and no 'N GPUs faster' row, since those ranks shared one GPU."""
     import tarfile
 
     job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
-                       "2026-12-02-h200x1-be7214e")
-    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
-        tar.extractall(tmp_path, filter="data")
+                       "2026-12-04-h200x1-624f21c")
+    for archive in ("runs-8192-16384.tar.xz", "runs-32768.tar.xz"):
+        with tarfile.open(os.path.join(job, archive)) as tar:
+            tar.extractall(tmp_path, filter="data")
+    tmp_path = tmp_path / "eig"
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
     rows = rep["targets"]
@@ -236,7 +238,7 @@ def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path)
     def peak(c):
         return c["memory"]["device_pool_solve_peak_bytes"]["max"]
 
-    for n in (8192, 32768):
+    for n in (8192, 16384, 32768):
         mine, anchor = groups[("sentinel", 1, n)], groups[("single-gpu", 1, n)]
         time_row = [r for r in rows if r["target"].startswith("one rank no slower") and f"n={n}," in r["where"]]
         assert len(time_row) == 1
