@@ -22,14 +22,10 @@ import numpy as np
 import scipy.linalg as sl
 from scipy.linalg.lapack import dsygst
 
-import hpccoll
-from hpccoll.config import git_commit
-from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
+from hpccoll_eigensolver import metrics
 from hpccoll_eigensolver.problems import make_problem
 
-from accuracy_spread import KINDS, summary, textbook_cholesky  # (bench/, the script's own folder)
-
-EPS = np.finfo(np.float64).eps
+from accuracy_spread import KINDS, open_sweep, solve, solved, summary, sweep_arguments  # (bench/, beside it)
 
 
 def mp_spectrum(A: np.ndarray, B: np.ndarray, dps: int = 50) -> np.ndarray:
@@ -46,10 +42,6 @@ def mp_spectrum(A: np.ndarray, B: np.ndarray, dps: int = 50) -> np.ndarray:
     return np.sort(np.array([float(w[i]) for i in range(n)]))
 
 
-def err(w, ref) -> float:
-    return max(metrics.eigenvalue_error(np.sort(w), ref), ref.size * EPS)
-
-
 def table(n: int, conds, nb: int, comm) -> None:
     """Residual, B-orthogonality and eigenvalue error (against the stored pair's spectrum and the
     built one), ours / LAPACK's, per kind and cond(B) at order n (rank 0 prints)."""
@@ -58,10 +50,7 @@ def table(n: int, conds, nb: int, comm) -> None:
               f"against the built one; each ours / LAPACK's (no floor)", flush=True)
     for kind in KINDS:
         for cond in conds:
-            prob = make_problem(kind, n, cond_b=cond, seed=3)
-            desc = BlockCyclic(n, n, nb, comm.size)
-            w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
-            Xg = gather(X, desc, comm)
+            prob, w, Xg = solve(kind, n, cond, nb, comm)
             if comm.rank != 0:
                 continue
             wl, Xl = sl.eigh(prob.A, prob.B)
@@ -74,31 +63,23 @@ def table(n: int, conds, nb: int, comm) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", default="150:171")
-    ap.add_argument("--cond", default="1e8,1e12")
-    ap.add_argument("--nb", type=int, default=16)
+    ap = sweep_arguments(argparse.ArgumentParser())
     ap.add_argument("--check-mp", type=int, default=0, help="order of the problem checked against mpmath first")
     ap.add_argument("--table", type=int, default=0,
                     help="instead: one row per kind and cond(B) at this n, each metric ours / LAPACK's")
     opts = ap.parse_args()
-    lo, hi = map(int, opts.n.split(":"))
-    conds = [float(c) for c in opts.cond.split(",")]
-    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    comm, lo, hi, conds = open_sweep(opts, f", numpy {np.__version__}, long double eps "
+                                           f"{np.finfo(np.longdouble).eps:.2e}")
     root = comm.rank == 0
-    if root:
-        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, "
-              f"kinds {', '.join(KINDS)}, seed 3, numpy {np.__version__}, long double eps {np.finfo(np.longdouble).eps:.2e}",
-              flush=True)
-        if opts.check_mp:
-            for cond in conds:
-                p = make_problem("known", opts.check_mp, cond_b=cond, seed=3)
-                ref_mp, ref_ld = mp_spectrum(p.A, p.B), metrics.stored_spectrum(p.A, p.B)
-                w = sl.eigh(p.A, p.B, eigvals_only=True)
-                print(f"check, n {opts.check_mp}, cond(B) {cond:.0e}: long double reference vs mpmath "
-                      f"{metrics.eigenvalue_error(ref_ld, ref_mp):.2e}; LAPACK vs mpmath "
-                      f"{metrics.eigenvalue_error(w, ref_mp):.2e}; built spectrum vs mpmath "
-                      f"{metrics.eigenvalue_error(np.asarray(p.eigenvalues), ref_mp):.2e}", flush=True)
+    if root and opts.check_mp:
+        for cond in conds:
+            p = make_problem("known", opts.check_mp, cond_b=cond, seed=3)
+            ref_mp, ref_ld = mp_spectrum(p.A, p.B), metrics.stored_spectrum(p.A, p.B)
+            w = sl.eigh(p.A, p.B, eigvals_only=True)
+            print(f"check, n {opts.check_mp}, cond(B) {cond:.0e}: long double reference vs mpmath "
+                  f"{metrics.eigenvalue_error(ref_ld, ref_mp):.2e}; LAPACK vs mpmath "
+                  f"{metrics.eigenvalue_error(w, ref_mp):.2e}; built spectrum vs mpmath "
+                  f"{metrics.eigenvalue_error(np.asarray(p.eigenvalues), ref_mp):.2e}", flush=True)
     if opts.table:
         table(opts.table, conds, opts.nb, comm)
         comm.Free()
@@ -107,31 +88,25 @@ def main() -> int:
         rows = {k: [] for k in ("built", "stored", "textbook_built", "textbook_stored")}
         sizes = {k: [] for k in ("ours_stored", "lapack_stored", "built_vs_stored")}
         outliers = []
-        for n in range(lo, hi):
-            for kind in KINDS:
-                prob = make_problem(kind, n, cond_b=cond, seed=3)
-                desc = BlockCyclic(n, n, opts.nb, comm.size)
-                w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
-                gather(X, desc, comm)
-                if not root:
-                    continue
-                built = np.asarray(prob.eigenvalues)
-                stored = metrics.stored_spectrum(prob.A, prob.B)
-                wl = sl.eigh(prob.A, prob.B, eigvals_only=True)
-                C = dsygst(prob.A, textbook_cholesky(prob.B), itype=1, lower=1)[0]
-                wt = np.linalg.eigvalsh(C, UPLO="L")
-                e = {(who, ref_name): err(v, ref) for who, v in (("ours", w), ("lapack", wl), ("textbook", wt))
-                     for ref_name, ref in (("built", built), ("stored", stored))}
-                for ref_name in ("built", "stored"):
-                    rows[ref_name].append(e["ours", ref_name] / e["lapack", ref_name])
-                    rows[f"textbook_{ref_name}"].append(e["textbook", ref_name] / e["lapack", ref_name])
-                sizes["ours_stored"].append(e["ours", "stored"])
-                sizes["lapack_stored"].append(e["lapack", "stored"])
-                sizes["built_vs_stored"].append(metrics.eigenvalue_error(built, stored))
-                if rows["stored"][-1] > 2 or rows["built"][-1] > 2:
-                    outliers.append(f"    n {n} {kind}: sygvd {e['ours', 'stored']:.2e} LAPACK {e['lapack', 'stored']:.2e} "
-                                    f"against the stored pair's (x{rows['stored'][-1]:.2f}); {e['ours', 'built']:.2e} / "
-                                    f"{e['lapack', 'built']:.2e} against the built (x{rows['built'][-1]:.2f})")
+        for n, kind, prob, w, _ in solved(lo, hi, cond, opts.nb, comm):
+            built = np.asarray(prob.eigenvalues)
+            stored = metrics.stored_spectrum(prob.A, prob.B)
+            wl = sl.eigh(prob.A, prob.B, eigvals_only=True)
+            C = dsygst(prob.A, metrics.unblocked_cholesky(prob.B), itype=1, lower=1)[0]
+            wt = np.linalg.eigvalsh(C, UPLO="L")
+            e = {(who, ref_name): metrics.floored_eigenvalue_error(np.sort(v), ref)
+                 for who, v in (("ours", w), ("lapack", wl), ("textbook", wt))
+                 for ref_name, ref in (("built", built), ("stored", stored))}
+            for ref_name in ("built", "stored"):
+                rows[ref_name].append(e["ours", ref_name] / e["lapack", ref_name])
+                rows[f"textbook_{ref_name}"].append(e["textbook", ref_name] / e["lapack", ref_name])
+            sizes["ours_stored"].append(e["ours", "stored"])
+            sizes["lapack_stored"].append(e["lapack", "stored"])
+            sizes["built_vs_stored"].append(metrics.eigenvalue_error(built, stored))
+            if rows["stored"][-1] > 2 or rows["built"][-1] > 2:
+                outliers.append(f"    n {n} {kind}: sygvd {e['ours', 'stored']:.2e} LAPACK {e['lapack', 'stored']:.2e} "
+                                f"against the stored pair's (x{rows['stored'][-1]:.2f}); {e['ours', 'built']:.2e} / "
+                                f"{e['lapack', 'built']:.2e} against the built (x{rows['built'][-1]:.2f})")
         if root:
             print(f"cond(B) = {cond:.0e}, {len(rows['built'])} problems, eigenvalue error's ratio to LAPACK's", flush=True)
             print(summary("  sygvd, against the built spectrum ", rows["built"]), flush=True)

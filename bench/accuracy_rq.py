@@ -22,11 +22,9 @@ from fractions import Fraction
 import numpy as np
 import scipy.linalg as sl
 
-import hpccoll
-from hpccoll.config import git_commit
 from hpccoll_eigensolver import metrics
 
-from accuracy_spread import KINDS, solved, summary   # bench/, beside this script
+from accuracy_spread import open_sweep, solved, summary, sweep_arguments  # bench/, beside this script
 
 EPS = np.finfo(np.float64).eps
 SPLIT = 134217729.0  # 2^27 + 1
@@ -118,23 +116,15 @@ def validate(A, B, X, cols, label):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", default="150:171")
-    ap.add_argument("--cond", default="1e8,1e12")
-    ap.add_argument("--nb", type=int, default=16)
+    ap = sweep_arguments(argparse.ArgumentParser())
     ap.add_argument("--validate", type=int, default=1, help="problems per cond validated against Fraction")
     ap.add_argument("--list", type=int, default=0, help="1: print each problem where a variant exceeds 2x")
     opts = ap.parse_args()
-    lo, hi = map(int, opts.n.split(":"))
-    conds = [float(c) for c in opts.cond.split(",")]
     os.environ.setdefault("HPCCOLL_TIMEOUT", "600")
-    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    comm, lo, hi, conds = open_sweep(opts)
     root = comm.rank == 0
     t0 = time.time()
     to_validate = []
-    if root:
-        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, kinds {', '.join(KINDS)}, seed 3",
-              flush=True)
     for cond in conds:
         names = ("ours as is", "ours RQ float64", "ours RQ accurate", "LAPACK-vectors RQ float64",
                  "LAPACK-vectors RQ accurate")

@@ -32,13 +32,13 @@ from hpccoll_eigensolver.triangular import potrf
 KINDS = ("known", "clustered", "wilkinson")
 
 
-def textbook_cholesky(B):
-    n = B.shape[0]
-    L = np.zeros_like(B)
-    for j in range(n):
-        L[j, j] = np.sqrt(B[j, j] - L[j, :j] @ L[j, :j])
-        L[j + 1:, j] = (B[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
-    return L
+def solve(kind: str, n: int, cond: float, nb: int, comm):
+    """sygvd of make_problem(kind, n, cond, seed 3) on every rank: (problem, w, X gathered on
+    rank 0)."""
+    prob = make_problem(kind, n, cond_b=cond, seed=3)
+    desc = BlockCyclic(n, n, nb, comm.size)
+    w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
+    return prob, w, gather(X, desc, comm)
 
 
 def solved(lo: int, hi: int, cond: float, nb: int, comm):
@@ -46,12 +46,29 @@ def solved(lo: int, hi: int, cond: float, nb: int, comm):
     (n, kind, problem, w, X gathered)."""
     for n in range(lo, hi):
         for kind in KINDS:
-            prob = make_problem(kind, n, cond_b=cond, seed=3)
-            desc = BlockCyclic(n, n, nb, comm.size)
-            w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
-            Xg = gather(X, desc, comm)
+            prob, w, Xg = solve(kind, n, cond, nb, comm)
             if comm.rank == 0:
                 yield n, kind, prob, w, Xg
+
+
+def sweep_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The sweep's --n (lo:hi), --cond and --nb, as every accuracy script takes them."""
+    ap.add_argument("--n", default="150:171")
+    ap.add_argument("--cond", default="1e8,1e12")
+    ap.add_argument("--nb", type=int, default=16)
+    return ap
+
+
+def open_sweep(opts, extra: str = ""):
+    """(host Communicator, lo, hi, conds) of the parsed sweep arguments; rank 0 prints the run's
+    header line (commit, ranks, nb, sizes, kinds, seed; then `extra`)."""
+    lo, hi = map(int, opts.n.split(":"))
+    conds = [float(c) for c in opts.cond.split(",")]
+    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    if comm.rank == 0:
+        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, "
+              f"kinds {', '.join(KINDS)}, seed 3{extra}", flush=True)
+    return comm, lo, hi, conds
 
 
 def summary(label, ratios):
@@ -60,18 +77,9 @@ def summary(label, ratios):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", default="150:171")
-    ap.add_argument("--cond", default="1e8,1e12")
-    ap.add_argument("--nb", type=int, default=16)
-    opts = ap.parse_args()
-    lo, hi = map(int, opts.n.split(":"))
-    conds = [float(c) for c in opts.cond.split(",")]
-    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    opts = sweep_arguments(argparse.ArgumentParser()).parse_args()
+    comm, lo, hi, conds = open_sweep(opts)
     root = comm.rank == 0
-    if root:
-        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, "
-              f"kinds {', '.join(KINDS)}, seed 3", flush=True)
     for cond in conds:
         res, orth, eig, chol = [], [], [], {k: [] for k in ("potrf_nb", "potrf_64", "textbook", "lapack", "two_trsm")}
         for n, _, prob, w, Xg in solved(lo, hi, cond, opts.nb, comm):
@@ -82,7 +90,7 @@ def main() -> int:
             one = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
             factors = {"potrf_nb": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, opts.nb, 1), one, np),
                        "potrf_64": potrf(np.asfortranarray(prob.B.copy()), BlockCyclic(n, n, 64, 1), one, np),
-                       "textbook": textbook_cholesky(prob.B),
+                       "textbook": metrics.unblocked_cholesky(prob.B),
                        "lapack": np.tril(dpotrf(prob.B, lower=1)[0])}
             one.Free()
             for name, L in factors.items():

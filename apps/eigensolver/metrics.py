@@ -51,6 +51,17 @@ def b_orthogonality(B, X) -> float:
     return float(xp.linalg.norm(G)) / (n * EPS)
 
 
+def unblocked_cholesky(B) -> np.ndarray:
+    """The lower Cholesky factor of B column by column, one dot product per entry (as LAPACK's
+    dpotf2), in B's dtype; reads B's lower triangle only."""
+    n = B.shape[0]
+    L = np.zeros_like(B)
+    for j in range(n):
+        L[j, j] = np.sqrt(B[j, j] - L[j, :j] @ L[j, :j])
+        L[j + 1:, j] = (B[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
+    return L
+
+
 def stored_spectrum(A, B) -> np.ndarray:
     """The eigenvalues of the pair (A, B) as stored, ascending, on the host: the Cholesky factor
     L of B, L^-1 A and C = L^-1 (L^-1 A)^T formed in long double (x87 extended precision on
@@ -62,12 +73,9 @@ def stored_spectrum(A, B) -> np.ndarray:
     ld = np.longdouble
     A, B = np.asarray(to_host(A), dtype=np.float64), np.asarray(to_host(B), dtype=np.float64)
     n = A.shape[0]
-    Al, Bl = np.tril(A).astype(ld), np.tril(B).astype(ld)
-    Al, Bl = Al + np.tril(Al, -1).T, Bl + np.tril(Bl, -1).T
-    L = np.zeros((n, n), ld)
-    for j in range(n):
-        L[j, j] = np.sqrt(Bl[j, j] - L[j, :j] @ L[j, :j])
-        L[j + 1:, j] = (Bl[j + 1:, j] - L[j + 1:, :j] @ L[j, :j]) / L[j, j]
+    Al = np.tril(A).astype(ld)
+    Al = Al + np.tril(Al, -1).T
+    L = unblocked_cholesky(B.astype(ld))
 
     def forward(R):  # L^-1 R, row by row
         Y = np.empty_like(R)
@@ -79,17 +87,21 @@ def stored_spectrum(A, B) -> np.ndarray:
     return np.linalg.eigvalsh(((Z + Z.T) / 2).astype(np.float64))
 
 
+def floored_eigenvalue_error(w, ref) -> float:
+    """eigenvalue_error(w, ref), at least n eps: the scale of any backward-stable solver's error,
+    below which a ratio of two errors is rounding noise."""
+    return max(eigenvalue_error(w, ref), len(ref) * EPS)
+
+
 def lapack_reference(A, B, eigenvalues) -> tuple:
     """(residual, B-orthogonality, eigenvalue error) of LAPACK sygvd (scipy.linalg.eigh(A, B)) on
-    whole host matrices A, B against the known `eigenvalues`; the eigenvalue error at least
-    n eps, the scale of any backward-stable solver's error, below which a ratio of two errors is
-    rounding noise (the residual and B-orthogonality are in units of n eps too): what the
-    accuracy checks compare against."""
+    whole host matrices A, B against the known `eigenvalues`; the eigenvalue error floored at
+    n eps (floored_eigenvalue_error; the residual and B-orthogonality are in units of n eps
+    too): what the accuracy checks compare against."""
     import scipy.linalg as sl
 
     ws, Xs = sl.eigh(A, B)
-    floor = A.shape[0] * EPS
-    return residual(A, B, Xs, ws), b_orthogonality(B, Xs), max(eigenvalue_error(ws, eigenvalues), floor)
+    return residual(A, B, Xs, ws), b_orthogonality(B, Xs), floored_eigenvalue_error(ws, eigenvalues)
 
 
 def ratios_to(reference, A, B, X, w, eigenvalues) -> tuple:
