@@ -22,10 +22,56 @@ import numpy as np
 import scipy.linalg as sl
 from scipy.linalg.lapack import dsygst
 
-from hpccoll_eigensolver import metrics
+import hpccoll
+from hpccoll.config import git_commit
+from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
 from hpccoll_eigensolver.problems import make_problem
 
-from accuracy_spread import KINDS, open_sweep, solve, solved, summary, sweep_arguments  # (bench/, beside it)
+KINDS = ("known", "clustered", "wilkinson")
+
+
+def solve(kind: str, n: int, cond: float, nb: int, comm):
+    """sygvd of make_problem(kind, n, cond, seed 3) on every rank: (problem, w, X gathered on
+    rank 0)."""
+    prob = make_problem(kind, n, cond_b=cond, seed=3)
+    desc = BlockCyclic(n, n, nb, comm.size)
+    w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm)
+    return prob, w, gather(X, desc, comm)
+
+
+def solved(lo: int, hi: int, cond: float, nb: int, comm):
+    """sygvd of every problem (n in [lo, hi), each kind, seed 3) on every rank; on rank 0 yields
+    (n, kind, problem, w, X gathered)."""
+    for n in range(lo, hi):
+        for kind in KINDS:
+            prob, w, Xg = solve(kind, n, cond, nb, comm)
+            if comm.rank == 0:
+                yield n, kind, prob, w, Xg
+
+
+def sweep_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The sweep's --n (lo:hi), --cond and --nb."""
+    ap.add_argument("--n", default="150:171")
+    ap.add_argument("--cond", default="1e8,1e12")
+    ap.add_argument("--nb", type=int, default=16)
+    return ap
+
+
+def open_sweep(opts, extra: str = ""):
+    """(host Communicator, lo, hi, conds) of the parsed sweep arguments; rank 0 prints the run's
+    header line (commit, ranks, nb, sizes, kinds, seed; then `extra`)."""
+    lo, hi = map(int, opts.n.split(":"))
+    conds = [float(c) for c in opts.cond.split(",")]
+    comm = hpccoll.Communicator(backend="host", deterministic=True)
+    if comm.rank == 0:
+        print(f"commit {git_commit()}  host backend, {comm.size} rank(s), nb {opts.nb}, n {lo}..{hi - 1}, "
+              f"kinds {', '.join(KINDS)}, seed 3{extra}", flush=True)
+    return comm, lo, hi, conds
+
+
+def summary(label, ratios):
+    r = np.array(ratios)
+    return f"{label}: median x{np.median(r):.2f}  max x{r.max():.2f}  over 2x {int((r > 2).sum())}/{r.size}"
 
 
 def mp_spectrum(A: np.ndarray, B: np.ndarray, dps: int = 50) -> np.ndarray:

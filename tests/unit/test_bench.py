@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -265,46 +263,6 @@ def test_torch_baselines_first_skips_cleanly_without_torch_or_gpu(monkeypatch):
     opts = argparse.Namespace(dtype="float32", iters=3)
     rows, why = torch_baselines_first(opts, [8], MPI.COMM_SELF, lambda *m: None)
     assert rows == {} and "torch" in why
-
-
-def _lab():
-    """bench/_lab.py, the lab scripts' shared helpers (outside the package)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        import _lab
-    finally:
-        sys.path.pop(0)
-    return _lab
-
-
-def test_write_lab_json_records_the_lab_on_rank_0_only(tmp_path):
-    """The labs' shared record: machine, commit, SoL, rows, extras and the command line; nothing
-    from other ranks, nothing without --json."""
-    import types
-
-    from hpccoll.bench.timing import REPS
-
-    lab = _lab()
-    path = tmp_path / "lab.json"
-    opts = argparse.Namespace(sizes="1M,4M", json=str(path), iters=0)
-    comm = types.SimpleNamespace(rank=0, backend="host", device=None)
-    lab.write_lab_json(comm, opts, {"sol_us": 0.84}, [{"bytes": 1}], "bench/x_lab.py", graph_ops=20)
-    rec = json.loads(path.read_text())
-    assert rec["sol"] == {"sol_us": 0.84} and rec["rows"] == [{"bytes": 1}] and rec["graph_ops"] == 20
-    assert rec["machine"]["backend"] == "host" and "commit" in rec and rec["median_of"] == REPS
-    assert rec["command"] == f"bench/x_lab.py --sizes 1M,4M --json {path}"  # falsy options left out
-    path.unlink()
-    lab.write_lab_json(types.SimpleNamespace(rank=1, backend="host", device=None), opts, {}, [], "x")
-    lab.write_lab_json(comm, argparse.Namespace(json=None), {}, [], "x")
-    assert not path.exists()
-
-
-def test_the_lab_helpers_are_not_in_the_package():
-    import hpccoll.bench as pkg
-
-    for mod in (pkg, report, sweep, tune):
-        assert not hasattr(mod, "open_lab") and not hasattr(mod, "write_lab_json")
-    assert callable(_lab().open_lab)
 
 
 def test_algorithm_names_come_from_the_policy():

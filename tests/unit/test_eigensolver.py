@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from hpccoll_eigensolver import BlockCyclic, distribute, gather, numroc, sygvd
 from hpccoll_eigensolver import metrics
 from hpccoll_eigensolver.problems import make_problem
 from hpccoll_eigensolver.report import build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "eigensolver"  # recorded runs (README there)
 
 
 # -- layout ----------------------------------------------------------------------------
@@ -196,12 +199,8 @@ def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
     carried into report.md."""
     import tarfile
 
-    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
-                       "2026-11-30-h200x2-2a29633")
-    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
-        for m in tar.getmembers():
-            if m.isfile() and "n8192/" in m.name and m.name.endswith(".json"):
-                (tmp_path / os.path.basename(m.name)).write_bytes(tar.extractfile(m).read())
+    with tarfile.open(FIXTURES / "2026-11-30-h200x2-2a29633-n8192.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
     (tmp_path / "analysis.md").write_text("The product kernel is latency-bound (measured).")
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
@@ -218,18 +217,15 @@ def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
 
 
 def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path):
-    """From the recorded one-H200 job (n = 8192, 16384 and 32768 at P = 1, 2, 4 through MPS, and
-    the anchor): one rank against the anchor in time and memory, the per-rank memory scaling
-    against 1.3 x the one-rank share (from the solve's own pool mark), each verdict following
-    from the numbers; and no 'N GPUs faster' row, since those ranks shared one GPU."""
+    """From the recorded one-H200 job (the first run of each configuration at n = 8192 and 16384:
+    P = 1, 2, 4 through MPS, and the anchor): one rank against the anchor in time and memory, the
+    per-rank memory scaling against 1.3 x the one-rank share (from the solve's own pool mark),
+    each verdict following from the numbers; and no 'N GPUs faster' row, since those ranks shared
+    one GPU."""
     import tarfile
 
-    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
-                       "2026-12-04-h200x1-624f21c")
-    for archive in ("runs-8192-16384.tar.xz", "runs-32768.tar.xz"):
-        with tarfile.open(os.path.join(job, archive)) as tar:
-            tar.extractall(tmp_path, filter="data")
-    tmp_path = tmp_path / "eig"
+    with tarfile.open(FIXTURES / "2026-12-04-h200x1-624f21c-run000.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
     rows = rep["targets"]
@@ -238,7 +234,7 @@ def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path)
     def peak(c):
         return c["memory"]["device_pool_solve_peak_bytes"]["max"]
 
-    for n in (8192, 16384, 32768):
+    for n in (8192, 16384):
         mine, anchor = groups[("sentinel", 1, n)], groups[("single-gpu", 1, n)]
         time_row = [r for r in rows if r["target"].startswith("one rank no slower") and f"n={n}," in r["where"]]
         assert len(time_row) == 1
@@ -254,20 +250,13 @@ def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path)
 
 def test_report_from_recorded_gpu_runs(tmp_path):
     """The report rebuilt from the committed GPU run JSON (2xH200, 4 ranks on 2 GPUs under MPS,
-    n=2048, 10 runs each): the facts the issue asks for come out of the recorded data."""
+    n=2048, 10 runs each): determinism per path and rank agreement come out of the recorded data."""
     import tarfile
 
-    # the job's run JSONs are packed in runs.tar.xz (bench/results/README.md)
-    job = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "eigensolver",
-                       "2026-11-30-h200x2-f4b2279")
-    n = 0
-    with tarfile.open(os.path.join(job, "runs.tar.xz")) as tar:
-        for m in tar.getmembers():
-            name = os.path.basename(m.name)
-            if m.isfile() and "n2048-p4-mps/" in m.name and name.startswith("known_") and name.endswith(".json"):
-                (tmp_path / name).write_bytes(tar.extractfile(m).read())
-                n += 1
-    assert n == 20, f"expected 20 recorded runs in runs.tar.xz, found {n}"
+    with tarfile.open(FIXTURES / "2026-11-30-h200x2-f4b2279-n2048-p4-mps.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    n = len(list(tmp_path.glob("known_*.json")))
+    assert n == 20, f"expected 20 recorded runs in the fixture, found {n}"
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
     by = {c["comm"]: c for c in rep["configurations"]}

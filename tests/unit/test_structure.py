@@ -212,6 +212,8 @@ def _product_files():
             if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".md", ".sh", ".sbatch", ".json"):
                 yield p
     yield ROOT / "README.md"
+    yield ROOT / "bench" / "README.md"
+    yield ROOT / "bench" / "results" / "README.md"
 
 
 def test_no_process_words_or_commit_ids_in_the_product():
@@ -223,3 +225,80 @@ def test_no_process_words_or_commit_ids_in_the_product():
             elif p.suffix != ".json" and COMMIT.search(RECORD.sub("", line)) and "0x" not in line:
                 bad.append(f"{p.relative_to(ROOT)}:{n}: commit-like id: {line.strip()[:100]}")
     assert not bad, "\n".join(bad[:40]) + (f"\n... {len(bad)} in all" if len(bad) > 40 else "")
+
+
+# -- cited paths and records ---------------------------------------------------------------------
+RESULTS = ROOT / "bench" / "results"
+CITING = ("README.md", "bench/README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))))
+# a path of the tree written in prose or code spans (not part of a longer path such as hpccoll/bench/)
+TREE_PATH = re.compile(r"(?<![\w./-])(?:apps|bench|cuda|docs|hpccoll|slurm|tests)/[\w.{},*/-]*[\w}*/]")
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+# the index names its records relative to bench/results
+INDEX_NAME = re.compile(r"`((?:eigensolver/)?20\d\d-\d\d-\d\d-[\w.{},*/-]+)`")
+
+
+def _expand(pattern: str) -> list[str]:
+    """`a.{txt,json}` -> a.txt, a.json (one brace group)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    return [x for alt in m.group(1).split(",") for x in _expand(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def _resolve(base: Path, cited: str) -> list[Path]:
+    """The files and folders a citation names; empty when none exists."""
+    out = []
+    for name in _expand(cited.rstrip(".,;:")):
+        out += list(base.glob(name)) if "*" in name else [base / name] if (base / name).exists() else []
+    return out
+
+
+def _citations() -> dict[str, list[tuple[str, str]]]:
+    """doc -> [(cited path, how it was found)], tree paths and relative links."""
+    cites = {}
+    for doc in CITING:
+        text = (ROOT / doc).read_text()
+        found = [(ROOT, m) for m in TREE_PATH.findall(text)]
+        found += [((ROOT / doc).parent, m) for m in LINK.findall(text) if "://" not in m]
+        if doc == "bench/README.md":
+            found += [(ROOT / "bench", m) for m in re.findall(r"`((?:kernels|results)/[\w.*/-]+)`", text)]
+        cites[doc] = found
+    index = RESULTS / "README.md"
+    cites["bench/results/README.md"] = [(RESULTS, m) for m in INDEX_NAME.findall(index.read_text())]
+    for report in sorted(RESULTS.rglob("*.md")):  # a record's own report: its links
+        if report != index:
+            cites[str(report.relative_to(ROOT))] = [(report.parent, m) for m in LINK.findall(report.read_text())
+                                                    if "://" not in m]
+    return cites
+
+
+def test_every_cited_path_exists():
+    """Every path the README, docs/*.md, bench/README.md and the results index name exists, and
+    every link of a report in bench/results."""
+    bad = [f"{doc}: {cited}" for doc, found in _citations().items()
+           for base, cited in found if not _resolve(base, cited)]
+    assert not bad, "cited but missing:\n" + "\n".join(bad)
+
+
+def test_every_record_is_cited_by_the_docs_and_indexed():
+    """bench/results holds the records the documentation cites and nothing else: each file is named
+    (or its job folder is) by README.md, docs/*.md or bench/README.md, and listed in the index."""
+    cites = _citations()
+
+    def covered(docs) -> set[Path]:
+        files = set()
+        for doc in docs:
+            for base, cited in cites[doc]:
+                for p in _resolve(base, cited):
+                    if p.is_file():
+                        files.add(p)
+                    elif p.is_dir() and RESULTS in p.parents:  # a job folder; bench/results itself covers nothing
+                        files |= {q for q in p.rglob("*") if q.is_file()}
+        return files
+
+    records = {p for p in RESULTS.rglob("*") if p.is_file() and p.name != "README.md"}
+    by_docs = covered([d for d in cites if not d.startswith("bench/results/")])
+    by_index = covered(["bench/results/README.md"])
+    rel = lambda ps: sorted(str(p.relative_to(RESULTS)) for p in ps)  # noqa: E731
+    assert not records - by_docs, "in bench/results, cited by no doc:\n" + "\n".join(rel(records - by_docs))
+    assert not records - by_index, "in bench/results, not in its index:\n" + "\n".join(rel(records - by_index))
