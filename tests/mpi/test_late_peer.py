@@ -106,7 +106,7 @@ def test_allreduce_through_the_prepared_plan(variant):
         out[...] = x
         xs = _everyone(x)
         c.Allreduce(send, out, op=op, deterministic=det)
-        np.testing.assert_allclose(out, reduce_in_rank_order(op, np.stack(xs)), rtol=1e-12)
+        np.testing.assert_allclose(out, reduce_in_rank_order(op, np.stack(xs)), rtol=1e-12, atol=1e-12)
     assert type(c._fast["Allreduce"].plan).__name__ == "_HostAllreducePlan"
     x[...] = _fresh(N)
     out[...] = x
@@ -120,13 +120,14 @@ def test_allreduce_through_the_prepared_plan(variant):
 @pytest.mark.parametrize("root", ["timed_out", "late"])
 def test_bcast(root):
     """1 MiB: the late rank gets rank 0's data as it was at the call (root 0), or rank 0's buffer
-    keeps what it wrote after the timeout (the late rank the root)."""
+    keeps what it wrote after the timeout (the late rank the root).  (Root 0 of 4 ranks or more
+    may finish without the late rank: MPI's tree sends it through another rank.)"""
     c = _communicator()
     r = 0 if root == "timed_out" else WORLD.size - 1
     buf = _fresh(1 << 17)
     expected = _everyone(buf)[r]
     timed = _late_call(lambda: c.Bcast(buf, root=r), buf, buf, expected, exact=True)
-    assert timed[0]
+    assert timed[0] or (r == 0 and WORLD.size > 3)
     c.Free()
 
 
