@@ -12,7 +12,7 @@ import logging
 from ... import policy
 from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
 from ..._validate import Call
-from ...config import Config
+from ...config import Config, timeout_ns
 from ...errors import CollectiveTimeout
 from ..base import Backend, Capabilities, agreed_device, release_together
 from . import launch
@@ -108,7 +108,7 @@ class CudaBackend(Backend):
                      for d in devices)
         if not self._agree(access):
             raise CudaUnavailable("some GPUs of this node cannot access each other (no P2P)")
-        self.timeout_ns = int(config.timeout * 1e9)
+        self.timeout_ns = timeout_ns(config.timeout)  # (the device polls compare u64 nanoseconds)
         self.layout = Layout(self.size)
         self.ws = Workspace(mpi_comm, self.layout.total)
         self.layout.arm(self.ws)
@@ -170,6 +170,9 @@ class CudaBackend(Backend):
     # -- errors ---------------------------------------------------------------------------
     def check_error(self) -> None:
         if self.broken:
+            nccl = getattr(self, "_nccl", None)
+            if nccl is not None:  # (its watchdog broke us: raise once its abort has stopped NCCL)
+                nccl.wait_aborted()
             raise CollectiveTimeout(self.broken)
         if self.ws.host_error():
             import cupy
