@@ -218,12 +218,15 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     import hpccoll.backends.nccl as nccl_mod
     from hpccoll.config import Config
 
-    made = []
+    made, waited = [], []
 
     class FakeNccl:
         def __init__(self, mpi_comm, device, timeout):
             self.on_abort = None
             made.append(self)
+
+        def wait_aborted(self):  # (CollectiveTimeout only once NCCL's abort has returned)
+            waited.append(True)
 
     class Mpi:
         def allgather(self, x):
@@ -240,12 +243,13 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     b.table = {"allreduce": {"2": [[None, "nccl"]]}}  # (NCCL above every size at 2 ranks)
     b.size, b.device_id, b.comm, b.ws, b.broken = 2, 0, Mpi(), Ws(), None
     b.config = Config(nccl_fallback=True)
-    nccl = b._open_nccl_fallback(Mpi())
+    nccl = b._nccl = b._open_nccl_fallback(Mpi())
     assert nccl is made[0] and nccl.on_abort is not None
     b.check_error()                                      # nothing yet
     nccl.on_abort("Allreduce: an NCCL call did not finish 30.0 s after ...")
     with pytest.raises(CollectiveTimeout, match="did not finish"):
         b.check_error()
+    assert waited == [True]
 
 
 def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_end(monkeypatch):

@@ -30,8 +30,7 @@ log = logging.getLogger("hpccoll")
 
 CAPS = Capabilities(
     device=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall"}),
-    algorithms=tuple(a for a in policy.ALGORITHMS),
-    plans=True, groups=True, engine=True, asynchronous=True, extension=True)
+    algorithms=tuple(policy.ALGORITHMS), plans=True, groups=True, engine=True, asynchronous=True, extension=True)
 
 
 def gpu_numbering_mismatch(devices, buses) -> str | None:
@@ -75,8 +74,7 @@ class CudaBackend(Backend):
             node.Free()
             raise
         self.node = node
-        self.rank = mpi_comm.Get_rank()
-        self.size = mpi_comm.Get_size()
+        self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         ndev = cupy.cuda.runtime.getDeviceCount()
         try:
             self.device_id = agreed_device(mpi_comm, device, node.Get_rank() % ndev, ndev)
@@ -170,9 +168,8 @@ class CudaBackend(Backend):
     # -- errors ---------------------------------------------------------------------------
     def check_error(self) -> None:
         if self.broken:
-            nccl = getattr(self, "_nccl", None)
-            if nccl is not None:  # (its watchdog broke us: raise once its abort has stopped NCCL)
-                nccl.wait_aborted()
+            if self._nccl is not None:  # (its watchdog broke us: raise once its abort stopped NCCL)
+                self._nccl.wait_aborted()
             raise CollectiveTimeout(self.broken)
         if self.ws.host_error():
             import cupy
