@@ -73,6 +73,13 @@ static inline int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+// The deadline `timeout_ns` from now, saturated: INT64_MAX (a timeout too long for the clock's
+// arithmetic, an infinite one among them) is a deadline no clock reading passes.
+static inline int64_t deadline_after(int64_t timeout_ns) {
+    const int64_t now = now_ns();
+    return timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
+}
+
 static size_t region_bytes(size_t slot) { return (HEAD + 2 * slot + PAGE - 1) / PAGE * PAGE; }
 
 // ---- the segment ----------------------------------------------------------------------------
@@ -82,7 +89,7 @@ typedef struct {
     size_t map_bytes, region, slot;
     int rank, size;
     u64 seq;           // this communicator's shared-memory calls so far
-    int64_t timeout_ns;
+    int64_t timeout_ns;  // INT64_MAX: wait forever
     int broken;        // a call timed out (here or on the MPI path): no call may run
     int busy;          // a call is running (it may have released the GIL)
     int closing;       // close() came while busy: the call unmaps when it ends
@@ -263,7 +270,7 @@ static int wait_peers(const Segment *s, unsigned parity, u64 seq) {
     }
     return -1;
 slow:;
-    const int64_t deadline = now_ns() + s->timeout_ns;
+    const int64_t deadline = deadline_after(s->timeout_ns);
     for (;;) {
         int rc;
         Py_BEGIN_ALLOW_THREADS
@@ -368,7 +375,8 @@ static int Segment_init(Segment *s, PyObject *args, PyObject *kw) {
     s->rank = rank;
     s->size = size;
     s->seq = 0;
-    s->timeout_ns = (int64_t)(timeout * 1e9);
+    // (double)INT64_MAX is 2^63: every product below it converts to int64 exactly enough
+    s->timeout_ns = timeout * 1e9 >= (double)INT64_MAX ? INT64_MAX : (int64_t)(timeout * 1e9);
     s->broken = s->busy = s->closing = 0;
     return 0;
 }

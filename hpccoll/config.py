@@ -10,6 +10,8 @@ the communicator checks those (`agreed`) at construction and raises on every ran
 differ."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import subprocess
 from dataclasses import dataclass, fields
@@ -29,14 +31,40 @@ def _switch(name: str, raw: str) -> bool:
     raise ValueError(f"{name}={raw!r}: use 1 (on) or 0 (off)")
 
 
+#: The longest wait a deadline in nanoseconds holds (int64: the host's clock arithmetic; the
+#: device's u64 polls take it too), about 292 years: a longer timeout, math.inf among them, is
+#: this one, which never passes.
+FOREVER_NS = 2**63 - 1
+
+
 def _seconds(name: str, raw: str) -> float:
+    """HPCCOLL_TIMEOUT's text: a positive number of seconds, or inf (wait forever)."""
     try:
         val = float(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not val > 0 or val != val or val == float("inf"):
-        raise ValueError(f"{name}={raw!r}: use a positive, finite number of seconds")
+        raise ValueError(f"{name}={raw!r} is not a number of seconds: use a positive number, "
+                         "or inf to wait forever") from None
+    return _positive(name, val, raw)
+
+
+def _positive(name: str, val: float, given) -> float:
+    if not val > 0:  # (NaN too)
+        raise ValueError(f"{name}={given!r}: use a positive number of seconds, or inf to wait forever")
     return val
+
+
+def timeout_argument(value) -> float:
+    """The `timeout=` argument: a positive int or float (numpy's too), math.inf to wait forever."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (a numpy bool is no Real)
+        raise TypeError(f"Communicator: timeout={value!r} must be a number of seconds (math.inf: wait "
+                        "forever; None: HPCCOLL_TIMEOUT)")
+    return _positive("Communicator: timeout", float(value), value)
+
+
+def timeout_ns(seconds: float) -> int:
+    """A timeout in whole nanoseconds, FOREVER_NS for any longer one (math.inf included)."""
+    ns = seconds * 1e9
+    return FOREVER_NS if ns >= FOREVER_NS else int(math.ceil(ns))
 
 
 def _block(name: str, raw: str) -> int:
@@ -78,7 +106,8 @@ class Setting:
 SETTINGS = (
     Setting("HPCCOLL_TIMEOUT", "timeout", "30", _seconds,
             "Seconds a collective waits for a peer before it raises CollectiveTimeout (device "
-            "kernels' polls and host-backend MPI calls alike). The `timeout=` argument wins."),
+            "kernels' polls, host-backend MPI calls and shared-memory waits, the NCCL watchdog "
+            "alike); `inf`: wait forever. The `timeout=` argument wins."),
     Setting("HPCCOLL_CHECK", "check", "0", _switch,
             "1: compare every call's arguments and validation outcome across ranks first, so a "
             "mismatch raises the same error on every rank instead of hanging. The `check=` argument wins.",
@@ -150,7 +179,7 @@ class Config:
                 continue
             values[s.field] = s.parse(s.var, env.get(s.var, s.default))
         if explicit.get("timeout") is not None:
-            values["timeout"] = _seconds("timeout", str(explicit["timeout"]))
+            values["timeout"] = timeout_argument(explicit["timeout"])
         return cls(**values)
 
     def agreed_values(self) -> tuple:

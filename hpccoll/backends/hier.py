@@ -43,7 +43,7 @@ from mpi4py import MPI
 
 from .. import policy
 from .._buffers import IN_PLACE
-from ..errors import HpccollError
+from ..errors import CollectiveTimeout, HpccollError
 from .base import Backend, Capabilities
 from .streams import stream_ptr
 
@@ -207,7 +207,25 @@ class Hierarchical(Backend):
             self.local.synchronize(stream)  # host staging reads the buffer: node phase first
         return self.stripe
 
+    @property
+    def broken(self) -> str | None:
+        """Why a phase's communicator is unusable (one of its calls timed out), or None."""
+        for c in (self.local, self.stripe, self.stripe_nccl):
+            why = c is not None and (c._host.broken or getattr(c._backend, "broken", None))
+            if why:
+                return why
+        return None
+
+    def _check(self, name: str) -> None:
+        """Raise before any phase runs once a phase's communicator broke: a node phase on healthy
+        peers would otherwise write into the caller's buffers before the broken phase raised."""
+        why = self.broken
+        if why:
+            raise CollectiveTimeout(f"{name}: this communicator timed out earlier and is unusable ({why})",
+                                    collective=name)
+
     def run(self, call, det: bool, algo: str, stream) -> None:
+        self._check(call.name)
         _RUN[call.name](self, call, det, algo, stream)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
@@ -308,6 +326,7 @@ class Hierarchical(Backend):
         self.local.prepare(dtypes)
 
     def barrier(self) -> None:
+        self._check("Barrier")
         self.local.Barrier()
         if self.layout.local == 0:
             self.stripe.Barrier()

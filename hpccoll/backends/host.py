@@ -12,6 +12,11 @@ The reference for every other backend, and the path on machines without a GPU.
   or died, makes the call raise CollectiveTimeout naming it; it never hangs.  The communicator
   is unusable afterwards (a pending MPI operation cannot be cancelled; peers arriving late would
   pair with the wrong shared-memory call).
+- A nonblocking MPI call reads and writes only memory the library owns: a copy of the input,
+  a receive buffer of its own copied out to the caller once the call has completed in time.  A
+  call abandoned by a timeout keeps its request and that memory for the life of the process
+  (`_ABANDONED`): MPI never writes into freed memory nor into the caller's buffers, and a peer
+  arriving late pairs with the input the call had, so its result is right.
 - On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through
   MPI's reduction (deterministic=False) or an Allgather reduced in rank order (deterministic=True,
   the same bits in every run), then every NaN made canonical; MAX / MIN of floats as an integer
@@ -46,6 +51,9 @@ _YIELD_AFTER = 4096  # Test() calls before each one also yields the core (ranks 
 _SHM_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 SHM_SLOT_BYTES = 32 * 1024
 SHM_DIR = "/dev/shm"
+#: (request, memory it reads and writes) of every MPI call abandoned by a timeout whose peers
+#: have not completed it yet: MPI cannot cancel a collective, and a late peer completes it
+_ABANDONED: list = []
 
 try:
     from .. import _hostshm
@@ -91,22 +99,27 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 
 class _Staged:
-    """Host view of a buffer; device buffers are copied in and (for outputs) back.
+    """A buffer's data in host memory the library owns, for a nonblocking MPI call: copied in
+    (`fetch`) and, for outputs, back (`commit`), so that a call abandoned by a timeout never
+    reads or writes the caller's memory afterwards.  own=False: a host buffer's array itself
+    (the shared-memory path, whose C code copies in and out itself; memory MPI never sees).
 
-    Staging is synchronous with respect to EVERY stream of the device: the copy in waits for
+    Staging of device buffers is synchronous with respect to EVERY stream of the device: the copy in waits for
     all queued work (the caller may have produced the data on a non-blocking stream, which a
     legacy-stream copy would not wait for), and the copy back completes before returning (a
     pageable host-to-device cudaMemcpy may return before its DMA lands)."""
 
     __slots__ = ("buf", "host")
 
-    def __init__(self, buf, fetch: bool = True):
+    def __init__(self, buf, fetch: bool = True, own: bool = True):
         self.buf = buf
         if buf.is_device:
             import cupy
 
             cupy.cuda.runtime.deviceSynchronize()
             self.host = cupy.asnumpy(buf.flat) if fetch else np.empty(buf.count, buf.flat.dtype)
+        elif own:
+            self.host = np.array(buf.flat, copy=True) if fetch else np.empty_like(buf.flat)
         else:
             self.host = buf.flat
 
@@ -116,6 +129,8 @@ class _Staged:
 
             self.buf.flat.set(self.host)
             cupy.cuda.runtime.deviceSynchronize()
+        elif self.host is not self.buf.flat:
+            np.copyto(self.buf.flat, self.host)
 
 
 class HostBackend(Backend):
@@ -231,19 +246,22 @@ class HostBackend(Backend):
                        f"({why}): end the job, or raise HPCCOLL_TIMEOUT if ranks are legitimately that far apart")
         raise CollectiveTimeout(self.broken, collective=name, peer=peer, waited_s=self.timeout)
 
-    def _complete(self, req, name: str) -> None:
-        """Wait for a nonblocking MPI request; CollectiveTimeout once `timeout` has passed."""
+    def _complete(self, req, name: str, *memory) -> None:
+        """Wait for a nonblocking MPI request; CollectiveTimeout once `timeout` has passed.
+        `memory`: the library's arrays the request reads and writes, kept alive with the request
+        when it is abandoned (a late peer still completes it into them)."""
         if req.Test():
             return
         test = req.Test
         n = 0
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout  # (an infinite timeout: never passes)
         while not test():
             n += 1
             if n % _SPINS == 0:
                 if n > _YIELD_AFTER:
                     os.sched_yield()
                 if time.monotonic() > deadline:
+                    _abandon(req, memory)
                     self._timed_out(name, "MPI call", "the MPI operation cannot be cancelled")
 
     def _check(self, name: str) -> None:
@@ -259,30 +277,35 @@ class HostBackend(Backend):
 
     # -- collectives ---------------------------------------------------------------------
     def _gather_all(self, x: np.ndarray, name: str) -> np.ndarray:
+        """Every rank's `x` (the library's memory), in rank order."""
         out = np.empty((self.size,) + x.shape, dtype=x.dtype)
-        self._complete(self.comm.Iallgather(_msg(_bytes(x)), _msg(_bytes(out), self.size)), name)
+        self._complete(self.comm.Iallgather(_msg(_bytes(x)), _msg(_bytes(out), self.size)), name, x, out)
         return out
 
     def _allreduce(self, call, det: bool) -> None:
-        send = _Staged(call.send)
-        recv = send if call.in_place else _Staged(call.recv, fetch=False)
-        x, out, name, op = send.host, recv.host, call.recv.dtype, call.op
-        if self._shm_takes(name, out.nbytes):
+        name, op = call.recv.dtype, call.op
+        shm = self._shm_takes(name, call.recv.nbytes)
+        minmax = not shm and name in _FLOATS and op in (MAX, MIN)  # (its keys: the library's memory)
+        own = not shm and not minmax
+        send = _Staged(call.send, own=own)
+        recv = send if call.in_place else _Staged(call.recv, fetch=False, own=own)
+        x, out = send.host, recv.host
+        if shm:
             late = self.shm.allreduce(x, out, DTYPE_CODES[name], OP_CODES[op.name])
             if late >= 0:
                 self._shm_failed(late)
-        elif name in _FLOATS and op in (MAX, MIN):
+        elif minmax:
             keys = ordered_keys(x, op)
             mop = MPI.MAX if op is MAX else MPI.MIN
-            self._complete(self.comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), call.name)
+            self._complete(self.comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), call.name, keys)
             from_ordered_keys(keys, out, op)
         elif not det and name in _MPI_TYPED:
             src = MPI.IN_PLACE if call.in_place else x
-            self._complete(self.comm.Iallreduce(src, out, op=_MPI_OPS[op]), call.name)
+            self._complete(self.comm.Iallreduce(src, out, op=_MPI_OPS[op]), call.name, x, out)
             if name in _FLOATS and op in (SUM, PROD):
                 canonicalize_nans(out)
         else:
-            out[...] = reduce_in_rank_order(op, self._gather_all(np.array(x, copy=True), call.name))
+            out[...] = reduce_in_rank_order(op, self._gather_all(x, call.name))
         recv.commit()
 
     def _reduce_scatter_block(self, call, det: bool) -> None:
@@ -290,8 +313,8 @@ class HostBackend(Backend):
         x = send.host
         n = x.size // self.size
         parts = np.empty((self.size, n), dtype=x.dtype)
-        self._complete(self.comm.Ialltoall(_msg(_bytes(np.ascontiguousarray(x)), self.size),
-                                           _msg(_bytes(parts), self.size)), call.name)
+        self._complete(self.comm.Ialltoall(_msg(_bytes(x), self.size), _msg(_bytes(parts), self.size)),
+                       call.name, x, parts)
         res = reduce_in_rank_order(call.op, parts)
         recv = send if call.in_place else _Staged(call.recv, fetch=False)
         recv.host[:n] = res
@@ -303,22 +326,23 @@ class HostBackend(Backend):
         if call.in_place:
             mine = np.array(recv.host[self.rank * n:(self.rank + 1) * n], copy=True)
         else:
-            mine = np.ascontiguousarray(_Staged(call.send).host)
-        self._complete(self.comm.Iallgather(_msg(_bytes(mine)), _msg(_bytes(recv.host), self.size)), call.name)
+            mine = _Staged(call.send).host
+        self._complete(self.comm.Iallgather(_msg(_bytes(mine)), _msg(_bytes(recv.host), self.size)), call.name,
+                       mine, recv.host)
         recv.commit()
 
     def _bcast(self, call, det: bool) -> None:
         buf = _Staged(call.recv, fetch=self.rank == call.root)
         u8 = _bytes(buf.host)
         for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
-            self._complete(self.comm.Ibcast(u8[off:off + MAX_COUNT], root=call.root), call.name)
+            self._complete(self.comm.Ibcast(u8[off:off + MAX_COUNT], root=call.root), call.name, u8)
         buf.commit()
 
     def _alltoall(self, call, det: bool) -> None:
-        recv = _Staged(call.recv, fetch=call.in_place)
-        src = np.array(recv.host, copy=True) if call.in_place else np.ascontiguousarray(_Staged(call.send).host)
+        src = _Staged(call.recv if call.in_place else call.send).host
+        recv = _Staged(call.recv, fetch=False)
         self._complete(self.comm.Ialltoall(_msg(_bytes(src), self.size), _msg(_bytes(recv.host), self.size)),
-                       call.name)
+                       call.name, src, recv.host)
         recv.commit()
 
     def _alltoallv(self, call, det: bool) -> None:
@@ -335,10 +359,11 @@ class HostBackend(Backend):
             send_counts, recv_counts = list(v.send_counts), list(v.recv_counts)
             send_counts[r] = recv_counts[r] = 0
             recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
-            src = np.ascontiguousarray(_Staged(call.send).host)
+            src = _Staged(call.send).host
             t = _unit(src.itemsize)  # counts in elements of this size
             self._complete(self.comm.Ialltoallv([_bytes(src), (send_counts, v.send_displs), t],
-                                                [_bytes(recv.host), (recv_counts, v.recv_displs), t]), call.name)
+                                                [_bytes(recv.host), (recv_counts, v.recv_displs), t]), call.name,
+                           src, recv.host)
             recv.commit()
         if own:
             dst = call.recv.flat[v.recv_displs[r]:v.recv_displs[r] + own]
@@ -359,11 +384,11 @@ class HostBackend(Backend):
         import pickle
 
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        sizes = np.empty(self.size, dtype=np.int64)
-        self._complete(self.comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), name)
+        mine, sizes = np.array([data.size], dtype=np.int64), np.empty(self.size, dtype=np.int64)
+        self._complete(self.comm.Iallgather(mine, sizes), name, mine, sizes)
         displs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
-        self._complete(self.comm.Iallgatherv(data, [out, (sizes, displs), MPI.BYTE]), name)
+        self._complete(self.comm.Iallgatherv(data, [out, (sizes, displs), MPI.BYTE]), name, data, out, sizes, displs)
         return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, sizes)]
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
@@ -404,14 +429,14 @@ class HostBackend(Backend):
 class _HostAllreducePlan:
     """HostBackend._allreduce for one call's numpy buffers, with everything it can decide once
     decided and its scratch allocated once: the same operations, so the same results bit for bit
-    (tests/mpi/test_robustness.py compares every repeat with the reference)."""
+    (tests/mpi/test_robustness.py compares every repeat with the reference).  As there, MPI reads
+    and writes only that scratch: the input is copied in, the result out once the call completed."""
 
     __slots__ = ("launch",)
 
     def __init__(self, b: HostBackend, call, det: bool):
         x, out, dtype, op = call.send.flat, call.recv.flat, call.recv.dtype, call.op
         comm, complete, n = b.comm, b._complete, out.size
-        src = MPI.IN_PLACE if call.in_place else x
         is_float = dtype in _FLOATS
         if is_float:
             canon = CANONICAL_NAN[dtype]
@@ -450,24 +475,28 @@ class _HostAllreducePlan:
                 np.copyto(keys, bits_in)  # ordered_keys: negatives flipped below the positives
                 np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
                 np.copyto(keys, extreme, where=find_nans(bits_in))
-                complete(comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), "Allreduce")
+                complete(comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), "Allreduce", keys)
                 np.equal(keys, extreme, out=nan)
                 np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
                 np.copyto(keys, canon_signed, where=nan)
                 np.copyto(bits_out, keys)
         elif not det and dtype in _MPI_TYPED:
             mop = _MPI_OPS[op]
+            staged = np.empty_like(x)  # the input; in place also the result
+            result = staged if call.in_place else np.empty_like(out)
+            src = MPI.IN_PLACE if call.in_place else staged
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                complete(comm.Iallreduce(src, out, op=mop), "Allreduce")
+                np.copyto(staged, x)
+                complete(comm.Iallreduce(src, result, op=mop), "Allreduce", staged, result)
+                np.copyto(out, result)
                 if is_float:
                     canonicalize()
         else:  # in rank order: ((x0 op x1) op x2) ..., as ops.reduce_in_rank_order
             gathered = np.empty((b.size, n), dtype=x.dtype)
-            in_place = call.in_place
-            mine = np.empty_like(x) if in_place else x  # (in place: x is out, overwritten below)
+            mine = np.empty_like(x)
             send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
             ufunc = np.add if op is SUM else np.multiply if op is PROD else None
             if ufunc is None:  # integer MAX / MIN
@@ -479,9 +508,8 @@ class _HostAllreducePlan:
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                if in_place:
-                    np.copyto(mine, x)
-                complete(comm.Iallgather(send_msg, recv_msg), "Allreduce")
+                np.copyto(mine, x)
+                complete(comm.Iallgather(send_msg, recv_msg), "Allreduce", mine, gathered)
                 token = fp_quiet()
                 try:
                     if first is None:
@@ -495,6 +523,13 @@ class _HostAllreducePlan:
                 if is_float:
                     canonicalize()
         self.launch = launch
+
+
+def _abandon(req, memory) -> None:
+    """Keep a request a timeout abandoned, and the memory it reads and writes, until a late peer
+    completes it (for the life of the process if none does); drop those completed since."""
+    _ABANDONED[:] = [kept for kept in _ABANDONED if not kept[0].Test()]
+    _ABANDONED.append((req, memory))
 
 
 def _as_signed(bits: int, ints) -> np.generic:

@@ -8,7 +8,11 @@ one after, and a watchdog thread (as PyTorch's ProcessGroupNCCL has) aborts the 
 communicator when the oldest unfinished call of a stream has been waiting longer than the
 timeout since the work before it on that stream finished: NCCL's kernels then return, the
 waits on the stream end, and this communicator's next call (or `synchronize`) raises
-CollectiveTimeout."""
+CollectiveTimeout.  That CollectiveTimeout comes once ncclCommAbort has returned (or ABORT_WAIT_S
+has passed, where a CUDA graph that captured this communicator's calls holds the abort back):
+NCCL's kernels have stopped then, so no call of this communicator reads or writes the caller's
+buffers after the exception, and a peer arriving late finds no partner (NCCL is gone) instead
+of one whose buffers the caller has reused."""
 from __future__ import annotations
 
 import collections
@@ -26,6 +30,7 @@ from .topology import ranks_sharing_gpus
 
 log = logging.getLogger("hpccoll")
 SPIN_S = 0.01  # synchronize's busy polling before it sleeps between polls
+ABORT_WAIT_S = 10.0  # how long a CollectiveTimeout waits for the watchdog's ncclCommAbort to return
 
 
 class Watchdog:
@@ -133,6 +138,7 @@ class NcclBackend(Backend):
         self.on_abort = None  # an owner's callback, given the reason before the watchdog aborts NCCL
         self.watchdog = Watchdog(timeout)
         self._stop = threading.Event()
+        self._aborted = threading.Event()  # the watchdog's ncclCommAbort has returned
         self._thread = threading.Thread(target=self._watch, name="hpccoll-nccl-watchdog", daemon=True)
         self._thread.start()
 
@@ -157,10 +163,20 @@ class NcclBackend(Backend):
                 if self.on_abort is not None:
                     self.on_abort(self.broken)
                 self.comm.abort()  # NCCL's kernels return; waits on their streams end
+                self._aborted.set()
                 return
+
+    def wait_aborted(self) -> None:
+        """Once the watchdog has decided to abort: return when ncclCommAbort has (NCCL's kernels
+        no longer touch the calls' buffers), or after ABORT_WAIT_S."""
+        if self.broken and not self._aborted.wait(ABORT_WAIT_S):
+            log.warning("hpccoll: ncclCommAbort has not returned %g s after the watchdog called it (a CUDA "
+                        "graph that captured this communicator's calls may hold it back); NCCL kernels may "
+                        "still run on the buffers of the calls that timed out", ABORT_WAIT_S)
 
     def _check(self) -> None:
         if self.broken:
+            self.wait_aborted()
             raise CollectiveTimeout(self.broken)
 
     def _mark(self, s: int):

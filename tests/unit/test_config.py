@@ -2,13 +2,15 @@
 name the variable; the library reads no other HPCCOLL_* name anywhere."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hpccoll import config
-from hpccoll.config import SETTINGS, Config
+from hpccoll.config import FOREVER_NS, SETTINGS, Config, timeout_ns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +39,7 @@ def test_each_variable_sets_its_field(var, raw, field, value):
 
 @pytest.mark.parametrize("var,raw", [
     ("HPCCOLL_TIMEOUT", "soon"), ("HPCCOLL_TIMEOUT", "0"), ("HPCCOLL_TIMEOUT", "-1"), ("HPCCOLL_TIMEOUT", "nan"),
-    ("HPCCOLL_TIMEOUT", "inf"), ("HPCCOLL_CHECK", "maybe"), ("HPCCOLL_FUSE", "sometimes"),
+    ("HPCCOLL_CHECK", "maybe"), ("HPCCOLL_FUSE", "sometimes"),
     ("HPCCOLL_SMALL_BLOCK", "100"), ("HPCCOLL_NODE_SIZE", "0"), ("HPCCOLL_NODE_SIZE", "two"),
     ("HPCCOLL_HIER_RSAG_BYTES", "-5"), ("HPCCOLL_HOST_SHM", "maybe"),
 ])
@@ -51,6 +53,39 @@ def test_explicit_arguments_win_and_are_checked():
     assert c.timeout == 2.0 and c.check is False
     with pytest.raises(ValueError, match="timeout="):
         Config.from_env({}, timeout=0)
+
+
+@pytest.mark.parametrize("raw,seconds", [("1e10", 1e10), ("inf", math.inf), ("Infinity", math.inf),
+                                         ("0.001", 0.001), ("30", 30.0)])
+def test_a_timeout_of_any_positive_length_is_accepted(raw, seconds):
+    assert Config.from_env({"HPCCOLL_TIMEOUT": raw}).timeout == seconds
+    assert Config.from_env({}, timeout=float(raw)).timeout == seconds
+
+
+@pytest.mark.parametrize("value", [math.nan, -1, -math.inf, 0, 0.0, np.float64(-2.5)])
+def test_a_timeout_argument_that_is_no_positive_number_is_refused(value):
+    with pytest.raises(ValueError, match=r"Communicator: timeout=.*use a positive number of seconds, or inf"):
+        Config.from_env({}, timeout=value)
+
+
+@pytest.mark.parametrize("value", ["5", "inf", b"5", True, np.bool_(False), [1.0], 1 + 2j])
+def test_a_timeout_argument_that_is_no_number_is_refused(value):
+    with pytest.raises(TypeError, match=r"Communicator: timeout=.* must be a number of seconds \(math.inf"):
+        Config.from_env({}, timeout=value)
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.int64(3), 7, 2.5])
+def test_numpy_and_python_numbers_are_timeouts(value):
+    assert Config.from_env({}, timeout=value).timeout == float(value)
+
+
+def test_timeouts_in_nanoseconds_saturate_instead_of_overflowing():
+    """The deadlines are int64 nanoseconds (u64 on the device): a longer timeout is the longest
+    one, which never passes; none wraps to a small or negative value."""
+    assert timeout_ns(0.3) == 300_000_000 and timeout_ns(1e-12) == 1
+    assert timeout_ns(9.2e9) == int(9.2e18)
+    for long_ in (9.3e9, 1e10, 1e300, math.inf):
+        assert timeout_ns(long_) == FOREVER_NS == 2**63 - 1
 
 
 def test_read_when_asked_not_at_import(monkeypatch):

@@ -5,6 +5,7 @@ signed zeros, infinities and wrapping integers included; a missing rank is a tim
 bad arguments are refused.  (tests/mpi/test_host_shm.py runs it across MPI ranks.)"""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import tempfile
@@ -106,6 +107,27 @@ def test_a_missing_rank_is_a_timeout_not_a_hang():
     x, y = np.ones(4, np.float32), np.empty(4, np.float32)
     assert seg0.allreduce(x, y, DTYPE_CODES["float32"], OP_CODES["SUM"]) == 1  # rank 1 never came
     assert seg0.broken and seg0.seq == 1 and not seg1.broken
+
+
+@needs_ext
+@pytest.mark.parametrize("timeout", [1e10, 1e300, math.inf])
+def test_a_timeout_beyond_the_clocks_range_waits_for_a_late_rank(timeout):
+    """A deadline of more than 2^63 - 1 ns from now saturates (it must not wrap into the past and
+    time out at once): rank 1 posting 0.5 s late is waited for."""
+    seg0, seg1 = _segments(2, timeout=timeout)
+    xs = [np.full(4, r + 1, np.float64) for r in range(2)]
+    outs = [np.empty(4) for _ in range(2)]
+    late = [None, None]
+
+    def rank1():
+        time.sleep(0.5)
+        late[1] = seg1.allreduce(xs[1], outs[1], DTYPE_CODES["float64"], OP_CODES["SUM"])
+
+    t = threading.Thread(target=rank1)
+    t.start()
+    late[0] = seg0.allreduce(xs[0], outs[0], DTYPE_CODES["float64"], OP_CODES["SUM"])
+    t.join(30)
+    assert late == [-1, -1] and all(np.all(o == 3.0) for o in outs)
 
 
 @needs_ext

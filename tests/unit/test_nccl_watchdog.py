@@ -78,7 +78,7 @@ def _backend(timeout: float, monkeypatch):
     b.comm, b.timeout, b.broken, b.device_id, b.mpi = Comm(), timeout, None, 0, Mpi()
     b.captured, b.releaser, b.on_abort = False, None, None
     b.watchdog = Watchdog(timeout)
-    b._stop = threading.Event()
+    b._stop, b._aborted = threading.Event(), threading.Event()
     monkeypatch.setattr(NcclBackend, "_use_device", lambda self: None)
     b._thread = threading.Thread(target=b._watch, daemon=True)
     return b, aborted
@@ -98,6 +98,28 @@ def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
     assert owner == [(b.broken, False)]
     with pytest.raises(CollectiveTimeout):
         b.run(None, False, "auto", 0)                    # raises before touching the call
+
+
+def test_the_timeout_is_raised_only_once_ncclcommabort_has_returned(monkeypatch):
+    """Until ncclCommAbort returns, NCCL's kernels may still read and write the buffers of the
+    call that timed out: the caller gets CollectiveTimeout (and its buffers back) only after."""
+    b, aborted = _backend(0.1, monkeypatch)
+    returned = threading.Event()
+
+    class SlowAbort:
+        def abort(self):
+            time.sleep(0.3)
+            returned.set()
+
+    b.comm = SlowAbort()
+    b._thread.start()
+    b.watchdog.note(0, Ev(True), Ev(), "Allreduce")
+    while not b.broken:
+        time.sleep(0.005)
+    with pytest.raises(CollectiveTimeout):
+        b._check()
+    assert returned.is_set(), "CollectiveTimeout came while ncclCommAbort was still running"
+    b._thread.join(5.0)
 
 
 def test_calls_that_finish_in_time_never_trip_it(monkeypatch):
@@ -196,12 +218,15 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     import hpccoll.backends.nccl as nccl_mod
     from hpccoll.config import Config
 
-    made = []
+    made, waited = [], []
 
     class FakeNccl:
         def __init__(self, mpi_comm, device, timeout):
             self.on_abort = None
             made.append(self)
+
+        def wait_aborted(self):  # (CollectiveTimeout only once NCCL's abort has returned)
+            waited.append(True)
 
     class Mpi:
         def allgather(self, x):
@@ -218,12 +243,13 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     b.table = {"allreduce": {"2": [[None, "nccl"]]}}  # (NCCL above every size at 2 ranks)
     b.size, b.device_id, b.comm, b.ws, b.broken = 2, 0, Mpi(), Ws(), None
     b.config = Config(nccl_fallback=True)
-    nccl = b._open_nccl_fallback(Mpi())
+    nccl = b._nccl = b._open_nccl_fallback(Mpi())
     assert nccl is made[0] and nccl.on_abort is not None
     b.check_error()                                      # nothing yet
     nccl.on_abort("Allreduce: an NCCL call did not finish 30.0 s after ...")
     with pytest.raises(CollectiveTimeout, match="did not finish"):
         b.check_error()
+    assert waited == [True]
 
 
 def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_end(monkeypatch):

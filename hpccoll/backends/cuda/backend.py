@@ -12,7 +12,7 @@ import logging
 from ... import policy
 from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
 from ..._validate import Call
-from ...config import Config
+from ...config import Config, timeout_ns
 from ...errors import CollectiveTimeout
 from ..base import Backend, Capabilities, agreed_device, release_together
 from . import launch
@@ -30,8 +30,7 @@ log = logging.getLogger("hpccoll")
 
 CAPS = Capabilities(
     device=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall"}),
-    algorithms=tuple(a for a in policy.ALGORITHMS),
-    plans=True, groups=True, engine=True, asynchronous=True, extension=True)
+    algorithms=tuple(policy.ALGORITHMS), plans=True, groups=True, engine=True, asynchronous=True, extension=True)
 
 
 def gpu_numbering_mismatch(devices, buses) -> str | None:
@@ -75,8 +74,7 @@ class CudaBackend(Backend):
             node.Free()
             raise
         self.node = node
-        self.rank = mpi_comm.Get_rank()
-        self.size = mpi_comm.Get_size()
+        self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         ndev = cupy.cuda.runtime.getDeviceCount()
         try:
             self.device_id = agreed_device(mpi_comm, device, node.Get_rank() % ndev, ndev)
@@ -108,7 +106,7 @@ class CudaBackend(Backend):
                      for d in devices)
         if not self._agree(access):
             raise CudaUnavailable("some GPUs of this node cannot access each other (no P2P)")
-        self.timeout_ns = int(config.timeout * 1e9)
+        self.timeout_ns = timeout_ns(config.timeout)  # (the device polls compare u64 nanoseconds)
         self.layout = Layout(self.size)
         self.ws = Workspace(mpi_comm, self.layout.total)
         self.layout.arm(self.ws)
@@ -170,6 +168,8 @@ class CudaBackend(Backend):
     # -- errors ---------------------------------------------------------------------------
     def check_error(self) -> None:
         if self.broken:
+            if self._nccl is not None:  # (its watchdog broke us: raise once its abort stopped NCCL)
+                self._nccl.wait_aborted()
             raise CollectiveTimeout(self.broken)
         if self.ws.host_error():
             import cupy
