@@ -78,11 +78,12 @@ def test_free_from_another_thread_while_calls_run(count):
         WORLD.Barrier()
 
 
-def test_a_call_after_free_never_reaches_mpi():
+@pytest.mark.parametrize("count", [16, 8192], ids=["shared-memory", "MPI"])
+def test_a_call_after_free_never_reaches_mpi(count):
     """Free waits for the call in flight and then keeps the call lock: a repeat that looked up
     its fast path before Free cleared it finds the lock taken and raises HpccollError."""
     c = hpccoll.Communicator(backend="host", timeout=TIMEOUT)
-    x, y = np.ones(16), np.empty(16)
+    x, y = np.ones(count), np.empty(count)
     c.Allreduce(x, y)
     c.Allreduce(x, y)  # noted, with its prepared launch
     fast = c._fast["Allreduce"]
