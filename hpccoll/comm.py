@@ -235,11 +235,11 @@ class Communicator:
                 return
             if not self.check:
                 self._retire()  # calls from now on raise; the one in flight (if any) finishes
-            if not self._lock.acquire(timeout=_FREE_WAIT * self.timeout):
+            wait = min(_FREE_WAIT * self.timeout, threading.TIMEOUT_MAX)
+            if not self._lock.acquire(timeout=wait):
                 self._retire()
                 log.warning("hpccoll: Free: a call on this communicator did not return within %g s; its "
-                            "workspace and MPI communicator are left to the end of the process",
-                            _FREE_WAIT * self.timeout)
+                            "workspace and MPI communicator are left to the end of the process", wait)
                 return
             # From here Free holds the lock for good: a call that gets past `_freed` finds it taken.
             try:
