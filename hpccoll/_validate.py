@@ -7,10 +7,13 @@ Check mode (`Communicator(check=True)`, HPCCOLL_CHECK=1) adds one exchange befor
 `agree(...)`: every rank shares the outcome of its own validation (the call's signature, or
 the error it raised), so an error on any rank becomes an error on every rank (the failing rank
 re-raises its own; the others raise MismatchError naming it), and signatures that differ
-(collective, count, dtype, op, root, algorithm, deterministic, the backend that runs it (host
-or device buffers), Alltoallv's counts) raise
-MismatchError on every rank.  Without check mode a call whose arguments differ between ranks
-is erroneous, as in MPI: it may hang until the timeout or give wrong values."""
+(collective, count, dtype, op, root, algorithm, deterministic, whether it is queued in a group,
+the backend that runs it (host or device buffers), Alltoallv's counts) raise
+MismatchError on every rank.  Calls without buffers (Barrier, Dup, Split, Free, a persistent
+request's init) exchange their name (`plain_signature`), so one rank's Barrier never pairs with
+another's Allreduce.  Every check-mode call makes exactly one exchange, whatever its validation
+raised: the ranks' exchanges stay paired.  Without check mode a call whose arguments differ
+between ranks is erroneous, as in MPI: it may hang until the timeout or give wrong values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -233,31 +236,49 @@ def block_count(call: Call, size: int) -> int:
     return call.recv.count
 
 
-_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic", "backend")
+_FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm", "deterministic", "group", "backend")
+_GROUPED = {True: "queued in comm.group()", False: "issued at once"}
 
 
-def signature(call: Call, size: int, algorithm: str, deterministic: bool, backend: str) -> tuple:
+def signature(call: Call, size: int, algorithm: str, deterministic: bool, backend: str,
+              grouped: bool = False) -> tuple:
     """What every rank's call must agree on (check mode).  Alltoallv's counts may differ per rank:
     what must match is checked pairwise from its VSpec (agree).  `backend`: the backend that
     runs this rank's call (host buffers on some ranks and device buffers on others send them
-    to different backends, whose calls never meet)."""
+    to different backends, whose calls never meet).  `grouped`: queued in `comm.group()` (issued
+    at the block's end) on this rank."""
     count = None if call.v is not None else block_count(call, size)
     return (call.name, count, call.recv.dtype, call.op.name if call.op else None,
-            call.root, algorithm, bool(deterministic), backend)
+            call.root, algorithm, bool(deterministic), _GROUPED[grouped], backend)
+
+
+def plain_signature(name: str) -> tuple:
+    """The signature of a call with nothing to compare but its name (Barrier, Dup, Split, Free:
+    Split's colors and keys differ between ranks legitimately)."""
+    return (name,) + (None,) * (len(_FIELDS) - 1)
+
+
+def _described(exc: BaseException) -> str:
+    """'TypeError: message', even for an exception whose message cannot be formatted."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a user type's __str__ may raise anything
+        text = "(its message could not be formatted)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def agree(allgather, rank: int, name: str, outcome, vspec: VSpec | None = None) -> None:
     """Check mode's exchange (collective): `outcome` is this rank's signature, or the exception its
     validation raised; `allgather(obj, name)` gathers one object per rank (the host backend's,
-    bounded by the timeout).  Raises on every rank if any rank failed or the signatures differ."""
-    mine = ("error", f"{type(outcome).__name__}: {outcome}") if isinstance(outcome, BaseException) \
-        else ("ok", outcome, vspec)
+    bounded by the timeout).  Raises on every rank if any rank failed or the signatures differ:
+    a failed rank its own exception, the others MismatchError naming it and its error."""
+    mine = ("error", _described(outcome)) if isinstance(outcome, BaseException) else ("ok", outcome, vspec)
     everyone = allgather(mine, name)
     failed = [(r, o[1]) for r, o in enumerate(everyone) if o[0] == "error"]
     if failed:
         if isinstance(outcome, BaseException):
             raise outcome
-        raise MismatchError(f"{name}: rank {failed[0][0]} rejected its arguments ({failed[0][1]}); no rank "
+        raise MismatchError(f"{name}: rank {failed[0][0]} failed before the exchange ({failed[0][1]}); no rank "
                             "ran the call" + (f" ({len(failed)} ranks failed)" if len(failed) > 1 else ""))
     sigs = [o[1] for o in everyone]
     for i, field in enumerate(_FIELDS):
@@ -274,4 +295,4 @@ def agree(allgather, rank: int, name: str, outcome, vspec: VSpec | None = None) 
                                         f"which expects {sj.recv_counts[i]} from it (recvbuf counts[{i}])")
 
 
-__all__ = ["Call", "VSpec", "prepare", "agree", "signature", "block_count"]
+__all__ = ["Call", "VSpec", "prepare", "agree", "signature", "plain_signature", "block_count"]

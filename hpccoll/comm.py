@@ -24,7 +24,7 @@ from ._buffers import _cupy as _cupy_module
 from ._buffers import as_buf
 from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
-from ._validate import agree, integer, prepare, signature, switch
+from ._validate import agree, integer, plain_signature, prepare, signature, switch
 from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
@@ -38,6 +38,9 @@ log = logging.getLogger("hpccoll")
 BACKENDS = ("auto", "host", "cuda", "nccl")
 _FAST_HOST_BYTES = 64 * 1024  # host calls up to this size may skip re-validation when repeated
 _FAST_DEVICE_BYTES = 4 << 20  # device calls: the cache holds their arrays until a prepared launch
+# Free waits for a call in flight at most this many timeouts: every wait of a call is bounded by
+# the timeout, and a call makes a few (check mode's exchange, staging, the collective)
+_FREE_WAIT = 4
 
 
 def _device_backend_reason() -> str | None:
@@ -102,7 +105,8 @@ class Communicator:
         self.timeout = self.config.timeout
         self._host = HostBackend(self._comm, self.timeout, shm=self.config.host_shm)
         self._backend: Backend = self._host  # the device backend, or the hierarchical one
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the call in flight; by Free from teardown on, for good
+        self._freeing = threading.Lock()  # one Free at a time, from any thread
         self._fast: dict = {}  # collective name -> _FastCall of its last call
         self._plan_gen = 0  # bumped whenever prepared launches go stale (requests re-plan)
         self._group: list | None = None  # the calls queued inside `with comm.group():`
@@ -145,7 +149,11 @@ class Communicator:
     # -- mpi4py-style basics -------------------------------------------------
     def _live(self, name: str) -> None:
         if self._freed:
-            raise HpccollError(f"{name}: this communicator was freed: make a new one (or Dup() before Free())")
+            raise _freed_error(name)
+
+    def _busy(self, name: str) -> HpccollError:
+        """Why `name` found the lock taken: Free holds it for good, or another call is in flight."""
+        return _freed_error(name) if self._freed else _in_flight(name)
 
     @property
     def rank(self) -> int:
@@ -187,36 +195,77 @@ class Communicator:
                             check=self.check, timeout=self.timeout, _owned_comm=owned_comm)
 
     def Dup(self) -> "Communicator":
-        """A new communicator over the same ranks, with its own device workspace (collective)."""
-        self._live("Dup")
-        return self._like_me(self._comm.Dup())
+        """A new communicator over the same ranks, with its own device workspace (collective).
+        In check mode every rank's call is compared first, within the timeout: MPI's Dup waits
+        without bound, so a rank enters it only once every rank has agreed to."""
+        with self._exclusive("Dup"):
+            if self.check:
+                self._agreed("Dup", lambda: (None, plain_signature("Dup"), None))
+            sub = self._comm.Dup()
+        return self._like_me(sub)
 
     def Split(self, color: int = 0, key: int = 0) -> "Communicator | None":
-        """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None (collective)."""
-        self._live("Split")
-        # (checked before MPI's Split, in which the other ranks would wait)
-        sub = self._comm.Split(integer("Split", "color", color), integer("Split", "key", key))
+        """Like MPI_Comm_split; ranks passing color=MPI.UNDEFINED get None (collective).  Colors and
+        keys differ between ranks; in check mode the call itself is compared, as Dup's."""
+        def validate():  # (before MPI's Split, in which the other ranks would wait)
+            return (integer("Split", "color", color), integer("Split", "key", key)), plain_signature("Split"), None
+
+        with self._exclusive("Split"):
+            color, key = self._agreed("Split", validate) if self.check else validate()[0]
+            sub = self._comm.Split(color, key)
         if sub == MPI.COMM_NULL:
             return None
         return self._like_me(sub)
 
     def Free(self) -> None:
         """Release device workspace and the MPI communicator (collective).  A second Free is a no-op.
+
+        Safe from any thread: every call that starts after Free raises HpccollError; a call in
+        flight finishes first (Free waits for it, at most _FREE_WAIT timeouts; past that the
+        resources are left to the end of the process).  In check mode Free is compared with every
+        rank's call like a collective: a MismatchError leaves the communicator as it was.
         After a CollectiveTimeout it waits for its peers at most the timeout (a peer that never
         came may never come): past it, or after a host-backend timeout, the workspace and the MPI
         communicator are left to the end of the process (a pending MPI operation cannot be
         cancelled, and freeing would wait for it)."""
         if self._freed:
             return
+        with self._freeing:
+            if self._freed:
+                return
+            if not self.check:
+                self._retire()  # calls from now on raise; the one in flight (if any) finishes
+            wait = min(_FREE_WAIT * self.timeout, threading.TIMEOUT_MAX)
+            if not self._lock.acquire(timeout=wait):
+                self._retire()
+                log.warning("hpccoll: Free: a call on this communicator did not return within %g s; its "
+                            "workspace and MPI communicator are left to the end of the process", wait)
+                return
+            # From here Free holds the lock for good: a call that gets past `_freed` finds it taken.
+            try:
+                if self.check and not self._host.broken:
+                    self._agreed("Free", lambda: (None, plain_signature("Free"), None))
+            except BaseException:
+                self._lock.release()  # disagreed: the communicator stays as it was
+                raise
+            self._retire()
+            if self._backend is not self._host:
+                try:
+                    self._backend.free()
+                finally:
+                    self._release_host()
+            else:
+                self._release_host()
+
+    def _retire(self) -> None:
+        """Mark this communicator freed: later calls raise, repeats lose their fast path."""
         self._freed = True
         self._invalidate_plans()
-        try:
-            if self._backend is not self._host:
-                self._backend.free()
-        finally:
-            self._host.free()  # local
-            if not self._host.broken and not self._backend.abandoned:
-                self._comm.Free()
+
+    def _release_host(self) -> None:
+        self._host.free()  # local
+        if not self._host.broken and not self._backend.abandoned:
+            self._comm.Free()
 
     def __enter__(self):
         return self
@@ -233,6 +282,9 @@ class Communicator:
     # -- collectives -----------------------------------------------------------
     def _run(self, name, sendbuf, recvbuf, op=None, root=None, algorithm=None,
              deterministic=None, stream=None):
+        if self.check:
+            self._run_checked(name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream)
+            return
         key = self.algorithm if algorithm is None else algorithm  # what a repeat must match
         det = self.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
         if self._group is not None:
@@ -243,7 +295,7 @@ class Communicator:
             # a repeat of the last call: the same arrays, arguments and policy
             lock = self._lock
             if not lock.acquire(False):
-                raise _in_flight(name)
+                raise self._busy(name)
             try:
                 if fast.plan is not None:
                     fast.plan.launch(stream)
@@ -256,13 +308,47 @@ class Communicator:
                 lock.release()
             return
         call, backend, algo = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
-        if not self._lock.acquire(False):
-            raise _in_flight(name)
-        try:
+        with self._exclusive(name):
             backend.run(call, det, algo, stream)
-        finally:
-            self._lock.release()
-        self._remember(name, call, backend, sendbuf, recvbuf, op, root, key, algo, det)
+            # (under the lock: a Free waiting for this call finds it noted, and clears it)
+            self._remember(name, call, backend, sendbuf, recvbuf, op, root, key, algo, det)
+
+    def _run_checked(self, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream,
+                     before=None) -> None:
+        """_run in check mode: every call agreed with every rank's (`_agreed`), never a fast path.
+        before: a further local check (a persistent request's state), agreed with the rest."""
+        def validate():
+            if before is not None:
+                before()
+            det = self.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
+            call, backend, algo = self._validated(name, sendbuf, recvbuf, op, root, algorithm, stream)
+            self._resolve(backend, call, det, algo)
+            sig = signature(call, self._size, algo, det, backend.name, self._group is not None)
+            return (call, backend, algo, det), sig, call.v
+
+        with self._exclusive(name):
+            call, backend, algo, det = self._agreed(name, validate)
+            if self._group is not None:
+                self._group.append((backend, (call, det, algo, stream)))
+            else:
+                backend.run(call, det, algo, stream)
+
+    def _agreed(self, name, validate):
+        """Check mode: `validate()` (this rank's part: (result, signature, Alltoallv's VSpec or
+        None)), then exactly one exchange with every rank whatever it raised, so the ranks'
+        exchanges stay paired: a local error is raised here and, as MismatchError naming this
+        rank, on every other rank (hpccoll._validate.agree).  The caller holds the lock.
+        KeyboardInterrupt and the other BaseExceptions are not exchanged: they stop this rank,
+        and its peers' exchange ends in CollectiveTimeout (bounded), as for a rank that died."""
+        self._host._check(name)  # a communicator that timed out has no exchange left to pair
+        gather = self._host.allgather_object
+        try:
+            result, sig, vspec = validate()
+        except Exception as exc:  # noqa: BLE001 - any local failure (a user type's method may raise anything)
+            agree(gather, self._rank, name, exc)  # raises exc here, MismatchError on the other ranks
+            raise  # pragma: no cover - agree always raises for an exception
+        agree(gather, self._rank, name, sig, vspec)
+        return result
 
     def _backend_for(self, call) -> Backend:
         b = self._backend
@@ -279,30 +365,20 @@ class Communicator:
         return self.algorithm
 
     def _prepare(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream=None):
-        """(call, backend, algorithm): a call validated (and in check mode agreed across ranks)
-        on a live communicator, the backend that runs it, and the algorithm it runs with.
-        Validation is local; so is the check of the algorithm's name, which the backend does
-        (`resolve`)."""
+        """(call, backend, algorithm) of a call on a live communicator outside check mode
+        (`_validated`; the backend checks the algorithm's name before it communicates)."""
         self._live(name)
+        return self._validated(name, sendbuf, recvbuf, op, root, algorithm, stream)
+
+    def _validated(self, name, sendbuf, recvbuf, op, root, algorithm, stream):
+        """(call, backend, algorithm): a call validated, the backend that runs it, and the
+        algorithm it runs with.  Local: no communication."""
         if stream is not None and not (isinstance(stream, int) or hasattr(stream, "ptr") or hasattr(
                 stream, "cuda_stream") or hasattr(stream, "handle")):
             raise TypeError(f"{name}: stream={stream!r}: pass a CuPy or torch stream, a raw handle (int), or None")
-        if not self.check:  # (the backend checks the algorithm's name before it communicates)
-            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
-            backend = self._backend_for(call)
-            return call, backend, self._algorithm_for(backend, algorithm)
-        gather = self._host.allgather_object
-        try:
-            call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
-            backend = self._backend_for(call)
-            algo = self._algorithm_for(backend, algorithm)
-            self._resolve(backend, call, det, algo)
-            outcome = signature(call, self._size, algo, det, backend.name)
-        except (TypeError, ValueError, HpccollError) as exc:
-            agree(gather, self._rank, name, exc)  # raises exc here, MismatchError on the other ranks
-            raise  # pragma: no cover - agree always raises for an exception
-        agree(gather, self._rank, name, outcome, call.v)
-        return call, backend, algo
+        call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
+        backend = self._backend_for(call)
+        return call, backend, self._algorithm_for(backend, algorithm)
 
     @staticmethod
     def _resolve(backend, call, det, algo) -> None:
@@ -317,8 +393,9 @@ class Communicator:
 
     def _remember(self, name, call, backend, sendbuf, recvbuf, op, root, key, algo, det) -> None:
         """Note this call for the repeated call's fast path (not in check mode: every call of
-        check mode is agreed).  key: the algorithm a repeat must ask for; algo: what it runs."""
-        if self.check or not _FastCall.eligible(sendbuf, recvbuf, call, backend):
+        check mode is agreed; nor once Free has begun).  key: the algorithm a repeat must ask
+        for; algo: what it runs."""
+        if self.check or self._freed or not _FastCall.eligible(sendbuf, recvbuf, call, backend):
             self._fast[name] = None
             return
         self._fast[name] = _FastCall(call, backend, sendbuf, recvbuf, op, root, key, det, algo)
@@ -426,19 +503,31 @@ class Communicator:
         self._fast.clear()
         self._plan_gen += 1
 
-    def _validate_persistent(self, req: Request) -> None:
-        """A request's arguments, checked once (local: no communication) and its launch
+    def _validate_persistent(self, req: Request, deterministic) -> None:
+        """A request's arguments, checked once (local: no communication; in check mode agreed
+        with every rank's init, so its errors too are raised on every rank) and its launch
         prepared where one launch serves it (check mode: never, so every Start checks)."""
-        self._live(f"{req._name}_init")
-        call = prepare(req._name, self._size, req._send, req._recv, op=req._op, root=req._root, rank=self._rank)
-        if req._stream is not None:
-            from .backends.streams import stream_ptr
+        name = f"{req._name}_init"
 
-            stream_ptr(req._stream)  # a stream of the wrong type raises here
-        backend = self._backend_for(call)
-        req._algo = self._algorithm_for(backend, req._algo)
-        self._resolve(backend, call, req._det, req._algo)  # unknown or unfit algorithm names raise here
-        req._call, req._backend = call, backend
+        def validate():
+            det = self.deterministic if deterministic is None else switch(req._name, "deterministic", deterministic)
+            call, backend, algo = self._validated(req._name, req._send, req._recv, req._op, req._root,
+                                                  req._algo, None)
+            if req._stream is not None:
+                from .backends.streams import stream_ptr
+
+                stream_ptr(req._stream)  # a stream of the wrong type raises here
+            self._resolve(backend, call, det, algo)  # unknown or unfit algorithm names raise here
+            sig = (name,) + signature(call, self._size, algo, det, backend.name, self._group is not None)[1:]
+            return (call, backend, algo, det), sig, call.v
+
+        if self.check:
+            with self._exclusive(name):
+                call, backend, algo, det = self._agreed(name, validate)
+        else:
+            self._live(name)
+            call, backend, algo, det = validate()[0]
+        req._call, req._backend, req._algo, req._det = call, backend, algo, det
         self._plan_request(req)
 
     def _plan_request(self, req: Request) -> None:
@@ -451,7 +540,7 @@ class Communicator:
         """A prepared launch, one collective at a time (the persistent requests' fast path)."""
         lock = self._lock
         if not lock.acquire(False):
-            raise _in_flight(name)
+            raise self._busy(name)
         try:
             plan.launch(stream)
         finally:
@@ -460,8 +549,12 @@ class Communicator:
     def _start_persistent_request(self, req: Request) -> None:
         """Start's slow path: in a group, after the prepared launch went stale, or where none
         serves the call (staging, several launches, host backend, check mode)."""
+        if self.check:  # the request's state is checked with its arguments, and agreed
+            self._run_checked(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det,
+                              req._stream, before=req._startable)
+            return
         if self._freed:
-            raise HpccollError(f"{req._name}_init request: Start after the communicator was freed")
+            raise _freed_error(f"{req._name}_init request: Start")
         if self._group is None and req._gen != self._plan_gen and req._call is not None:
             self._plan_request(req)
             if req._plan is not None:
@@ -478,10 +571,15 @@ class Communicator:
         return stream_idle(stream)
 
     def Barrier(self) -> None:
-        """Wait until every rank has called Barrier (device work ordered on the stream too)."""
-        self._live("Barrier")
-        self._outside_group("Barrier", "after")
-        self._backend.barrier()
+        """Wait until every rank has called Barrier (device work ordered on the stream too).
+        In check mode every rank's call is compared first (a Barrier never pairs with a collective)."""
+        def validate():
+            self._outside_group("Barrier", "after")
+            return None, plain_signature("Barrier"), None
+
+        with self._exclusive("Barrier"):
+            self._agreed("Barrier", validate) if self.check else validate()
+            self._backend.barrier()
 
     def synchronize(self, stream=None) -> None:
         """Wait for this communicator's device work on `stream`; raise CollectiveTimeout if a
@@ -560,9 +658,11 @@ class Communicator:
 
     @contextlib.contextmanager
     def _exclusive(self, name):
+        """The call `name` alone on this communicator, which is live (Free waits for it)."""
         if not self._lock.acquire(False):
-            raise _in_flight(name)
+            raise self._busy(name)
         try:
+            self._live(name)  # (Free may have begun since the caller's check)
             yield
         finally:
             self._lock.release()
@@ -573,6 +673,10 @@ class Communicator:
         out = _result_like(x, kw.get("stream"))
         self.Allreduce(x, out, op=op, **kw)
         return out
+
+
+def _freed_error(name: str) -> HpccollError:
+    return HpccollError(f"{name}: this communicator was freed: make a new one (or Dup() before Free())")
 
 
 def _in_flight(name: str) -> HpccollError:

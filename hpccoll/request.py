@@ -16,7 +16,6 @@ requests started in a group share one launch.
 """
 from __future__ import annotations
 
-from ._validate import switch
 from .errors import HpccollError
 
 
@@ -30,26 +29,35 @@ class Request:
         self._comm, self._name = comm, name
         self._send, self._recv, self._op, self._root = sendbuf, recvbuf, op, root
         self._algo = algorithm  # (None: the communicator's default; _validate_persistent decides)
-        self._det = comm.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
+        self._det = None  # (the policy: _validate_persistent decides)
         self._stream = stream
         self._call = self._plan = self._backend = None  # the validated call, its backend, its prepared launch
         self._gen = -1
         self._active = self._freed = False
-        comm._validate_persistent(self)  # bad arguments raise here, at init, as MPI's do
+        comm._validate_persistent(self, deterministic)  # bad arguments raise here, at init, as MPI's do
 
     # -- MPI's request calls -----------------------------------------------------------
     def Start(self) -> None:
-        """Issue the collective (on the device backends: asynchronously, on the request's stream)."""
+        """Issue the collective (on the device backends: asynchronously, on the request's stream).
+        In check mode this request's state is checked with its arguments, on every rank together."""
+        comm = self._comm
+        if comm.check:
+            comm._start_persistent_request(self)
+        else:
+            if self._freed or self._active:
+                self._startable()  # raises
+            if comm._group is None and self._gen == comm._plan_gen and self._plan is not None:
+                comm._launch_plan(self._plan, self._stream, self._name)
+            else:
+                comm._start_persistent_request(self)
+        self._active = True
+
+    def _startable(self) -> None:
+        """Raise unless this request may Start."""
         if self._freed:
             raise HpccollError(f"{self._name}_init request: Start after Free: make a new request")
         if self._active:
             raise HpccollError(f"{self._name}_init request: Start on an active request: call Wait() first")
-        comm = self._comm
-        if comm._group is None and self._gen == comm._plan_gen and self._plan is not None:
-            comm._launch_plan(self._plan, self._stream, self._name)
-        else:
-            comm._start_persistent_request(self)
-        self._active = True
 
     def Wait(self) -> None:
         """Wait until the collective Start issued has finished (a no-op when none is active).
