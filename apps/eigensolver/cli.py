@@ -4,10 +4,13 @@
   hpccoll-eigensolver compare --n 4096 --ranks 3 --repeat 5 --comm sentinel,ll128,nccl,mpi --out DIR
   hpccoll-eigensolver report DIR
 
-Every argument is checked when parsed; the output directory before any work.  Under MPI,
-errors that every rank sees alike (arguments, input matrices, B not positive definite) are
-printed once, by rank 0, and every rank exits with status 2; any other exception on one rank
-aborts the whole job (runinfo.install_abort_hook), so no rank is left waiting."""
+Every argument is checked when parsed; solve's arguments and input files then on every rank
+and agreed in one allgather (agree_solve_args); the output directory (default DEFAULT_OUT for
+solve) before any work.  Under MPI, errors that every rank sees alike (arguments, input files
+and matrices, B not numerically positive definite) are printed once, by rank 0, and every rank
+exits with status 2; a solve whose result is not finite exits 1 with nothing written; any other
+exception on one rank aborts the whole job (runinfo.install_abort_hook), so no rank is left
+waiting."""
 from __future__ import annotations
 
 import argparse

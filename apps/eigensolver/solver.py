@@ -26,6 +26,10 @@ the memory model).  Steps and their collectives (P ranks, n columns, block nb):
   ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors.
   trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L.
 
+Before potrf one Allgather of a fixed-size record per rank (the arguments, checked alike on
+every rank, and the largest |A| and |B|, from which A and B are scaled by powers of two:
+scaling.py); after trsm one Allgather of a flag per rank (its X finite).
+
 Scalars stay in arrays (no per-column host sync); on GPU the host syncs are the phase
 boundaries, the positive-definiteness check after potrf, the divide and conquer's per-level
 decisions (deflation: a scan of k numbers on the host) and (if the counting proxy is asked to)
