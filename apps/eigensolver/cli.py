@@ -23,10 +23,11 @@ import time
 
 from .report import GUARANTEE, METRIC_DEFINITIONS
 from .runinfo import COMM_CHOICES, launcher_rank
-from .runs import (DEFAULT_OUT, EXIT_FAILED, FAILURE_SCHEMA, METRICS_LEGEND, PROG, RUN_SCHEMA, SAVE_VECTORS_MAX_N, SCIPY_REFERENCE_MAX_N, CliError,
-                   _content_digest, _visible, agree, build_local_problem, check_out_dir, config_digest,
-                   config_identity, fail_together, in_column_order, print_run, problem_tag, progress, rank_records,
-                   reference_on_root, refuse_overwrite, run_stem, save_vectors, write_json, write_vectors)
+from .runs import (DEFAULT_OUT, EXIT_FAILED, FAILURE_SCHEMA, METRICS_LEGEND, PROG, RUN_SCHEMA, SAVE_VECTORS_MAX_N,
+                   SCIPY_REFERENCE_MAX_N, CliError, _content_digest, _visible, agree, build_local_problem,
+                   check_out_dir, config_digest, config_identity, fail_together, in_column_order, print_run,
+                   problem_tag, progress, rank_records, reference_on_root, refuse_overwrite, run_stem, save_vectors,
+                   write_json, write_vectors)
 
 # -- argument types: every value checked at parse time -------------------------------------------
 def _int_at_least(low: int, what: str):

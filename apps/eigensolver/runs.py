@@ -305,7 +305,8 @@ def build_local_problem(spec, desc, ctl, xp):
         A, B = generated_columns(spec, cols, xp)
         return A, B, None
 
-    A, B, digests = agree(ctl, local, f"--problem {'file:' + ','.join(spec.files) if spec.kind == 'file' else spec.kind}")
+    what = "file:" + ",".join(spec.files) if spec.kind == "file" else spec.kind
+    A, B, digests = agree(ctl, local, f"--problem {what}")
     if spec.kind != "file":
         symmetrize(A, desc, ctl)
         symmetrize(B, desc, ctl)
