@@ -94,7 +94,7 @@ class Communicator:
         self._comm = _owned_comm if _owned_comm is not None else base.Dup()
         self._rank, self._size = self._comm.Get_rank(), self._comm.Get_size()
         try:
-            _config.check_agreement(self._comm, self.config, config_error)
+            _config.check_agreement(self._comm, self.config, config_error, ("check",) if check is not None else ())
         except Exception:
             if _owned_comm is None:
                 self._comm.Free()

@@ -196,25 +196,31 @@ class Config:
 assert {s.field for s in SETTINGS} == {f.name for f in fields(Config)}, "every Config field has its variable"
 
 
-def check_agreement(mpi_comm, config: Config | None, error: Exception | None = None) -> None:
+def check_agreement(mpi_comm, config: Config | None, error: Exception | None = None,
+                    explicit: tuple = ()) -> None:
     """Raise on every rank when a rank's settings are invalid (`error`, from Config.from_env;
     that rank re-raises its own) or the settings that must agree differ between ranks
-    (collective)."""
+    (collective).  explicit: the fields this rank took from arguments (e.g. ("check",)); an
+    error names each value's source, the argument (`check=`) or the variable (HPCCOLL_CHECK)."""
     theirs = mpi_comm.allgather((None if error is None else str(error),
-                                 None if config is None else config.agreed_values()))
+                                 None if config is None else config.agreed_values(),
+                                 tuple(explicit)))
     if error is not None:
         raise error
-    bad = [(r, e) for r, (e, _) in enumerate(theirs) if e is not None]
+    bad = [(r, e) for r, (e, _, _) in enumerate(theirs) if e is not None]
     if bad:
         said = "; ".join(f"rank {r}: {e}" for r, e in bad)
         raise ValueError(f"invalid HPCCOLL_* settings on other ranks ({said}): set valid values on every rank")
     mine = config.agreed_values()
-    theirs = [t[1] for t in theirs]
+    fields = {s.var: s.field for s in SETTINGS}
     for i, (var, _val) in enumerate(mine):
-        vals = [t[i][1] for t in theirs]
+        vals = [t[1][i][1] for t in theirs]
         if any(v != vals[0] for v in vals):
-            seen = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(vals))
-            raise ValueError(f"{var} differs between ranks ({seen}): set the same value on every rank")
+            field = fields[var]
+            source = [f"{field}=" if field in t[2] else var for t in theirs]
+            names = " / ".join(dict.fromkeys(source))
+            seen = ", ".join(f"rank {r}: {v!r} ({src})" for r, (v, src) in enumerate(zip(vals, source)))
+            raise ValueError(f"{names} differs between ranks ({seen}): set the same value on every rank")
 
 
 def git_commit() -> str | None:

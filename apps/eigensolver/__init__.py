@@ -7,7 +7,9 @@
 Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algorithm and
 docs/eigensolver.md for the memory model."""
 from .layout import BlockCyclic, distribute, gather, numroc
-from .solver import PHASES, NotPositiveDefinite, sygvd
+from .checks import InputError
+from .solver import PHASES, NonFiniteResult, NotPositiveDefinite, sygvd
 from .warmup import warm_up
 
-__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "warm_up", "PHASES", "NotPositiveDefinite"]
+__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "warm_up", "PHASES", "NotPositiveDefinite",
+           "NonFiniteResult", "InputError"]

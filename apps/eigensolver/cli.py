@@ -4,10 +4,13 @@
   hpccoll-eigensolver compare --n 4096 --ranks 3 --repeat 5 --comm sentinel,ll128,nccl,mpi --out DIR
   hpccoll-eigensolver report DIR
 
-Every argument is checked when parsed; the output directory before any work.  Under MPI,
-errors that every rank sees alike (arguments, input matrices, B not positive definite) are
-printed once, by rank 0, and every rank exits with status 2; any other exception on one rank
-aborts the whole job (runinfo.install_abort_hook), so no rank is left waiting."""
+Every argument is checked when parsed; solve's arguments and input files then on every rank
+and agreed in one allgather (agree_solve_args); the output directory (default DEFAULT_OUT for
+solve) before any work.  Under MPI, errors that every rank sees alike (arguments, input files
+and matrices, B not numerically positive definite) are printed once, by rank 0, and every rank
+exits with status 2; a solve whose result is not finite exits 1 with nothing written; any other
+exception on one rank aborts the whole job (runinfo.install_abort_hook), so no rank is left
+waiting."""
 from __future__ import annotations
 
 import argparse
@@ -20,10 +23,11 @@ import time
 
 from .report import GUARANTEE, METRIC_DEFINITIONS
 from .runinfo import COMM_CHOICES, launcher_rank
-from .runs import (FAILURE_SCHEMA, METRICS_LEGEND, PROG, RUN_SCHEMA, SAVE_VECTORS_MAX_N, SCIPY_REFERENCE_MAX_N, CliError,
-                   _content_digest, _visible, agree, build_local_problem, check_out_dir, config_digest,
-                   config_identity, fail_together, in_column_order, print_run, problem_tag, progress, rank_records,
-                   reference_on_root, refuse_overwrite, run_stem, save_vectors, write_json, write_vectors)
+from .runs import (DEFAULT_OUT, EXIT_FAILED, FAILURE_SCHEMA, METRICS_LEGEND, PROG, RUN_SCHEMA, SAVE_VECTORS_MAX_N,
+                   SCIPY_REFERENCE_MAX_N, CliError, _content_digest, _visible, agree, build_local_problem,
+                   check_out_dir, config_digest, config_identity, fail_together, in_column_order, print_run,
+                   problem_tag, progress, rank_records, reference_on_root, refuse_overwrite, run_stem, save_vectors,
+                   write_json, write_vectors)
 
 # -- argument types: every value checked at parse time -------------------------------------------
 def _int_at_least(low: int, what: str):
@@ -98,7 +102,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
                    help="solves of the same problem (default 1)")
     p.add_argument("--out", default=None,
                    help="directory for one JSON per run (rank 0 writes it; created if missing, checked "
-                        "before the solve)")
+                        f"before the solve); solve's default: ./{DEFAULT_OUT}")
     p.add_argument("--overwrite", action="store_true",
                    help="replace results of the same problem and options already in --out (default: refuse)")
     p.add_argument("--save-vectors", choices=("auto", "yes", "no"), default="auto",
@@ -116,8 +120,12 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 
 def finish_args(args) -> None:
-    """Checks that need several arguments (the problem spec); raises CliError."""
+    """Checks that need several arguments (the problem spec); raises CliError.  solve without
+    --out writes into DEFAULT_OUT."""
     from .problems import ProblemError, parse_problem
+
+    if getattr(args, "cmd", None) == "solve" and args.out is None:
+        args.out = DEFAULT_OUT
 
     if hasattr(args, "problem"):
         try:
@@ -130,6 +138,50 @@ def finish_args(args) -> None:
         raise CliError("--out '': give a directory")
 
 
+def _input_fingerprint(args) -> dict:
+    """What every rank of a solve must be given alike: the options that shape the solve and,
+    for file: problems, each file's shape, dtype, order and size (paths may differ by node)."""
+    spec = args.spec
+    fp = {"--n": args.n, "--nb": args.nb, "--repeat": args.repeat, "--comm": args.comm, "--stedc": args.stedc,
+          "--sytrd": args.sytrd, "--symmetry-tol": args.symmetry_tol}
+    if spec.kind == "file":
+        fp["--problem"] = "file:" + ",".join(
+            f"{name} {'x'.join(map(str, shape))} {dtype} {'F' if fortran else 'C'} order {os.path.getsize(path)} B"
+            for name, path, (shape, fortran, dtype, _) in zip("AB", spec.files, spec.file_info))
+    else:
+        fp.update({"--problem": spec.kind, "--cond-b": spec.cond_b, "--seed": spec.seed})
+    return fp
+
+
+def agree_solve_args(args) -> None:
+    """solve: every rank checks its own arguments and input files (finish_args: each file's
+    header and size), then one allgather of (error, fingerprint) per rank, before any other
+    collective: an error on any rank, or inputs that differ between ranks, raise the same
+    CliError on every rank (printed once; exit status 2) naming the ranks and the files."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        finish_args(args)
+        mine = (None, _input_fingerprint(args))
+    except CliError as exc:
+        mine = (str(exc), None)
+    except OSError as exc:   # a file gone or unreadable between its checks
+        mine = (f"{exc.filename}: {exc.strerror or exc}", None)
+    everyone = world.allgather(mine)
+    failed = [(r, e) for r, (e, _) in enumerate(everyone) if e]
+    if failed:
+        if len(failed) == len(everyone) and len({e for _, e in failed}) == 1:
+            raise CliError(failed[0][1])
+        raise CliError("; ".join(f"on rank {r}: {e}" for r, e in failed))
+    prints = [fp for _, fp in everyone]
+    differ = [k for k in prints[0] if len({repr(fp.get(k)) for fp in prints}) > 1]
+    if differ:
+        seen = "; ".join(f"{k}: " + ", ".join(f"rank {r} {fp.get(k)}" for r, fp in enumerate(prints)) for k in differ)
+        raise CliError(f"the ranks were given different inputs ({seen}): give every rank the same arguments "
+                       "and the same files")
+
+
 def cmd_solve(args) -> int:
     from mpi4py import MPI
 
@@ -137,7 +189,7 @@ def cmd_solve(args) -> int:
 
     from .checks import InputError
     from .runinfo import MixedDevices, limit_host_threads, make_communicator, select_device
-    from .solver import NotPositiveDefinite
+    from .solver import NonFiniteResult, NotPositiveDefinite
 
     world = MPI.COMM_WORLD
     ctl = world.Dup()  # the CLI's own agreements: never matched against the library's collectives
@@ -180,9 +232,11 @@ def cmd_solve(args) -> int:
             sytrd_mode = mode_for(comm, args.n, args.sytrd)
         return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
     except NotPositiveDefinite as exc:   # raised by every rank alike (every panel of L is broadcast)
-        raise CliError(f"B is not positive definite: {exc}") from None
-    except InputError as exc:            # raised by every rank alike (checks.check_input)
+        raise CliError(str(exc)) from None
+    except InputError as exc:            # raised by every rank alike (checks.check_input, sygvd)
         raise CliError(f"input rejected: {exc}") from None
+    except NonFiniteResult as exc:       # raised by every rank alike (sygvd); nothing written
+        raise CliError(f"the solve failed: {exc}", code=EXIT_FAILED) from None
     except CliError:                     # runs.agree: raised by every rank alike
         raise
     except BaseException:                # any other: this rank's alone
@@ -249,7 +303,8 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             info["gpus_used"] = len(set(gpus))  # ranks sharing a GPU (MPS) count it once
         info["blas"]["host_threads"] = args.host_threads_record
         print(f"{PROG}: n={n} P={size} nb={args.nb} comm={args.comm} ({comm.backend}) problem={args.problem} "
-              f"on {device}; built in {build_s:.2f} s; results {stems[0][:-7]}_run*", flush=True)
+              f"on {device}; built in {build_s:.2f} s; results {os.path.join(args.out, stems[0][:-7])}_run*",
+              flush=True)
         print(METRICS_LEGEND, flush=True)
         if ref_err:
             print(f"{PROG}: scipy reference failed ({ref_err}); eig-err(scipy) not recorded", flush=True)
@@ -467,12 +522,16 @@ def cmd_compare(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build_report
+    from .report import build_report, load_runs
 
     if not os.path.isdir(args.dir):
         raise CliError(f"report {args.dir}: no such directory: pass the --out directory of solve or compare")
     if not os.access(args.dir, os.W_OK):
         raise CliError(f"report {args.dir}: not writable (report.md and report.json go there)")
+    runs, failures = load_runs(args.dir)
+    if not runs and not failures:
+        raise CliError(f"report {args.dir}: no runs there (no *_run*.json of solve, no failed_*.json of compare): "
+                       "pass the --out directory of solve or compare")
     paths = build_report(args.dir)
     print("report: " + ", ".join(paths))
     return 0
@@ -564,7 +623,10 @@ def main(argv=None) -> int:
 
         install_abort_hook(PROG)
     try:
-        finish_args(args)
+        if args.cmd == "solve":
+            agree_solve_args(args)   # under MPI: on every rank at once
+        else:
+            finish_args(args)
         return int(args.fn(args) or 0)
     except CliError as exc:
         if _printing_rank() == 0:

@@ -2,13 +2,18 @@
 
 Work on numpy or cupy arrays (the norms are reduced to Python floats).  `residual` and
 `b_orthogonality` take whole matrices; `distributed_accuracy` computes the same two numbers
-from the ranks' column blocks without gathering an n x n matrix anywhere."""
+from the ranks' column blocks without gathering an n x n matrix anywhere.  Both are computed
+for A' = 2^a A, B' = 2^b B, X' = 2^(-b/2) X, w' = 2^(a-b) w with the largest magnitudes of A'
+and B' in [1/4, 1) (scaling.exponent; b even): the same numbers (they are invariant under that
+scaling), without overflow or underflow in the products and sums of squares for any A and B
+of float64 whose eigenvalues are finite."""
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
 
+from . import scaling
 from ._xp import get_xp, to_host
 
 EPS = float(np.finfo(np.float64).eps)
@@ -33,12 +38,23 @@ DEFINITIONS = {
 }
 
 
+def _exponents(max_a: float, max_b: float) -> tuple[int, int]:
+    """The metrics' scaling exponents (a, b) of A and B (see the module doc)."""
+    return scaling.exponent(max_a, safe=None), scaling.exponent(max_b, even=True, safe=None)
+
+
+def _times(M, k: int):
+    """M * 2^k (a new array; M itself for k = 0)."""
+    return scaling.scale(M.copy(), k) if k else M
+
+
 def residual(A, B, X, w) -> float:
     """||A X - B X diag(w)||_F / (n ||A||_F ||X||_F eps)."""
     xp = get_xp(A, B, X, w)
     n = A.shape[0]
-    R = A @ X - (B @ X) * w[None, :]
-    den = n * float(xp.linalg.norm(A)) * float(xp.linalg.norm(X)) * EPS
+    a, b = _exponents(float(xp.abs(A).max()), float(xp.abs(B).max()))
+    R = A @ _times(X, a - b // 2) - (B @ _times(X, b // 2)) * _times(w, a - b)[None, :]
+    den = n * float(xp.linalg.norm(_times(A, a))) * float(xp.linalg.norm(_times(X, -(b // 2)))) * EPS
     return float(xp.linalg.norm(R)) / den if den else float("nan")
 
 
@@ -46,7 +62,8 @@ def b_orthogonality(B, X) -> float:
     """||X^T B X - I||_F / (n eps)."""
     xp = get_xp(B, X)
     n = X.shape[1]
-    G = X.T @ (B @ X)
+    b = _exponents(0.0, float(xp.abs(B).max()))[1]
+    G = _times(X, -(b // 2)).T @ (B @ _times(X, b // 2))
     G[xp.arange(n), xp.arange(n)] -= 1.0
     return float(xp.linalg.norm(G)) / (n * EPS)
 
@@ -144,12 +161,14 @@ def matrix_sha256(X) -> str:
     return combine_digests(column_digests(X))
 
 
-def _sum_of_squares(M, chunk_bytes: int) -> float:
-    """sum(M**2) a column block at a time (no temporary of M's size)."""
+def _sum_of_squares(M, chunk_bytes: int, k2: int = 0) -> float:
+    """sum((2^k2 M)**2) a column block at a time (no temporary of M's size)."""
     step = max(1, chunk_bytes // max(1, 8 * M.shape[0]))
     total = 0.0
     for k in range(0, M.shape[1], step):
         v = M[:, k:k + step].ravel(order="K")
+        if k2:
+            v = scaling.scale(v.copy(), k2)
         total += float(v @ v)
     return total
 
@@ -158,7 +177,8 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
     """{'residual', 'b_orthogonality'} as residual() and b_orthogonality() define them, from the
     ranks' column blocks (1 x P block-cyclic, `desc`), the same on every rank.
 
-    Collective over `comm`: anything with mpi4py's Bcast(buf, root) and Allreduce(send, recv) for
+    Collective over `comm`: anything with mpi4py's Bcast(buf, root), Allgather(send, recv) and
+    Allreduce(send, recv) for
     arrays of xp (an hpccoll Communicator for device arrays; an mpi4py communicator suffices on
     the host, where the sums' order does not matter for a metric).  For each block of c columns of X (owner's turn, c from chunk_bytes): the owner
     Bcasts X[:, block]; every rank adds its share A[:, J_r] X[J_r, block] (and B's) and one
@@ -172,7 +192,11 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
         chunk_bytes = (256 if xp is not np else 2) * 2**20
     c_max = max(1, chunk_bytes // (8 * max(1, n)))
     mine = xp.asarray(desc.local_cols(rank))
-    w_host = np.asarray(to_host(w), dtype=np.float64)
+    peaks = xp.stack([scaling.max_abs(A_loc, xp), scaling.max_abs(B_loc, xp)])
+    every = xp.empty((size, 2), dtype=xp.float64)
+    comm.Allgather(peaks, every)                    # the largest magnitudes: A' = 2^a A, B' = 2^b B
+    a, b = _exponents(*(float(v) for v in to_host(every).max(axis=0)))
+    w_host = scaling.scale(np.array(to_host(w), dtype=np.float64), a - b)   # w' = 2^(a-b) w
     res2 = orth2 = 0.0
     for owner in range(size):
         owner_cols = desc.local_cols(owner)
@@ -182,8 +206,8 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
             comm.Bcast(Xb, root=owner)
             rows = Xb[mine, :]
             part = xp.empty((n, 2 * c))
-            part[:, :c] = A_loc @ rows
-            part[:, c:] = B_loc @ rows
+            part[:, :c] = A_loc @ _times(rows, a - b // 2)          # A' X'
+            part[:, c:] = B_loc @ scaling.scale(rows, b // 2)       # B' X' (rows is a copy)
             full = xp.empty_like(part)
             comm.Allreduce(part, full)
             del part, rows
@@ -191,12 +215,13 @@ def distributed_accuracy(A_loc, B_loc, X_loc, w, desc, comm, *, chunk_bytes: int
             if rank == owner:
                 lam = xp.asarray(w_host[owner_cols[k0:k0 + c]])
                 res2 += float(xp.linalg.norm(AXb - BXb * lam[None, :])) ** 2
-            G = X_loc.T @ BXb                                   # (X^T B X)[J_r, block]
+            G = scaling.scale(X_loc.T @ BXb, -(b // 2))         # (X'^T B' X')[J_r, block]
             if rank == owner:
                 G[xp.arange(k0, k0 + c), xp.arange(c)] -= 1.0
             orth2 += float(xp.linalg.norm(G)) ** 2
             del full, AXb, BXb, G, Xb
-    sums = xp.asarray([res2, orth2, _sum_of_squares(A_loc, chunk_bytes), _sum_of_squares(X_loc, chunk_bytes)])
+    sums = xp.asarray([res2, orth2, _sum_of_squares(A_loc, chunk_bytes, a),
+                       _sum_of_squares(X_loc, chunk_bytes, -(b // 2))])
     total = xp.empty_like(sums)
     comm.Allreduce(sums, total)
     res2, orth2, a2, x2 = (float(v) for v in to_host(total))

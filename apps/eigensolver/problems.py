@@ -112,6 +112,10 @@ def parse_problem(text: str, n: int, *, cond_b: float = 1e3, seed: int = 0) -> P
                                    "(float64 preferred)")
             if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
                 raise ProblemError(f"--problem {text!r}: {name} has shape {shape}: it must be a square matrix")
+            need, have = shape[0] * shape[1] * dtype.itemsize, os.path.getsize(path) - offset
+            if have < need:
+                raise ProblemError(f"--problem {text!r}: {name} file {path!r} is truncated: {have} bytes of data, "
+                                   f"its header's {shape[0]} x {shape[1]} {dtype} needs {need}")
             info.append((shape, fortran, dtype, offset))
         if info[0][0] != info[1][0]:
             raise ProblemError(f"--problem {text!r}: A is {info[0][0][0]} x {info[0][0][1]}, B is "
@@ -340,6 +344,13 @@ def _runs(cols: np.ndarray):
     return out
 
 
+def _exact(data: np.ndarray, count: int, path: str) -> np.ndarray:
+    """data, which a read asked `count` values of; ProblemError naming the file if it got fewer."""
+    if data.size != count:
+        raise ProblemError(f"{path}: truncated: a read of {count} values got {data.size}")
+    return data
+
+
 def read_columns(path: str, cols, xp=np, info=None, digests: list | None = None):
     """Columns `cols` of the square .npy matrix at path as float64 (n x len(cols), Fortran order,
     xp array), reading only those columns (Fortran-order files) or row chunks of the file
@@ -354,7 +365,8 @@ def read_columns(path: str, cols, xp=np, info=None, digests: list | None = None)
         if fortran:
             for pos, c0, length in _runs(cols):
                 f.seek(offset + c0 * n * dtype.itemsize)
-                blk = np.fromfile(f, dtype=dtype, count=n * length).reshape((n, length), order="F")
+                blk = _exact(np.fromfile(f, dtype=dtype, count=n * length), n * length, path)
+                blk = blk.reshape((n, length), order="F")
                 blk = np.asfortranarray(blk, dtype=np.float64)
                 host.append((pos, blk))
                 out[:, pos:pos + length] = xp.asarray(blk)
@@ -364,7 +376,8 @@ def read_columns(path: str, cols, xp=np, info=None, digests: list | None = None)
             for r0 in range(0, n, rows):
                 r1 = min(n, r0 + rows)
                 f.seek(offset + r0 * n * dtype.itemsize)
-                blk = np.fromfile(f, dtype=dtype, count=(r1 - r0) * n).reshape(r1 - r0, n)
+                blk = _exact(np.fromfile(f, dtype=dtype, count=(r1 - r0) * n), (r1 - r0) * n, path)
+                blk = blk.reshape(r1 - r0, n)
                 part = blk[:, cols].astype(np.float64)
                 out[r0:r1, :] = xp.asarray(part)
                 if staged is not None:

@@ -402,9 +402,9 @@ def build_report(directory: str) -> list[str]:
         for k in g["median_phase_seconds"]:
             if k not in phase_names:
                 phase_names.append(k)
+    time_cols = ["comm", "ranks", "n", *phase_names, "solve", "in collectives", "share", "collectives", "bytes"]
     md += ["## Time (median over runs, seconds)", "",
-           "| comm | ranks | n | " + " | ".join(phase_names) + " | solve | in collectives | share | "
-           "collectives | bytes |", "|---" * (len(phase_names) + 8) + "|"]
+           "| " + " | ".join(time_cols) + " |", "|---" * len(time_cols) + "|"]
     for g in groups:
         ph = " | ".join(_fmt(g["median_phase_seconds"].get(k), ".4f") for k in phase_names)
         share = g["median_collective_share"]

@@ -20,7 +20,10 @@ SCIPY_REFERENCE_MAX_N = 4096
 SAVE_VECTORS_MAX_N = 4096
 RUN_SCHEMA = "hpccoll-eigensolver/run/2"
 FAILURE_SCHEMA = "hpccoll-eigensolver/failure/2"
+#: where solve writes its results without --out (relative to the working directory)
+DEFAULT_OUT = "hpccoll-eigensolver-runs"
 EXIT_ERROR = 2   # arguments, input or output directory rejected (argparse's status too)
+EXIT_FAILED = 1  # a solve that ran and failed (NaN or Inf in its result), or a failed compare configuration
 
 class CliError(Exception):
     """An error every rank (or the driver) sees alike: printed once, exit status `code`."""
@@ -302,7 +305,8 @@ def build_local_problem(spec, desc, ctl, xp):
         A, B = generated_columns(spec, cols, xp)
         return A, B, None
 
-    A, B, digests = agree(ctl, local, f"--problem {spec.kind if spec.kind != 'file' else 'file:'}")
+    what = "file:" + ",".join(spec.files) if spec.kind == "file" else spec.kind
+    A, B, digests = agree(ctl, local, f"--problem {what}")
     if spec.kind != "file":
         symmetrize(A, desc, ctl)
         symmetrize(B, desc, ctl)

@@ -26,6 +26,10 @@ the memory model).  Steps and their collectives (P ranks, n columns, block nb):
   ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors.
   trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L.
 
+Before potrf one Allgather of a fixed-size record per rank (the arguments, checked alike on
+every rank, and the largest |A| and |B|, from which A and B are scaled by powers of two:
+scaling.py); after trsm one Allgather of a flag per rank (its X finite).
+
 Scalars stay in arrays (no per-column host sync); on GPU the host syncs are the phase
 boundaries, the positive-definiteness check after potrf, the divide and conquer's per-level
 decisions (deflation: a scan of k numbers on the host) and (if the counting proxy is asked to)
@@ -36,7 +40,7 @@ import numpy as np
 
 from ._xp import get_xp, is_device, sync, to_host, tridiagonal_eigh, tridiagonal_matrix
 from .counting import PhaseTimer
-from . import householder
+from . import householder, scaling
 from .layout import BlockCyclic, column_order, rows_to_columns
 from .sytrd_device import MODES
 from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst, sygst_desc
@@ -45,6 +49,11 @@ from .tridiag_dc import Early
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
 SYTRD_CHOICES = MODES  # sytrd_device.py (imports without CuPy)
+
+
+class NonFiniteResult(ArithmeticError):
+    """The solve produced NaN or Inf in w or X (inputs that pass the checks should not; an
+    eigenvalue beyond the float64 range does): raised on every rank alike, nothing returned."""
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
@@ -60,50 +69,156 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     sytrd: how the GPU runs the tridiagonalization's column step, "auto" (fused transfers
     on hpccoll's deterministic sentinel communicator up to sytrd_device.FUSED_MAX_N, else
     collectives replayed in CUDA graphs), "fused", "graph", "eager" or "ops" (CuPy operations);
-    the host always runs the array operations."""
+    the host always runs the array operations.
+
+    A and B are scaled by powers of two into a safe range first and the results scaled back
+    (scaling.py), so any magnitudes whose eigenvalues fit float64 solve alike.  Errors are
+    raised on every rank alike: checks.InputError (a ValueError) for arrays or arguments that
+    differ from the descriptor or between ranks, or A or B not finite; NotPositiveDefinite (a
+    ValueError) for a B that is not numerically positive definite; NonFiniteResult (an
+    ArithmeticError) where w or X would hold NaN or Inf."""
     xp = get_xp(A_local, B_local)
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if desc.m != desc.n:
-        raise ValueError(f"sygvd: the matrix must be square, the descriptor says {desc.m} x {desc.n}")
-    if desc.nprocs != size:
-        raise ValueError(f"sygvd: the descriptor is for {desc.nprocs} ranks, the communicator has {size}")
-    if sytrd not in SYTRD_CHOICES:
-        raise ValueError(f"sygvd: sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
+    size = comm.Get_size()
+    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, eigvecs, stedc, sytrd)
     where = stedc_choice(stedc, is_device(xp))
-    shape = (desc.n, desc.local_n(rank))
-    for name, a in (("A_local", A_local), ("B_local", B_local)):
-        if tuple(a.shape) != shape:
-            raise ValueError(f"sygvd: {name} has shape {tuple(a.shape)}, rank {rank} owns {shape}")
     timer = timer if timer is not None else PhaseTimer(xp, comm)
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
     # it reduces the rest (tridiag_dc.Early; on the GPU they overlap sytrd's last columns)
     early = Early(desc.n, xp) if solves_early(where, eigvecs, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
-                                     early.hooks if early else ())
+                                     early.hooks if early else (), scale_exponents=(a_exp, b_exp))
     with timer.phase("stedc"):
         w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where, early.solved if early else None)
+    if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
+        w = xp.array(w, copy=True)
+        scaling.scale(w, b_exp - a_exp)
     if not eigvecs:
+        _check_finite(w, None, comm, xp, b_exp - a_exp)
         return w, None
     with timer.phase("ormtr"):
         householder.ormtr(V, tau, Z, desc, comm, xp)
     del V
     with timer.phase("trsm"):
         back_transform(Z, L, panel_desc(desc), comm, xp)
+        scaling.scale(Z, b_exp // 2)                   # x = sqrt(tau) x'
+        _check_finite(w, Z, comm, xp, b_exp - a_exp)
     return w, Z
 
 
+#: the per-rank record agree_inputs exchanges (float64 entries)
+_FIELDS = ("max_abs_A", "max_abs_B", "n", "m", "nb", "nprocs", "A_rows", "A_cols", "B_rows", "B_cols",
+           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvecs")
+
+
+def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, eigvecs: bool, stedc: str, sytrd: str):
+    """Check sygvd's arguments on every rank at once: one Allgather of a fixed-size record per
+    rank (the descriptor, the arrays' shapes and dtypes, the options, the largest magnitudes of
+    A's and B's columns), so that an argument wrong on one rank only, or differing between
+    ranks, raises the same checks.InputError on every rank instead of a mismatched collective.
+    Returns the scaling exponents (a, b) of A and B (scaling.exponent; b even)."""
+    from .checks import InputError
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = np.full(len(_FIELDS), -1.0)
+    real = [getattr(a, "dtype", np.dtype(object)).kind in "biuf" for a in (A_local, B_local)]
+    for i, (a, ok) in enumerate(zip((A_local, B_local), real)):
+        if ok and a.ndim == 2:
+            mine[6 + 2 * i:8 + 2 * i] = a.shape
+    mine[2:6] = desc.n, desc.m, desc.nb, desc.nprocs
+    mine[10] = desc.local_n(rank) if rank < desc.nprocs else -1
+    mine[11:13] = real
+    mine[13] = STEDC_CHOICES.index(stedc) if stedc in STEDC_CHOICES else -1
+    mine[14] = SYTRD_CHOICES.index(sytrd) if sytrd in SYTRD_CHOICES else -1
+    mine[15] = bool(eigvecs)
+    record = xp.asarray(mine)
+    shapes_ok = all(mine[6 + 2 * i] == desc.n and mine[7 + 2 * i] == mine[10] for i in range(2))
+    if shapes_ok:   # the largest magnitudes (NaN where an entry is NaN), on the device
+        record[0] = scaling.max_abs(A_local, xp)
+        record[1] = scaling.max_abs(B_local, xp)
+    table = xp.empty((size, len(_FIELDS)), dtype=xp.float64)
+    comm.Allgather(record, table)
+    t = to_host(table)
+
+    def field(name):
+        return t[:, _FIELDS.index(name)]
+
+    def fail(message):
+        raise InputError(f"sygvd: {message}")
+
+    for names, what in ((("n", "m", "nb", "nprocs"), "descriptor"), (("stedc",), "stedc"), (("sytrd",), "sytrd"),
+                        (("eigvecs",), "eigvecs")):
+        cols = np.stack([field(k) for k in names], axis=1)
+        if (cols != cols[0]).any():
+            seen = "; ".join(f"rank {r}: " + ", ".join(f"{k}={_num(v)}" for k, v in zip(names, row))
+                             for r, row in enumerate(cols))
+            fail(f"the ranks pass different {what} values ({seen}): pass the same on every rank")
+    if desc.m != desc.n:
+        fail(f"the matrix must be square, the descriptor says {desc.m} x {desc.n}")
+    if desc.nprocs != size:
+        fail(f"the descriptor is for {desc.nprocs} ranks, the communicator has {size}")
+    if sytrd not in SYTRD_CHOICES:
+        fail(f"sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
+    stedc_choice(stedc, is_device(xp))          # the same verdict on every rank
+    for r in range(size):
+        for i, name in enumerate(("A_local", "B_local")):
+            if not t[r, 11 + i]:
+                fail(f"rank {r}: {name} is not a real array: use float64")
+            shape = (_num(t[r, 6 + 2 * i]), _num(t[r, 7 + 2 * i]))
+            owns = (desc.n, _num(t[r, 10]))
+            if shape != owns:
+                fail(f"rank {r}: {name} has shape {shape if -1 not in shape else 'not 2-D'}, rank {r} owns "
+                     f"{owns} of BlockCyclic({desc.n}, {desc.n}, {desc.nb}, {desc.nprocs})")
+    for i, name in enumerate("AB"):
+        bad = [r for r in range(size) if not np.isfinite(t[r, i])]
+        if bad:
+            fail(f"{name} has NaN or Inf entries (in the columns of rank{'s' if len(bad) > 1 else ''} "
+                 f"{', '.join(map(str, bad))}): {name} must be finite")
+    a_max, b_max = float(field("max_abs_A").max()), float(field("max_abs_B").max())
+    if not b_max > 0:
+        raise NotPositiveDefinite("B is not numerically positive definite: B is zero")
+    return scaling.exponent(a_max), scaling.exponent(b_max, even=True)
+
+
+def _num(v: float):
+    """A record entry as the int it holds (shapes, counts), else the float."""
+    return int(v) if float(v).is_integer() else float(v)
+
+
+def _check_finite(w, X, comm, xp, w_exp: int) -> None:
+    """Raise NonFiniteResult on every rank when w (replicated) or any rank's X holds NaN or
+    Inf: with X, one Allgather of a flag per rank."""
+    w_ok = bool(xp.isfinite(w).all())
+    x_bad = []
+    if X is not None:
+        flags = xp.empty(comm.Get_size(), dtype=xp.float64)
+        comm.Allgather(xp.asarray([0.0 if np.isfinite(float(scaling.max_abs(X, xp))) else 1.0]), flags)
+        x_bad = [r for r, f in enumerate(to_host(flags)) if f]
+    if w_ok and not x_bad:
+        return
+    where = [] if w_ok else ["the eigenvalues"]
+    if x_bad:
+        where.append(f"the eigenvectors (columns of rank{'s' if len(x_bad) > 1 else ''} {', '.join(map(str, x_bad))})")
+    hint = (f" (the pair was solved scaled by powers of two, its eigenvalues then multiplied by 2^{w_exp}: "
+            "they lie beyond the float64 range)" if w_exp and not w_ok else "")
+    raise NonFiniteResult(f"sygvd: NaN or Inf in {' and '.join(where)}{hint}; no result returned")
+
+
 def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto",
-                   notify=()):
-    """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local.
-    Returns (d, e, tau, V, L): T's diagonals and the reflectors' scalars (replicated), the local
-    columns holding the reflectors and those of the Cholesky factor.  notify: sytrd's
-    [(rows, fn)], fn(d, e) called once T's first `rows` rows are final (householder.sytrd)."""
+                   notify=(), scale_exponents=(0, 0)):
+    """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
+    scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
+    T's diagonals and the reflectors' scalars (replicated), the local columns holding the
+    reflectors and those of the Cholesky factor.  notify: sytrd's [(rows, fn)], fn(d, e) called
+    once T's first `rows` rows are final (householder.sytrd)."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
+    a_exp, b_exp = scale_exponents
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
+    scaling.scale(B, b_exp)
     with timer.phase("potrf"):
         L = potrf(B, wide, comm, xp)
     del B
     C = xp.array(A_local, dtype=xp.float64, order="F", copy=True)
+    scaling.scale(C, a_exp)
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
@@ -182,4 +297,4 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool =
 
 
 __all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES",
-           "NotPositiveDefinite", "sync"]
+           "NotPositiveDefinite", "NonFiniteResult", "sync"]

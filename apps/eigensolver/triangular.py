@@ -21,14 +21,15 @@ A panel's Bcast carries at most (n - k0) x 2 nb values; the trailing updates are
 accumulated in place (_xp.gemm_acc).  potrf's and sygst's update only what a later panel reads:
 the lower part of the trailing columns, in chunks of `update_cols` local columns from the row of
 each chunk's first column (half the flops of full columns, a few GEMMs per panel).
-Every rank receives every panel of L, so every rank sees a failed Cholesky pivot (NaN or <= 0)
-and raises NotPositiveDefinite at the end of potrf (one host sync)."""
+Every rank receives every panel of L, so every rank sees a failed Cholesky pivot (NaN or <= 0),
+and the smallest and largest pivots, and raises NotPositiveDefinite alike at the end of potrf
+(one host sync) when a pivot failed or their ratio says B is singular to working precision."""
 from __future__ import annotations
 
 import numpy as np
 
 from ._xp import potrf as potrf_block
-from ._xp import _unit_rows, gemm_acc, is_device, potrf_in_place, sygst_block, trsm, trsm_in_place
+from ._xp import _unit_rows, gemm_acc, is_device, potrf_in_place, sygst_block, to_host, trsm, trsm_in_place
 from .layout import BlockCyclic, panel_bcast
 
 
@@ -64,7 +65,30 @@ def _whole_on_device(desc: BlockCyclic, xp, *arrays) -> bool:
 
 
 class NotPositiveDefinite(np.linalg.LinAlgError):
-    """B is not (numerically) symmetric positive definite."""
+    """B is not numerically symmetric positive definite: its Cholesky factorization met a pivot
+    <= 0 or NaN, or its pivots l_ii^2 span more than 1/eps (then cond(B) > 1/eps: an eps-sized
+    change of B makes it singular).  A ValueError (numpy.linalg.LinAlgError)."""
+
+
+#: B is refused when min l_ii^2 < PIVOT_RATIO * max l_ii^2 (cond(B) >= max l_ii^2 / min l_ii^2)
+PIVOT_RATIO = float(np.finfo(np.float64).eps)
+
+
+def check_pivots(failed, pmin, pmax, xp) -> None:
+    """Raise NotPositiveDefinite (one host sync) when `failed` (a device flag) is set or the
+    pivots' squared ratio (pmin / pmax)^2 is below PIVOT_RATIO."""
+    failed, pmin, pmax = (float(v) for v in to_host(xp.stack([xp.asarray(failed, dtype=xp.float64),
+                                                                 xp.asarray(pmin, dtype=xp.float64),
+                                                                 xp.asarray(pmax, dtype=xp.float64)])))
+    if failed or not pmin > 0:
+        raise NotPositiveDefinite("B is not numerically positive definite: its Cholesky factorization met a pivot "
+                                  "<= 0 or NaN")
+    ratio = (pmin / pmax) ** 2
+    if ratio < PIVOT_RATIO:
+        raise NotPositiveDefinite(f"B is not numerically positive definite: its Cholesky pivots l_ii^2 range from "
+                                  f"{pmin ** 2:.3g} to {pmax ** 2:.3g}, a ratio of {ratio:.3g} < eps = "
+                                  f"{PIVOT_RATIO:.3g}, so cond(B) >= {1 / ratio:.3g}: B is singular to working "
+                                  "precision")
 
 
 def lower_update(M, P, Q, cols, cols_x, lt: int, k1: int, update_cols: int, xp) -> None:
@@ -102,13 +126,15 @@ def potrf(B, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
     if _whole_on_device(desc, xp, B):   # one rank: cuSOLVER's potrf of the whole matrix, in place
         failed = potrf_in_place(xp, B)
         zero_above_diagonal(B, desc, 0, xp)
-        if bool(failed):
-            raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
+        d = xp.diagonal(B)
+        check_pivots(failed, d.min(), d.max(), xp)
         return B
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     cols = desc.local_cols(rank)
     cols_x = xp.asarray(cols)
     failed = xp.zeros((), dtype=bool)
+    pmin = xp.full((), np.inf)
+    pmax = xp.zeros(())
     for k0 in range(0, n, nb):
         k1 = min(k0 + nb, n)
         w = k1 - k0
@@ -121,12 +147,14 @@ def potrf(B, desc: BlockCyclic, comm, xp, *, update_cols: int = UPDATE_COLS):
                 blk[w:] = trsm(xp, L11, blk[w:].T).T
             B[:k0, lj:lj + w] = 0.0
         Lp = panel_bcast(B, desc, comm, k0)         # (n - k0) x w
-        failed |= ~xp.all(xp.diagonal(Lp[:w]) > 0)  # a NaN pivot compares False
+        piv = xp.diagonal(Lp[:w])
+        failed |= ~xp.all(piv > 0)                  # a NaN pivot compares False
+        pmin = xp.minimum(pmin, piv.min())
+        pmax = xp.maximum(pmax, piv.max())
         lt = int(np.searchsorted(cols, k1))
         if lt < cols.size:  # B22 -= L21 L21^T (lower part)
             lower_update(B, Lp[w:], Lp[w:], cols, cols_x, lt, k1, update_cols, xp)
-    if bool(failed):
-        raise NotPositiveDefinite("sygvd: B is not positive definite (Cholesky failed)")
+    check_pivots(failed, pmin, pmax, xp)
     return B
 
 

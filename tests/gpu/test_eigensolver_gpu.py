@@ -681,3 +681,48 @@ def test_gpu_one_rank_early_subtrees_overlap_and_change_no_bit(self_comm, n, nb)
     assert metrics.eigenvalue_error(w, sl.eigh(prob.A, prob.B, eigvals_only=True)) < 1e-10, seed
     assert metrics.residual(prob.A, prob.B, X, w) < 1.0, seed
     assert metrics.b_orthogonality(prob.B, X) < 100, seed
+
+
+GPU_SCALES = [(1e-300, 1.0), (1e-150, 1.0), (1e300, 1.0), (1.0, 1e-300), (1.0, 1e300), (1e300, 1e300),
+              (1e-300, 1e-300), (1e-150, 1e150)]
+
+
+@pytest.mark.parametrize("ranks", ["all", "one"])
+@pytest.mark.parametrize("sa,sb", GPU_SCALES, ids=[f"A{a:g}-B{b:g}" for a, b in GPU_SCALES])
+def test_gpu_scaled_pairs_match_scipy(request, ranks, sa, sb):
+    """The host's scaling cases (tests/mpi/test_eigensolver_cli_mpi.py) on the GPU path: A and B
+    scaled anywhere in the float64 range solve to scipy.linalg.eigh's eigenvalues of the same
+    matrices, with finite small residual and B-orthogonality (distributed and gathered), on all
+    ranks and on one (cuSOLVER's whole-matrix potrf and its pivot check)."""
+    from hpccoll_eigensolver import distribute, gather, metrics
+    from hpccoll_eigensolver.problems import Problem, make_problem
+
+    import cupy as cp
+
+    comm = request.getfixturevalue("gpu_comm" if ranks == "all" else "self_comm")
+    base = make_problem("known", 160, cond_b=1e3, seed=3)
+    prob = Problem("known", base.A * sa, base.B * sb, None)
+    w, X, desc = _solve(comm, prob, 16)
+    wh = w.get()
+    assert np.isfinite(wh).all() and bool(cp.isfinite(X).all())
+    assert metrics.eigenvalue_error(wh, sl.eigh(prob.A, prob.B, eigvals_only=True)) < 1e-13
+    acc = metrics.distributed_accuracy(cp.asarray(distribute(prob.A, desc, comm.rank)),
+                                       cp.asarray(distribute(prob.B, desc, comm.rank)), X, w, desc, comm)
+    assert 0 <= acc["residual"] < 1 and 0 < acc["b_orthogonality"] < 100, acc
+    Xg = gather(X, desc, comm).get()
+    assert metrics.residual(prob.A, prob.B, Xg, wh) < 1 and metrics.b_orthogonality(prob.B, Xg) < 100
+
+
+@pytest.mark.parametrize("ranks", ["all", "one"])
+def test_gpu_numerically_singular_B_and_overflowing_eigenvalues_raise(request, ranks):
+    """cond(B) = 1e300 (the Cholesky succeeds): NotPositiveDefinite naming B; A ~ 1e300 with
+    B ~ 1e-300 (eigenvalues ~ 1e600): NonFiniteResult; on every rank alike."""
+    from hpccoll_eigensolver import NonFiniteResult, NotPositiveDefinite
+    from hpccoll_eigensolver.problems import Problem, make_problem
+
+    comm = request.getfixturevalue("gpu_comm" if ranks == "all" else "self_comm")
+    base = make_problem("known", 96, cond_b=1e3, seed=3)
+    with pytest.raises(NotPositiveDefinite, match="^B is not numerically positive definite: its Cholesky pivots"):
+        _solve(comm, Problem("known", base.A, np.diag(np.geomspace(1.0, 1e-300, 96)), None), 16)
+    with pytest.raises(NonFiniteResult, match="NaN or Inf in the eigenvalues"):
+        _solve(comm, Problem("known", base.A * 1e300, base.B * 1e-300, None), 16)

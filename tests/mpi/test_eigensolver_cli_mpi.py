@@ -160,3 +160,212 @@ def test_file_columns_and_their_content_digest(tmp_path_factory):
     content = _content_digest(WORLD, desc, digests)
     if RANK == 0:
         assert content == metrics.combine_digests(metrics.column_digests(p.A) + metrics.column_digests(p.B))
+
+
+# -- scaling: A and B anywhere in the float64 range ---------------------------------------------------
+SCALES = [(1e-300, 1.0), (1e-150, 1.0), (1e150, 1.0), (1e160, 1.0), (1e300, 1.0), (1.0, 1e-300), (1.0, 1e300),
+          (1e300, 1e300), (1e-300, 1e-300), (1e-150, 1e150), (1e150, 1e-150)]
+
+
+@pytest.mark.parametrize("sa,sb", SCALES, ids=[f"A{a:g}-B{b:g}" for a, b in SCALES])
+def test_scaled_pairs_solve_as_scipy(comm, sa, sb):
+    """A scaled by sa and B by sb (any magnitudes whose eigenvalues fit float64): the eigenvalues
+    of scipy.linalg.eigh(A, B) on the same scaled matrices to LAPACK's accuracy, the residual and
+    B-orthogonality (distributed, on the host's MPI and on hpccoll's communicator) finite and
+    of the unscaled pair's size, on every rank alike."""
+    p = make_problem("known", 48, cond_b=1e3, seed=7)
+    A, B = p.A * sa, p.B * sb
+    desc = BlockCyclic(48, 48, 8, SIZE)
+    A_loc, B_loc = distribute(A, desc, RANK), distribute(B, desc, RANK)
+    w, X = sygvd(A_loc, B_loc, desc, comm)
+    ref = sl.eigh(A, B, eigvals_only=True)
+    assert np.isfinite(w).all() and np.isfinite(X).all()
+    assert metrics.eigenvalue_error(w, ref) < 1e-13
+    for c in (WORLD, comm):
+        acc = metrics.distributed_accuracy(A_loc, B_loc, X, w, desc, c)
+        assert 0 <= acc["residual"] < 1 and 0 < acc["b_orthogonality"] < 100, acc
+    Xg = gather(X, desc, comm)
+    assert metrics.residual(A, B, Xg, w) < 1 and metrics.b_orthogonality(B, Xg) < 100
+    assert len(set(WORLD.allgather(w.tobytes()))) == 1
+
+
+def test_scaling_by_powers_of_two_adds_no_rounding(comm):
+    """A pair scaled by 2^600 (A) or 2^-600 (B) is solved as the pair itself: w and X are the
+    unscaled solve's bits times 2^600 (A), and times 2^600 and 2^300 (B)."""
+    import math
+
+    p = make_problem("known", 40, cond_b=1e3, seed=2)
+    A0 = p.A * 2.0 ** -math.frexp(np.abs(p.A).max())[1]            # largest magnitude in [1/2, 1)
+    e = math.frexp(np.abs(p.B).max())[1]
+    B0 = p.B * 2.0 ** -(e + e % 2)                                 # in [1/4, 1), an even power
+    desc = BlockCyclic(40, 40, 8, SIZE)
+    w0, X0 = sygvd(distribute(A0, desc, RANK), distribute(B0, desc, RANK), desc, comm)
+    w1, X1 = sygvd(distribute(A0 * 2.0 ** 600, desc, RANK), distribute(B0, desc, RANK), desc, comm)
+    assert w1.tobytes() == (w0 * 2.0 ** 600).tobytes() and X1.tobytes() == X0.tobytes()
+    w2, X2 = sygvd(distribute(A0, desc, RANK), distribute(B0 * 2.0 ** -600, desc, RANK), desc, comm)
+    assert w2.tobytes() == (w0 * 2.0 ** 600).tobytes() and X2.tobytes() == (X0 * 2.0 ** 300).tobytes()
+
+
+def _singular_B(n: int) -> np.ndarray:
+    """Symmetric, its Cholesky factorization succeeds, cond(B) = 1e300."""
+    return np.diag(np.geomspace(1.0, 1e-300, n))
+
+
+@pytest.mark.parametrize("which", ["cond1e300", "indefinite", "cond1e300-scaled"])
+def test_a_numerically_singular_or_indefinite_B_is_named_on_every_rank(comm, which):
+    from hpccoll_eigensolver import NotPositiveDefinite
+
+    p = make_problem("known", 40, seed=3)
+    B = _singular_B(40) if which.startswith("cond") else p.B.copy()
+    if which == "indefinite":
+        B[0, 1] = B[1, 0] = 10 * np.abs(B).max()
+    if which.endswith("scaled"):
+        B = B * 1e200
+    desc = BlockCyclic(40, 40, 8, SIZE)
+    with pytest.raises(NotPositiveDefinite, match="^B is not numerically positive definite: ") as e:
+        sygvd(distribute(p.A, desc, RANK), distribute(B, desc, RANK), desc, comm)
+    assert isinstance(e.value, ValueError)
+    assert len(set(WORLD.allgather(str(e.value)))) == 1
+
+
+def test_eigenvalues_beyond_the_float64_range_raise_nonfiniteresult(comm):
+    """A ~ 1e300 and B ~ 1e-300: eigenvalues ~ 1e600; an error on every rank, no result."""
+    from hpccoll_eigensolver import NonFiniteResult
+
+    p = make_problem("known", 40, seed=3)
+    desc = BlockCyclic(40, 40, 8, SIZE)
+    for eigvecs in (True, False):
+        with pytest.raises(NonFiniteResult, match="NaN or Inf in the eigenvalues") as e:
+            sygvd(distribute(p.A * 1e300, desc, RANK), distribute(p.B * 1e-300, desc, RANK), desc, comm,
+                  eigvecs=eigvecs)
+        assert isinstance(e.value, ArithmeticError)
+        assert len(set(WORLD.allgather(str(e.value)))) == 1
+
+
+def test_non_finite_input_is_refused_on_every_rank_by_sygvd(comm):
+    from hpccoll_eigensolver import InputError
+
+    p = make_problem("known", 40, seed=3)
+    A = p.A.copy()
+    A[39, 39] = np.inf          # the last column: the last rank's
+    desc = BlockCyclic(40, 40, 8, SIZE)
+    with pytest.raises(InputError, match=f"A has NaN or Inf entries .*rank {desc.owner(39)}"):
+        sygvd(distribute(A, desc, RANK), distribute(p.B, desc, RANK), desc, comm)
+
+
+# -- arguments wrong on one rank, or differing between ranks: the same ValueError everywhere ---------
+@pytest.mark.mpi(min_size=2)
+def test_sygvd_local_shapes_that_differ_raise_the_same_valueerror_everywhere(comm):
+    from hpccoll_eigensolver import InputError
+
+    p = make_problem("known", 40, seed=3)
+    desc = BlockCyclic(40, 40, 8, SIZE)
+    A = distribute(p.A, desc, RANK)
+    if RANK == SIZE - 1:
+        A = A[:, :-1]
+    with pytest.raises(InputError, match=f"rank {SIZE - 1}: A_local has shape") as e:
+        sygvd(A, distribute(p.B, desc, RANK), desc, comm)
+    assert isinstance(e.value, ValueError) and len(set(WORLD.allgather(str(e.value)))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("what", ["nb", "n"])
+def test_sygvd_descriptors_that_differ_raise_the_same_valueerror_everywhere(comm, what):
+    from hpccoll_eigensolver import InputError
+
+    n = 40 if what == "nb" or RANK == 0 else 48
+    nb = 8 if what == "n" or RANK == 0 else 4
+    p = make_problem("known", n, seed=3)
+    desc = BlockCyclic(n, n, nb, SIZE)
+    with pytest.raises(InputError, match="the ranks pass different descriptor values") as e:
+        sygvd(distribute(p.A, desc, RANK), distribute(p.B, desc, RANK), desc, comm)
+    assert len(set(WORLD.allgather(str(e.value)))) == 1
+
+
+# -- the command line's input errors: agreed before any solve, printed once, exit 2 everywhere --------
+@pytest.fixture
+def cli_main(monkeypatch, capsys):
+    """main(argv) of hpccoll-eigensolver in this process on every rank; a hang ends the process
+    (and so the job) after 120 s instead of blocking the suite.  Returns (status, stdout, stderr)."""
+    import faulthandler
+    import sys
+
+    from hpccoll_eigensolver.cli import main
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)   # main installs the job's abort hook
+
+    def run(argv):
+        capsys.readouterr()
+        faulthandler.dump_traceback_later(120, exit=True, file=sys.__stderr__)
+        try:
+            code = main([str(a) for a in argv])
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+@pytest.fixture(scope="module")
+def npy_pair(tmp_path_factory):
+    folder = WORLD.bcast(str(tmp_path_factory.mktemp("cli")) if RANK == 0 else None, root=0)
+    p = make_problem("known", 40, seed=4)
+    if RANK == 0:
+        np.save(os.path.join(folder, "A.npy"), p.A)
+        np.save(os.path.join(folder, "B.npy"), p.B)
+        with open(os.path.join(folder, "A.npy"), "rb") as f:
+            data = f.read()
+        with open(os.path.join(folder, "A_truncated.npy"), "wb") as f:
+            f.write(data[:len(data) - 8 * 100])
+    WORLD.Barrier()
+    return folder
+
+
+def _agreed_error(code, err, needles):
+    """Status 2 on every rank; one error line, on rank 0, holding every needle."""
+    codes = WORLD.allgather(code)
+    lines = WORLD.gather([ln for ln in err.splitlines() if "error:" in ln], root=0)
+    assert codes == [2] * SIZE, codes
+    if RANK == 0:
+        assert len(lines[0]) == 1 and not any(lines[1:]), lines
+        for needle in needles:
+            assert needle in lines[0][0], (needle, lines[0][0])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("bad", ["missing", "truncated"])
+def test_cli_a_file_bad_on_one_rank_only_fails_every_rank_once(cli_main, npy_pair, tmp_path_factory, bad):
+    """A path not mounted on the last rank's node, or a truncated copy there: every rank exits 2
+    before any solve, and rank 0 prints one error naming that rank and the file."""
+    last = SIZE - 1
+    a = os.path.join(npy_pair, "A.npy")
+    if RANK == last:
+        a = os.path.join(npy_pair, "not-mounted", "A.npy") if bad == "missing" else \
+            os.path.join(npy_pair, "A_truncated.npy")
+    out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
+    code, _, err = cli_main(["solve", "--problem", f"file:{a},{os.path.join(npy_pair, 'B.npy')}", "--nb", 8,
+                             "--comm", "mpi", "--out", out])
+    _agreed_error(code, err, [f"rank {last}", os.path.basename(os.path.dirname(a)) if bad == "missing" else
+                              "A_truncated.npy", "does not exist" if bad == "missing" else "truncated"])
+    assert not [f for f in os.listdir(out) if f.endswith(".json")]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("flag", ["--n", "--nb"])
+def test_cli_arguments_that_differ_between_ranks_fail_every_rank_once(cli_main, tmp_path_factory, flag):
+    base = {"--n": 40, "--nb": 8}[flag]
+    value = base + (4 if RANK == SIZE - 1 else 0)
+    out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
+    argv = ["solve", "--n", 40, "--nb", 8, "--comm", "mpi", "--out", out, flag, value]
+    code, _, err = cli_main(argv)
+    _agreed_error(code, err, ["different inputs", f"{flag}: rank 0 {base}", f"rank {SIZE - 1} {base + 4}"])
+
+
+def test_cli_a_truncated_file_is_named(cli_main, npy_pair, tmp_path_factory):
+    """On every rank alike (and on one rank): the file and what is missing, not a reshape error."""
+    out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
+    a = os.path.join(npy_pair, "A_truncated.npy")
+    code, _, err = cli_main(["solve", "--problem", f"file:{a},{os.path.join(npy_pair, 'B.npy')}", "--comm", "mpi",
+                             "--out", out])
+    _agreed_error(code, err, ["A_truncated.npy", "is truncated", "needs 12800"])
+    assert "reshape" not in err

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +43,15 @@ def _env(thread_env: bool = True) -> dict:
     return env
 
 
+#: the working directory of run_cli's commands unless given (solve without --out writes there)
+_CWD = tempfile.mkdtemp(prefix="hpccoll-eig-cli-")
+
+
 def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIMEOUT,
             thread_env: bool = True) -> subprocess.CompletedProcess:
     """hpccoll-eigensolver ARGS, under mpiexec -n ranks when given; a hang fails the test."""
     cmd = [sys.executable, "-m", "hpccoll_eigensolver.cli", *map(str, args)]
+    cwd = _CWD if cwd is None else cwd
     if ranks:
         cmd = [_mpiexec(), "-n", str(ranks)] + cmd
     try:
@@ -167,6 +173,9 @@ class _SelfComm:
     def Allreduce(self, send, recv):
         recv[...] = send
 
+    def Allgather(self, send, recv):
+        recv[...] = send.reshape(recv.shape)
+
 
 @pytest.mark.parametrize("chunk_bytes", [None, 8 * 50])
 def test_distributed_accuracy_on_one_rank_is_the_full_matrix_metric(chunk_bytes):
@@ -213,12 +222,15 @@ def bad_inputs(tmp_path_factory):
     b = p.B.copy()
     b[5, 5] = -1.0
     np.save(d / "B_negdiag.npy", b)
+    np.save(d / "B_cond1e300.npy", np.diag(np.geomspace(1.0, 1e-300, 40)))   # passes the Cholesky
+    np.save(d / "A_1e300.npy", p.A * 1e300)
+    np.save(d / "B_1e-300.npy", p.B * 1e-300)
     return d
 
 
-def _one_error(proc, needle: str) -> None:
+def _one_error(proc, needle: str, code: int = 2) -> None:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    assert proc.returncode == code, out
     assert "Traceback" not in out, out
     errors = [line for line in out.splitlines() if "error:" in line]
     assert len(errors) == 1, f"want the error printed once, got {len(errors)}:\n{out}"
@@ -228,16 +240,82 @@ def _one_error(proc, needle: str) -> None:
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("files,extra,needle", [
     (("A_nan", "B"), (), "must be finite"),
-    (("A", "B_indefinite"), (), "not positive definite"),
-    (("A", "B_indefinite"), ("--no-reference",), "not positive definite"),
+    (("A", "B_indefinite"), (), "B is not numerically positive definite"),
+    (("A", "B_indefinite"), ("--no-reference",), "B is not numerically positive definite"),
     (("A", "B_negdiag"), (), "positive definite"),
+    (("A", "B_cond1e300"), (), "B is not numerically positive definite: its Cholesky pivots"),
     (("A_nonsym", "B"), (), "not symmetric"),
     (("A_complex", "B"), (), "complex"),
-], ids=["nan-in-A", "indefinite-B", "indefinite-B-no-reference", "negative-diagonal", "nonsymmetric-A",
-        "complex-A"])
-def test_bad_input_fails_on_every_rank_once_without_a_hang(bad_inputs, ranks, files, extra, needle):
+    (("A_1e300", "B_1e-300"), (), "NaN or Inf in the eigenvalues"),
+], ids=["nan-in-A", "indefinite-B", "indefinite-B-no-reference", "negative-diagonal", "cond-B-1e300",
+        "nonsymmetric-A", "complex-A", "eigenvalues-beyond-float64"])
+def test_bad_input_fails_on_every_rank_once_without_a_hang(bad_inputs, ranks, files, extra, needle, tmp_path):
+    """Printed once, status 2 (input rejected) or 1 (a solve whose result is not finite), and
+    nothing written as a result."""
     prob = f"file:{bad_inputs / (files[0] + '.npy')},{bad_inputs / (files[1] + '.npy')}"
-    _one_error(run_cli("solve", "--problem", prob, "--nb", 8, "--comm", "mpi", *extra, ranks=ranks), needle)
+    out = tmp_path / "runs"
+    proc = run_cli("solve", "--problem", prob, "--nb", 8, "--comm", "mpi", "--out", out, *extra, ranks=ranks)
+    _one_error(proc, needle, 1 if files[0] == "A_1e300" else 2)
+    assert not list(out.glob("*.json")) and not list(out.glob("*.npy")), list(out.iterdir())
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("files", [("A_1e300", "B"), ("A", "B_1e-300")])
+def test_scaled_file_problems_solve_to_scipys_eigenvalues(bad_inputs, ranks, files, tmp_path):
+    """A ~ 1e300 or B ~ 1e-300: the eigenvalues of scipy.linalg.eigh(A, B), finite small metrics."""
+    prob = f"file:{bad_inputs / (files[0] + '.npy')},{bad_inputs / (files[1] + '.npy')}"
+    out = tmp_path / "runs"
+    proc = run_cli("solve", "--problem", prob, "--nb", 8, "--comm", "mpi", "--out", out, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads(_runs(out)[0].read_text())
+    assert rec["eigenvalue_error_vs_scipy"] < 1e-13
+    assert 0 <= rec["residual"] < 1 and 0 < rec["b_orthogonality"] < 100, rec
+    X = np.load(out / rec["eigenvectors_file"])
+    A, B = np.load(bad_inputs / (files[0] + ".npy")), np.load(bad_inputs / (files[1] + ".npy"))
+    assert metrics.residual(A, B, X, np.asarray(rec["eigenvalues"])) < 1 and metrics.b_orthogonality(B, X) < 100
+
+
+def test_solve_without_out_writes_into_its_default_directory(tmp_path):
+    proc = run_cli("solve", "--n", 32, "--nb", 8, "--comm", "mpi", ranks=2, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = _runs(tmp_path / "hpccoll-eigensolver-runs")
+    assert len(runs) == 1 and (tmp_path / "hpccoll-eigensolver-runs" / (runs[0].stem + "_X.npy")).exists()
+    assert f"results {os.path.join('hpccoll-eigensolver-runs', runs[0].stem[:-7])}_run*" in proc.stdout
+    assert f"wrote {os.path.join('hpccoll-eigensolver-runs', runs[0].name)}" in proc.stdout
+
+
+def test_report_of_a_directory_without_runs_is_an_error(tmp_path):
+    proc = run_cli("report", tmp_path)
+    assert proc.returncode == 2 and "no runs there" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "report.md").exists() and not (tmp_path / "report.json").exists()
+
+
+def _tables(md: str) -> list[list[str]]:
+    """The markdown tables of md, each as its lines."""
+    tables, cur = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append(line)
+        elif cur:
+            tables.append(cur)
+            cur = []
+    return tables
+
+
+@pytest.mark.parametrize("content", ["none", "failure"])
+def test_report_tables_have_as_many_header_cells_as_columns(tmp_path, content):
+    """Every table's header, separator and rows have one cell count, with no phase recorded too
+    (compare's report when every configuration failed)."""
+    if content == "failure":
+        (tmp_path / "failed_known_n16_p2_mpi_0.json").write_text(json.dumps(
+            {"schema": "hpccoll-eigensolver/failure/2", "comm": "mpi", "ranks": 2, "n": 16, "problem": "known",
+             "returncode": 1, "command": [], "reason": "exit 1", "error": "x", "seconds": 1.0}))
+    build_report(str(tmp_path))
+    md = (tmp_path / "report.md").read_text()
+    assert "## Time" in md
+    for table in _tables(md):
+        counts = {line.count("|") for line in table}
+        assert len(counts) == 1, table
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
