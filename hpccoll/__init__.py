@@ -5,9 +5,9 @@ __version__ = "0.1.0"
 
 from ._buffers import IN_PLACE
 from .comm import Communicator
-from .errors import CollectiveTimeout, HpccollError, MismatchError
+from .errors import CollectiveTimeout, HpccollError, MismatchError, PerformanceWarning
 from .ops import MAX, MIN, PROD, SUM, Op
 from .request import Request
 
 __all__ = ["Communicator", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN", "Op",
-           "CollectiveTimeout", "HpccollError", "MismatchError", "__version__"]
+           "CollectiveTimeout", "HpccollError", "MismatchError", "PerformanceWarning", "__version__"]

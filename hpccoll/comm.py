@@ -29,6 +29,7 @@ from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
 from .backends.hier import Hierarchical, node_layout
 from .backends.host import HostBackend
+from .backends.topology import warn_if_shared_without_mps
 from .errors import CollectiveTimeout, HpccollError
 from .ops import SUM, dtype_name
 from .request import Request
@@ -144,6 +145,7 @@ class Communicator:
                 log.warning("hpccoll: CUDA backend unavailable, using host backend: %s", exc)
                 return "host"
             raise
+        warn_if_shared_without_mps(self._comm, self._backend.device_id)  # (every rank: it opened)
         return "cuda"
 
     # -- mpi4py-style basics -------------------------------------------------

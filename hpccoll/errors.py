@@ -22,3 +22,8 @@ class CollectiveTimeout(HpccollError):
 
 class MismatchError(ValueError):
     """Ranks called a collective with arguments that do not match (check mode)."""
+
+
+class PerformanceWarning(UserWarning):
+    """hpccoll runs, but far slower than it could, and the warning says how to fix it (for
+    instance ranks sharing a GPU without MPS: hpccoll.mps)."""

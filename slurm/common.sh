@@ -68,3 +68,26 @@ write_job_txt() {  # what ran where, for the record
     } > "$OUT/job.txt"
     echo "${SLURM_JOB_NAME:-hpccoll}: $* (ranks ${SLURM_NTASKS:-1}, GPUs/node $NGPUS, srun --mpi=$MPI_PLUGIN, $MPI_LIBRARY)"
 }
+# Ranks sharing a GPU need NVIDIA's MPS: without it the GPU time-slices between their processes
+# and every collective waits a slice (measured about 40x slower, docs/performance.md).  Where a
+# node's tasks outnumber its GPUs and no MPS daemon answers (its `control` socket in
+# CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps), start one for this job (its pipes under
+# /tmp/hpccoll-mps-$SLURM_JOB_ID) and stop it when the job script exits; a daemon already
+# running is left alone.  Several nodes: start MPS on each beforehand (a site prolog, or
+# Slurm's MPS gres); the job refuses rather than run time-sliced.
+mps_where_ranks_share_gpus() {
+    local tasks
+    tasks=${SLURM_NTASKS_PER_NODE:-$(tr ',' '\n' <<<"${SLURM_TASKS_PER_NODE:-${SLURM_NTASKS:-1}}" | sed 's/(.*//' | sort -n | tail -1)}
+    (( NGPUS > 0 && tasks > NGPUS )) || return 0
+    local why="$tasks tasks per node share $NGPUS GPU(s) and no MPS runs: each collective would wait for a GPU time slice (measured about 40x slower)"
+    [[ -S "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ]] && { echo "${SLURM_JOB_NAME:-hpccoll}: MPS running (${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps})"; return 0; }
+    command -v nvidia-cuda-mps-control >/dev/null \
+        || die "$why, and nvidia-cuda-mps-control is not on PATH: start MPS before the job (nvidia-cuda-mps-control -d; after it: echo quit | nvidia-cuda-mps-control), or request a GPU per task"
+    (( ${SLURM_JOB_NUM_NODES:-1} == 1 )) \
+        || die "$why on some node: start MPS on every node before the job (nvidia-cuda-mps-control -d, e.g. in a prolog), or request a GPU per task"
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/hpccoll-mps-$SLURM_JOB_ID/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hpccoll-mps-$SLURM_JOB_ID/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || die "$why, and nvidia-cuda-mps-control -d failed: start MPS by hand, or request a GPU per task"
+    trap 'echo quit | nvidia-cuda-mps-control; rm -rf "/tmp/hpccoll-mps-$SLURM_JOB_ID"' EXIT
+    echo "${SLURM_JOB_NAME:-hpccoll}: MPS started for $tasks tasks on $NGPUS GPU(s) ($CUDA_MPS_PIPE_DIRECTORY); stopped when the job ends"
+}

@@ -14,6 +14,7 @@ waiting."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -481,6 +482,21 @@ def _stop_group(proc) -> str:
     return ""
 
 
+@contextlib.contextmanager
+def _mps_for(ranks: int):
+    """MPS around the runs where `ranks` ranks (one node) outnumber the GPUs: started here and
+    stopped at the end unless it runs already (hpccoll.mps.mps_where_needed); refused, before any
+    run, where it cannot be started."""
+    from hpccoll import HpccollError, mps
+
+    try:
+        with mps.mps_where_needed(ranks, mps.visible_gpus()) as what:
+            print(f"== {what}", flush=True)
+            yield
+    except HpccollError as exc:
+        raise CliError(f"compare: {exc}") from None
+
+
 def cmd_compare(args) -> int:
     from .report import build_report
 
@@ -504,15 +520,16 @@ def cmd_compare(args) -> int:
         (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
         (["--no-trace-memory"] if args.no_trace_memory else [])
     failed = []
-    for ranks, label in runs:
-        if label == "single-gpu":
-            cmd = me + ["anchor", "single-gpu"]
-        elif label == "cusolvermp":
-            cmd = mpiexec + ["-n", str(ranks)] + me + ["anchor", "cusolvermp"]
-        else:
-            cmd = mpiexec + ["-n", str(ranks)] + me + ["solve", "--comm", label] + solve_opts
-        if not _launch(label, cmd + _problem_argv(args), at[ranks]):
-            failed.append(label if len(args.ranks) == 1 or label == "single-gpu" else f"{label} at {ranks} ranks")
+    with _mps_for(max(args.ranks)):
+        for ranks, label in runs:
+            if label == "single-gpu":
+                cmd = me + ["anchor", "single-gpu"]
+            elif label == "cusolvermp":
+                cmd = mpiexec + ["-n", str(ranks)] + me + ["anchor", "cusolvermp"]
+            else:
+                cmd = mpiexec + ["-n", str(ranks)] + me + ["solve", "--comm", label] + solve_opts
+            if not _launch(label, cmd + _problem_argv(args), at[ranks]):
+                failed.append(label if len(args.ranks) == 1 or label == "single-gpu" else f"{label} at {ranks} ranks")
     paths = build_report(args.out)
     print("report: " + ", ".join(paths))
     if failed:

@@ -24,8 +24,9 @@ The reference for every other backend, and the path on machines without a GPU.
   policies share it)."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-import secrets
 import time
 
 import numpy as np
@@ -36,6 +37,9 @@ from ..errors import CollectiveTimeout, HpccollError
 from ..ops import (_INT, MAX, MIN, PROD, SUM, canonicalize_nans, fp_quiet, fp_restore, from_ordered_keys,
                    ordered_keys, reduce_in_rank_order)
 from .base import Backend, Capabilities, ranks_reasons
+from .shmfile import create_segment, reclaim_stale_files
+
+log = logging.getLogger("hpccoll")
 
 _MPI_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MAX: MPI.MAX, MIN: MPI.MIN}
 _MPI_TYPED = {"float64", "float32", "int32", "int64"}
@@ -164,10 +168,18 @@ class HostBackend(Backend):
             self.shm.broken = bool(why)  # its prepared calls check this flag, not Python's
 
     def _open_shm(self) -> str | None:
-        """Map the shared-memory segment on every rank (collective), or say why not.  Rank 0
-        creates a file of a unique name, every rank maps it, and once every rank has (the
-        allgather), rank 0 unlinks it: the memory lives while a rank maps it, and nothing is
-        left behind whatever happens to the job afterwards."""
+        """Map the shared-memory segment on every rank (collective), or say why not.
+
+        Nothing is ever left in /dev/shm, whenever the job is killed: rank 0 makes the segment an
+        anonymous memory file (memfd_create), and the other ranks open it through
+        /proc/<rank 0's pid>/fd/<fd> (ranks of one node, one user: the kernel allows a process
+        to open the descriptors of another of its user, ptrace's read access).  It has no name
+        anywhere; its memory lives while a rank maps it.  Each rank checks that what it opened is
+        rank 0's file (device and inode), since another pid namespace would name another process.
+        Where that does not work (no memfd_create, /proc unreadable, ranks in different pid
+        namespaces), the segment is a file in SHM_DIR, unlinked as soon as every rank mapped it;
+        a job killed in between leaves it, and the next construction on the node reclaims it
+        (reclaim_stale_files: its name proves its creator is gone)."""
         if self.size == 1:
             return "one rank"
         comm = self.comm
@@ -180,39 +192,43 @@ class HostBackend(Backend):
         if bad:
             return bad
         nbytes = _hostshm.segment_bytes(self.size, SHM_SLOT_BYTES)
-        path = error = None
         if self.rank == 0:
-            path = os.path.join(SHM_DIR, f"hpccoll-{os.getpid()}-{secrets.token_hex(8)}")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            except OSError as exc:
-                path, error = None, f"rank 0 could not create a file in {SHM_DIR} ({exc})"
-            else:
-                try:
-                    # reserved, not sparse: a full /dev/shm fails here, not as SIGBUS at a first store
-                    if hasattr(os, "posix_fallocate"):
-                        os.posix_fallocate(fd, 0, nbytes)
-                    else:
-                        os.ftruncate(fd, nbytes)
-                except OSError as exc:
-                    os.unlink(path)
-                    path, error = None, f"rank 0 could not reserve {nbytes} bytes in {SHM_DIR} ({exc})"
-                finally:
-                    os.close(fd)
-        path, error = comm.bcast((path, error), root=0)
+            reclaim_stale_files(SHM_DIR)
+        why_not_memfd = self._map_segment(nbytes, anonymous=True)
+        if why_not_memfd is None:
+            return None
+        log.debug("hpccoll: shared-memory segment through a file in %s (%s)", SHM_DIR, why_not_memfd)
+        return self._map_segment(nbytes, anonymous=False)
+
+    def _map_segment(self, nbytes: int, anonymous: bool) -> str | None:
+        """Rank 0 creates the segment (an anonymous memory file, or a file in SHM_DIR named by
+        shm_file_name), every rank maps it, and once every rank has (the allgather), rank 0
+        closes (and unlinks) it; sets self.shm, or says why not (the same on every rank)."""
+        comm = self.comm
+        fd = offer = error = None
+        if self.rank == 0:
+            fd, offer, error = create_segment(nbytes, anonymous, SHM_DIR)
+        offer, error = comm.bcast((offer, error), root=0)
         seg = None
-        if path is not None:
+        if offer is not None:
+            path, ident = offer
             try:  # any failure is reported to every rank below, so no rank is left waiting
-                fd = os.open(path, os.O_RDWR)
+                mine = os.dup(fd) if self.rank == 0 else os.open(path, os.O_RDWR)
                 try:
-                    seg = _hostshm.Segment(fd, self.rank, self.size, SHM_SLOT_BYTES, self.timeout)
+                    st = os.fstat(mine)
+                    if (st.st_dev, st.st_ino) != ident:
+                        raise OSError(f"{path} is not rank 0's segment here (another pid namespace?)")
+                    seg = _hostshm.Segment(mine, self.rank, self.size, SHM_SLOT_BYTES, self.timeout)
                 finally:
-                    os.close(fd)
+                    os.close(mine)
             except Exception as exc:  # noqa: BLE001
                 error = f"rank {self.rank} could not map {path} ({exc})"
-        errors = comm.allgather(error)  # after this, every rank has mapped the file (or failed)
-        if self.rank == 0 and path is not None:
-            os.unlink(path)
+        errors = comm.allgather(error)  # after this, every rank has mapped the segment (or failed)
+        if self.rank == 0 and fd is not None:
+            os.close(fd)
+            if not anonymous:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(offer[0])
         bad = [e for e in errors if e]
         if bad:
             if seg is not None:

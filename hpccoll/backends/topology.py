@@ -71,3 +71,13 @@ def ranks_sharing_gpus(mpi_comm, device: int) -> str | None:
     """Which ranks of `mpi_comm` share a GPU as NCCL tells GPUs apart (None: none do, NCCL takes
     them); collective."""
     return shared_gpus(mpi_comm.allgather(nccl_identity(device)))
+
+
+def warn_if_shared_without_mps(mpi_comm, device: int) -> bool:
+    """Warn once, on rank 0 (hpccoll.PerformanceWarning, with the cost and the fix), where ranks
+    of `mpi_comm` share a GPU and MPS does not run for them (hpccoll.mps); collective."""
+    from ..mps import mps_status, shared_without_mps, warn_sharing
+
+    gathered = mpi_comm.allgather((nccl_identity(device), mps_status()[0]))
+    return warn_sharing(shared_without_mps([g for g, _ in gathered], [m for _, m in gathered]),
+                        mpi_comm.Get_rank())

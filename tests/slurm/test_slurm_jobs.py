@@ -332,3 +332,69 @@ def test_shellcheck_clean():
     files = [str(SLURM / s) for s in SCRIPTS] + [str(SLURM / "common.sh"), str(Path(__file__).with_name("run"))]
     r = subprocess.run(["shellcheck", *files], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ------------------------------------------------- MPS where tasks outnumber GPUs (no Slurm needed)
+FAKE_MPS_CONTROL = """#!/bin/bash
+# nvidia-cuda-mps-control as far as slurm/common.sh uses it: -d leaves a control socket, quit is logged
+if [[ ${1:-} == -d ]]; then
+    echo start >> "$MPS_CALLS"
+    "$PYTHON" -c 'import os, socket; socket.socket(socket.AF_UNIX).bind(os.environ["CUDA_MPS_PIPE_DIRECTORY"] + "/control")'
+else
+    echo "$(cat)" >> "$MPS_CALLS"
+fi
+"""
+
+
+def _mps_function(tmp_path, fake: bool, **variables) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """slurm/common.sh's mps_where_ranks_share_gpus alone, in a shell with `variables` (and, with
+    `fake`, a fake nvidia-cuda-mps-control on PATH); its result and the control program's calls."""
+    text = (SLURM / "common.sh").read_text()
+    body = text[text.index("die() {"):text.index("\n", text.index("die() {"))] + "\n" + \
+        text[text.index("mps_where_ranks_share_gpus() {"):]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if fake:
+        (bin_dir / "nvidia-cuda-mps-control").write_text(FAKE_MPS_CONTROL)
+        (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MPS_CALLS": str(calls), "PYTHON": sys.executable,
+           "SLURM_JOB_ID": str(os.getpid()), "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}
+    env.update({k: str(v) for k, v in variables.items()})
+    r = subprocess.run(["bash", "-c", body + "\nset -euo pipefail\nmps_where_ranks_share_gpus\n"
+                        'echo "pipe=${CUDA_MPS_PIPE_DIRECTORY}"'],
+                       env=env, capture_output=True, text=True, timeout=60)
+    return r, calls.read_text().split() if calls.exists() else []
+
+
+def test_mps_is_not_started_where_every_task_has_a_gpu(tmp_path):
+    for gpus, tasks in ((0, "4"), (2, "2(x2)"), (4, "3,4")):
+        r, calls = _mps_function(tmp_path, True, NGPUS=gpus, SLURM_TASKS_PER_NODE=tasks)
+        assert r.returncode == 0 and calls == [] and "MPS" not in r.stdout, r.stdout + r.stderr
+
+
+def test_mps_is_started_for_the_job_and_stopped_at_its_end(tmp_path):
+    r, calls = _mps_function(tmp_path, True, NGPUS=1, SLURM_TASKS_PER_NODE="2")
+    assert r.returncode == 0, r.stderr
+    assert calls == ["start", "quit"], calls
+    assert "MPS started for 2 tasks on 1 GPU(s)" in r.stdout and "pipe=/tmp/hpccoll-mps-" in r.stdout
+    assert not os.path.exists(r.stdout.split("pipe=")[1].strip())  # its pipe folder removed at the end
+
+
+def test_a_running_mps_is_used_as_it_is(tmp_path):
+    import socket
+
+    (tmp_path / "pipe").mkdir()
+    socket.socket(socket.AF_UNIX).bind(str(tmp_path / "pipe" / "control"))
+    r, calls = _mps_function(tmp_path, True, NGPUS=1, SLURM_NTASKS_PER_NODE=3,
+                             CUDA_MPS_PIPE_DIRECTORY=tmp_path / "pipe")
+    assert r.returncode == 0 and calls == [] and "MPS running" in r.stdout, r.stdout + r.stderr
+
+
+def test_ranks_sharing_a_gpu_without_a_way_to_start_mps_are_refused(tmp_path):
+    r, calls = _mps_function(tmp_path, False, NGPUS=1, SLURM_TASKS_PER_NODE="2")
+    assert r.returncode == 2 and calls == [], r.stdout + r.stderr
+    assert "2 tasks per node share 1 GPU(s) and no MPS runs" in r.stderr
+    assert "nvidia-cuda-mps-control -d" in r.stderr and "40x slower" in r.stderr
+    r, calls = _mps_function(tmp_path, True, NGPUS=2, SLURM_TASKS_PER_NODE="4(x2)", SLURM_JOB_NUM_NODES=2)
+    assert r.returncode == 2 and calls == [] and "start MPS on every node" in r.stderr, r.stderr

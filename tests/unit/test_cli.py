@@ -186,3 +186,16 @@ def test_an_exception_on_one_rank_aborts_the_job(tmp_path):
         pytest.fail("the job hung after rank 1 raised")
     assert job.returncode != 0
     assert out.count("RuntimeError: rank 1 failed on purpose") == 1, out
+
+
+def test_info_under_mpiexec_prints_one_report_with_every_rank(tmp_path):
+    """Every rank runs `hpccoll info`; rank 0 prints the one report, with what each rank sees."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    env.update(MPIEXEC_TIMEOUT="100", OMP_NUM_THREADS="1")
+    proc = subprocess.run([*_mpiexec(), "-n", "3", sys.executable, "-m", "hpccoll", "info"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.count("hpccoll ") == 1 and out.count("backends:") == 1, out
+    assert "ranks: 3 on 1 host" in out and all(f"  rank {r}: " in out for r in range(3)), out
+    assert "MPS" in out.split("  rank 2: ")[1].splitlines()[0]

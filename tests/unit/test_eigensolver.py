@@ -19,6 +19,20 @@ from hpccoll_eigensolver.report import build_report
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "eigensolver"  # recorded runs (README there)
 
 
+def _unpack(archive: Path, dest: Path) -> None:
+    """The regular files of a recorded-runs archive under `dest` (what extractall's
+    filter="data" does, which Python before 3.10.12 / 3.11.4 lacks)."""
+    import tarfile
+
+    root = dest.resolve()
+    with tarfile.open(archive) as tar:
+        for m in tar.getmembers():
+            path = (dest / m.name).resolve()
+            if m.isfile() and path.is_relative_to(root):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(tar.extractfile(m).read())
+
+
 # -- layout ----------------------------------------------------------------------------
 @pytest.mark.parametrize("n,nb,p", [(1, 1, 1), (10, 3, 3), (64, 16, 2), (101, 8, 3), (7, 64, 4)])
 def test_block_cyclic_partitions_columns(n, nb, p):
@@ -197,10 +211,7 @@ def test_report_checks_the_targets_and_keeps_the_analysis(tmp_path):
     """The report's target table from a recorded 8192 job (sentinel, NCCL, cuSOLVERMp, one GPU):
     the verdicts follow from the medians, and a person's analysis.md in the directory is
     carried into report.md."""
-    import tarfile
-
-    with tarfile.open(FIXTURES / "2026-11-30-h200x2-2a29633-n8192.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
+    _unpack(FIXTURES / "2026-11-30-h200x2-2a29633-n8192.tar.xz", tmp_path)
     (tmp_path / "analysis.md").write_text("The product kernel is latency-bound (measured).")
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
@@ -222,10 +233,7 @@ def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path)
     per-rank memory scaling against 1.3 x the one-rank share (from the solve's own pool mark),
     each verdict following from the numbers; and no 'N GPUs faster' row, since those ranks shared
     one GPU."""
-    import tarfile
-
-    with tarfile.open(FIXTURES / "2026-12-04-h200x1-624f21c-run000.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
+    _unpack(FIXTURES / "2026-12-04-h200x1-624f21c-run000.tar.xz", tmp_path)
     build_report(str(tmp_path))
     rep = json.loads((tmp_path / "report.json").read_text())
     rows = rep["targets"]
@@ -251,10 +259,7 @@ def test_report_checks_one_rank_and_memory_scaling_from_a_recorded_job(tmp_path)
 def test_report_from_recorded_gpu_runs(tmp_path):
     """The report rebuilt from the committed GPU run JSON (2xH200, 4 ranks on 2 GPUs under MPS,
     n=2048, 10 runs each): determinism per path and rank agreement come out of the recorded data."""
-    import tarfile
-
-    with tarfile.open(FIXTURES / "2026-11-30-h200x2-f4b2279-n2048-p4-mps.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
+    _unpack(FIXTURES / "2026-11-30-h200x2-f4b2279-n2048-p4-mps.tar.xz", tmp_path)
     n = len(list(tmp_path.glob("known_*.json")))
     assert n == 20, f"expected 20 recorded runs in the fixture, found {n}"
     build_report(str(tmp_path))

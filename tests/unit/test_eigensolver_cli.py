@@ -587,7 +587,7 @@ def test_slurm_stage_installs_nothing_unless_asked(tmp_path):
     env.pop("HPCCOLL_TEST_INSTALL", None)
     proc = subprocess.run([shutil.which("bash"), str(REPO / "tests" / "slurm" / "run")], env=env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 77 and "skipped: " in proc.stdout, proc.stdout + proc.stderr  # 77: skipped
     assert not marker.exists(), "tests/slurm/run ran apt-get unasked"
     if os.geteuid() == 0:
         env["HPCCOLL_TEST_INSTALL"] = "1"
@@ -694,3 +694,18 @@ def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
         _launch("nccl", _hanging_launcher(pidfile), args)
     assert time.monotonic() - t0 < 30
     _assert_gone(int(pidfile.read_text()), "the interrupt")
+
+
+def test_compare_refuses_ranks_sharing_a_gpu_without_mps_before_running_anything(tmp_path):
+    """2 ranks on the one GPU CUDA_VISIBLE_DEVICES shows, no MPS running and none to start: the
+    refusal names the cost and the fix, and no configuration runs."""
+    env = dict(_env(), CUDA_VISIBLE_DEVICES="0", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin")
+    out = tmp_path / "cmp"
+    proc = subprocess.run([sys.executable, "-m", "hpccoll_eigensolver.cli", "compare", "--n", "24", "--nb", "4",
+                           "--ranks", "2", "--comm", "mpi", "--out", str(out)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "compare: 2 ranks on 1 GPU share GPUs and no MPS runs" in proc.stderr
+    assert "nvidia-cuda-mps-control -d" in proc.stderr and "mpiexec" not in proc.stdout
+    assert not _runs(out)
