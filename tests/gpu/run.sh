@@ -30,6 +30,14 @@ for n in "$@"; do
     mkdir -p /tmp/mps-pipe /tmp/mps-log && nvidia-cuda-mps-control -d && mps=1 && echo "MPS on ($n ranks, $gpus GPU)"
   fi
   for f in ${FILES:-tests/gpu/test_*.py}; do
+    if grep -q "^STARTS_ITS_OWN_JOBS = True" "$f"; then  # its own MPI jobs: plain pytest, once
+      [[ $n == "$1" ]] || continue
+      echo "=== $f (starts its own jobs)"
+      MPIEXEC="${MPIEXEC[*]}" timeout "${FILE_LIMIT:-600}" python3 -m pytest -q -rs --color=no -p no:cacheprovider \
+        -W ignore::DeprecationWarning ${PYTEST_ARGS:-} "$f" 2>&1 | tail -${TAIL:-25}
+      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "$f" >> "$OUT/failed.txt"; echo "=== FAILED: $f"; }
+      continue
+    fi
     echo "=== $f at $n ranks"
     timeout "${FILE_LIMIT:-600}" "${MPIEXEC[@]}" -n "$n" python3 -m pytest -q -rs --color=no --with-mpi \
       -p no:cacheprovider -W ignore::DeprecationWarning ${PYTEST_ARGS:-} "$f" 2>&1 \

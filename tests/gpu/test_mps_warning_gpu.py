@@ -1,7 +1,8 @@
 """Two ranks on one GPU: the Communicator warns (hpccoll.PerformanceWarning, rank 0, once) when
 MPS does not serve them, and stays quiet when it does.  Each case is its own 2-rank job on GPU 0
-(started here by rank 0 of whatever job runs this file; tests/gpu/run.sh runs it at any rank
-count): without MPS its pipe directory points at an empty folder, so its CUDA programs do not
+started here by this process, which is no MPI job itself (tests/gpu/run.sh runs a file that sets
+STARTS_ITS_OWN_JOBS with plain pytest, once: under Open MPI a rank's child cannot start MPI; under
+a launcher only rank 0 starts them): without MPS its pipe directory points at an empty folder, so its CUDA programs do not
 connect to a daemon; with MPS it uses the daemon tests/gpu/run.sh started, else one started here
 (hpccoll.mps.mps_where_needed, stopped afterwards)."""
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from hpccoll import mps
 
 pytestmark = pytest.mark.gpu
+STARTS_ITS_OWN_JOBS = True  # tests/gpu/run.sh: run this file outside mpiexec
 
 JOB = """
 import warnings
@@ -58,10 +60,11 @@ def _two_ranks_on_gpu_0(env: dict) -> str:
 
 @pytest.fixture
 def rank0_only():
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_rank() != 0:
-        pytest.skip("rank 0 of this job starts the 2-rank jobs")
+    """Skip on every rank but 0 when a launcher started this file (read from the launcher's
+    variables: MPI is not initialized here, so the 2-rank jobs start from a plain process)."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if os.environ.get(var, "0") != "0":
+            pytest.skip("rank 0 of this job starts the 2-rank jobs")
 
 
 def test_two_ranks_on_one_gpu_without_mps_warn_once(rank0_only, tmp_path):
