@@ -10,11 +10,14 @@ clients talk through named pipes and UNIX sockets in CUDA_MPS_PIPE_DIRECTORY (de
 /tmp/nvidia-mps), and a CUDA program runs as an MPS client when, at CUDA's initialization, it
 can connect to the daemon there.  The assumption written here: the daemon listens on the socket
 `control` of that directory (nvidia-cuda-mps-control -d creates it, `quit` removes it).  MPS
-counts as running only when that socket accepts a connection; a leftover socket of a daemon that
-died refuses it, and anything unreadable counts as "MPS not detected"."""
+counts as running only when a live process holds that socket: a connection is accepted, or refused
+for its socket type (EPROTOTYPE: the daemon's socket is of another type than asked, which only a
+bound socket answers); a leftover socket of a daemon that died refuses every connection
+(ECONNREFUSED), and anything unreadable counts as "MPS not detected"."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -49,12 +52,17 @@ def mps_status(env=None) -> tuple[bool, str]:
             return False, f"MPS not detected ({path} is not a socket)"
     except OSError:
         return False, f"MPS not detected (no {path})"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(1.0)
-        try:
-            s.connect(path)
-        except OSError as exc:
-            return False, f"MPS not detected ({path} refuses connections: {exc.strerror or exc})"
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+        with socket.socket(socket.AF_UNIX, kind) as s:
+            s.settimeout(1.0)
+            try:
+                s.connect(path)
+            except OSError as exc:
+                if exc.errno == errno.EPROTOTYPE:  # bound by a live process, as a socket of another type
+                    continue
+                return False, f"MPS not detected ({path} refuses connections: {exc.strerror or exc})"
+        return True, f"MPS control daemon running ({path})"
+    # (a socket whose process died refuses every type with ECONNREFUSED; EPROTOTYPE needs a binder)
     return True, f"MPS control daemon running ({path})"
 
 

@@ -48,8 +48,18 @@ def _launcher() -> list[str]:
     return [str(here) if here.exists() else "mpiexec"]
 
 
+def _job_variable(name: str) -> bool:
+    """A variable a launcher sets for the ranks of its job (not the site's MCA settings, such as
+    OMPI_MCA_plm_rsh_agent, which a new mpiexec needs)."""
+    if name.startswith(("PMI_", "PMIX_", "HYDRA_")):
+        return True
+    if name.startswith("OMPI_MCA_"):
+        return name.startswith(("OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix"))
+    return name.startswith("OMPI_")
+
+
 def _two_ranks_on_gpu_0(env: dict) -> str:
-    env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    env = {k: v for k, v in env.items() if not _job_variable(k)}
     env.update(CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0], PYTHONUNBUFFERED="1")
     proc = subprocess.run([*_launcher(), "-n", "2", sys.executable, "-c", JOB], capture_output=True, text=True,
                           timeout=300, env=env)

@@ -84,6 +84,22 @@ def test_mps_is_detected_only_where_its_control_socket_accepts(tmp_path):
     assert not running and "refuses connections" in text
 
 
+@pytest.mark.parametrize("kind", ["SOCK_SEQPACKET", "SOCK_DGRAM"])
+def test_mps_is_detected_whatever_its_control_sockets_type(tmp_path, kind):
+    """NVIDIA's daemon does not hold a stream socket (a stream connect to it fails with EPROTOTYPE,
+    seen on an H100 machine): a socket of another type bound by a live process counts, and the
+    same file left by a process that died does not."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    s = socket.socket(socket.AF_UNIX, getattr(socket, kind))
+    s.bind(str(tmp_path / "control"))
+    if kind != "SOCK_DGRAM":
+        s.listen(1)
+    assert mps.mps_status(env) == (True, f"MPS control daemon running ({tmp_path}/control)")
+    s.close()
+    running, text = mps.mps_status(env)
+    assert not running and "refuses connections" in text
+
+
 def test_sharing_without_mps_is_found_per_gpu():
     a, b = ("n1", "0000:01:00.0"), ("n1", "0000:02:00.0")
     assert mps.shared_without_mps([a, b], [False, False]) is None           # a GPU per rank
