@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, to_host
+from .linalg._xp import get_xp, to_host
 
 #: default symmetry tolerance: max|M - M^T| <= SYM_TOL * max|M| (relative to the largest entry)
 SYM_TOL = 1e-10

@@ -9,7 +9,7 @@ import hashlib
 
 import numpy as np
 
-from ._xp import get_xp, to_host
+from .linalg._xp import get_xp, to_host
 
 EPS = float(np.finfo(np.float64).eps)
 
