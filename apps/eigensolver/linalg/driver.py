@@ -4,43 +4,46 @@ Layout: 1-D column block-cyclic (layout.BlockCyclic); a local block holds full c
 phase works on that layout: no rank holds an n x n matrix at any time (docs/eigensolver.md has
 the memory model).  Steps and their collectives (P ranks, n columns, block nb):
 
-  potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (triangular.py).
+  potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (potrf.py).
           One Bcast per panel (n / nb).  On one GPU rank potrf and trsm are single in-place
           cuSOLVER / cuBLAS calls on the whole matrix, and sygst steps through wider panels
-          (triangular.panel_desc: every column is local, the layout is the same).
+          (potrf.panel_desc: every column is local, the layout is the same).
   sygst   C = L^-1 A L^-T by LAPACK's blocked algorithm, C's lower triangle only: one Bcast per
           panel for the symmetric trailing updates, then one per panel of L for the deferred
-          forward substitution (triangular.py).
+          forward substitution (sygst.py).
   sytrd   Householder tridiagonalization, LAPACK latrd style: per column one Bcast of
           [v, d_j, tau, e_j] from the owner and one Allreduce of the partial products C v (from
           the lower triangle; rows j+1.. from an even row, so device buffers stay 16-byte
-          aligned).  The reflectors are kept where the reduced columns were (householder.py).
+          aligned).  The reflectors are kept where the reduced columns were (sytrd.py).
           On the GPU the column step is device kernels with the column index in device
           memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
   stedc   tridiagonal eigensolver.  "dc" (the default): divide and conquer over the ranks,
-          each computing a block of rows of the eigenvectors (tridiag_dc.py: per tree level
+          each computing a block of rows of the eigenvectors (stedc/: per tree level
           one Allreduce and one Allgather of O(n) numbers), then one Alltoallv delivers them by
           columns.  "host" (LAPACK dstevd) or "gpu" (cuSOLVER syevd of the dense tridiagonal):
           on rank 0, which then holds n x n eigenvectors for a moment; one Bcast of w and one
           Alltoallv deal the columns.
-  ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors.
-  trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L.
+  ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors
+          (ormtr.py).
+  trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L (potrf.py).
 
 Scalars stay in arrays (no per-column host sync); on GPU the host syncs are the phase
-boundaries, the positive-definiteness check after potrf, the divide and conquer's per-level
+boundaries (where the timer syncs, as the app's PhaseTimer does), the positive-definiteness check after potrf, the divide and conquer's per-level
 decisions (deflation: a scan of k numbers on the host) and (if the counting proxy is asked to)
 one around each collective."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, is_device, sync, to_host, tridiagonal_eigh, tridiagonal_matrix
-from .counting import PhaseTimer
-from . import householder
+from ._xp import get_xp, is_device, sync, to_host
 from .layout import BlockCyclic, column_order, rows_to_columns
+from .ormtr import ormtr
+from .potrf import NotPositiveDefinite, back_transform, panel_desc, potrf
+from .stedc import Early, tridiagonal_eigh, tridiagonal_matrix
+from .sygst import sygst, sygst_desc
+from .sytrd import sytrd as householder_sytrd
 from .sytrd_device import MODES
-from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst, sygst_desc
-from .tridiag_dc import Early
+from .timer import NoTimer, Timer
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
@@ -48,7 +51,7 @@ SYTRD_CHOICES = MODES  # sytrd_device.py (imports without CuPy)
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
-          timer: PhaseTimer | None = None, stedc: str = "auto", sytrd: str = "auto"):
+          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
@@ -74,9 +77,9 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     for name, a in (("A_local", A_local), ("B_local", B_local)):
         if tuple(a.shape) != shape:
             raise ValueError(f"sygvd: {name} has shape {tuple(a.shape)}, rank {rank} owns {shape}")
-    timer = timer if timer is not None else PhaseTimer(xp, comm)
+    timer = timer if timer is not None else NoTimer()
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
-    # it reduces the rest (tridiag_dc.Early; on the GPU they overlap sytrd's last columns)
+    # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
     early = Early(desc.n, xp) if solves_early(where, eigvecs, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
                                      early.hooks if early else ())
@@ -85,19 +88,19 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     if not eigvecs:
         return w, None
     with timer.phase("ormtr"):
-        householder.ormtr(V, tau, Z, desc, comm, xp)
+        ormtr(V, tau, Z, desc, comm, xp)
     del V
     with timer.phase("trsm"):
         back_transform(Z, L, panel_desc(desc), comm, xp)
     return w, Z
 
 
-def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto",
+def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
                    notify=()):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local.
     Returns (d, e, tau, V, L): T's diagonals and the reflectors' scalars (replicated), the local
     columns holding the reflectors and those of the Cholesky factor.  notify: sytrd's
-    [(rows, fn)], fn(d, e) called once T's first `rows` rows are final (householder.sytrd)."""
+    [(rows, fn)], fn(d, e) called once T's first `rows` rows are final (sytrd.sytrd)."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
     with timer.phase("potrf"):
@@ -107,13 +110,13 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTi
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
-        d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd, notify)
+        d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
 
 
 def solves_early(where: str, eigvecs: bool, nranks: int) -> bool:
     """Whether sygvd solves the divide and conquer's early subtrees during sytrd
-    (tridiag_dc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
+    (stedc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
     return where == "dc" and eigvecs and nranks == 1
 
 
@@ -129,7 +132,7 @@ def stedc_choice(where: str, device: bool) -> str:
 def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=None):
     """w (replicated) and the owned columns of Z (F order; None without eigvecs) for
     T = Z diag(w) Z^T, T = (d, e) replicated; early: the divide and conquer's subtrees solved
-    already (tridiag_dc.Early.solved)."""
+    already (stedc.Early.solved)."""
     n, rank = desc.n, comm.Get_rank()
     if not eigvecs:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
         w = xp.empty(n, dtype=xp.float64)
@@ -143,7 +146,7 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=N
     place = np.empty(n, dtype=np.int64)
     place[column_order(desc)] = np.arange(n)          # eigenvector p -> its column in the rows sent
     if where == "dc":
-        from .tridiag_dc import stedc_rows
+        from .stedc import stedc_rows
 
         res = stedc_rows(d, e, comm, xp, place=place, early=early)
         return res.w, rows_to_columns(res.take_rows(), res.row_starts, desc, comm)
