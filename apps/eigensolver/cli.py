@@ -502,7 +502,7 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "tracemalloc, which made host solves 2-3x slower)")
     p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
-                        "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "
+                        "over the ranks (linalg/stedc: each rank computes its rows of the eigenvectors, "
                         "delivered by columns); host: LAPACK dstevd on rank 0; gpu: cuSOLVER syevd of the "
                         "dense tridiagonal on rank 0 (device arrays only; host and gpu hold n x n on rank 0 "
                         "for a moment); auto (default): see solver.stedc_choice")
