@@ -30,7 +30,8 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
     """{phase: bytes} rank `rank` holds at the peak of each phase (float64), and "peak": their
     maximum.  Counts the arrays of size n * something; O(n) vectors are left out.  device: the
     GPU path (CuPy arrays; the CUDA context and library workspaces not included)."""
-    from .linalg import ormtr, potrf, stedc, sygst
+    from .linalg import ormtr, potrf, sygst
+    from .linalg.stedc import common as stedc
 
     desc = BlockCyclic(n, n, nb, nprocs)
     w = desc.local_n(rank)

@@ -36,7 +36,7 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     from .tiles import symmetrize
     from .linalg.driver import stedc_choice, sygvd
     from .linalg.sygst import SYGST_ONE_RANK_NB_DEVICE
-    from .linalg.stedc import LEAF_DEVICE
+    from .linalg.stedc.common import LEAF_DEVICE
 
     stedc = stedc_choice(stedc, device=True)
     n = max(10 * LEAF_DEVICE if stedc == "dc" else 0, SYGST_ONE_RANK_NB_DEVICE) + 37

@@ -230,7 +230,8 @@ def test_deflation_equals_the_scan_bit_for_bit():
 def test_early_ranges_are_subtrees_before_the_last_leaf(n, leaf):
     """early_ranges: consecutive from row 0, each a node of merge_tree below the root with at
     least EARLY_LEAVES leaves, none reaching the last leaf; the halves first for 2^k leaves."""
-    from hpccoll_eigensolver.linalg.stedc import EARLY_LEAVES, early_ranges, merge_tree
+    from hpccoll_eigensolver.linalg.stedc import early_ranges, merge_tree
+    from hpccoll_eigensolver.linalg.stedc.early import EARLY_LEAVES
 
     bounds = tuple(range(0, n, leaf)) + (n,)
     levels = merge_tree(bounds)
@@ -329,19 +330,20 @@ def test_solver_early_subtrees_are_scheduling_only():
 def test_early_hooks_wait_for_the_start_share(monkeypatch, start):
     """Early's hooks ask for a subtree's rows, and with EARLY_START for at least that share of
     T's rows too (never more than n): the same subtrees, solved later, the same bits."""
-    from hpccoll_eigensolver.linalg.stedc import Early, early, early_ranges, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import Early, early_ranges, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import early as early_module
 
     rng = np.random.default_rng(_seed())
     n = int(rng.integers(600, 1100))
     d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
-    monkeypatch.setattr(early, "EARLY_START", start)
+    monkeypatch.setattr(early_module, "EARLY_START", start)
     early = Early(n, np)
     ranges = early_ranges(n, device=False)
     assert [rows for rows, _ in early.hooks] == [min(n, max(b, int(np.ceil(start * n)))) for _, b in ranges]
     for _, fn in early.hooks:
         fn(d, e)
     res = stedc_rows(d, e, None, np, early=early.solved)
-    monkeypatch.setattr(early, "EARLY_START", 0.0)
+    monkeypatch.setattr(early_module, "EARLY_START", 0.0)
     again = Early(n, np)
     for _, fn in again.hooks:
         fn(d, e)

@@ -41,11 +41,12 @@ The steps, one module each, named as LAPACK's: tree.py (dlaed0: tear, leaves, le
 merges), leaves.py (the dense leaf solves), merge.py (dlaed1: one level of merges),
 deflation.py (dlaed2), secular.py (dlaed4), vectors.py (dlaed3), early.py (subtrees solved
 before T is whole), common.py (what they share), dc_kernels.cu (their device kernels)."""
-from .common import CHUNK_DEVICE, CHUNK_HOST, LEAF, LEAF_DEVICE, merge_tree, row_starts_of
-from .early import EARLY_LEAVES, EARLY_START, Early, early_ranges, solve_range
+from .common import merge_tree, row_starts_of
+from .early import Early, early_ranges, solve_range
 from .leaves import tridiagonal_eigh, tridiagonal_matrix
 from .tree import Rows, eigh_tridiagonal_dc, stedc_rows
 
-__all__ = ["CHUNK_DEVICE", "CHUNK_HOST", "EARLY_LEAVES", "EARLY_START", "LEAF", "LEAF_DEVICE", "Early", "Rows",
-           "early_ranges", "eigh_tridiagonal_dc", "merge_tree", "row_starts_of", "solve_range", "stedc_rows",
+# (the tunables - LEAF, CHUNK_*, LEAVES, EARLY_* - are read where they are defined, common.py,
+# leaves.py and early.py: set them there)
+__all__ = ["Early", "Rows", "early_ranges", "eigh_tridiagonal_dc", "merge_tree", "row_starts_of", "solve_range", "stedc_rows",
            "tridiagonal_eigh", "tridiagonal_matrix"]
