@@ -214,7 +214,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from .problems import spectrum
     from hpccoll.config import git_commit
 
-    from .linalg import stedc as tridiag_dc
+    from .linalg.stedc import early as tridiag_dc
     from .runinfo import GcPauses, MemoryMeter, machine_info
     from .linalg.driver import PHASES, solves_early, stedc_choice, sygvd
 
