@@ -1,5 +1,5 @@
 """`hpccoll-eigensolver` (any subcommand and options) in this process with the divide and
-conquer's early subtrees set to another minimum size (tridiag_dc.EARLY_LEAVES; 0: none, so
+conquer's early subtrees set to another minimum size (linalg.stedc.early.EARLY_LEAVES; 0: none, so
 that stedc runs whole after sytrd), to time a one-rank solve with and without them in one job:
 
     mpiexec -n 1 python3 bench/early_dc.py 0 solve --n 8192 --comm sentinel --out DIR ...
@@ -13,14 +13,14 @@ import sys
 
 
 def main() -> int:
-    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.linalg.stedc import early
     from hpccoll_eigensolver.cli import main as cli_main
 
     leaves, _, start = sys.argv[1].partition("@")
-    tridiag_dc.EARLY_LEAVES = int(leaves)
+    early.EARLY_LEAVES = int(leaves)
     if start:
-        tridiag_dc.EARLY_START = float(start)
-    print(f"tridiag_dc.EARLY_LEAVES = {tridiag_dc.EARLY_LEAVES}, EARLY_START = {tridiag_dc.EARLY_START}", flush=True)
+        early.EARLY_START = float(start)
+    print(f"stedc.early.EARLY_LEAVES = {early.EARLY_LEAVES}, EARLY_START = {early.EARLY_START}", flush=True)
     return cli_main(sys.argv[2:])
 
 

@@ -4,11 +4,10 @@
     desc = BlockCyclic(n, n, nb, comm.Get_size())
     w, X_local = sygvd(distribute(A, desc, rank), distribute(B, desc, rank), desc, comm)
 
-Works on NumPy arrays (host) and CuPy arrays (GPU); see solver.py for the algorithm and
+Works on NumPy arrays (host) and CuPy arrays (GPU); see linalg/driver.py for the algorithm and
 docs/eigensolver.md for the memory model."""
-from .layout import BlockCyclic, distribute, gather, numroc
-from .checks import InputError
-from .solver import PHASES, NonFiniteResult, NotPositiveDefinite, sygvd
+from .linalg.layout import BlockCyclic, distribute, gather, numroc
+from .linalg.driver import PHASES, InputError, NonFiniteResult, NotPositiveDefinite, sygvd
 from .warmup import warm_up
 
 __all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "warm_up", "PHASES", "NotPositiveDefinite",

@@ -13,7 +13,7 @@ def anchor_record(args, *, comm: str, backend: str, ranks: int, n: int, r: int, 
                   device: str = "gpu", memory=None, extra=None) -> dict:
     """A run record with the keys `solve` writes (cli.RUN_SCHEMA)."""
     from . import metrics
-    from ._xp import to_host
+    from .linalg._xp import to_host
     from .runs import RUN_SCHEMA, config_digest, config_identity
     from .report import GUARANTEE, METRIC_DEFINITIONS
     from hpccoll.config import git_commit
@@ -48,7 +48,7 @@ def run_single_gpu(args) -> int:
     """`anchor single-gpu`: the one-GPU CuPy path, --repeat times; one JSON per run.  The whole
     problem lives on the one GPU (built there by problems.make_problem)."""
     from . import metrics
-    from ._xp import gpu_available, to_host
+    from .linalg._xp import gpu_available, to_host
     from .runs import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
                       print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
     from .problems import make_problem

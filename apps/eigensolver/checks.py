@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, to_host
+from .linalg import driver
+from .linalg._xp import get_xp, to_host
 
 #: default symmetry tolerance: max|M - M^T| <= SYM_TOL * max|M| (relative to the largest entry)
 SYM_TOL = 1e-10
 
 
-class InputError(ValueError):
-    """A, B or an argument that the solver must not be given; the same message on every rank."""
+InputError = driver.InputError  # (the solver's: A, B or an argument it must not be given)
 
 
 def _first_bad(mask_host: np.ndarray, cols: np.ndarray) -> tuple[int, int] | None:

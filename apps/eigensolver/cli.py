@@ -190,7 +190,7 @@ def cmd_solve(args) -> int:
 
     from .checks import InputError
     from .runinfo import MixedDevices, limit_host_threads, make_communicator, select_device
-    from .solver import NonFiniteResult, NotPositiveDefinite
+    from .linalg.driver import NonFiniteResult, NotPositiveDefinite
 
     world = MPI.COMM_WORLD
     ctl = world.Dup()  # the CLI's own agreements: never matched against the library's collectives
@@ -228,7 +228,7 @@ def cmd_solve(args) -> int:
     alike = True
     try:
         if device == "gpu":
-            from .sytrd_device import mode_for
+            from .linalg.sytrd_device import mode_for
 
             sytrd_mode = mode_for(comm, args.n, args.sytrd)
         return _solve_runs(args, ctl, comm, xp, device, sytrd_mode)
@@ -246,7 +246,7 @@ def cmd_solve(args) -> int:
     finally:
         if alike:
             if sytrd_mode == "fused":
-                from .sytrd_device import release_fused
+                from .linalg.sytrd_device import release_fused
 
                 release_fused(comm)  # the fused transfers' IPC-mapped workspace, before the communicator's
             comm.Free()
@@ -262,16 +262,16 @@ def _gpu_id(xp) -> str:
 
 def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     from . import metrics
-    from ._xp import sync, to_host
+    from .linalg._xp import sync, to_host
     from .checks import SYM_TOL, check_input
     from .counting import CountingComm, PhaseTimer
-    from .layout import BlockCyclic
+    from .linalg.layout import BlockCyclic
     from .problems import spectrum
     from hpccoll.config import git_commit
 
-    from . import tridiag_dc
+    from .linalg.stedc import early as tridiag_dc
     from .runinfo import GcPauses, MemoryMeter, machine_info
-    from .solver import PHASES, solves_early, stedc_choice, sygvd
+    from .linalg.driver import PHASES, solves_early, stedc_choice, sygvd
 
     rank, size = ctl.Get_rank(), ctl.Get_size()
     spec, n = args.spec, args.n
@@ -566,7 +566,7 @@ def cmd_anchor(args) -> int:
 
 def add_solve_args(p: argparse.ArgumentParser) -> None:
     from .runinfo import HOST_THREADS_HELP
-    from .solver import STEDC_CHOICES, SYTRD_CHOICES
+    from .linalg.driver import STEDC_CHOICES, SYTRD_CHOICES
 
     p.add_argument("--host-threads", type=_host_threads, default="auto", help=HOST_THREADS_HELP)
     p.add_argument("--no-sync-collectives", action="store_true",
@@ -578,7 +578,7 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "tracemalloc, which made host solves 2-3x slower)")
     p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
-                        "over the ranks (tridiag_dc.py: each rank computes its rows of the eigenvectors, "
+                        "over the ranks (linalg/stedc: each rank computes its rows of the eigenvectors, "
                         "delivered by columns); host: LAPACK dstevd on rank 0; gpu: cuSOLVER syevd of the "
                         "dense tridiagonal on rank 0 (device arrays only; host and gpu hold n x n on rank 0 "
                         "for a moment); auto (default): see solver.stedc_choice")

@@ -149,7 +149,7 @@ def _run(args, world) -> int:
     from .runs import (build_local_problem, check_out_dir, config_digest, config_identity, in_column_order,
                       print_run, rank_records, reference_on_root, refuse_overwrite, run_stem, save_vectors,
                       write_json, write_vectors)
-    from .layout import BlockCyclic
+    from .linalg.layout import BlockCyclic
     from .problems import spectrum
     from .runinfo import MemoryMeter, select_device
 

@@ -16,37 +16,38 @@ holds the caller's A_local and B_local (2u) plus:
   trsm    L, Z                                                        2u  + panel
 
 so the peak is about 6 n^2 / P doubles plus terms of n * nb: no n x n matrix anywhere.  The
-trailing updates of potrf and sygst run in chunks of triangular.UPDATE_COLS local columns: on
+trailing updates of potrf and sygst run in chunks of potrf.UPDATE_COLS local columns: on
 the host NumPy forms one chunk's product (at most n x UPDATE_COLS), on the GPU cuBLAS
 accumulates in place (none; so do sytrd's trailing update and ormtr's).  On the GPU the same
 arrays are device arrays, and the CUDA context, cuBLAS/cuSOLVER workspaces and CuPy's pool add
 a constant."""
 from __future__ import annotations
 
-from .layout import BlockCyclic
+from .linalg.layout import BlockCyclic
 
 
 def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = False) -> dict:
     """{phase: bytes} rank `rank` holds at the peak of each phase (float64), and "peak": their
     maximum.  Counts the arrays of size n * something; O(n) vectors are left out.  device: the
     GPU path (CuPy arrays; the CUDA context and library workspaces not included)."""
-    from . import householder, triangular, tridiag_dc
+    from .linalg import ormtr, potrf, sygst
+    from .linalg.stedc import common as stedc
 
     desc = BlockCyclic(n, n, nb, nprocs)
     w = desc.local_n(rank)
     u = n * w
-    b = min(triangular.panel_desc(desc).nb, n)  # potrf's and trsm's panel width
-    bs = min(triangular.sygst_desc(desc, device).nb, n)  # sygst's
+    b = min(potrf.panel_desc(desc).nb, n)  # potrf's and trsm's panel width
+    bs = min(sygst.sygst_desc(desc, device).nb, n)  # sygst's
     h = _dc_rows(n, nprocs, rank, device)
-    k_chunk = tridiag_dc.CHUNK_DEVICE if device else tridiag_dc.CHUNK_HOST * n
-    update = 0 if device else n * min(triangular.UPDATE_COLS, w)  # one chunk's product (host)
-    bw = householder.ormtr_block(device)
+    k_chunk = stedc.CHUNK_DEVICE if device else stedc.CHUNK_HOST * n
+    update = 0 if device else n * min(potrf.UPDATE_COLS, w)  # one chunk's product (host)
+    bw = ormtr.ormtr_block(device)
     model = {
         "potrf": 2 * u + u + update + b * n,
         "sygst": 2 * u + 2 * u + update + 4 * bs * n,
         "sytrd": 2 * u + 2 * u + 6 * min(nb, n) * n + _early(n, nprocs, device),
         "stedc": 2 * u + 2 * u + max(2 * h * n + 3 * k_chunk, h * n + u, 2 * u),
-        "ormtr": 2 * u + 3 * u + (n * bw + 2 * bw * w if device else n * (bw + householder.ORMTR_COLUMNS)),
+        "ormtr": 2 * u + 3 * u + (n * bw + 2 * bw * w if device else n * (bw + ormtr.ORMTR_COLUMNS)),
         "trsm": 2 * u + 2 * u + b * n,
     }
     out = {phase: 8 * int(v) for phase, v in model.items()}
@@ -56,15 +57,15 @@ def memory_model(n: int, nb: int, nprocs: int, rank: int = 0, *, device: bool = 
 
 def _early(n: int, nprocs: int, device: bool) -> int:
     """One rank: the eigenvectors of the divide and conquer's early subtrees, solved during sytrd
-    (tridiag_dc.Early: about n^2 / 3 doubles in all, n^2/4 + n^2/16 + ...); several ranks: 0."""
-    from .tridiag_dc import early_ranges
+    (stedc.Early: about n^2 / 3 doubles in all, n^2/4 + n^2/16 + ...); several ranks: 0."""
+    from .linalg.stedc import early_ranges
 
     return sum((b - a) ** 2 for a, b in early_ranges(n, device=device)) if nprocs == 1 else 0
 
 
 def _dc_rows(n: int, nprocs: int, rank: int, device: bool) -> int:
     """Rows of the eigenvectors rank `rank` computes in the divide and conquer."""
-    from .tridiag_dc import row_starts_of
+    from .linalg.stedc import row_starts_of
 
     starts = row_starts_of(n, nprocs, device=device)
     return starts[rank + 1] - starts[rank]

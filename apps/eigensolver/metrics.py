@@ -13,8 +13,8 @@ import hashlib
 
 import numpy as np
 
-from . import scaling
-from ._xp import get_xp, to_host
+from .linalg import scaling
+from .linalg._xp import get_xp, to_host
 
 EPS = float(np.finfo(np.float64).eps)
 

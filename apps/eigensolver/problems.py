@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._xp import get_xp, is_device, to_host
+from .linalg._xp import get_xp, is_device, to_host
 
 KINDS = ("known", "clustered", "wilkinson", "random")
 #: names this construction in problem digests: a change of formulas must change it

@@ -385,7 +385,7 @@ def select_device(mpi_comm):
     import numpy
     from mpi4py import MPI
 
-    from ._xp import gpu_available
+    from .linalg._xp import gpu_available
 
     have = gpu_available()
     haves = mpi_comm.allgather(have)

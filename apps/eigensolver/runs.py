@@ -184,7 +184,7 @@ def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> 
     By default every rank writes its own columns into the file rank 0 created (the directory
     must be shared); gather_to_root: the columns travel to rank 0 block by block and it writes
     them.  Written under a temporary name and renamed when complete.  Collective over ctl."""
-    from ._xp import to_host
+    from .linalg._xp import to_host
     from .problems import _runs
 
     rank, size, n = ctl.Get_rank(), ctl.Get_size(), desc.n

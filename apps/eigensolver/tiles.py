@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, is_device, to_host
+from .linalg._xp import get_xp, is_device, to_host
 
 #: bytes of one exchanged chunk (bounds the temporary memory of a visit)
 CHUNK_BYTES = 8 * 2**20

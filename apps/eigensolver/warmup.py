@@ -31,12 +31,12 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
 
     from . import metrics
     from .checks import check_input
-    from .layout import BlockCyclic
+    from .linalg.layout import BlockCyclic
     from .problems import generated_columns, parse_problem
     from .tiles import symmetrize
-    from .solver import stedc_choice, sygvd
-    from .triangular import SYGST_ONE_RANK_NB_DEVICE
-    from .tridiag_dc import LEAF_DEVICE
+    from .linalg.driver import stedc_choice, sygvd
+    from .linalg.sygst import SYGST_ONE_RANK_NB_DEVICE
+    from .linalg.stedc.common import LEAF_DEVICE
 
     stedc = stedc_choice(stedc, device=True)
     n = max(10 * LEAF_DEVICE if stedc == "dc" else 0, SYGST_ONE_RANK_NB_DEVICE) + 37
@@ -53,12 +53,12 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     metrics.sha256(w)
     if stedc == "dc":
         # one divide and conquer of the whole tree of ten equal leaves and a short one: the
-        # solve above splits its tree (tridiag_dc.Early), so none of its solves gathers more
+        # solve above splits its tree (stedc.Early), so none of its solves gathers more
         # than eight leaves' rows at once (CuPy's concatenation of more than eight strided rows,
         # as the early subtrees of a large solve and every solve of several ranks do)
         import numpy as np
 
-        from .tridiag_dc import eigh_tridiagonal_dc
+        from .linalg.stedc import eigh_tridiagonal_dc
 
         rng = np.random.default_rng(1)
         eigh_tridiagonal_dc(cp.asarray(rng.standard_normal(n)), cp.asarray(rng.standard_normal(n - 1)), cp)
@@ -79,10 +79,10 @@ def warm_ranks(n: int = 300, w: int = 8) -> None:
     masked by the live reflectors (a column-major block times a boolean row)."""
     import cupy as cp
 
-    from ._xp import potrf
+    from .linalg.potrf import potrf_block
 
     B = cp.asfortranarray(cp.eye(n) * 2.0)
-    potrf(cp, B[n - w:, n - w:])
+    potrf_block(cp, B[n - w:, n - w:])
     Vb = cp.zeros((n, w), dtype=cp.float64, order="F")
     lives = cp.arange(2 * w) != 0
     Vb *= lives[w:][None, :]
@@ -94,7 +94,7 @@ def warm_gemms(m: int = 4096, cols: int = 1024) -> None:
     makes it pick others), so that they are loaded before the timed solve."""
     import cupy as cp
 
-    from ._xp import gemm_acc
+    from .linalg._xp import gemm_acc
 
     out = cp.zeros((m, cols), dtype=cp.float64, order="F")
     for k in (64, 128, 256, 512):  # potrf's panel, sygst's / sytrd's two; on one rank the 256-column panels

@@ -70,7 +70,7 @@ def test_gpu_one_rank_solve_and_column_step_without_transfers(n, nb):
 
     from hpccoll_eigensolver import BlockCyclic, metrics
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.sytrd_device import sytrd_device
+    from hpccoll_eigensolver.linalg.sytrd_device import sytrd_device
 
     c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
     try:
@@ -113,7 +113,7 @@ def test_gpu_gemm_acc_into_strided_views(m, n, k, trans_a, trans_b):
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver._xp import gemm_acc
+    from hpccoll_eigensolver.linalg._xp import gemm_acc
 
     rng = np.random.default_rng()
     big = cp.asfortranarray(cp.asarray(rng.standard_normal((m + 7, n + 5))))
@@ -142,7 +142,8 @@ def test_gpu_potrf_sygst_trsm_against_lapack(gpu_comm, update_cols):
 
     from hpccoll_eigensolver import BlockCyclic, distribute, gather
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.triangular import back_transform, potrf, sygst
+    from hpccoll_eigensolver.linalg.potrf import back_transform, potrf
+    from hpccoll_eigensolver.linalg.sygst import sygst
 
     n, nb = 301, 16
     seed = WORLD.bcast(int(np.random.default_rng().integers(1 << 30)))  # fresh, the same on every rank
@@ -174,9 +175,9 @@ def test_gpu_one_rank_potrf_and_trsm_in_place(n):
     import numpy as np
 
     from hpccoll_eigensolver import BlockCyclic, NotPositiveDefinite
-    from hpccoll_eigensolver._xp import trsm_in_place
+    from hpccoll_eigensolver.linalg._xp import trsm_in_place
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.triangular import back_transform, potrf
+    from hpccoll_eigensolver.linalg.potrf import back_transform, potrf
 
     c = hpccoll.Communicator(MPI.COMM_SELF, backend="cuda", deterministic=True)
     try:
@@ -223,15 +224,15 @@ def test_gpu_one_rank_potrf_and_trsm_in_place(n):
 
 @pytest.mark.parametrize("n,nb,block", [(301, 16, 64), (1030, 64, 512), (1031, 64, 512)])
 def test_gpu_ormtr_matches_host(n, nb, block):
-    """ormtr on the GPU, one rank - cuSOLVER's dormtr, and the distributed blocks (from an
+    """ormtr on the GPU, one rank - the distributed blocks (from an
     aligned row with a zero first row of Vb, T = M^-1 and a GEMM) - against the host's (LAPACK's
     rows, a triangular solve): random reflectors in sytrd's storage (unit first entry; some
     with tau = 0) and random Z."""
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver import BlockCyclic, householder
-    from hpccoll_eigensolver._xp import ormtr_in_place
+    from hpccoll_eigensolver import BlockCyclic
+    from hpccoll_eigensolver.linalg.ormtr import ormtr
 
     rng = np.random.default_rng()
     V = np.asfortranarray(np.tril(rng.standard_normal((n, n)), -1) / np.sqrt(n))
@@ -244,15 +245,11 @@ def test_gpu_ormtr_matches_host(n, nb, block):
     hc = hpccoll.Communicator(MPI.COMM_SELF, backend="host")
     try:
         Zh = Z.copy(order="F")
-        householder.ormtr(V, tau, Zh, desc, hc, np, block=block)
+        ormtr(V, tau, Zh, desc, hc, np, block=block)
         assert not np.allclose(Zh, Z)
-        for how in ("cusolver", "blocks"):
-            Zd = cp.asfortranarray(cp.asarray(Z))
-            if how == "cusolver":
-                ormtr_in_place(cp, cp.asfortranarray(cp.asarray(V)), cp.asarray(tau), Zd)
-            else:
-                householder.ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
-            np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max(), err_msg=how)
+        Zd = cp.asfortranarray(cp.asarray(Z))
+        ormtr(cp.asarray(V), cp.asarray(tau), Zd, desc, gc, cp, block=block)
+        np.testing.assert_allclose(Zd.get(), Zh, rtol=0, atol=1e-11 * np.abs(Zh).max())
     finally:
         gc.Free()
         hc.Free()
@@ -277,7 +274,7 @@ def test_gpu_dc_rotations_bitwise_as_sequential_drot(h, k):
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.linalg.stedc import deflation
 
     rng = np.random.default_rng()
     Q = rng.standard_normal((h, k))
@@ -288,16 +285,16 @@ def test_gpu_dc_rotations_bitwise_as_sequential_drot(h, k):
         for a, b in zip(chain[:-1], chain[1:]):
             th = rng.uniform(0.0, 2.0 * np.pi)
             rots.append((int(a), int(b), float(np.cos(th)), float(np.sin(th))))
-    assert tridiag_dc._chained(rots)
+    assert deflation._chained(rots)
     big = cp.asfortranarray(cp.asarray(rng.standard_normal((h + 3, k + 2))))
     view = big[1:1 + h, 2:2 + k]
     view[...] = cp.asarray(Q)
-    tridiag_dc._rotate(view, rots, cp)
+    deflation._rotate(view, rots, cp)
     assert np.array_equal(view.get(), _drot_loop(Q, rots))
     bad = rots[:3] + [(rots[0][1], rots[0][0], 0.6, 0.8)]  # a column rotated as b twice
-    assert not tridiag_dc._chained(bad)
+    assert not deflation._chained(bad)
     with pytest.raises(ValueError, match="chain"):
-        tridiag_dc._rotate(cp.asfortranarray(cp.asarray(Q)), bad, cp)
+        deflation._rotate(cp.asfortranarray(cp.asarray(Q)), bad, cp)
 
 
 @pytest.fixture(scope="module")
@@ -327,10 +324,11 @@ def test_gpu_accuracy_as_lapack(request, ranks, kind, cond_b):
 
 @pytest.mark.parametrize("stedc", ["gpu", "host", "dc"])
 def test_gpu_bitwise_reproducible_and_identical_across_ranks(gpu_comm, stedc, monkeypatch):
-    from hpccoll_eigensolver import gather, metrics, tridiag_dc
+    from hpccoll_eigensolver import gather, metrics
+    from hpccoll_eigensolver.linalg.stedc import common as stedc_common
     from hpccoll_eigensolver.problems import make_problem
 
-    monkeypatch.setattr(tridiag_dc, "LEAF_DEVICE", 64)  # n = 160 splits: the halves on two ranks
+    monkeypatch.setattr(stedc_common, "LEAF_DEVICE", 64)  # n = 160 splits: the halves on two ranks
 
     prob = make_problem("clustered", 160, cond_b=1e2, seed=5)
     runs = [_solve(gpu_comm, prob, 32, stedc=stedc) for _ in range(2)]
@@ -376,13 +374,13 @@ def test_gpu_nccl_path_is_accurate(gpu_comm):
 
 
 def test_gpu_dc_copy_cols_matches_indexing():
-    """tridiag_dc._copy_cols on the GPU (dc_copy_cols) against NumPy's indexing: a gather into a
+    """stedc.merge._copy_cols on the GPU (dc_copy_cols) against NumPy's indexing: a gather into a
     new array, a scatter and a gather-scatter into row blocks of a column-major matrix (a view
     with an offset and its parent's leading dimension), fresh data and indices each time."""
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver.tridiag_dc import _copy_cols
+    from hpccoll_eigensolver.linalg.stedc.merge import _copy_cols
 
     rng = np.random.default_rng()
     for rows, ncols, m in ((300, 517, 200), (1, 9, 4), (4097, 70, 70)):
@@ -407,25 +405,25 @@ def test_gpu_dc_copy_cols_matches_indexing():
 def test_gpu_sytrd_one_rank_deferred_sums_change_no_bit(self_comm, n, nb):
     """One rank: each kernel's grid-wide sums finished by the next kernel (sytrd_symv's blocks
     computing dlarfg's scalars, sytrd_w adding the product's partials: the default) give the same
-    bits as the last blocks finishing them (SY_DEFER=0, the path of several ranks), in graphs
+    bits as the last blocks finishing them (defer=False, the path of several ranks), in graphs
     and eagerly: the tridiagonal, tau and the reflectors in C, fresh data each run; the sizes
     reach chunks of one, two and four SY_C columns and rows summed over many chunks."""
     import cupy as cp
 
     from hpccoll_eigensolver import BlockCyclic
-    from hpccoll_eigensolver import sytrd_device as sd
+    from hpccoll_eigensolver.linalg import sytrd_device as sd
 
     a = cp.random.standard_normal((n, n))
     C = cp.tril(a + a.T)
     desc = BlockCyclic(n, n, nb, 1)
     outs = {}
-    for defines in ((), ("SY_DEFER=0",)):
-        assert bool(sd._Step(cp.asfortranarray(C), desc, 0, None, defines).defer) == (not defines)
+    for defer in (True, False):
+        assert bool(sd._Step(cp.asfortranarray(C), desc, 0, None, defer).defer) == defer
         for mode in ("graph", "eager"):
             local = cp.asfortranarray(C)
-            res = sd.sytrd_device(local, desc, self_comm, mode, defines=defines)
-            outs[(defines, mode)] = [cp.asnumpy(x).tobytes() for x in res] + [local.get().tobytes()]
-    ref = outs[((), "graph")]
+            res = sd.sytrd_device(local, desc, self_comm, mode, defer=defer)
+            outs[(defer, mode)] = [cp.asnumpy(x).tobytes() for x in res] + [local.get().tobytes()]
+    ref = outs[(True, "graph")]
     assert all(out == ref for out in outs.values()), [k for k, out in outs.items() if out != ref]
     d, e, _ = (cp.asnumpy(x) for x in res)
     w = sl.eigvalsh_tridiagonal(d, e)
@@ -442,8 +440,8 @@ def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
     import numpy as np
 
     from hpccoll_eigensolver import BlockCyclic, distribute, gather
-    from hpccoll_eigensolver.householder import sytrd_ops
-    from hpccoll_eigensolver.sytrd_device import sytrd_device
+    from hpccoll_eigensolver.linalg.sytrd import sytrd_ops
+    from hpccoll_eigensolver.linalg.sytrd_device import sytrd_device
 
     rng = np.random.default_rng(n + WORLD.Get_size())
     a = rng.standard_normal((n, n))
@@ -469,10 +467,11 @@ def test_gpu_sytrd_graph_eager_and_ops_agree(gpu_comm, n, nb):
 def test_gpu_stedc_dc_matches_scipy(gpu_comm, monkeypatch):
     """The divide-and-conquer tridiagonal solver on the GPU (stedc="dc"; leaves of 128 rows, so
     n = 333 merges, the leaves on several streams), against SciPy's generalized eigenvalues."""
-    from hpccoll_eigensolver import gather, metrics, tridiag_dc
+    from hpccoll_eigensolver import gather, metrics
+    from hpccoll_eigensolver.linalg.stedc import common as stedc_common
     from hpccoll_eigensolver.problems import make_problem
 
-    monkeypatch.setattr(tridiag_dc, "LEAF_DEVICE", 128)
+    monkeypatch.setattr(stedc_common, "LEAF_DEVICE", 128)
 
     for kind in ("known", "clustered", "wilkinson"):
         prob = make_problem(kind, 333, cond_b=1e3, seed=13)
@@ -505,7 +504,7 @@ def test_gpu_tridiag_dc_hard_matrices(leaf):
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.linalg.stedc import eigh_tridiagonal_dc, leaves as stedc_leaves
 
     host = _host_dc_tests()
     seed = host._seed()
@@ -516,12 +515,12 @@ def test_gpu_tridiag_dc_hard_matrices(leaf):
         nt = max(np.abs(d).max(), np.abs(e).max())
         ref = sl.eigh_tridiagonal(d, e, eigvals_only=True)
         for leaves in ("batched", "device", "host"):
-            tridiag_dc.LEAVES = leaves
+            stedc_leaves.LEAVES = leaves
             try:
-                w, Z = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
-                w2, Z2 = tridiag_dc.eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
+                w, Z = eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
+                w2, Z2 = eigh_tridiagonal_dc(cp.asarray(d), cp.asarray(e), cp, leaf=leaf)
             finally:
-                tridiag_dc.LEAVES = "batched"
+                stedc_leaves.LEAVES = "batched"
             msg = f"{name} n={n} leaf={leaf} leaves={leaves} seed={seed}"
             assert isinstance(w, cp.ndarray) and isinstance(Z, cp.ndarray), msg
             assert w.get().tobytes() == w2.get().tobytes() and Z.get().tobytes() == Z2.get().tobytes(), msg
@@ -549,7 +548,7 @@ def test_gpu_sytrd_fused_equals_the_collectives(sentinel_comm, n, nb):
     import numpy as np
 
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.sytrd_device import mode_for, sytrd_device
+    from hpccoll_eigensolver.linalg.sytrd_device import mode_for, sytrd_device
 
     if WORLD.allreduce(int(mode_for(sentinel_comm) != "fused"), op=MPI.MAX):
         pytest.skip("several ranks share a GPU: the fused transfers are off (sytrd_device.fusable)")
@@ -579,7 +578,7 @@ def test_gpu_sytrd_fused_missing_peer_times_out():
 
     from hpccoll.errors import CollectiveTimeout
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.sytrd_device import _Step, fused_workspace, mode_for, release_fused
+    from hpccoll_eigensolver.linalg.sytrd_device import _Step, fused_workspace, mode_for, release_fused
 
     c = hpccoll.Communicator(backend="cuda", algorithm="oneshot_sentinel", deterministic=True, timeout=2.0)
     try:
@@ -613,25 +612,25 @@ def test_gpu_dc_vectors_kernel_matches_the_expression(k, cols):
     import cupy as cp
     import numpy as np
 
-    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.linalg.stedc import secular, vectors
 
     rng = np.random.default_rng()
     d = np.sort(rng.standard_normal(k)) + np.arange(k) * 1e-3
     z = rng.standard_normal(k)
     z /= np.linalg.norm(z)
     rho = float(rng.uniform(0.5, 2.0))
-    origin, tau = tridiag_dc._secular(d, z, rho, cp)
+    origin, tau = secular._secular(d, z, rho, cp)
     dx = cp.asarray(d)
-    zhat = tridiag_dc._zhat(dx, origin, tau, cp.asarray(z), rho, cp)
+    zhat = vectors._zhat(dx, origin, tau, cp.asarray(z), rho, cp)
     c0 = int(rng.integers(0, k - cols + 1))
-    U = tridiag_dc._u_chunk(dx, zhat, origin, tau, c0, c0 + cols, cp).get()
+    U = vectors._u_chunk(dx, zhat, origin, tau, c0, c0 + cols, cp).get()
     rows = rng.permutation(k)
     rL, rR = np.sort(rows[:k // 2]), np.sort(rows[k // 2:])
-    UL, UR = tridiag_dc._u_rows(dx, zhat, origin, tau, c0, c0 + cols, cp.asarray(rL), cp.asarray(rR), cp)
+    UL, UR = vectors._u_rows(dx, zhat, origin, tau, c0, c0 + cols, cp.asarray(rL), cp.asarray(rR), cp)
     np.testing.assert_allclose(UL.get(), U[rL], rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(UR.get(), U[rR], rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(np.linalg.norm(U, axis=0), 1.0, rtol=1e-14)
-    none, UR2 = tridiag_dc._u_rows(dx, zhat, origin, tau, c0, c0 + cols, None, cp.asarray(rR), cp)
+    none, UR2 = vectors._u_rows(dx, zhat, origin, tau, c0, c0 + cols, None, cp.asarray(rR), cp)
     assert none is None and cp.array_equal(UR2, UR)
 
 
@@ -646,11 +645,11 @@ def test_gpu_one_rank_early_subtrees_overlap_and_change_no_bit(self_comm, n, nb)
     import numpy as np
 
     from hpccoll_eigensolver import BlockCyclic, metrics
-    from hpccoll_eigensolver import sytrd_device as sd
+    from hpccoll_eigensolver.linalg import sytrd_device as sd
     from hpccoll_eigensolver.counting import PhaseTimer
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.solver import _stedc, tridiagonalize
-    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges
+    from hpccoll_eigensolver.linalg.driver import _stedc, tridiagonalize
+    from hpccoll_eigensolver.linalg.stedc import Early, early_ranges
 
     seed = int(np.random.SeedSequence().entropy % (1 << 30))
     prob = make_problem("clustered", n, cond_b=1e3, seed=seed)

@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll_eigensolver import BlockCyclic, NotPositiveDefinite, distribute, gather, sygvd
-from hpccoll_eigensolver import metrics, tridiag_dc
+from hpccoll_eigensolver import metrics
+from hpccoll_eigensolver.linalg.stedc.common import _leaf_size
 from hpccoll_eigensolver.counting import CountingComm, PhaseTimer
 from hpccoll_eigensolver.problems import make_problem
 
@@ -83,7 +84,7 @@ def test_eigenvalues_only(comm):
 
 
 def _dc_levels(n: int, nranks: int) -> int:
-    leaves = -(-n // tridiag_dc._leaf_size(None, np, n, nranks))
+    leaves = -(-n // _leaf_size(None, np, n, nranks))
     return (leaves - 1).bit_length()
 
 
@@ -142,7 +143,7 @@ def test_stedc_dc_and_host_agree(comm, kind):
 def test_potrf_distributed(comm, n, nb, update_cols):
     """Each rank's columns of L (zeros above the diagonal), equal to LAPACK's factor to rounding;
     the trailing updates in one chunk or in many (update_cols)."""
-    from hpccoll_eigensolver.triangular import potrf
+    from hpccoll_eigensolver.linalg.potrf import potrf
 
     B = make_problem("random", n, cond_b=1e3, seed=_fresh_seed()).B
     desc = BlockCyclic(n, n, nb, comm.size)
@@ -157,7 +158,7 @@ def test_potrf_distributed(comm, n, nb, update_cols):
 @pytest.mark.parametrize("where", [3, 20, 29])
 def test_potrf_not_positive_definite_on_every_rank(comm, where):
     """A negative pivot in any panel (the first, a middle one, the last) raises on every rank."""
-    from hpccoll_eigensolver.triangular import potrf
+    from hpccoll_eigensolver.linalg.potrf import potrf
 
     B = np.eye(30)
     B[where, where] = -1.0
@@ -173,7 +174,8 @@ def test_sygst_distributed(comm, n, nb, update_cols):
     distributed L; the trailing updates in one chunk or in many (update_cols)."""
     from scipy.linalg.lapack import dsygst
 
-    from hpccoll_eigensolver.triangular import potrf, sygst
+    from hpccoll_eigensolver.linalg.potrf import potrf
+    from hpccoll_eigensolver.linalg.sygst import sygst
 
     prob = make_problem("random", n, cond_b=1e4, seed=_fresh_seed())
     desc = BlockCyclic(n, n, nb, comm.size)
@@ -190,8 +192,8 @@ def test_sygst_distributed(comm, n, nb, update_cols):
 def test_back_transform_and_ormtr_distributed(comm, n, nb):
     """X = L^-T Y (trsm) and Q Z (ormtr) on the owned columns, from distributed L and reflectors,
     against dense one-process products."""
-    from hpccoll_eigensolver.householder import ormtr
-    from hpccoll_eigensolver.triangular import back_transform
+    from hpccoll_eigensolver.linalg.ormtr import ormtr
+    from hpccoll_eigensolver.linalg.potrf import back_transform
 
     rng = np.random.default_rng(_fresh_seed())
     desc = BlockCyclic(n, n, nb, comm.size)
@@ -216,7 +218,7 @@ def test_stedc_rows_distributed(comm, n, leaf):
     every rank together an orthogonal eigenvector matrix of T, matching the one-process solve
     with the same leaves to rounding; a fresh T with some zero couplings (merges that only
     sort)."""
-    from hpccoll_eigensolver.tridiag_dc import eigh_tridiagonal_dc, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import eigh_tridiagonal_dc, stedc_rows
 
     rng = np.random.default_rng(_fresh_seed())
     d, e = rng.standard_normal(n), rng.standard_normal(max(n - 1, 0))
@@ -235,14 +237,14 @@ def test_stedc_rows_distributed(comm, n, leaf):
     assert np.all(np.diff(res.w) >= 0)
     assert np.linalg.norm(Z.T @ Z - np.eye(n)) <= 10 * n * eps
     assert np.linalg.norm(T @ Z - Z * res.w) <= 50 * n * eps * nt
-    w1, Z1 = eigh_tridiagonal_dc(d, e, leaf=tridiag_dc._leaf_size(leaf, np, n, comm.size))
+    w1, Z1 = eigh_tridiagonal_dc(d, e, leaf=_leaf_size(leaf, np, n, comm.size))
     np.testing.assert_allclose(res.w, w1, rtol=0, atol=10 * n * eps * nt)
 
 
 @pytest.mark.parametrize("n,nb", [(1, 4), (9, 2), (50, 7), (10, 64)])
 def test_rows_to_columns(comm, n, nb):
     """Contiguous row blocks (uneven, some empty) to block-cyclic columns by one Alltoallv."""
-    from hpccoll_eigensolver.layout import column_order, rows_to_columns
+    from hpccoll_eigensolver.linalg.layout import column_order, rows_to_columns
 
     rng = np.random.default_rng(_fresh_seed())
     M = rng.standard_normal((n, n))
@@ -275,7 +277,7 @@ def test_accuracy_as_lapack(comm, kind, cond_b):
 def test_select_device_refuses_a_job_where_only_some_ranks_have_a_gpu(monkeypatch):
     """A rank without a usable GPU among ranks with one: every rank raises MixedDevices naming
     the ranks without one (before any rank splits the communicator for its GPU)."""
-    from hpccoll_eigensolver import _xp
+    from hpccoll_eigensolver.linalg import _xp
     from hpccoll_eigensolver.runinfo import MixedDevices, select_device
 
     world = MPI.COMM_WORLD

@@ -309,7 +309,7 @@ def test_ormtr_applies_the_reflectors_including_identity_ones(n, nb, block):
     reflectors whose v is not zero) in the mix; fresh random data each run.  One rank: the
     local V is all of it."""
     from hpccoll import Communicator
-    from hpccoll_eigensolver.householder import ormtr
+    from hpccoll_eigensolver.linalg.ormtr import ormtr
 
     rng = np.random.default_rng()
     V = np.zeros((n, n), order="F")
@@ -366,7 +366,7 @@ def test_rows_to_columns_on_one_rank_is_the_rows():
     from mpi4py import MPI
 
     import hpccoll
-    from hpccoll_eigensolver.layout import rows_to_columns
+    from hpccoll_eigensolver.linalg.layout import rows_to_columns
 
     rng = np.random.default_rng()
     n = int(rng.integers(2, 40))

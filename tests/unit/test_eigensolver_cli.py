@@ -409,7 +409,10 @@ def test_one_rank_runs_name_their_early_subtrees(tmp_path):
     own files and its own row in the report instead of a false 'distinct digests'."""
     out = tmp_path / "runs"
     common = ("solve", "--n", 300, "--nb", 32, "--comm", "mpi", "--out", out, "--repeat", 2)
-    tool = [sys.executable, str(REPO / "bench" / "early_dc.py")]
+    # the CLI in a process whose smallest early subtree is `leaves` leaves (0: none)
+    tool = [sys.executable, "-c", "import sys; from hpccoll_eigensolver.linalg.stedc import early; "
+            "early.EARLY_LEAVES = int(sys.argv[1]); from hpccoll_eigensolver.cli import main; "
+            "sys.exit(main(sys.argv[2:]))"]
     for leaves in (0, 2):
         proc = subprocess.run([_mpiexec(), "-n", "1", *tool, str(leaves), *map(str, common)], capture_output=True,
                               text=True, timeout=HANG_TIMEOUT, env=_env())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpccoll_eigensolver import _xp
+from hpccoll_eigensolver.linalg import _xp, householder
 
 
 def _compile(src, options=()):
@@ -26,9 +26,9 @@ def test_fused_kernel_bodies_compile():
     # What cupy.ElementwiseKernel generates, reduced: the parameters become locals of the body.
     src = ("extern \"C\" __global__ void hh(const double* a_, const double* x_, const double* d_, double* o_) {\n"
            "  double alpha = a_[0], xn2 = x_[0], din = d_[0]; double tau, beta, scale, dout, one;\n"
-           + _xp.HH_SCALARS_BODY + "\n  o_[0] = tau; o_[1] = beta; o_[2] = scale; o_[3] = dout; o_[4] = one; }\n"
+           + householder.HH_SCALARS_BODY + "\n  o_[0] = tau; o_[1] = beta; o_[2] = scale; o_[3] = dout; o_[4] = one; }\n"
            "extern \"C\" __global__ void wu(const double* w_, const double* v_, double t, double dot, double* o_) {\n"
-           "  int i = threadIdx.x; double w = w_[i], v = v_[i]; double out;\n  " + _xp.W_UPDATE_BODY
+           "  int i = threadIdx.x; double w = w_[i], v = v_[i]; double out;\n  " + householder.W_UPDATE_BODY
            + "\n  o_[i] = out; }\n")
     assert _compile(src)[:4] == b"\x7fELF"
 
@@ -38,7 +38,7 @@ def test_householder_reflects_onto_e1(m):
     rng = np.random.default_rng(m)
     col = rng.standard_normal(m + 1)
     buf, scale = np.zeros(m + 3), np.zeros(1)
-    _xp.householder(np, col, buf, scale)
+    householder.householder(np, col, buf, scale)
     v, d, tau, beta = buf[:m], buf[m], buf[m + 1], buf[m + 2]
     assert d == col[0] and v[0] == 1.0
     H = np.eye(m) - tau * np.outer(v, v)
@@ -48,7 +48,7 @@ def test_householder_reflects_onto_e1(m):
 def test_householder_of_a_zero_tail_is_the_identity():
     col = np.array([2.0, -3.0, 0.0, 0.0])
     buf, scale = np.zeros(6), np.zeros(1)
-    _xp.householder(np, col, buf, scale)
+    householder.householder(np, col, buf, scale)
     assert buf[4] == 0.0 and buf[5] == -3.0  # tau = 0, beta = alpha
 
 
@@ -57,19 +57,46 @@ def test_w_update_matches_latrd():
     w, v = rng.standard_normal(9), rng.standard_normal(9)
     t = np.array([0.7])
     out = np.empty(9)
-    _xp.w_update(np, w, t, v, out)
+    householder.w_update(np, w, t, v, out)
     np.testing.assert_array_equal(out, w + (-0.5 * t * (w @ v)) * v)
 
 
 # -- the GPU column step (sytrd_step.cu) and its host twin ---------------------------------------
-@pytest.mark.parametrize("defines", [(), ("SY_C=128", "SY_G=2", "SY_DOT_FIRST=0", "SY_WIDE=0", "SY_WIDER=0", "SY_NOTICKET=1", "SY_SUMW=64", "SY_PREFETCH=1"),
-                                     ("SY_PERSIST=0",), ("SY_WIDER=0",), ("SY_NODOT=1", "SY_GRID=32"), ("SY_EMPTY=1",)])
-def test_sytrd_step_kernels_compile(defines):
-    """sytrd_step.cu compiles with NVRTC for sm_90 in its default form and in the variants
-    symv_defines can select (bench/symv_bench.py)."""
+def test_sytrd_step_kernels_compile():
+    """sytrd_step.cu compiles with NVRTC for sm_90 with raw_module's options (sytrd_abi.h and
+    hpccoll's headers on the include path)."""
     from pathlib import Path
 
-    assert _compile(Path(_xp.__file__).parent / "sytrd_step.cu", _xp.module_options(defines))[:4] == b"\x7fELF"
+    assert _compile(Path(_xp.HERE) / "sytrd_step.cu", _xp.module_options())[:4] == b"\x7fELF"
+
+
+def test_sytrd_constants_have_one_source():
+    """sytrd_abi.h is the one source of the constants sytrd_step.cu and sytrd_device.py share:
+    the .cu includes it and defines none of them again, Python reads them from it (no literal
+    copy), and the parser reads every #define of the header."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from hpccoll_eigensolver.linalg import sytrd_device as sd
+
+    here = Path(_xp.HERE)
+    header = (here / sd.ABI_HEADER).read_text()
+    names = re.findall(r"^#define\s+(\w+)\s", header, re.M)
+    assert names and set(names) == set(sd.ABI)
+    assert sd.ABI["TPB"] == 256 and sd.ABI["NW"] == 8 and sd.ABI["SY_U"] == 8
+    cu = (here / "sytrd_step.cu").read_text()
+    assert '#include "sytrd_abi.h"' in cu
+    redefined = set(re.findall(r"^\s*#\s*define\s+(\w+)", cu, re.M)) & set(names)
+    assert not redefined, f"sytrd_step.cu defines {sorted(redefined)} again: they are sytrd_abi.h's"
+    assert not re.search(r"^\s*#\s*if(n?def)?\b", cu, re.M), "sytrd_step.cu has compile-time switches"
+    for name in ("TPB", "SY_R", "SY_C", "SY_MAXCH"):
+        assert getattr(sd, name) == sd.ABI[name]
+    tree = ast.parse(Path(sd.__file__).read_text())
+    literal = [t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+               and isinstance(node.value.value, int) for t in node.targets if isinstance(t, ast.Name) and t.id in names]
+    assert not literal, f"sytrd_device.py assigns {literal} a literal: read them from sytrd_abi.h"
+    assert sd.read_abi("#define A 4\n#define B (A * 2 + 1)  // nine\n#define C (B / 2)\n") == {"A": 4, "B": 9, "C": 4}
 
 
 def _standard_form(n, seed):
@@ -86,8 +113,8 @@ def test_sytrd_twin_matches_the_array_version(n, nb, nprocs):
     above the diagonal)."""
     from hpccoll import Communicator
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.householder import sytrd_ops
-    from hpccoll_eigensolver.sytrd_device import sytrd_twin
+    from hpccoll_eigensolver.linalg.sytrd import sytrd_ops
+    from hpccoll_eigensolver.linalg.sytrd_device import sytrd_twin
 
     C = _standard_form(n, seed=n * 10 + nprocs)
     junk = np.triu(np.random.default_rng().standard_normal((n, n)), 1)
@@ -112,7 +139,7 @@ def test_sytrd_twin_matches_the_array_version(n, nb, nprocs):
 def test_sytrd_twin_with_a_zero_column():
     """A column that is already reduced (zero tail: tau = 0) and an all-zero matrix."""
     from hpccoll_eigensolver import BlockCyclic, distribute
-    from hpccoll_eigensolver.sytrd_device import sytrd_twin
+    from hpccoll_eigensolver.linalg.sytrd_device import sytrd_twin
 
     n = 9
     C = np.zeros((n, n))
@@ -147,7 +174,7 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
     """sytrd_step.cu computes local-to-global columns and the first local column after j with
     arithmetic (Layout); its twins give desc.local_cols and a search of it, for every j."""
     from hpccoll_eigensolver import BlockCyclic
-    from hpccoll_eigensolver.sytrd_device import layout_first_after, layout_glob
+    from hpccoll_eigensolver.linalg.sytrd_device import layout_first_after, layout_glob
 
     n = 3 * nb * nprocs + nb // 2 + 1
     desc = BlockCyclic(n, n, nb, nprocs)
@@ -161,8 +188,8 @@ def test_layout_arithmetic_matches_the_column_table(nb, nprocs):
 def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER=0):
     """sytrd_symv's shape of column j on a rank: (local columns, row tiles, first trailing tile,
     first trailing local column, chunk width, chunks)."""
-    from hpccoll_eigensolver.layout import numroc
-    from hpccoll_eigensolver.sytrd_device import layout_first_after
+    from hpccoll_eigensolver.linalg.layout import numroc
+    from hpccoll_eigensolver.linalg.sytrd_device import layout_first_after
 
     nloc = numroc(n, nb, rank, nprocs)
     lo = layout_first_after(j, nb, nprocs, rank)
@@ -174,7 +201,7 @@ def _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER=0):
 def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048, SY_WIDER=0):
     """The work units of sytrd_symv for column j, as its code enumerates them: {(tile, chunk):
     (rows, columns)} of the busy units, and the ticket counts each busy unit computes."""
-    from hpccoll_eigensolver.sytrd_device import layout_first_after as fa, layout_glob as glob
+    from hpccoll_eigensolver.linalg.sytrd_device import layout_first_after as fa, layout_glob as glob
 
     nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER)
     units = {}
@@ -195,7 +222,7 @@ def _symv_units(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048, SY_WIDE
 def _persistent_items(n, nb, nprocs, rank, j, SY_R=256, SY_C=64, SY_WIDE=2048, SY_WIDER=0):
     """sytrd_symv's persistent work list for column j, as its code builds it (chunkPrefix, then
     each unit's chunk by search and tile by offset): [(tile, chunk)] after the 2nb dots."""
-    from hpccoll_eigensolver.sytrd_device import layout_glob as glob
+    from hpccoll_eigensolver.linalg.sytrd_device import layout_glob as glob
 
     nloc, NT, t0, lo, cw, nch = _symv_column(n, nb, nprocs, rank, j, SY_R, SY_C, SY_WIDE, SY_WIDER)
     first_tile = [t0] + [glob(lo + ch * cw, nb, nprocs, rank) // SY_R for ch in range(1, nch)]
@@ -228,8 +255,8 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide, wider):
     """sytrd_symv's units (enumerated as its code does) cover every lower-triangle element (i >= g)
     of the trailing local columns g > j exactly once, and the tickets each unit takes count the
     busy units of its tile and of its chunk (a wrong count would hang a finalizer or skip it)."""
-    from hpccoll_eigensolver.layout import numroc
-    from hpccoll_eigensolver.sytrd_device import layout_glob
+    from hpccoll_eigensolver.linalg.layout import numroc
+    from hpccoll_eigensolver.linalg.sytrd_device import layout_glob
 
     for rank in range(nprocs):
         nloc = numroc(n, nb, rank, nprocs)
@@ -244,18 +271,6 @@ def test_symv_units_cover_the_lower_triangle_once(n, nb, nprocs, wide, wider):
                 assert col_units == sum(1 for (_a, c2) in units if c2 == ch), (rank, j, ch)
 
 
-def test_symv_variant_text():
-    """symv_defines turns a variant text into sytrd_symv's compile-time macros; anything but known
-    macros with integer values is refused."""
-    from hpccoll_eigensolver.sytrd_device import symv_defines
-
-    assert symv_defines("") == symv_defines("default") == ()
-    assert symv_defines("SY_C=128,SY_WIDE=0") == ("SY_C=128", "SY_WIDE=0")
-    for bad in ("SY_C", "SY_ASYNC=1", "SY_C=x", "SY_C=-1"):
-        with pytest.raises(ValueError, match="symv variant"):
-            symv_defines(bad)
-
-
 def test_sytrd_mode_policy(monkeypatch):
     """Which column step auto picks: the fused transfers only on hpccoll's CUDA backend with the
     deterministic sentinel algorithm, one rank per GPU, more than one rank and n up to
@@ -263,7 +278,7 @@ def test_sytrd_mode_policy(monkeypatch):
     where fused is asked for but cannot run, or the mode is unknown."""
     from types import SimpleNamespace
 
-    from hpccoll_eigensolver import sytrd_device as sd
+    from hpccoll_eigensolver.linalg import sytrd_device as sd
 
     import hpccoll.ext
 
@@ -279,7 +294,9 @@ def test_sytrd_mode_policy(monkeypatch):
     assert sd.mode_for(comm(), big) == "graph"
     assert sd.mode_for(comm(size=1), 4096) == "graph"                # one rank: no transfers to fuse
     assert sd.mode_for(comm(algorithm="twoshot_ll128", deterministic=False), 4096) == "graph"
+    assert sd.mode_for(comm(algorithm="twoshot_sentinel"), 4096) == "fused"
     assert sd.mode_for(comm(algorithm="oneshot_ll"), 4096) == "graph"
+    assert sd.mode_for(comm(algorithm="auto"), 4096) == "graph"      # auto may pick LL: its own collectives
     assert sd.mode_for(comm(deterministic=False), 4096) == "graph"
     assert sd.mode_for(comm(per_gpu=2), 4096) == "graph"
     assert sd.mode_for(comm(backend="nccl"), 4096) == "graph"
@@ -303,7 +320,7 @@ def test_secular_kernel_offsets_match_the_host_iteration():
     j1-j0-1; its host twin _secular on a slice gives the roots of the whole solve, bit for bit
     (a root's iteration does not depend on the others), so a rank's share is the whole
     solve's."""
-    from hpccoll_eigensolver.tridiag_dc import _secular
+    from hpccoll_eigensolver.linalg.stedc.secular import _secular
 
     rng = np.random.default_rng()
     k = 57
@@ -318,7 +335,7 @@ def test_secular_kernel_offsets_match_the_host_iteration():
     import re
     from pathlib import Path
 
-    src = (Path(_xp.__file__).parent / "dc_kernels.cu").read_text()
+    src = (Path(_xp.HERE) / "stedc" / "dc_kernels.cu").read_text()
     params = re.search(r"void dc_secular\(([^)]*)\)", src).group(1)
     names = [p.split()[-1].lstrip("*") for p in params.split(",")]
     assert names == ["d", "z2", "k", "j0", "rho", "wlast", "eps", "steps", "originOut", "tauOut"]
@@ -329,4 +346,14 @@ def test_dc_kernels_compile():
     for sm_90."""
     from pathlib import Path
 
-    assert _compile(Path(_xp.__file__).parent / "dc_kernels.cu")[:4] == b"\x7fELF"
+    assert _compile(Path(_xp.HERE) / "stedc" / "dc_kernels.cu")[:4] == b"\x7fELF"
+
+
+def test_sentinel_algorithms_are_hpccoll_names():
+    """sytrd_device.SENTINEL_ALGORITHMS names hpccoll's algorithms (policy.ALGORITHMS, listed in
+    docs/api.md) whose protocol is the sentinel's, every one of them."""
+    from hpccoll import policy
+
+    from hpccoll_eigensolver.linalg.sytrd_device import SENTINEL_ALGORITHMS
+
+    assert set(SENTINEL_ALGORITHMS) == {a for a in policy.ALGORITHMS if "sentinel" in a}

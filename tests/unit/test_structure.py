@@ -119,6 +119,20 @@ def test_the_app_uses_only_public_hpccoll_names():
     assert not bad, bad
 
 
+def test_the_eigensolver_library_imports_nothing_of_its_app():
+    """hpccoll_eigensolver.linalg (the solver) imports no module of the app around it (CLI, runs,
+    problems, reports, counters): timers come in as arguments."""
+    mods = _modules()
+    known = set(mods)
+    lib = "hpccoll_eigensolver.linalg"
+    bad = {m: sorted(t for t in _imports(m, p, known)
+                     if t.startswith("hpccoll_eigensolver") and t != lib and not t.startswith(lib + "."))
+           for m, p in mods.items() if m == lib or m.startswith(lib + ".")}
+    bad = {m: ts for m, ts in bad.items() if ts}
+    assert len([m for m in mods if m.startswith(lib + ".")]) > 10
+    assert not bad, f"linalg imports the app: {bad}"
+
+
 # -- one source for the ABI ------------------------------------------------------------------
 def test_the_header_is_parsed_completely():
     text = (_abi.cuda_dir() / "hc_abi.h").read_text()
@@ -195,7 +209,9 @@ def test_the_wheel_holds_the_library_only(wheel_files):
                              if f.suffix in (".cu", ".cuh", ".h"))
     assert not [n for n in wheel_files if "lab" in Path(n).name], "lab files in the wheel"
     assert not [n for n in wheel_files if n.startswith(("bench/", "tests/", "docs/"))]
-    assert "hpccoll/ext.py" in wheel_files and "hpccoll_eigensolver/solver.py" in wheel_files
+    assert "hpccoll/ext.py" in wheel_files and "hpccoll_eigensolver/linalg/driver.py" in wheel_files
+    for src in ("linalg/sytrd_step.cu", "linalg/sytrd_abi.h", "linalg/stedc/dc_kernels.cu"):
+        assert f"hpccoll_eigensolver/{src}" in wheel_files, f"{src} is not in the wheel"
 
 
 # -- product text ------------------------------------------------------------------------------

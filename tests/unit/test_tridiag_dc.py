@@ -1,4 +1,4 @@
-"""The divide-and-conquer tridiagonal eigensolver (hpccoll_eigensolver.tridiag_dc) on one
+"""The divide-and-conquer tridiagonal eigensolver (hpccoll_eigensolver.linalg.stedc) on one
 process: eigenvalues against LAPACK, orthogonality and residual in units of n*eps*|T|, on the
 matrices that break D&C codes (clusters, Wilkinson, graded, glued, zero couplings), with small
 leaves so that every test merges several levels; bitwise reproducible; columns delivered in a
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.linalg as sl
 
-from hpccoll_eigensolver.tridiag_dc import eigh_tridiagonal_dc
+from hpccoll_eigensolver.linalg.stedc import eigh_tridiagonal_dc
 
 EPS = np.finfo(np.float64).eps
 
@@ -102,7 +102,7 @@ def test_solver_with_stedc_dc_on_the_host():
 def test_deflation_rotations_in_one_gemm_equal_the_sequence():
     """_rotate applies chains of Givens rotations as one block-diagonal GEMM, in place: the same
     columns as dlaed2's one-at-a-time DROTs (column a <- c a + s b, b <- c b - s a)."""
-    from hpccoll_eigensolver.tridiag_dc import _rotate
+    from hpccoll_eigensolver.linalg.stedc.deflation import _rotate
 
     rng = np.random.default_rng(_seed())
     Q = rng.standard_normal((40, 30))
@@ -130,7 +130,7 @@ def test_deflation_rotations_in_one_gemm_equal_the_sequence():
 def test_columns_in_the_requested_place(n, leaf):
     """stedc_rows(place=...) stores the eigenvector of w[p] in column place[p], with the bits of
     the natural order (what the solver's Alltoallv wants: the columns grouped by owner)."""
-    from hpccoll_eigensolver.tridiag_dc import stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import stedc_rows
 
     rng = np.random.default_rng(_seed())
     d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
@@ -147,21 +147,21 @@ def test_work_arrays_stay_in_chunks(monkeypatch):
     """The secular equation, z-hat and the eigenvector columns work in chunks of CHUNK_HOST
     roots, rows or columns (the memory model's constant): chunks of 3 give the same eigenvalues
     bit for bit and the same vectors to rounding."""
-    from hpccoll_eigensolver import tridiag_dc
+    from hpccoll_eigensolver.linalg.stedc import common
 
     rng = np.random.default_rng(_seed())
     d, e = rng.standard_normal(200), rng.standard_normal(199)
     w, Z = eigh_tridiagonal_dc(d, e, leaf=16)
-    monkeypatch.setattr(tridiag_dc, "CHUNK_HOST", 3)
+    monkeypatch.setattr(common, "CHUNK_HOST", 3)
     w2, Z2 = eigh_tridiagonal_dc(d, e, leaf=16)
     assert w2.tobytes() == w.tobytes()
     np.testing.assert_allclose(Z2, Z, atol=1e-13)
 
 
 def test_rotation_chains_recognized():
-    """dc_rotate's precondition (tridiag_dc._chained): every column the b of at most one rotation
+    """dc_rotate's precondition (stedc.deflation._chained): every column the b of at most one rotation
     and untouched before it, every a the previous b or untouched."""
-    from hpccoll_eigensolver.tridiag_dc import _chained
+    from hpccoll_eigensolver.linalg.stedc.deflation import _chained
 
     r = 0.6, 0.8
     assert _chained([])
@@ -202,7 +202,7 @@ def test_deflation_equals_the_scan_bit_for_bit():
     """_deflate (tests on whole arrays, a loop only through chains of rotations) makes the
     decisions, rotations and updated poles of the scan over every pole, bit for bit, on poles
     that rotate in long chains, in short ones, not at all, with tiny z components between."""
-    from hpccoll_eigensolver.tridiag_dc import _deflate
+    from hpccoll_eigensolver.linalg.stedc.deflation import _deflate
 
     rng = np.random.default_rng(_seed())
     chains = 0
@@ -230,7 +230,8 @@ def test_deflation_equals_the_scan_bit_for_bit():
 def test_early_ranges_are_subtrees_before_the_last_leaf(n, leaf):
     """early_ranges: consecutive from row 0, each a node of merge_tree below the root with at
     least EARLY_LEAVES leaves, none reaching the last leaf; the halves first for 2^k leaves."""
-    from hpccoll_eigensolver.tridiag_dc import EARLY_LEAVES, early_ranges, merge_tree
+    from hpccoll_eigensolver.linalg.stedc import early_ranges, merge_tree
+    from hpccoll_eigensolver.linalg.stedc.early import EARLY_LEAVES
 
     bounds = tuple(range(0, n, leaf)) + (n,)
     levels = merge_tree(bounds)
@@ -249,7 +250,7 @@ def test_early_subtrees_join_the_tree(leaf):
     """stedc_rows(early=...) with every subset of early_ranges solved ahead by solve_range (the
     one-rank solver's overlap with sytrd): the same accuracy against LAPACK as the plain solve,
     eigenvalues within rounding of it, bitwise reproducible."""
-    from hpccoll_eigensolver.tridiag_dc import early_ranges, solve_range, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import early_ranges, solve_range, stedc_rows
 
     seed = _seed()
     for name, (d, e) in _matrices(np.random.default_rng(seed)).items():
@@ -276,7 +277,8 @@ def test_early_subtrees_join_the_tree(leaf):
 def test_early_subtrees_bad_input():
     """Early subtrees that are not subtrees, overlap, have the wrong shape, or come with
     several ranks are refused by name; solve_range checks its rows."""
-    from hpccoll_eigensolver.tridiag_dc import _early_nodes, solve_range, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import solve_range, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc.tree import _early_nodes
 
     rng = np.random.default_rng(_seed())
     d, e = rng.standard_normal(64), rng.standard_normal(63)
@@ -302,8 +304,8 @@ def test_solver_early_subtrees_are_scheduling_only():
     from hpccoll_eigensolver import BlockCyclic
     from hpccoll_eigensolver.counting import PhaseTimer
     from hpccoll_eigensolver.problems import make_problem
-    from hpccoll_eigensolver.solver import _stedc, sygvd, tridiagonalize
-    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges
+    from hpccoll_eigensolver.linalg.driver import _stedc, sygvd, tridiagonalize
+    from hpccoll_eigensolver.linalg.stedc import Early, early_ranges
 
     rng = np.random.default_rng(_seed())
     n, nb = int(rng.integers(300, 420)), int(rng.choice([16, 32]))
@@ -328,20 +330,20 @@ def test_solver_early_subtrees_are_scheduling_only():
 def test_early_hooks_wait_for_the_start_share(monkeypatch, start):
     """Early's hooks ask for a subtree's rows, and with EARLY_START for at least that share of
     T's rows too (never more than n): the same subtrees, solved later, the same bits."""
-    from hpccoll_eigensolver import tridiag_dc
-    from hpccoll_eigensolver.tridiag_dc import Early, early_ranges, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import Early, early_ranges, stedc_rows
+    from hpccoll_eigensolver.linalg.stedc import early as early_module
 
     rng = np.random.default_rng(_seed())
     n = int(rng.integers(600, 1100))
     d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
-    monkeypatch.setattr(tridiag_dc, "EARLY_START", start)
+    monkeypatch.setattr(early_module, "EARLY_START", start)
     early = Early(n, np)
     ranges = early_ranges(n, device=False)
     assert [rows for rows, _ in early.hooks] == [min(n, max(b, int(np.ceil(start * n)))) for _, b in ranges]
     for _, fn in early.hooks:
         fn(d, e)
     res = stedc_rows(d, e, None, np, early=early.solved)
-    monkeypatch.setattr(tridiag_dc, "EARLY_START", 0.0)
+    monkeypatch.setattr(early_module, "EARLY_START", 0.0)
     again = Early(n, np)
     for _, fn in again.hooks:
         fn(d, e)

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 _raw_modules: dict = {}   # (file, CUDA device) -> CuPy RawModule
 
 
@@ -21,17 +22,16 @@ def _cupy():
         return None
 
 
-def raw_module(filename: str, defines: tuple[str, ...] = ()):
-    """The CuPy RawModule of this package's CUDA source `filename` (sytrd_step.cu,
-    dc_kernels.cu) on the current device with the macros `defines` ("NAME=VALUE"), compiled
-    once per device and macros."""
+def raw_module(filename: str):
+    """The CuPy RawModule of the CUDA source `filename` of this folder (sytrd_step.cu,
+    stedc/dc_kernels.cu) on the current device, compiled once per device."""
     import cupy
 
-    key = (filename, cupy.cuda.Device().id, defines)
+    key = (filename, cupy.cuda.Device().id)
     mod = _raw_modules.get(key)
     if mod is None:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)) as fh:
-            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=module_options(defines))
+        with open(os.path.join(HERE, filename)) as fh:
+            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=module_options())
     return mod
 
 
@@ -53,12 +53,13 @@ def kept_streams(purpose: str, count: int = 1, priority: str = "default") -> lis
     return streams
 
 
-def module_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Compiler options of raw_module: C++17, hpccoll's device headers on the include path
-    (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls), the macros."""
+def module_options() -> tuple[str, ...]:
+    """Compiler options of raw_module: C++17; on the include path hpccoll's device headers
+    (sytrd_step.cu's fused transfers use its sentinel protocol and bounded polls) and this
+    folder (sytrd_abi.h)."""
     import hpccoll.ext
 
-    return ("-std=c++17", f"-I{hpccoll.ext.include_dir()}") + tuple(f"-D{d}" for d in defines)
+    return ("-std=c++17", f"-I{hpccoll.ext.include_dir()}", f"-I{HERE}")
 
 
 def get_xp(*arrays):
@@ -94,22 +95,6 @@ def to_host(a) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
     return a.get()
-
-
-def potrf(xp, a):
-    """Lower Cholesky factor of the small SPD block a; NaNs (never an exception) if not SPD.
-
-    cuSOLVER potrf reports failure through devInfo (CuPy then fills NaN or warns); numpy
-    raises: both become NaNs so every rank can agree on the failure after the next Bcast."""
-    if is_device(xp):
-        import cupyx
-
-        with cupyx.errstate(linalg="ignore"):  # GPU: no host sync for devInfo
-            return xp.linalg.cholesky(a)
-    try:
-        return np.linalg.cholesky(a)
-    except np.linalg.LinAlgError:
-        return np.full_like(a, np.nan)
 
 
 def potrf_in_place(xp, a):
@@ -158,8 +143,8 @@ _cusolver_lib = None      # ctypes handle on the libcusolver CuPy loaded
 
 
 def _cusolver():
-    """libcusolver (the copy CuPy loaded) through ctypes, for the entry points CuPy does not
-    bind: cusolverDnXsyevBatched and cusolverDnDormtr.  None where it cannot be found."""
+    """libcusolver (the copy CuPy loaded) through ctypes, for the entry point CuPy does not
+    bind: cusolverDnXsyevBatched.  None where it cannot be found."""
     global _cusolver_lib
     if _cusolver_lib is None:
         import ctypes
@@ -222,33 +207,6 @@ def syev_batched(xp, T):
     if bad:
         raise RuntimeError(f"syev_batched: cusolverDnXsyevBatched did not converge on {bad} of {nb} matrices")
     return W, T.transpose(0, 2, 1)                   # column-major storage: Q[b] = T[b]^T
-
-
-def ormtr_in_place(xp, V, tau, Z) -> None:
-    """Z := Q Z with Q = H_0 ... H_{n-2} of a lower sytrd (reflector j in V[j+1:, j], unit
-    first entry implied; tau[:n-1] its scalars): one cusolverDnDormtr on Z's own memory.
-    V and Z column-major device matrices, V n x n, Z n x k.  Not the solver's way (householder.
-    ormtr's blocks measured faster on one H200: bench/onerank_lab.py), its reference there."""
-    import ctypes
-
-    lib = _cusolver()
-    for name, x in (("V", V), ("Z", Z)):
-        if not _unit_rows(x):
-            raise ValueError(f"ormtr_in_place: `{name}` must be column-major (a Fortran-order array or a block of one)")
-    n, k = Z.shape
-    if V.shape != (n, n) or tau.shape[0] < n - 1:
-        raise ValueError(f"ormtr_in_place: V is {V.shape}, tau has {tau.shape[0]} entries, Z has {n} rows: "
-                         f"need V {n} x {n} and n - 1 scalars")
-    if n < 2 or not k:
-        return
-    handle, ptr, lwork = ctypes.c_void_p(_solver_handle()), ctypes.c_void_p, ctypes.c_int()
-    left, lower, no_trans = 0, 0, 0                  # CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N
-    args = (handle, left, lower, no_trans, n, k, ptr(V.data.ptr), _leading_dim(V), ptr(tau.data.ptr),
-            ptr(Z.data.ptr), _leading_dim(Z))
-    _ok(lib.cusolverDnDormtr_bufferSize(*args, ctypes.byref(lwork)), "cusolverDnDormtr_bufferSize")
-    work = xp.empty(max(lwork.value, 1))
-    info = xp.zeros(1, dtype=xp.int32)
-    _ok(lib.cusolverDnDormtr(*args, ptr(work.data.ptr), lwork.value, ptr(info.data.ptr)), "cusolverDnDormtr")
 
 
 def _ok(status: int, call: str) -> None:
@@ -343,114 +301,3 @@ def _blas_operand(xp, x):
         return cublas.CUBLAS_OP_T, _leading_dim(x.T), x
     x = xp.asfortranarray(x)
     return cublas.CUBLAS_OP_N, _leading_dim(x), x
-
-
-def sygst_block(xp, a, L):
-    """C = L^-1 a L^-T for a small symmetric block a (its lower triangle is read) and lower
-    triangular L, returned symmetric (both triangles, from C's lower one).  Host: LAPACK dsygst
-    (unblocked for a block this size, as inside LAPACK's blocked sygst); GPU: two triangular
-    solves."""
-    if is_device(xp):
-        low = xp.tril(a)
-        sym = low + xp.tril(a, -1).T
-        c = trsm(xp, L, trsm(xp, L, sym).T)
-    else:
-        from scipy.linalg.lapack import dsygst
-
-        c, info = dsygst(np.asfortranarray(a, dtype=np.float64), np.asfortranarray(L, dtype=np.float64),
-                         itype=1, lower=1)
-        if info != 0:
-            raise RuntimeError(f"dsygst failed with info={info}")
-    return xp.tril(c) + xp.tril(c, -1).T
-
-
-def tridiagonal_matrix(xp, d, e):
-    """The dense symmetric tridiagonal matrix with diagonal d and off-diagonal e."""
-    T = xp.diag(d)
-    if d.shape[0] > 1:
-        i = xp.arange(d.shape[0] - 1)
-        T[i + 1, i] = e
-        T[i, i + 1] = e
-    return T
-
-
-def tridiagonal_eigh(d: np.ndarray, e: np.ndarray):
-    """Eigenvalues (ascending) and eigenvectors of the symmetric tridiagonal (d, e): LAPACK dstevd
-    (divide and conquer, the 'stedc' step), on the host, float64."""
-    from scipy.linalg.lapack import dstevd
-
-    n = d.size
-    if n == 1:
-        return d.copy(), np.ones((1, 1))
-    w, z, info = dstevd(np.array(d, dtype=np.float64), np.array(e, dtype=np.float64), compute_v=1)
-    if info != 0:
-        raise RuntimeError(f"dstevd failed with info={info}")
-    return w, z
-
-
-# -- small fused steps of the Householder tridiagonalization ----------------------------------
-# On the GPU each is one CuPy ElementwiseKernel (one launch instead of ~10 for the scalar
-# chain); on the host the same arithmetic in NumPy, in the same order.  HH_SCALARS_BODY is
-# plain C so tests/unit/test_eigensolver_gpu_code.py can compile it with NVRTC without a GPU.
-HH_SCALARS_BODY = """
-    double xnorm = sqrt(xn2);
-    bool flat = xnorm == 0.0;
-    double b = flat ? alpha : -copysign(hypot(alpha, xnorm), alpha);
-    tau = flat ? 0.0 : (b - alpha) / b;
-    scale = flat ? 0.0 : 1.0 / (alpha - b);
-    beta = b;
-    dout = din;
-    one = 1.0;
-"""
-W_UPDATE_BODY = "out = w + ((-0.5 * t) * dot) * v;"
-
-_kernels: dict = {}
-
-
-def _ew(name: str):
-    k = _kernels.get(name)
-    if k is None:
-        import cupy
-
-        if name == "hh":
-            k = cupy.ElementwiseKernel(
-                "float64 alpha, float64 xn2, float64 din",
-                "float64 tau, float64 beta, float64 scale, float64 dout, float64 one",
-                HH_SCALARS_BODY, "hpccoll_eig_hh_scalars")
-        else:
-            k = cupy.ElementwiseKernel("float64 w, float64 t, float64 dot, float64 v", "float64 out",
-                                       W_UPDATE_BODY, "hpccoll_eig_w_update")
-        _kernels[name] = k
-    return k
-
-
-def householder(xp, col, buf, scale) -> None:
-    """LAPACK dlarfg on col[1:] (col = [d_j, alpha, x...], length m + 1 >= 2), packed into the
-    broadcast buffer buf = [v (m), d_j, tau, beta]: v[0] = 1, v[1:] = x * scale.  Scalars stay
-    on the device (no host sync).  `scale` is a 1-element scratch array."""
-    m = col.size - 1
-    x = col[2:]
-    xn2 = x @ x if m > 1 else xp.zeros((), dtype=col.dtype)   # numpy norm = sqrt(x . x)
-    if is_device(xp):
-        _ew("hh")(col[1], xn2, col[0], buf[m + 1:m + 2], buf[m + 2:m + 3], scale, buf[m:m + 1], buf[0:1])
-    else:  # the same arithmetic, one array op at a time
-        alpha = col[1]
-        xnorm = xp.sqrt(xn2)
-        flat = xnorm == 0
-        beta = xp.where(flat, alpha, -xp.copysign(xp.hypot(alpha, xnorm), alpha))
-        buf[m + 1] = xp.where(flat, 0.0, (beta - alpha) / xp.where(flat, 1.0, beta))
-        buf[m + 2] = beta
-        scale[0] = xp.where(flat, 0.0, 1.0 / xp.where(flat, 1.0, alpha - beta))
-        buf[m] = col[0]
-        buf[0] = 1.0
-    if m > 1:
-        xp.multiply(x, scale[0], out=buf[1:m])
-
-
-def w_update(xp, w, t, v, out) -> None:
-    """out = w + (-0.5 t (w . v)) v  (LAPACK latrd's w correction), one fused kernel on the GPU."""
-    dot = w @ v
-    if is_device(xp):
-        _ew("w")(w, t, dot, v, out)
-    else:
-        out[...] = w + ((-0.5 * t) * dot) * v

@@ -38,12 +38,10 @@ typedef long long i64;
 #define HC_DTYPE 0         // HC_F64: hpccoll's headers (cuda/, on the include path) for doubles
 #include "ll_buffer.cuh"   // Args, boundedPoll (every wait bounded, timeouts reported)
 #include "proto_sentinel.cuh"
-#define TPB 256            // threads per block: a tile of 32 rows x NW warps
-#define NW (TPB / 32)      // warps per block
+#include "sytrd_abi.h"     // TPB, NW, sytrd_symv's SY_* (shared with sytrd_device.py)
 // `defer` (the kernels' argument, nonzero only on one rank without fused transfers, where
-// nothing moves between the step's launches, and with the persistent symv: sytrd_device.py's
-// _Step.defer decides it): each kernel's grid-wide sums are finished by the next kernel
-// instead of a last block.  Every block of sytrd_symv computes dlarfg's scalars from
+// nothing moves between the step's launches: sytrd_device.py's _Step.defer decides it): each
+// kernel's grid-wide sums are finished by the next kernel instead of a last block.  Every block of sytrd_symv computes dlarfg's scalars from
 // sytrd_col's partial sums, sytrd_w adds sytrd_symv's partials of its rows, and every block of
 // the next column's sytrd_col (or of sytrd_wfix after a panel's last column) computes W's
 // correction al[k] from sytrd_w's partial dots (`wpart`, apart from sytrd_col's own partials);
@@ -389,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // Work units: a tile of SY_R rows (8 per lane: a warp reads 2 KiB of a column per step) times
 // a chunk of SY_C (2 SY_C early: SY_WIDE; 4 SY_C earlier: SY_WIDER) trailing local columns
 // below the diagonal, a work list that shrinks with the trailing matrix.  The launch is
-// persistent (SY_PERSIST): about as many blocks as fit on the GPU at once, taking the list's
+// persistent: about as many blocks as fit on the GPU at once, taking the list's
 // items from a counter.  (A block per unit of column 0's rectangle, one captured launch shape
 // for every column, spent a near-constant ~60 us per column at n = 16384 on blocks that exit
 // at once: 21% of the copy bandwidth at column 12288.)  A busy unit reads at most
@@ -405,71 +403,18 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // its rows of y where no chunk reaches the tile.  The list's first 2nb items compute
 // s[q] = P[:, q] . v over the panel's used columns (panelDot).  Both halves of y hold stale
 // values at rows <= j, which nothing reads.
-#define SY_R 256
-#define SY_U (SY_R / 32)
-// Tunables (bench/symv_bench.py compiles variants with -D): local columns per chunk, columns
-// per warp in flight (4 spilled registers at 2 blocks per SM), and, in the rectangle launch,
-// whether the 2nb panel-dot blocks come first in the grid (they then run beside the first wave
-// instead of after it).
-// (A cp.async variant that streamed the columns through shared memory ran at half the speed of
-// this register version.)
-#ifndef SY_C
-#define SY_C 64
-#endif
-#ifndef SY_G
-#define SY_G 3
-#endif
-#ifndef SY_DOT_FIRST
-#define SY_DOT_FIRST 1
-#endif
-// 0: a block per unit of column 0's tiles x chunks rectangle (the launch before SY_PERSIST, kept
-// to compare); 1: the persistent launch (sytrd_device.py sizes its grid from the occupancy).
-#ifndef SY_PERSIST
-#define SY_PERSIST 1
-#endif
-#define SY_MAXCH 2048      // chunks per column at most in the persistent list (local columns / SY_C)
-#ifndef SY_MINB
-#define SY_MINB 2          // resident blocks per SM the registers must allow
-#endif
-// Chunks are 2 SY_C wide while at least SY_WIDE trailing local columns remain (fewer, longer
-// units: their fixed cost matters less early; late in the reduction the narrow chunks keep more
-// units busy).
-#ifndef SY_WIDE
-#define SY_WIDE 2048
-#endif
-// And 4 SY_C wide while at least SY_WIDER remain (0: never): with the persistent launch the
-// early columns keep enough units at that width (each unit's fixed cost - its v loads, barriers,
-// fence and tickets - is then spread over twice the bytes): 8-12% less time per product from
-// about 8192 trailing local columns up on one H200 (bench/symv_bench.py, bench/sytrd_profile.py),
-// none at 4096, mixed at 6144.
-#ifndef SY_WIDER
-#define SY_WIDER 7168
-#endif
+// The constants SY_R, SY_C, SY_G, SY_WIDE, SY_WIDER, SY_SUMW, SY_MAXCH, SY_MINB are in
+// sytrd_abi.h.  Chunks are 2 SY_C wide while at least SY_WIDE trailing local columns remain
+// (fewer, longer units: their fixed cost matters less early; late in the reduction the narrow
+// chunks keep more units busy), and 4 SY_C wide while at least SY_WIDER remain: with the
+// persistent launch the early columns keep enough units at that width (each unit's fixed cost -
+// its v loads, barriers, fence and tickets - is then spread over twice the bytes).  SY_SUMW
+// loads are in flight in the last units' sums of partials (up to NT per column, nch per row:
+// 32-64 at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16); the same additions in the
+// same order whatever its value.  (A cp.async variant that streamed the columns through shared
+// memory ran at half the speed of this register version.)
 #define SY_CW_MAX (SY_WIDER ? 4 * SY_C : 2 * SY_C)  // the widest chunk
 static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a thread per column");
-#ifndef SY_NOTICKET
-#define SY_NOTICKET 0
-#endif
-// Timing only (bench/sytrd_profile.py, the product's fixed cost; y is then wrong): SY_NODOT=1
-// leaves the 2nb panel dots out of the work list, SY_EMPTY=1 returns at once (the launch alone).
-#ifndef SY_NODOT
-#define SY_NODOT 0
-#endif
-#ifndef SY_EMPTY
-#define SY_EMPTY 0
-#endif
-// Loads in flight in the last units' sums of partials (up to NT per column, nch per row: 32-64
-// at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16).  The tickets and these sums cost
-// a few microseconds per launch (SY_NOTICKET=1 drops the tickets, for timing them).
-#ifndef SY_SUMW
-#define SY_SUMW 16
-#endif
-// 1: the unit prefetches its warps' first columns into L2 while it waits for v (a fused
-// unit's v comes from L2 with volatile loads, which made the fused column step slower than the
-// collectives' one at n = 16384).  A variant to time.
-#ifndef SY_PREFETCH
-#define SY_PREFETCH 0
-#endif
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
 
 // This column's chunk width for m trailing local columns (every unit and sytrd_w agree).
@@ -483,7 +428,7 @@ __device__ __forceinline__ i64 rowUnitsOf(const Layout& L, i64 n, i64 a, i64 lo,
   return (L.firstAfter(tileEnd) - lo + cw - 1) / cw;
 }
 
-// The work list of a persistent launch (SY_PERSIST): the 2nb panel dots, then the busy units
+// The persistent launch's work list: the 2nb panel dots, then the busy units
 // chunk by chunk, tile-fastest within a chunk.  Chunk 0 has a unit on every trailing tile (those
 // below its columns' diagonal zero their rows of y); chunk ch > 0 on the tiles from the one
 // holding its first column's diagonal on, colUnits of the finalizer.  pre[ch] = units before
@@ -520,9 +465,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   __shared__ double vrSh[SY_R];
   __shared__ double vcSh[SY_CW_MAX];
   __shared__ bool lastSh[2];
-#if SY_EMPTY
-  return;
-#endif
   const Layout L{nb, nprocs, rank};
   const i64 j = st[0], k = st[1];
   // see `defer` at the top; nprocs and fz restated, though implied, because without them the
@@ -547,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     if (fz && (idx >= n || idx > j)) putAll(fz, fz->yOff + 8 * (yAt(fz, n, j, rank) + idx), val);
   };
   const i64 NT = (n + SY_R - 1) / SY_R;
-  const i64 t0 = j / SY_R, tiles = NT - t0;
+  const i64 t0 = j / SY_R;
   const i64 lo = L.firstAfter(j), m = nloc - lo;
   const i64 cw = chunkWidth(m);
   const i64 nch = max((i64)1, (m + cw - 1) / cw);
@@ -563,19 +505,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     // loads in flight together, then waited for where fused).
     const i64 cv0 = c0 + threadIdx.x, gv = cv0 < c1 ? L.glob(cv0) : 0;
     const u64 vbRow = i < n ? v.load(i) : 0ull, vbCol = cv0 < c1 ? v.load(gv) : 0ull;
-#if SY_PREFETCH
-    {
-      const int lane = threadIdx.x & 31, rows = (int)min((i64)SY_R, n - rbase);
-#pragma unroll
-      for (int q = 0; q < SY_G; ++q) {
-        const i64 c = c0 + (threadIdx.x >> 5) + q * NW;
-        if (c < c1)
-#pragma unroll
-          for (int u = 0; u < SY_U; ++u)
-            if (lane + 32 * u < rows) asm volatile("prefetch.global.L2 [%0];" ::"l"(C + c * n + rbase + lane + 32 * u));
-      }
-    }
-#endif
     const double vi = i < n ? v.value(i, vbRow) : 0.0;
     if (cv0 < c1) vcSh[threadIdx.x] = v.value(gv, vbCol);
     vrSh[threadIdx.x] = vi;
@@ -635,9 +564,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     if (i < n) {
       if (rowUnits == 1 && !defer) putY(i, rsum); else ypart[ch * n + i] = rsum;
     }
-#if SY_NOTICKET  // timing only (bench/symv_bench.py): no fence, tickets or finalizers; y is wrong
-    return;
-#endif
     if (defer) return;
     // The chunk's busy tiles are those from the one holding its first column's diagonal on.
     const i64 colUnits = NT - max(t0, L.glob(c0) / SY_R);
@@ -659,7 +585,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
       }
   };
 
-#if SY_PERSIST
   // A grid of about as many blocks as fit on the GPU at once taking the items of the work list
   // (chunkPrefix) in order from a counter (st[5]): the same units as below, none launched for
   // nothing, and a block that finishes early takes the next item (every gridDim-th item per
@@ -673,8 +598,8 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
   const auto ask = [&] { return (i64)atomicAdd((unsigned long long*)(st + 5), 1ull); };
   if (threadIdx.x == 0) itemSh = ask();
   chunkPrefix(pre, scan, L, nch, lo, cw, NT, t0);  // ends in __syncthreads
-  const i64 items = 2 * nb + pre[nch], skip = SY_NODOT ? 2 * nb : 0;  // skip: timing only
-  i64 w = itemSh + skip;
+  const i64 items = 2 * nb + pre[nch];
+  i64 w = itemSh;
   while (w < items) {
     const i64 next = threadIdx.x == 0 ? ask() : 0;  // waited for after the unit
     if (w < 2 * nb) {
@@ -692,7 +617,7 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
     __syncthreads();  // every thread is done with the item (shared memory, itemSh)
     if (threadIdx.x == 0) itemSh = next;
     __syncthreads();
-    w = itemSh + skip;
+    w = itemSh;
   }
   if (threadIdx.x == 0 && atomicAdd((unsigned long long*)(st + 6), 1ull) == gridDim.x - 1) {
     st[5] = 0;
@@ -706,19 +631,6 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
       st[2] += 1;
     }
   }
-#else
-  // A block per entry of the tiles x chunks rectangle sized for column 0 (blocks past this
-  // column's rectangle, and units above the diagonal, exit at once), after the 2nb dots.
-  const i64 symvBlocks = (i64)gridDim.x - 2 * nb;
-  const i64 dotBase = SY_DOT_FIRST ? 0 : symvBlocks;
-  if (blockIdx.x >= dotBase && blockIdx.x < dotBase + 2 * nb) {
-    panelDot(P, n, nb, k, v, s, blockIdx.x - dotBase, sh);
-    return;
-  }
-  const i64 b = blockIdx.x - (SY_DOT_FIRST ? 2 * nb : 0);
-  if (b >= tiles * nch) return;
-  unit(t0 + b % tiles, b / tiles, b == 0);
-#endif
 }
 
 // Deferred sums (one rank): row r's half of C v from sytrd_symv's partials, the rows half (ypart

@@ -4,51 +4,60 @@ Layout: 1-D column block-cyclic (layout.BlockCyclic); a local block holds full c
 phase works on that layout: no rank holds an n x n matrix at any time (docs/eigensolver.md has
 the memory model).  Steps and their collectives (P ranks, n columns, block nb):
 
-  potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (triangular.py).
+  potrf   Cholesky B = L L^T, right-looking; L stays distributed like B (potrf.py).
           One Bcast per panel (n / nb).  On one GPU rank potrf and trsm are single in-place
           cuSOLVER / cuBLAS calls on the whole matrix, and sygst steps through wider panels
-          (triangular.panel_desc: every column is local, the layout is the same).
+          (potrf.panel_desc: every column is local, the layout is the same).
   sygst   C = L^-1 A L^-T by LAPACK's blocked algorithm, C's lower triangle only: one Bcast per
           panel for the symmetric trailing updates, then one per panel of L for the deferred
-          forward substitution (triangular.py).
+          forward substitution (sygst.py).
   sytrd   Householder tridiagonalization, LAPACK latrd style: per column one Bcast of
           [v, d_j, tau, e_j] from the owner and one Allreduce of the partial products C v (from
           the lower triangle; rows j+1.. from an even row, so device buffers stay 16-byte
-          aligned).  The reflectors are kept where the reduced columns were (householder.py).
+          aligned).  The reflectors are kept where the reduced columns were (sytrd.py).
           On the GPU the column step is device kernels with the column index in device
           memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
   stedc   tridiagonal eigensolver.  "dc" (the default): divide and conquer over the ranks,
-          each computing a block of rows of the eigenvectors (tridiag_dc.py: per tree level
+          each computing a block of rows of the eigenvectors (stedc/: per tree level
           one Allreduce and one Allgather of O(n) numbers), then one Alltoallv delivers them by
           columns.  "host" (LAPACK dstevd) or "gpu" (cuSOLVER syevd of the dense tridiagonal):
           on rank 0, which then holds n x n eigenvectors for a moment; one Bcast of w and one
           Alltoallv deal the columns.
-  ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors.
-  trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L.
+  ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors
+          (ormtr.py).
+  trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L (potrf.py).
 
 Before potrf one Allgather of a fixed-size record per rank (the arguments, checked alike on
 every rank, and the largest |A| and |B|, from which A and B are scaled by powers of two:
 scaling.py); after trsm one Allgather of a flag per rank (its X finite).
 
 Scalars stay in arrays (no per-column host sync); on GPU the host syncs are the phase
-boundaries, the positive-definiteness check after potrf, the divide and conquer's per-level
+boundaries (where the timer syncs, as the app's PhaseTimer does), the positive-definiteness check after potrf, the divide and conquer's per-level
 decisions (deflation: a scan of k numbers on the host) and (if the counting proxy is asked to)
 one around each collective."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._xp import get_xp, is_device, sync, to_host, tridiagonal_eigh, tridiagonal_matrix
-from .counting import PhaseTimer
-from . import householder, scaling
+from . import scaling
+from ._xp import get_xp, is_device, sync, to_host
 from .layout import BlockCyclic, column_order, rows_to_columns
+from .ormtr import ormtr
+from .potrf import NotPositiveDefinite, back_transform, panel_desc, potrf
+from .stedc import Early, tridiagonal_eigh, tridiagonal_matrix
+from .sygst import sygst, sygst_desc
+from .sytrd import sytrd as householder_sytrd
 from .sytrd_device import MODES
-from .triangular import NotPositiveDefinite, back_transform, panel_desc, potrf, sygst, sygst_desc
-from .tridiag_dc import Early
+from .timer import NoTimer, Timer
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
 SYTRD_CHOICES = MODES  # sytrd_device.py (imports without CuPy)
+
+
+class InputError(ValueError):
+    """sygvd's arguments are wrong on some rank or differ between ranks (raised on every rank
+    alike, naming the rank)."""
 
 
 class NonFiniteResult(ArithmeticError):
@@ -57,7 +66,7 @@ class NonFiniteResult(ArithmeticError):
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
-          timer: PhaseTimer | None = None, stedc: str = "auto", sytrd: str = "auto"):
+          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
@@ -73,7 +82,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
 
     A and B are scaled by powers of two into a safe range first and the results scaled back
     (scaling.py), so any magnitudes whose eigenvalues fit float64 solve alike.  Errors are
-    raised on every rank alike: checks.InputError (a ValueError) for arrays or arguments that
+    raised on every rank alike: InputError (a ValueError) for arrays or arguments that
     differ from the descriptor or between ranks, or A or B not finite; NotPositiveDefinite (a
     ValueError) for a B that is not numerically positive definite; NonFiniteResult (an
     ArithmeticError) where w or X would hold NaN or Inf."""
@@ -81,9 +90,9 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     size = comm.Get_size()
     a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, eigvecs, stedc, sytrd)
     where = stedc_choice(stedc, is_device(xp))
-    timer = timer if timer is not None else PhaseTimer(xp, comm)
+    timer = timer if timer is not None else NoTimer()
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
-    # it reduces the rest (tridiag_dc.Early; on the GPU they overlap sytrd's last columns)
+    # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
     early = Early(desc.n, xp) if solves_early(where, eigvecs, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
                                      early.hooks if early else (), scale_exponents=(a_exp, b_exp))
@@ -96,7 +105,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
         _check_finite(w, None, comm, xp, b_exp - a_exp)
         return w, None
     with timer.phase("ormtr"):
-        householder.ormtr(V, tau, Z, desc, comm, xp)
+        ormtr(V, tau, Z, desc, comm, xp)
     del V
     with timer.phase("trsm"):
         back_transform(Z, L, panel_desc(desc), comm, xp)
@@ -114,10 +123,8 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, eigvecs: bool, s
     """Check sygvd's arguments on every rank at once: one Allgather of a fixed-size record per
     rank (the descriptor, the arrays' shapes and dtypes, the options, the largest magnitudes of
     A's and B's columns), so that an argument wrong on one rank only, or differing between
-    ranks, raises the same checks.InputError on every rank instead of a mismatched collective.
+    ranks, raises the same InputError on every rank instead of a mismatched collective.
     Returns the scaling exponents (a, b) of A and B (scaling.exponent; b even)."""
-    from .checks import InputError
-
     rank, size = comm.Get_rank(), comm.Get_size()
     mine = np.full(len(_FIELDS), -1.0)
     real = [getattr(a, "dtype", np.dtype(object)).kind in "biuf" for a in (A_local, B_local)]
@@ -203,13 +210,13 @@ def _check_finite(w, X, comm, xp, w_exp: int) -> None:
     raise NonFiniteResult(f"sygvd: NaN or Inf in {' and '.join(where)}{hint}; no result returned")
 
 
-def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTimer, sytrd: str = "auto",
+def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
                    notify=(), scale_exponents=(0, 0)):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
     scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
     T's diagonals and the reflectors' scalars (replicated), the local columns holding the
     reflectors and those of the Cholesky factor.  notify: sytrd's [(rows, fn)], fn(d, e) called
-    once T's first `rows` rows are final (householder.sytrd)."""
+    once T's first `rows` rows are final (sytrd.sytrd)."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
     a_exp, b_exp = scale_exponents
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
@@ -222,13 +229,13 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: PhaseTi
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
-        d, e, tau = householder.sytrd(C, desc, comm, xp, sytrd, notify)
+        d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
 
 
 def solves_early(where: str, eigvecs: bool, nranks: int) -> bool:
     """Whether sygvd solves the divide and conquer's early subtrees during sytrd
-    (tridiag_dc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
+    (stedc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
     return where == "dc" and eigvecs and nranks == 1
 
 
@@ -244,7 +251,7 @@ def stedc_choice(where: str, device: bool) -> str:
 def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=None):
     """w (replicated) and the owned columns of Z (F order; None without eigvecs) for
     T = Z diag(w) Z^T, T = (d, e) replicated; early: the divide and conquer's subtrees solved
-    already (tridiag_dc.Early.solved)."""
+    already (stedc.Early.solved)."""
     n, rank = desc.n, comm.Get_rank()
     if not eigvecs:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
         w = xp.empty(n, dtype=xp.float64)
@@ -258,7 +265,7 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=N
     place = np.empty(n, dtype=np.int64)
     place[column_order(desc)] = np.arange(n)          # eigenvector p -> its column in the rows sent
     if where == "dc":
-        from .tridiag_dc import stedc_rows
+        from .stedc import stedc_rows
 
         res = stedc_rows(d, e, comm, xp, place=place, early=early)
         return res.w, rows_to_columns(res.take_rows(), res.row_starts, desc, comm)
@@ -297,4 +304,4 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool =
 
 
 __all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES",
-           "NotPositiveDefinite", "NonFiniteResult", "sync"]
+           "NotPositiveDefinite", "NonFiniteResult", "InputError", "sync"]

@@ -1,7 +1,7 @@
 """Householder tridiagonalization on the GPU with the column step as device kernels
 (sytrd_step.cu), replayed as one CUDA graph per panel.
 
-Why: the CuPy-op version of the column step (householder.sytrd_ops) issues ~20 Python-dispatched
+Why: the CuPy-op version of the column step (sytrd.sytrd_ops) issues ~20 Python-dispatched
 operations per column, hundreds of microseconds of Python per column, while its two collectives
 take about ten (docs/eigensolver.md).  Here the
 column index lives in device memory (st[0]) and every launch has the same shape for every
@@ -20,12 +20,12 @@ workspace and sytrd_symv its final sums, with hpccoll's sentinel protocol per el
 (FusedWorkspace; sytrd_step.cu explains the buffers and why the double buffering is the
 credit); the readers poll.  Three graph nodes per column instead of five, the same bits as
 the sentinel Allreduce.  The math is sytrd_twin's, which the CPU tests check
-against householder.sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
+against sytrd.sytrd_ops; every reduction runs in a fixed order, so the result is bitwise
 reproducible on a deterministic communicator.
 
 C v comes from the lower triangle of the local columns only (sytrd_symv: each stored element
 read once), so C may hold anything above its diagonal.  When a panel is done its owner stores
-the panel's reflectors in the panel's columns of C (householder.py's convention).
+the panel's reflectors in the panel's columns of C (sytrd.py's convention).
 
 One rank runs the same kernels without either transfer (the Bcast is the identity, and sytrd_w
 reads the rank's own product as the Allreduce's sum), and each kernel's grid-wide sums are
@@ -38,42 +38,39 @@ FUSED_MAX_N, graph on the other device communicators and on one rank, eager on t
 "fused", "graph", "eager", or "ops" (the CuPy-op column step)."""
 from __future__ import annotations
 
+import re
 import weakref
+from pathlib import Path
 
 import numpy as np
 
-from ._xp import householder, kept_streams, raw_module
+from ._xp import kept_streams, raw_module
+from .householder import householder
 from .layout import BlockCyclic
-from .triangular import UPDATE_COLS, lower_update
+from .potrf import UPDATE_COLS, lower_update
 
-TPB = 256           # threads per block: a tile of 32 rows (sytrd_step.cu's TPB)
-SY_R = 256          # sytrd_symv's rows per tile (sytrd_step.cu's SY_R)
-SY_C = 64           # sytrd_symv's local columns per chunk (sytrd_step.cu's SY_C)
 MODES = ("auto", "fused", "graph", "eager", "ops")
-
-SY_MAXCH = 2048     # sytrd_symv's chunks per column at most, persistent launch (sytrd_step.cu)
-SYMV_MACROS = ("SY_C", "SY_G", "SY_DOT_FIRST", "SY_MINB", "SY_WIDE", "SY_WIDER", "SY_NOTICKET", "SY_SUMW",
-               "SY_PREFETCH", "SY_PERSIST", "SY_NODOT", "SY_EMPTY", "SY_GRID", "SY_DEFER")
-# of those, the launch's, not the source's: SY_GRID (timing only: blocks of the persistent grid),
-# SY_DEFER=0 (one rank: the last blocks finish the grid-wide sums, as on several ranks)
-SYMV_LAUNCH = ("SY_GRID", "SY_DEFER")
+ABI_HEADER = "sytrd_abi.h"  # the constants sytrd_step.cu shares with this module, its one source
+_DEFINE = re.compile(r"^\s*#define\s+(\w+)\s+([\w\s()+\-*/]+?)\s*(?://.*)?$")
 
 
-def symv_defines(text: str) -> tuple[str, ...]:
-    """sytrd_symv's compile-time variant (the macros of sytrd_step.cu) from a text like
-    "SY_C=128,SY_WIDE=99999" ("" or "default": the source's defaults), for _Step(defines=...):
-    bench/symv_bench.py compares variants."""
-    text = text.strip()
-    if not text or text == "default":
-        return ()
-    out = []
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name not in SYMV_MACROS or not value.isdigit():
-            raise ValueError(f"symv variant {text!r}: use comma-separated NAME=INTEGER with NAME in "
-                             f"{', '.join(SYMV_MACROS)} (or 'default')")
-        out.append(f"{name}={int(value)}")
-    return tuple(out)
+def read_abi(text: str) -> dict[str, int]:
+    """The integer #defines of a header written as sytrd_abi.h (literals, and expressions of
+    earlier names with + - * / and parentheses; / is C's integer division of positive values)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = _DEFINE.match(line)
+        if m:
+            expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda w: str(out[w.group(0)]), m.group(2))
+            out[m.group(1)] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}))  # noqa: S307 - digits and operators only
+    return out
+
+
+ABI = read_abi((Path(__file__).resolve().parent / ABI_HEADER).read_text())
+TPB = ABI["TPB"]            # threads per block: a tile of 32 rows
+SY_R = ABI["SY_R"]          # sytrd_symv's rows per tile
+SY_C = ABI["SY_C"]          # sytrd_symv's local columns per chunk
+SY_MAXCH = ABI["SY_MAXCH"]  # sytrd_symv's chunks per column at most (its persistent work list)
 
 
 def fusable(comm) -> str | None:
@@ -91,6 +88,10 @@ def fusable(comm) -> str | None:
         return f"{shared} ranks share a GPU"
     return None
 
+
+# hpccoll's algorithms (Communicator.algorithm, docs/api.md) whose Allreduce is the sentinel
+# protocol's rank-order sum: the expression sytrd_w evaluates over the fused transfers.
+SENTINEL_ALGORITHMS = ("oneshot_sentinel", "twoshot_sentinel", "sentinel")
 
 # auto takes the fused transfers up to this n.  Measured on 2xH200, sentinel, one job each:
 # n = 8192 sytrd 0.411 s fused against 0.427 with the collectives; n = 16384 2.279 against
@@ -118,7 +119,7 @@ def mode_for(comm, n: int | None = None, want: str = "auto") -> str:
     if want == "graph" and backend not in ("cuda", "nccl"):
         return "eager"
     if want == "auto":
-        sentinel = getattr(inner, "deterministic", False) and "sentinel" in str(getattr(inner, "algorithm", ""))
+        sentinel = bool(getattr(inner, "deterministic", False)) and getattr(inner, "algorithm", None) in SENTINEL_ALGORITHMS
         alone = getattr(inner, "size", 2) == 1
         if sentinel and not alone and fusable(comm) is None and (n is None or n <= FUSED_MAX_N):
             return "fused"
@@ -184,8 +185,7 @@ def release_fused(comm) -> None:
 class _Step:
     """Buffers, kernels and launch shapes of one tridiagonalization (one rank)."""
 
-    def __init__(self, C, desc: BlockCyclic, rank: int, fused: FusedWorkspace | None = None,
-                 defines: tuple[str, ...] = ()):
+    def __init__(self, C, desc: BlockCyclic, rank: int, fused: FusedWorkspace | None = None, defer: bool = True):
         import cupy as cp
 
         n, nb = desc.n, desc.nb
@@ -209,12 +209,8 @@ class _Step:
         self.g1 = (n + 31) // 32                             # row tiles of 32
         self.part1 = cp.zeros(self.g1, dtype=cp.float64)    # per-tile partial sums (col, w)
         self.part2 = cp.zeros(self.g1, dtype=cp.float64)    # w's, where the next kernel adds them (defer)
-        self.defines = tuple(defines)                        # sytrd_symv's variant (symv_defines)
-        macros = dict(d.split("=") for d in self.defines)
-        self.sy_c = int(macros.get("SY_C", SY_C))
-        self.persist = int(macros.get("SY_PERSIST", 1)) != 0
         self.nt = (n + SY_R - 1) // SY_R
-        self.nch = max(1, -(-self.nloc // self.sy_c))            # symv: column chunks at most
+        self.nch = max(1, -(-self.nloc // SY_C))            # symv: column chunks at most
         self.ypart = cp.zeros(self.nch * n, dtype=cp.float64)        # per-chunk row sums
         self.cpart = cp.zeros(self.nt * max(self.nloc, 1), dtype=cp.float64)  # symv: per-tile column sums
         self.tick = cp.zeros(self.g1, dtype=cp.int64)                # per-tile tickets
@@ -223,24 +219,22 @@ class _Step:
         self.d = cp.zeros(n, dtype=cp.float64)
         self.e = cp.zeros(max(n - 1, 1), dtype=cp.float64)
         self.tau = cp.zeros(n, dtype=cp.float64)
-        mod = raw_module("sytrd_step.cu", tuple(d for d in self.defines if d.split("=")[0] not in SYMV_LAUNCH))
+        mod = raw_module("sytrd_step.cu")
         self.k = {name: mod.get_function(f"sytrd_{name}") for name in ("init", "col", "symv", "w", "wfix")}
         self.n64, self.nb32 = np.int64(n), np.int32(nb)
         # the layout for the kernels' arithmetic (Layout in sytrd_step.cu; its Python twin is
         # layout_glob / layout_first_after below, tested against desc.local_cols)
         self.nloc64, self.np32, self.rank32 = np.int64(self.nloc), np.int32(desc.nprocs), np.int32(rank)
-        if self.persist:
-            if self.nch > SY_MAXCH:
-                raise ValueError(f"sytrd_device: {self.nloc} local columns are more than sytrd_symv's work list "
-                                 f"holds ({SY_MAXCH} chunks of {self.sy_c}); use more ranks")
-            self.symv_grid = int(macros.get("SY_GRID", 0)) or resident_grid(self.k["symv"], TPB)
-        else:
-            self.symv_grid = self.nt * self.nch + 2 * nb
+        if self.nch > SY_MAXCH:
+            raise ValueError(f"sytrd_device: {self.nloc} local columns are more than sytrd_symv's work list "
+                             f"holds ({SY_MAXCH} chunks of {SY_C}); use more ranks")
+        self.symv_grid = resident_grid(self.k["symv"], TPB)   # persistent: the blocks the GPU holds at once
         self.fused = fused
         self.fz = fused.struct if fused is not None else np.uint64(0)   # Fused* (null: collectives)
         # one rank: the next kernel finishes each kernel's grid-wide sums (sytrd_step.cu's defer;
-        # the persistent symv's last block advances the column)
-        self.defer = np.int32(self.alone and fused is None and self.persist and int(macros.get("SY_DEFER", 1)) != 0)
+        # the persistent symv's last block advances the column).  defer=False: the last blocks
+        # finish them, as on several ranks (the same bits: the GPU tests compare the two)
+        self.defer = np.int32(self.alone and fused is None and defer)
         self.wpart = self.part2 if self.defer else self.part1
 
     def begin_panel(self, p0: int) -> None:
@@ -248,32 +242,27 @@ class _Step:
         self.P.fill(0)
         self.k["init"]((1,), (1,), (self.st, np.int64(p0), np.int64(lj0)))
 
-    def column(self, owner: int, comm, skip=()) -> None:
-        """One column step on the current stream; comm: anything with Bcast/Allreduce.
-        `skip` (bench/sytrd_profile.py only: the result is then wrong) leaves out the named
-        stages - col, bcast, gemv (the product, sytrd_symv), allreduce, w - so that timing
-        variants with and without a stage gives its cost inside the captured graph."""
+    def column(self, owner: int, comm) -> None:
+        """One column step on the current stream; comm: anything with Bcast/Allreduce."""
         k, n, fused = self.k, self.n64, self.fused is not None
-        if self.rank == owner and "col" not in skip:
+        if self.rank == owner:
             k["col"]((self.g1,), (TPB,), (self.C, n, self.P, self.nb32, self.al, self.st, self.part1, self.bb,
                                           self.fz, self.defer, self.part2))
-        if "bcast" not in skip and not fused and not self.alone:
+        if not fused and not self.alone:
             comm.Bcast(self.bb, root=owner)
         layout = (self.nloc64, self.np32, self.rank32)
-        if "gemv" not in skip:
-            k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
-                                                self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
-                                                self.d, self.e, self.tau, self.fz, self.part1, self.defer))
-        if "allreduce" not in skip and not fused and not self.alone:
+        k["symv"]((self.symv_grid,), (TPB,), (self.C, n, *layout, self.P, self.nb32, self.st, self.bb,
+                                            self.y, self.ypart, self.cpart, self.tick, self.ctick, self.s,
+                                            self.d, self.e, self.tau, self.fz, self.part1, self.defer))
+        if not fused and not self.alone:
             comm.Allreduce(self.y, self.cv)
-        if "w" not in skip:
-            k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
-                                        self.wpart, self.fz, self.defer, self.ypart, self.cpart))
+        k["w"]((self.g1,), (TPB,), (n, self.P, self.nb32, self.al, self.st, self.bb, self.cv, self.s,
+                                    self.wpart, self.fz, self.defer, self.ypart, self.cpart))
 
     def end_panel(self, p0: int, p1: int) -> None:
         """The panel's reflectors into its columns of C (the owner's); the trailing update
         C -= V W^T + W V^T on owned columns > p1, accumulated in place on their lower part
-        (triangular.lower_update: the rows above the diagonal are never read)."""
+        (potrf.lower_update: the rows above the diagonal are never read)."""
         import cupy as cp
 
         nb, pw = self.nb, p1 - p0
@@ -304,8 +293,8 @@ def resident_grid(func, threads: int) -> int:
     return sms * max(1, per)
 
 
-def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple[str, ...] = (), notify=()):
-    """d, e, tau of C = Q T Q^T (as householder.sytrd_ops returns them); C (CuPy, F order, its
+def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", notify=(), *, defer: bool = True):
+    """d, e, tau of C = Q T Q^T (as sytrd.sytrd_ops returns them); C (CuPy, F order, its
     lower triangle read) is overwritten, its panels' columns by their reflectors.  mode "fused", "graph" or "eager" (see the module doc); comm may be a
     CountingComm, whose `uncounted` communicator is captured (the collectives are then recorded
     in bulk, timed from a graph of the two collectives alone; fused transfers are recorded with
@@ -314,15 +303,14 @@ def sytrd_device(C, desc: BlockCyclic, comm, mode: str = "graph", defines: tuple
     Runs on a stream of its own (the legacy default stream cannot be captured; the device's
     highest priority, so that work the caller queues meanwhile fills only the SMs the column
     steps leave idle), ordered after the caller's stream and synchronized at the end (one host
-    sync per call).  `defines`: sytrd_symv's compile-time variant (symv_defines), for tests
-    and benches.  notify: [(rows, fn)], fn(d, e) called on the caller's stream, from this
+    sync per call).  notify: [(rows, fn)], fn(d, e) called on the caller's stream, from this
     host loop, once the device has finished T's first `rows` rows (an event after the panel
     that ends them, polled after each panel is queued and waited for after the last)."""
     import cupy as cp
 
     n, nb, rank = desc.n, desc.nb, comm.Get_rank()
     fused = fused_workspace(comm, n) if mode == "fused" else None
-    st = _Step(C, desc, rank, fused, defines)
+    st = _Step(C, desc, rank, fused, defer)
     panels = [(p0, min(p0 + nb, n)) for p0 in range(0, n, nb)]
     inner = getattr(comm, "uncounted", comm)
     outer = cp.cuda.get_current_stream()
@@ -444,7 +432,7 @@ def sytrd_twin(C_locals, desc: BlockCyclic):
     """NumPy twin of the kernels' math for all ranks in one process (tests only): the column
     step with absolute row indexing and zero masks exactly as sytrd_step.cu computes it, C v
     from the lower triangles alone as sytrd_symv sums it, so the CPU tests can check the
-    formulation against householder.sytrd_ops.  Returns d, e, V (n x n), tau."""
+    formulation against sytrd.sytrd_ops.  Returns d, e, V (n x n), tau."""
     n, nb, nprocs = desc.n, desc.nb, desc.nprocs
     Cs = [np.array(c, dtype=np.float64, order="F") for c in C_locals]
     cols = [desc.local_cols(r) for r in range(nprocs)]

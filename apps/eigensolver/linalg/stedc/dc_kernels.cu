@@ -1,8 +1,8 @@
-// dc_kernels.cu - the O(k^2) passes of tridiag_dc.py's rank-one merge on the GPU, fused: one
+// dc_kernels.cu - the O(k^2) passes of the divide and conquer's rank-one merge on the GPU, fused: one
 // block per root (dc_secular) or per pole (dc_zhat) reads the k poles once per pass and reduces
 // in a fixed order (a strided per-thread loop, then a fixed shared-memory tree), so every run
 // gives the same bits.  The CuPy expressions they replace materialized ~12 k x k temporaries
-// per pass (k = 8192: 0.5 GB each).  Same formulas as tridiag_dc._secular / _vectors.
+// per pass (k = 8192: 0.5 GB each).  Same formulas as secular._secular / vectors._u_chunk.
 #define TPB 256
 
 // Tree-reduce NV values per thread across the block (sum or product); thread 0 gets them.
@@ -41,7 +41,7 @@ extern "C" __global__ void dc_zhat(const double* d, const long long* origin, con
   }
 }
 
-// ---- the secular equation, one block per root: tridiag_dc._secular's iteration, per root ----
+// ---- the secular equation, one block per root: secular._secular's iteration, per root ----
 // f(lam) = 1 + rho sum z_i^2 / (d_i - lam), d strictly increasing, rho > 0: root j lies in
 // (d_j, d_j+1) (the last in (d_k-1, d_k-1 + wlast], wlast = rho |z|^2), kept as lam = d[origin]
 // + tau with origin the nearer pole.  Every thread runs the same scalar steps on the same block
@@ -91,7 +91,7 @@ __device__ double originExact(const Parts& q, double t, double c_o, double rho, 
 }
 
 // Grid: one block per root of j0, j0 + 1, ...; root j0 + b is written at originOut[b], tauOut[b]
-// (a rank solves its share of the roots: tridiag_dc.stedc_rows).
+// (a rank solves its share of the roots: secular._roots).
 extern "C" __global__ void dc_secular(const double* d, const double* z2, long long k, long long j0, double rho,
                                       double wlast, double eps, int steps, long long* originOut, double* tauOut) {
   __shared__ double sh[8][TPB];
@@ -134,11 +134,11 @@ extern "C" __global__ void dc_secular(const double* d, const double* z2, long lo
   }
 }
 
-// ---- the deflation rotations (tridiag_dc._rotate), a thread per row of Q ----
+// ---- the deflation rotations (deflation._rotate), a thread per row of Q ----
 // Q column-major (rows h, leading dimension ld); rotation r: column a <- c a + s b, column b <-
 // c b - s a (dlaed2's DROT), in list order, each product and sum rounded on its own (no fma): a
 // row's values go through the same operations in the same order in every run.  The rotations
-// form chains (tridiag_dc._rotate checks it): each column is the b of at most one rotation and
+// form chains (deflation._rotate checks it): each column is the b of at most one rotation and
 // was not touched before it, and an a is either the previous rotation's b (carried in a
 // register) or a column not touched before.  So every load a row needs is of a value no earlier
 // rotation changed, and the loads of RPF rotations ahead are in flight together (one L2 round
@@ -184,7 +184,7 @@ extern "C" __global__ void dc_rotate(double* Q, long long h, long long ld, const
 // -zhat_i / ((d[origin_j] - d_i) + tau_j) over the k poles, normalized by its 2-norm (a
 // fixed-order block sum); written as rows rowsL of UL (nL x cols, column-major) and rows
 // rowsR of UR: the rows that meet the left child's rows of Q and the right child's.  Same
-// formula as tridiag_dc._u_chunk; the U chunk, its norms and the two row gathers were seven
+// formula as vectors._u_chunk; the U chunk, its norms and the two row gathers were seven
 // k x cols passes there.
 extern "C" __global__ void dc_vectors(const double* d, const double* zhat, const long long* origin, const double* tau,
                                       long long k, long long c0, const long long* rowsL, long long nL, double* UL,
@@ -209,7 +209,7 @@ extern "C" __global__ void dc_vectors(const double* d, const double* zhat, const
   }
 }
 
-// Column copies between column-major matrices (tridiag_dc._copy_cols): column t of the copy is
+// Column copies between column-major matrices (merge._copy_cols): column t of the copy is
 // dst[:, didx[t]] = src[:, sidx[t]] over `rows` rows (a null index array: t itself).  What
 // CuPy's advanced indexing does for a gather, a scatter or both at once, from one launch whose
 // Python side costs a few microseconds instead of tens.  Grid: (row blocks, columns).

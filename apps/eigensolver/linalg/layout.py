@@ -72,6 +72,19 @@ class BlockCyclic:
         return (blk // self.nprocs) * self.nb + j % self.nb
 
 
+def own_blocks(desc: BlockCyclic, rank: int, start: int = 0):
+    """(g0, g1, l0, l1) of each block of columns `rank` owns with global start g0 >= start:
+    global columns [g0, g1) are local columns [l0, l1)."""
+    step = desc.nb * desc.nprocs
+    first = rank * desc.nb
+    if start > first:
+        first += -(-(start - first) // step) * step
+    for g0 in range(first, desc.n, step):
+        l0 = desc.local_index(g0)
+        g1 = min(g0 + desc.nb, desc.n)
+        yield g0, g1, l0, l0 + g1 - g0
+
+
 def distribute(global_array, desc: BlockCyclic, rank: int):
     """Rank's local block (m x local_n, Fortran order) of a replicated global matrix; same array type."""
     xp = get_xp(global_array)

@@ -1,0 +1,87 @@
+"""Back-transformation by the tridiagonalization's reflectors, Q Z (ormtr), with the
+reflectors distributed like C (sytrd.py leaves them in C's columns).
+
+Q Z = H_0 H_1 ... H_{n-2} Z on the owned columns of Z, blocks of reflectors last to first.  Each
+block (a few panels) reaches every rank by one Bcast per panel from its owner; then
+H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT transform: the
+inverse of LAPACK larft's recurrence), applied with one triangular solve."""
+from __future__ import annotations
+
+from ._xp import gemm_acc, is_device, to_host, trsm
+from .layout import BlockCyclic, panel_bcast
+
+ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
+ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
+                          # arithmetic intensity is about the H200's flop/byte balance)
+ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
+
+
+def ormtr_block(device: bool) -> int:
+    """ormtr's default reflectors per block on the GPU or the host."""
+    return ORMTR_BLOCK_DEVICE if device else ORMTR_BLOCK
+
+
+def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
+    """Overwrite the owned columns Z with Q Z, Q = H_0 H_1 ... H_{n-2}; V: the local columns
+    holding the reflectors (sytrd's C), tau replicated.
+
+    Blocks of `block` reflectors (rounded to whole panels) last to first; per block, one Bcast
+    per panel gives every rank the unit lower trapezoidal Vb, and Z[p0+1:] -= Vb (M^-1 (Vb^T Z))
+    with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
+    is zeroed and its diagonal of M set to 1, which leaves it out.  One rank holds every column
+    in order, so Vb is a view of V's columns (copied only where a block has such a reflector):
+    no Bcasts and no copies."""
+    n, nb = desc.n, desc.nb
+    if block is None:
+        block = ormtr_block(is_device(xp))
+    if block < 1:
+        raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
+    bw = max(nb, block // nb * nb)
+    device = is_device(xp)
+    # On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
+    # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even); at
+    # n = 8192 on one H200 that measured within noise of LAPACK's rows (bench/ormtr_lab.py).
+    # Host: from row p0 + 1, as LAPACK.
+    lead = 0 if device else 1
+    alone = desc.nprocs == 1
+    live_h = to_host(tau) != 0 if alone else None  # one copy: which blocks need a masked Vb
+    # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
+    lives = tau != 0
+    diag = 1.0 / xp.where(lives, tau, 1.0)
+    eye = None
+    for p0 in reversed(range(0, max(n - 1, 0), bw)):
+        p1 = min(p0 + bw, n)
+        top = p0 + lead                               # Z's first row in the block
+        live = lives[p0:p1]
+        if alone:  # V's columns p0..p1 hold the block's reflectors, zero above each one's 1
+            if not Z.shape[1]:
+                continue
+            Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
+        else:
+            Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
+            for q0 in range(p0, min(p1, n - 1), nb):
+                q1 = min(q0 + nb, p1)
+                Vb[q0 + 1 - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + 1)
+            if not Z.shape[1]:
+                continue
+            Vb *= live[None, :]
+        M = xp.ascontiguousarray(xp.triu(Vb.T @ Vb, 1))
+        M.reshape(-1)[::p1 - p0 + 1] = diag[p0:p1]       # its diagonal, through a strided view
+        Zb = Z[top:]
+        if device:  # Vb^T Zb read through Z's strides (CuPy's matmul would copy the rows Zb)
+            VtZ = xp.zeros((p1 - p0, Zb.shape[1]), dtype=xp.float64, order="F")
+            gemm_acc(xp, VtZ, Vb.T, Zb, alpha=1.0)
+            # Y = M^-1 VtZ as T VtZ with T = M^-1 (LAPACK larft's T) from one small solve: a
+            # GEMM instead of a triangular solve with n right-hand sides (13-15% of ormtr at
+            # n = 8192-16384 on one H200)
+            if eye is None or eye.shape[0] != p1 - p0:
+                eye = xp.eye(p1 - p0)                 # (solve_triangular does not write it)
+            Y = trsm(xp, M, eye, lower=False) @ VtZ
+        else:
+            VtZ = Vb.T @ Zb
+            Y = trsm(xp, M, VtZ, lower=False)
+        del VtZ
+        step = Zb.shape[1] if device else ORMTR_COLUMNS  # (the GPU accumulates in place)
+        for c0 in range(0, Zb.shape[1], step):
+            gemm_acc(xp, Zb[:, c0:c0 + step], Vb, Y[:, c0:c0 + step])
+    return Z
