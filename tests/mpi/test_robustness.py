@@ -265,7 +265,7 @@ def test_check_mode_must_agree(monkeypatch):
     assert "HPCCOLL_CHECK" not in str(e.value)
 
 
-# -- arguments that used to be taken wrongly ------------------------------------------------------
+# -- arguments that must be rejected, or taken as they are -------------------------------------------
 def test_a_repeat_with_a_read_only_or_restrided_buffer_is_validated_again(comm):
     """The repeated call's fast path compares the writeable flag and the strides too: a buffer
     made read-only since its last call is refused (it was written), on every rank, and the
