@@ -227,18 +227,10 @@ class CudaBackend(Backend):
         launch.RUN[call.name](self, call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        """The algorithm to run: `auto`, or a communicator default that does not implement this
-        collective, goes through the tuning table; unknown names raise."""
-        if algorithm != "auto" and algorithm not in policy.ALGORITHMS:
-            policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
-        if algorithm == "auto" or collective not in policy.ALGORITHMS[algorithm][0]:
-            algorithm = policy.choose(self.table, collective, dtype, op, nbytes, self.size,
-                                      deterministic, self.peer_atomics, nccl=self._nccl is not None)
-        if algorithm == "nccl" and self._nccl is None:
-            raise ValueError(f"{collective}: algorithm='nccl' needs NCCL opened by this communicator "
-                             "(HPCCOLL_NCCL_FALLBACK=1 and a table that prefers it): use 'auto' or backend='nccl'")
-        policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
-        return algorithm
+        """The algorithm policy.pick gives this call with this node's table (unknown or unfit
+        names raise)."""
+        return policy.pick(self.table, collective, dtype, op, nbytes, self.size, deterministic,
+                           self.peer_atomics, algorithm, nccl=self._nccl is not None)
 
     def plan(self, call: Call, deterministic: bool, algorithm: str):
         return make_plan(self, call, deterministic, algorithm)

@@ -57,11 +57,12 @@ def _run_at(b, items, i: int) -> tuple[int, str | None]:
     sizes: list[int] = []  # bytes each call takes in the launch (whole packs)
     total = 0
     cap = lambda algo: b.layout.allreduce[algo][0]  # noqa: E731
+    limit = policy.group_bytes(cap)
     for c, d, a, st in items[i:i + GROUP_MAX]:
         if sizes and not (_groupable(b, c, a) and (c.recv.dtype, c.op.name, d, a, stream_ptr(st)) == key):
             break
         nbytes = packs(c.recv.flat) * PACK
-        if total + nbytes > cap("oneshot_sentinel"):
+        if total + nbytes > limit:
             break
         out = (c.recv.flat.data.ptr, c.recv.flat.data.ptr + c.recv.flat.nbytes)
         inp = (c.send.flat.data.ptr, c.send.flat.data.ptr + c.send.flat.nbytes)
@@ -71,13 +72,9 @@ def _run_at(b, items, i: int) -> tuple[int, str | None]:
         spans += [(*out, True), (*inp, False)]
         sizes.append(nbytes)
         total += nbytes
-    while len(sizes) >= 2:
-        resolved = b.resolve("Allreduce", call.recv.dtype, call.op.name, total, det, algorithm)
-        algo = policy.group_algorithm(resolved, total, cap)
-        if algo is not None:
-            return i + len(sizes), algo
-        total -= sizes.pop()
-    return i + 1, None
+    k, algo = policy.group_share(sizes, lambda total: b.resolve("Allreduce", call.recv.dtype, call.op.name, total,
+                                                                det, algorithm), cap)
+    return i + k, algo
 
 
 def _launch(b, calls, algo: str) -> None:
