@@ -20,7 +20,7 @@ from .driver import p2p_native_atomics
 from .engines import EngineSet
 from .fusion import Fuser
 from .groups import run_group
-from .kernels import Kernels, grid_block_cap
+from .kernels import Kernels, aligned, grid_block_cap
 from ..topology import ranks_sharing_gpus
 from .plans import make_plan
 from ..streams import stream_ptr, synchronize_stream
@@ -87,8 +87,7 @@ class CudaBackend(Backend):
         self.gpu_name = name.decode() if isinstance(name, bytes) else name
         self.sms = int(props["multiProcessorCount"])
         self.arch = f"sm_{props['major']}{props['minor']}"
-        # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
-        pdl = config.pdl and int(props["major"]) >= 9
+        pdl = config.pdl and int(props["major"]) >= 9  # PDL: scheduled while the previous kernel runs
         bus = cupy.cuda.Device(self.device_id).pci_bus_id
         devices, sms, buses = zip(*mpi_comm.allgather((self.device_id, self.sms, bus)))  # per rank
         why = gpu_numbering_mismatch(devices, buses)
@@ -124,6 +123,7 @@ class CudaBackend(Backend):
                         ", ".join(map(str, differ)))
         self.kernels = Kernels(self.device_id, self.arch, self.size, self.ws.kernel_args(self.timeout_ns), pdl,
                                config.small_block)
+        self.site = launch.Site(self.kernels, self.layout, self.rank, self.size)
         self.engines = EngineSet(self)
         self.set_grid_cap()
         self.broken: str | None = None
@@ -222,9 +222,11 @@ class CudaBackend(Backend):
             return
         if call.name == "Allreduce":
             chain = self.chain_algorithm(algorithm, algo, call.send.nbytes) if iters == 1 else None
-            launch.allreduce(self, call, algo, op, s, iters, chain)
+            if chain is not None and s and self._fused_call(call, chain, op, s):
+                return
+            launch.allreduce(self.site, call, algo, op, s, iters)
             return
-        launch.RUN[call.name](self, call, algo, op, s, iters)
+        launch.RUN[call.name](self.site, call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
         """The algorithm policy.pick gives this call with this node's table (unknown or unfit
@@ -261,7 +263,7 @@ class CudaBackend(Backend):
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
         s = stream_ptr(stream)
-        launch.barrier(self, s, iters)
+        launch.barrier(self.site, s, iters)
         self.engines.note_launch(s)
         if sync:
             self.synchronize(stream)
@@ -292,6 +294,12 @@ class CudaBackend(Backend):
             return None
         return policy.chain_algorithm(self.table, requested, algo, nbytes, lambda a: self.layout.allreduce[a][0])
 
+    def _fused_call(self, call: Call, chain: str, op: str, s: int) -> bool:
+        """`fused` for a call of 16-byte aligned buffers (others launch through aligned copies)."""
+        send, recv = call.send.flat, call.recv.flat
+        return (aligned(send) and aligned(recv) and self.is_capturing(s)
+                and self.fused(s, call.recv.dtype, chain, op, send.data.ptr, recv.data.ptr, send.size))
+
     def fused(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int, count: int) -> bool:
         """Capture this Allreduce into the stream's chain node; False when the stream is not
         capturing after all, or the fusion is off (the caller launches it)."""
@@ -302,9 +310,9 @@ class CudaBackend(Backend):
             from ...ops import np_dtype
 
             esize = np_dtype(dtype).itemsize
-            base, _cap = launch.allreduce_launcher(self, dtype, algo, op)
+            base, _cap = launch.allreduce_launcher(self.site, dtype, algo, op)
             fn = self.kernels.module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{launch.OPS[op]}_chain")
-            return fn, base.args, launch.allreduce_grid(self, algo, count, esize), count * esize
+            return fn, base.args, launch.allreduce_grid(self.site, algo, count, esize), count * esize
 
         if not self.fuser.capture(s, (dtype, algo, op, count), in_ptr, out_ptr, node_spec):
             return False

@@ -83,7 +83,7 @@ def _launch(b, calls, algo: str) -> None:
     b.check_error()
     s = stream_ptr(stream)
     dtype, op = call.recv.dtype, call.op.name
-    base, _cap = allreduce_launcher(b, dtype, algo, op)
+    base, _cap = allreduce_launcher(b.site, dtype, algo, op)
     a = Args.from_buffer_copy(base.args)
     a.in_ = a.out = None
     a.count, a.iters = 0, 1

@@ -76,16 +76,16 @@ def make_plan(b, call: Call, deterministic: bool, algorithm: str):
     eng = b.engines.for_call(call, algorithm)
     fuse = None
     if call.name == "Allreduce":
-        lau, cap = launch.allreduce_launcher(b, call.recv.dtype, algo, op)
+        lau, cap = launch.allreduce_launcher(b.site, call.recv.dtype, algo, op)
         if n * esize > cap:
             return None
-        grid = launch.allreduce_grid(b, algo, n, esize)
+        grid = launch.allreduce_grid(b.site, algo, n, esize)
         chain = b.chain_algorithm(algorithm, algo, n * esize)
         if chain is not None:
             fuse = (call.recv.dtype, chain, op, call.send.flat.data.ptr, flat.data.ptr, n)
     elif call.name == "Bcast":
-        lau = launch.bcast_launcher(b, call.recv.dtype)
-        grid = launch.bcast_grid(b, n * esize)
+        lau = launch.bcast_launcher(b.site, call.recv.dtype)
+        grid = launch.bcast_grid(b.site, n * esize)
     else:
         return None
     a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
