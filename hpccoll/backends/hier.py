@@ -44,7 +44,7 @@ from mpi4py import MPI
 from .. import policy
 from .._buffers import IN_PLACE
 from ..errors import CollectiveTimeout, HpccollError
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, Route
 from .streams import stream_ptr
 
 log = logging.getLogger("hpccoll")
@@ -224,19 +224,22 @@ class Hierarchical(Backend):
             raise CollectiveTimeout(f"{name}: this communicator timed out earlier and is unusable ({why})",
                                     collective=name)
 
-    def run(self, call, det: bool, algo: str, stream) -> None:
-        self._check(call.name)
-        _RUN[call.name](self, call, det, algo, stream)
+    def route(self, call, algorithm: str, deterministic: bool) -> Route:
+        """An Allreduce's composition (policy.hier_variant) as its algorithm; the node phase's
+        own route is decided on the node (a name it cannot run raises there)."""
+        path = self.allreduce_variant(call.recv.nbytes, algorithm) if call.name == "Allreduce" else algorithm
+        return Route(self, algorithm, path, deterministic)
 
-    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        return algorithm  # the node communicator validates the node phase's algorithm
+    def run(self, call, route: Route, stream) -> None:
+        self._check(call.name)
+        _RUN[call.name](self, call, route.deterministic, route.requested, stream, route.algorithm)
 
     def allreduce_variant(self, nbytes: int, algo: str) -> str:
         """policy.hier_variant for this layout and threshold."""
         return policy.hier_variant(nbytes, self.layout.per_node, algo, self.rsag_bytes)
 
-    def _allreduce(self, call, det, algo, stream):
-        if self.allreduce_variant(call.recv.nbytes, algo) == "rsag":
+    def _allreduce(self, call, det, algo, stream, variant):
+        if variant == "rsag":
             self._allreduce_rsag(call, det, algo, stream)
         else:
             self._allreduce_ar(call, det, algo, stream)
@@ -274,14 +277,14 @@ class Hierarchical(Backend):
             with _on_stream(call.recv, stream):
                 recv[...] = gathered[:n]
 
-    def _bcast(self, call, det, algo, stream):
+    def _bcast(self, call, det, algo, stream, _path=None):
         node, local = self._where(call.root)
         buf = call.recv.flat
         if self.layout.local == local:
             self._between(call.recv, True, stream).Bcast(buf, root=node, stream=stream)
         self.local.Bcast(buf, root=local, stream=stream)
 
-    def _allgather(self, call, det, algo, stream):
+    def _allgather(self, call, det, algo, stream, _path=None):
         L, xp = self.layout, _xp(call.recv)
         recv = call.recv.flat
         n = recv.size // (L.nodes * L.per_node)
@@ -299,7 +302,7 @@ class Hierarchical(Backend):
                     for l, r in enumerate(row):
                         out[r] = blocks[j * L.per_node + l]
 
-    def _reduce_scatter_block(self, call, det, algo, stream):
+    def _reduce_scatter_block(self, call, det, algo, stream, _path=None):
         L, xp = self.layout, _xp(call.recv)
         size = L.nodes * L.per_node
         src = call.recv.flat if call.in_place else call.send.flat
