@@ -200,7 +200,8 @@ class Hierarchical(Backend):
         return self.local.device
 
     def _between(self, buf, det: bool, stream):
-        """The inter-node communicator for this call; device data waits for the node phase."""
+        """The inter-node communicator for this call; device data waits for the node phase.  Its
+        calls ask for "auto": a node-phase kernel named by the caller means nothing to MPI or NCCL."""
         if buf.is_device and not det and self.stripe_nccl is not None:
             return self.stripe_nccl
         if buf.is_device:
@@ -249,7 +250,7 @@ class Hierarchical(Backend):
         recv = call.recv.flat
         src = IN_PLACE if call.in_place else call.send.flat
         self.local.Allreduce(src, recv, op=call.op, algorithm=algo, deterministic=det, stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, deterministic=det,
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, algorithm="auto", deterministic=det,
                                                 stream=stream)
 
     def _allreduce_rsag(self, call, det, algo, stream):
@@ -268,8 +269,8 @@ class Hierarchical(Backend):
             shard = xp.empty(shard_len, dtype=recv.dtype)
         self.local.Reduce_scatter_block(src, shard, op=call.op, algorithm=algo, deterministic=det,
                                         stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, deterministic=det,
-                                                        stream=stream)
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, algorithm="auto",
+                                                        deterministic=det, stream=stream)
         with _on_stream(call.recv, stream):
             gathered = xp.empty(shard_len * P, dtype=recv.dtype) if padded else recv
         self.local.Allgather(shard, gathered, algorithm=algo, stream=stream)
@@ -281,7 +282,7 @@ class Hierarchical(Backend):
         node, local = self._where(call.root)
         buf = call.recv.flat
         if self.layout.local == local:
-            self._between(call.recv, True, stream).Bcast(buf, root=node, stream=stream)
+            self._between(call.recv, True, stream).Bcast(buf, root=node, algorithm="auto", stream=stream)
         self.local.Bcast(buf, root=local, stream=stream)
 
     def _allgather(self, call, det, algo, stream, _path=None):
@@ -293,7 +294,7 @@ class Hierarchical(Backend):
             in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
             target = recv if L.contiguous else xp.empty_like(recv)
         self.local.Allgather(mine, in_node, stream=stream)
-        self._between(call.recv, True, stream).Allgather(in_node, target, stream=stream)
+        self._between(call.recv, True, stream).Allgather(in_node, target, algorithm="auto", stream=stream)
         if not L.contiguous:  # [node][local] blocks -> rank order
             blocks = target.reshape(L.nodes * L.per_node, n)
             out = recv.reshape(-1, n)
@@ -316,7 +317,7 @@ class Hierarchical(Backend):
             node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
         self.local.Reduce_scatter_block(grouped, node_sums, op=call.op, deterministic=det, stream=stream)
         out = call.recv.flat[:n]
-        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op,
+        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op, algorithm="auto",
                                                            deterministic=det, stream=stream)
 
     def _where(self, rank: int) -> tuple[int, int]:
