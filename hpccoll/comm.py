@@ -5,25 +5,26 @@ hpccoll's traffic never meets the caller's).  One collective is in flight per co
 at a time: calls from two threads, or on two streams without ordering between them, are not
 supported; use one communicator per stream (`Dup`).
 
-This module is the API only: a call is validated (hpccoll._validate), agreed across ranks in
-check mode, and handed to a backend (hpccoll/backends/base.py): the device backend for the
-calls it runs (its `caps`), the host backend for everything else."""
+This module is the API only: a call is validated (hpccoll._validate), routed once
+(hpccoll._routes: the device backend for the calls it runs, its `caps`, the host backend for
+everything else, and the algorithm that backend's policy gives), agreed across ranks in check
+mode, and run by its backend (hpccoll/backends/base.py) as its route says.  Repeats of a call
+keep its route (hpccoll._fastpath), as persistent requests do."""
 from __future__ import annotations
 
 import contextlib
 import itertools
 import logging
 import threading
-import weakref
 
 import numpy as np
 from mpi4py import MPI
 
 from . import config as _config
-from ._buffers import _cupy as _cupy_module
 from ._buffers import as_buf
-from ._buffers import is_in_place as _is_in_place
 from ._launcher import detect_singleton
+from . import _routes
+from ._fastpath import FastCall
 from ._validate import agree, integer, plain_signature, prepare, signature, switch
 from .backends.base import Backend, ranks_reasons
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
@@ -37,8 +38,6 @@ from .request import Request
 log = logging.getLogger("hpccoll")
 
 BACKENDS = ("auto", "host", "cuda", "nccl")
-_FAST_HOST_BYTES = 64 * 1024  # host calls up to this size may skip re-validation when repeated
-_FAST_DEVICE_BYTES = 4 << 20  # device calls: the cache holds their arrays until a prepared launch
 # Free waits for a call in flight at most this many timeouts: every wait of a call is bounded by
 # the timeout, and a call makes a few (check mode's exchange, staging, the collective)
 _FREE_WAIT = 4
@@ -108,7 +107,7 @@ class Communicator:
         self._backend: Backend = self._host  # the device backend, or the hierarchical one
         self._lock = threading.Lock()  # held by the call in flight; by Free from teardown on, for good
         self._freeing = threading.Lock()  # one Free at a time, from any thread
-        self._fast: dict = {}  # collective name -> _FastCall of its last call
+        self._fast: dict = {}  # collective name -> FastCall of its last call (hpccoll._fastpath)
         self._plan_gen = 0  # bumped whenever prepared launches go stale (requests re-plan)
         self._group: list | None = None  # the calls queued inside `with comm.group():`
         self._requested = backend
@@ -299,21 +298,19 @@ class Communicator:
             if not lock.acquire(False):
                 raise self._busy(name)
             try:
-                if fast.plan is not None:
-                    fast.plan.launch(stream)
+                plan = fast.plan
+                if plan is not None:
+                    plan.launch(stream)
                 else:
-                    fast.backend.run(fast.call, det, fast.algo, stream)
-                    fast.repeats += 1
-                    if fast.repeats == 1 and fast.backend.caps.plans:
-                        self._plan_fast(fast, det)
+                    fast.run(stream)
             finally:
                 lock.release()
             return
-        call, backend, algo = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
+        call, route = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
         with self._exclusive(name):
-            backend.run(call, det, algo, stream)
+            route.backend.run(call, route, stream)
             # (under the lock: a Free waiting for this call finds it noted, and clears it)
-            self._remember(name, call, backend, sendbuf, recvbuf, op, root, key, algo, det)
+            self._remember(name, call, route, sendbuf, recvbuf, op, root, key, det)
 
     def _run_checked(self, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream,
                      before=None) -> None:
@@ -323,17 +320,15 @@ class Communicator:
             if before is not None:
                 before()
             det = self.deterministic if deterministic is None else switch(name, "deterministic", deterministic)
-            call, backend, algo = self._validated(name, sendbuf, recvbuf, op, root, algorithm, stream)
-            self._resolve(backend, call, det, algo)
-            sig = signature(call, self._size, algo, det, backend.name, self._group is not None)
-            return (call, backend, algo, det), sig, call.v
+            call, route = self._validated(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
+            return (call, route), self._signature(call, route), call.v
 
         with self._exclusive(name):
-            call, backend, algo, det = self._agreed(name, validate)
+            call, route = self._agreed(name, validate)
             if self._group is not None:
-                self._group.append((backend, (call, det, algo, stream)))
+                self._group.append((route.backend, (call, route, stream)))
             else:
-                backend.run(call, det, algo, stream)
+                route.backend.run(call, route, stream)
 
     def _agreed(self, name, validate):
         """Check mode: `validate()` (this rank's part: (result, signature, Alltoallv's VSpec or
@@ -352,55 +347,33 @@ class Communicator:
         agree(gather, self._rank, name, sig, vspec)
         return result
 
-    def _backend_for(self, call) -> Backend:
-        b = self._backend
-        return b if b.takes(call) else self._host
-
-    def _algorithm_for(self, backend, algorithm) -> str:
-        """The algorithm a call runs with: its own; else the communicator's default where the
-        call runs on the backend the default is for (a device communicator's host-buffer calls
-        run on the host backend, where a device algorithm means nothing: "auto" there)."""
-        if algorithm is not None:
-            return algorithm
-        if backend is self._host and self._backend is not self._host:
-            return "auto"
-        return self.algorithm
+    def _signature(self, call, route, name=None) -> tuple:
+        """Check mode's signature of a call, from its route (what it asked for, its backend)."""
+        sig = signature(call, self._size, route.requested, route.deterministic, route.backend.name,
+                        self._group is not None)
+        return sig if name is None else (name,) + sig[1:]
 
     def _prepare(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream=None):
-        """(call, backend, algorithm) of a call on a live communicator outside check mode
-        (`_validated`; the backend checks the algorithm's name before it communicates)."""
+        """(call, route) of a call on a live communicator outside check mode (`_validated`)."""
         self._live(name)
-        return self._validated(name, sendbuf, recvbuf, op, root, algorithm, stream)
+        return self._validated(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
 
-    def _validated(self, name, sendbuf, recvbuf, op, root, algorithm, stream):
-        """(call, backend, algorithm): a call validated, the backend that runs it, and the
-        algorithm it runs with.  Local: no communication."""
+    def _validated(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream):
+        """(call, route): a call validated, and its route (hpccoll._routes: the backend that runs
+        it, the algorithm it runs with).  Local: no communication."""
         if stream is not None and not (isinstance(stream, int) or hasattr(stream, "ptr") or hasattr(
                 stream, "cuda_stream") or hasattr(stream, "handle")):
             raise TypeError(f"{name}: stream={stream!r}: pass a CuPy or torch stream, a raw handle (int), or None")
         call = prepare(name, self._size, sendbuf, recvbuf, op=op, root=root, rank=self._rank)
-        backend = self._backend_for(call)
-        return call, backend, self._algorithm_for(backend, algorithm)
+        return call, _routes.route(self._host, self._backend, self.algorithm, call, algorithm, det)
 
-    @staticmethod
-    def _resolve(backend, call, det, algo) -> None:
-        backend.resolve(call.name, call.recv.dtype, call.op.name if call.op else None, call.send.nbytes, det, algo)
-
-    def _plan_fast(self, fast, det) -> None:
-        """On a call's first repeat, prepare its launch (a one-off call pays only for the note);
-        a prepared launch holds raw pointers, so the call (and its arrays) need not be kept."""
-        fast.plan = fast.backend.plan(fast.call, det, fast.algo)
-        if fast.plan is not None:
-            fast.call = None
-
-    def _remember(self, name, call, backend, sendbuf, recvbuf, op, root, key, algo, det) -> None:
+    def _remember(self, name, call, route, sendbuf, recvbuf, op, root, key, det) -> None:
         """Note this call for the repeated call's fast path (not in check mode: every call of
-        check mode is agreed; nor once Free has begun).  key: the algorithm a repeat must ask
-        for; algo: what it runs."""
-        if self.check or self._freed or not _FastCall.eligible(sendbuf, recvbuf, call, backend):
+        check mode is agreed; nor once Free has begun).  key: the algorithm a repeat must ask for."""
+        if self.check or self._freed or not FastCall.eligible(sendbuf, recvbuf, call):
             self._fast[name] = None
             return
-        self._fast[name] = _FastCall(call, backend, sendbuf, recvbuf, op, root, key, det, algo)
+        self._fast[name] = FastCall(call, route, sendbuf, recvbuf, op, root, key, det)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, algorithm=None, deterministic=None, stream=None):
         """recvbuf = op over ranks of sendbuf (sendbuf may be IN_PLACE)."""
@@ -469,8 +442,8 @@ class Communicator:
                                f"block exits): call it {where} the block")
 
     def _enqueue(self, name, sendbuf, recvbuf, op, root, algorithm, det, stream) -> None:
-        call, backend, algo = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
-        self._group.append((backend, (call, det, algo, stream)))
+        call, route = self._prepare(name, sendbuf, recvbuf, op, root, algorithm, det, stream)
+        self._group.append((route.backend, (call, route, stream)))
 
     def _issue(self, items) -> None:
         """A group's calls in order: runs of calls for one backend through its run_group."""
@@ -506,36 +479,35 @@ class Communicator:
         self._plan_gen += 1
 
     def _validate_persistent(self, req: Request, deterministic) -> None:
-        """A request's arguments, checked once (local: no communication; in check mode agreed
-        with every rank's init, so its errors too are raised on every rank) and its launch
-        prepared where one launch serves it (check mode: never, so every Start checks)."""
+        """A request's arguments, checked once, and its route, decided once (local: no
+        communication; in check mode agreed with every rank's init, so its errors too are raised
+        on every rank), and its launch prepared where one launch serves it (check mode: never, so
+        every Start checks)."""
         name = f"{req._name}_init"
 
         def validate():
             det = self.deterministic if deterministic is None else switch(req._name, "deterministic", deterministic)
-            call, backend, algo = self._validated(req._name, req._send, req._recv, req._op, req._root,
-                                                  req._algo, None)
+            call, route = self._validated(req._name, req._send, req._recv, req._op, req._root, req._algo, det, None)
             if req._stream is not None:
                 from .backends.streams import stream_ptr
 
                 stream_ptr(req._stream)  # a stream of the wrong type raises here
-            self._resolve(backend, call, det, algo)  # unknown or unfit algorithm names raise here
-            sig = (name,) + signature(call, self._size, algo, det, backend.name, self._group is not None)[1:]
-            return (call, backend, algo, det), sig, call.v
+            return (call, route), self._signature(call, route, name), call.v
 
         if self.check:
             with self._exclusive(name):
-                call, backend, algo, det = self._agreed(name, validate)
+                call, route = self._agreed(name, validate)
         else:
             self._live(name)
-            call, backend, algo, det = validate()[0]
-        req._call, req._backend, req._algo, req._det = call, backend, algo, det
+            call, route = validate()[0]
+        req._call, req._route, req._det = call, route, route.deterministic
         self._plan_request(req)
 
     def _plan_request(self, req: Request) -> None:
-        eligible = (req._call is not None and not self.check and req._backend.caps.plans
-                    and _FastCall.eligible(req._send, req._recv, req._call, req._backend))
-        req._plan = req._backend.plan(req._call, req._det, req._algo) if eligible else None
+        route = req._route
+        eligible = (req._call is not None and not self.check and route.backend.caps.plans
+                    and FastCall.eligible(req._send, req._recv, req._call))
+        req._plan = route.backend.plan(req._call, route) if eligible else None
         req._gen = self._plan_gen
 
     def _launch_plan(self, plan, stream, name) -> None:
@@ -550,19 +522,24 @@ class Communicator:
 
     def _start_persistent_request(self, req: Request) -> None:
         """Start's slow path: in a group, after the prepared launch went stale, or where none
-        serves the call (staging, several launches, host backend, check mode)."""
+        serves the call (staging, several launches, host backend, check mode).  Outside check
+        mode the request's call runs by the route decided at its init."""
         if self.check:  # the request's state is checked with its arguments, and agreed
             self._run_checked(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det,
                               req._stream, before=req._startable)
             return
         if self._freed:
             raise _freed_error(f"{req._name}_init request: Start")
-        if self._group is None and req._gen != self._plan_gen and req._call is not None:
+        if self._group is not None:
+            self._group.append((req._route.backend, (req._call, req._route, req._stream)))
+            return
+        if req._gen != self._plan_gen:
             self._plan_request(req)
-            if req._plan is not None:
-                self._launch_plan(req._plan, req._stream, req._name)
-                return
-        self._run(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det, req._stream)
+        if req._plan is not None:
+            self._launch_plan(req._plan, req._stream, req._name)
+            return
+        with self._exclusive(req._name):
+            req._route.backend.run(req._call, req._route, req._stream)
 
     def _stream_idle(self, stream) -> bool:
         """Has every operation queued on `stream` finished?  (Synchronous backends: always.)"""
@@ -684,56 +661,6 @@ def _freed_error(name: str) -> HpccollError:
 def _in_flight(name: str) -> HpccollError:
     return HpccollError(f"{name}: another collective is in flight on this communicator "
                         "(one at a time per communicator; use Dup() for another thread)")
-
-
-class _FastCall:
-    """The last call of one collective, for its repeats: the validated `call` and its backend,
-    and once the call has been repeated on a backend that prepares launches, the prepared launch
-    (`plan`).
-
-    A repeat must pass the very same arrays (held by weak reference, so a freed array can never
-    be mistaken for a new one at the same address), with the dtype and shape they had, and the
-    same op, root, algorithm and determinism policy.  A CuPy ndarray's `data`, `size` and `dtype`
-    are read-only; a numpy array's dtype, shape, strides and writeable flag can be reassigned, so
-    they are compared.
-    A view, a slice or a reshape is a new object.  Anything else takes the full path: validation,
-    algorithm choice, staging."""
-
-    __slots__ = ("call", "backend", "algo", "plan", "repeats", "send", "recv", "send_ref", "args", "recv_meta",
-                 "send_meta", "numpy")
-
-    @staticmethod
-    def eligible(sendbuf, recvbuf, call, backend) -> bool:
-        if call.v is not None:
-            return False
-        cp = _cupy_module()
-        if cp is not None and type(recvbuf) is cp.ndarray:
-            return call.recv.nbytes <= _FAST_DEVICE_BYTES and (
-                sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is cp.ndarray)
-        return (type(recvbuf) is np.ndarray and call.recv.nbytes <= _FAST_HOST_BYTES
-                and (sendbuf is None or _is_in_place(sendbuf) or type(sendbuf) is np.ndarray))
-
-    def __init__(self, call, backend, sendbuf, recvbuf, op, root, key, det, algo):
-        self.call, self.backend, self.plan, self.repeats = call, backend, None, 0
-        self.algo = algo  # what the call runs with (key: what it asked for)
-        self.recv = weakref.ref(recvbuf)
-        self.send_ref = not (sendbuf is None or _is_in_place(sendbuf))
-        self.send = weakref.ref(sendbuf) if self.send_ref else sendbuf  # (None, IN_PLACE: held as itself)
-        self.args = (op, root, key, det)
-        self.recv_meta = (recvbuf.dtype, recvbuf.shape, recvbuf.strides)
-        self.send_meta = (sendbuf.dtype, sendbuf.shape, sendbuf.strides) if self.send_ref else None
-        self.numpy = type(recvbuf) is np.ndarray
-
-    def matches(self, sendbuf, recvbuf, op, root, algo, det) -> bool:
-        if self.recv() is not recvbuf or (self.send() if self.send_ref else self.send) is not sendbuf:
-            return False
-        if (recvbuf.dtype, recvbuf.shape, recvbuf.strides) != self.recv_meta or (
-                self.send_ref and (sendbuf.dtype, sendbuf.shape, sendbuf.strides) != self.send_meta):
-            return False
-        if self.numpy and not recvbuf.flags.writeable:  # made read-only since: validation says so
-            return False
-        a = self.args
-        return (a[0] is op or a[0] == op) and a[1] == root and a[2] == algo and a[3] == det
 
 
 def _result_like(x, stream):

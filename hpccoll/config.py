@@ -10,6 +10,7 @@ the communicator checks those (`agreed`) at construction and raises on every ran
 differ."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -194,6 +195,24 @@ class Config:
 
 
 assert {s.field for s in SETTINGS} == {f.name for f in fields(Config)}, "every Config field has its variable"
+
+
+@contextlib.contextmanager
+def setting(var: str, value: str):
+    """The block runs with the setting `var` (one of SETTINGS) set to `value` in the environment: a
+    Communicator made inside, or its Dup, reads it (for a setting that must agree, every rank
+    sets it alike).  The environment is restored on exit."""
+    if var not in {s.var for s in SETTINGS}:
+        raise ValueError(f"setting: {var} is not an hpccoll setting")
+    before = os.environ.get(var)
+    os.environ[var] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = before
 
 
 def check_agreement(mpi_comm, config: Config | None, error: Exception | None = None,

@@ -1,6 +1,6 @@
 """Which kernel runs, and when calls share one: every algorithm decision in one place.
 
-- The algorithm of a call (`choose`, `validate`): a tuning table maps (collective, rank count,
+- The algorithm of a call (`pick`: `choose` for `auto`, then `validate`): a tuning table maps (collective, rank count,
   policy) to size thresholds.  Defaults ship in hpccoll/tuning/*.json (by GPU family); `hpccoll
   tune` writes a measured table to $HPCCOLL_TUNING (default ~/.cache/hpccoll/tuning.json) that
   `auto` then prefers.  A table may also set "fuse_ll_max" (below).
@@ -125,12 +125,32 @@ def choose(table: dict, collective: str, dtype: str, op: str | None, nbytes: int
     return algo
 
 
-def validate(algorithm: str, collective: str, dtype: str, op: str | None, deterministic: bool,
-             peer_atomics: bool) -> None:
-    """Raise ValueError naming the problem and the fix when `algorithm` cannot run this call."""
+def pick(table: dict, collective: str, dtype: str, op: str | None, nbytes: int, nranks: int,
+         deterministic: bool, peer_atomics: bool, algorithm: str, nccl: bool = False) -> str:
+    """The algorithm a device call runs: `auto`, or a default that does not implement this
+    collective, goes through the table (`choose`); the result is validated once (`validate`).
+    nccl: whether NCCL is open for the table's "nccl" rows."""
+    if algorithm != "auto":
+        _known(algorithm, collective)
+    if algorithm == "auto" or collective not in ALGORITHMS[algorithm][0]:
+        algorithm = choose(table, collective, dtype, op, nbytes, nranks, deterministic, peer_atomics, nccl=nccl)
+    if algorithm == "nccl" and not nccl:
+        raise ValueError(f"{collective}: algorithm='nccl' needs NCCL opened by this communicator "
+                         "(HPCCOLL_NCCL_FALLBACK=1 and a table that prefers it): use 'auto' or backend='nccl'")
+    validate(algorithm, collective, dtype, op, deterministic, peer_atomics)
+    return algorithm
+
+
+def _known(algorithm: str, collective: str) -> None:
     if algorithm not in ALGORITHMS:
         names = ", ".join(a for a, spec in ALGORITHMS.items() if collective in spec[0])
         raise ValueError(f"{collective}: algorithm={algorithm!r} is unknown: use 'auto' or one of {names}")
+
+
+def validate(algorithm: str, collective: str, dtype: str, op: str | None, deterministic: bool,
+             peer_atomics: bool) -> None:
+    """Raise ValueError naming the problem and the fix when `algorithm` cannot run this call."""
+    _known(algorithm, collective)
     colls, det, float_only, sum_only = ALGORITHMS[algorithm]
     if collective not in colls:
         names = ", ".join(a for a, spec in ALGORITHMS.items() if collective in spec[0])
@@ -180,6 +200,24 @@ def group_algorithm(resolved: str, total_bytes: int, cap) -> str | None:
     if resolved in ONE_SHOTS and total_bytes <= cap(resolved):
         return resolved
     return None
+
+
+def group_bytes(cap) -> int:
+    """The most bytes a run of grouped calls can carry in one launch: the largest one-shot's."""
+    return max(cap(a) for a in ONE_SHOTS)
+
+
+def group_share(sizes: list, pick_for, cap) -> tuple[int, str | None]:
+    """(k, algorithm): the first k of consecutive grouped calls of `sizes` bytes (k >= 2) share
+    one launch of that one-shot, chosen for their total (`pick_for(total)`), or (1, None)."""
+    k, total = len(sizes), sum(sizes)
+    while k >= 2:
+        algo = group_algorithm(pick_for(total), total, cap)
+        if algo is not None:
+            return k, algo
+        k -= 1
+        total -= sizes[k]
+    return 1, None
 
 
 def groupable(collective: str, algorithm: str) -> bool:

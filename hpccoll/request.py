@@ -1,14 +1,14 @@
 """Persistent collectives: MPI-4's MPI_Allreduce_init and friends (mpi4py's Prequest).
 
-    req = comm.Allreduce_init(x, y)       # validated, algorithm chosen, launch prepared: once
+    req = comm.Allreduce_init(x, y)       # validated, routed, launch prepared: once
     for step in range(n):
         ...                               # write x
         req.Start()                       # issue on the request's stream
         req.Wait()                        # y holds the result
 
 A request binds its buffers, op, root, algorithm, policy and stream when it is made.  Every
-Start issues that call again without validating it or matching its arguments (the repeated
-call's fast path, minus the match), so a loop of Start/Wait is the cheapest blocking
+Start issues that call again by the route decided at init, without validating it or matching
+its arguments (the repeated call's fast path, minus the match), so a loop of Start/Wait is the cheapest blocking
 collective there is from Python.  MPI's rules hold: between Start and Wait the input must not be
 written nor the output read; Start on an active request raises; the request keeps its buffers
 alive until Free.  Inside `with comm.group():` Start queues its call like any other, so several
@@ -23,7 +23,7 @@ class Request:
     """A persistent collective of one Communicator (see the module's doc)."""
 
     __slots__ = ("_comm", "_name", "_send", "_recv", "_op", "_root", "_algo", "_det", "_stream",
-                 "_call", "_backend", "_plan", "_gen", "_active", "_freed")
+                 "_call", "_route", "_plan", "_gen", "_active", "_freed")
 
     def __init__(self, comm, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream):
         self._comm, self._name = comm, name
@@ -31,7 +31,7 @@ class Request:
         self._algo = algorithm  # (None: the communicator's default; _validate_persistent decides)
         self._det = None  # (the policy: _validate_persistent decides)
         self._stream = stream
-        self._call = self._plan = self._backend = None  # the validated call, its backend, its prepared launch
+        self._call = self._plan = self._route = None  # the validated call, its route, its prepared launch
         self._gen = -1
         self._active = self._freed = False
         comm._validate_persistent(self, deterministic)  # bad arguments raise here, at init, as MPI's do
@@ -84,7 +84,7 @@ class Request:
         if self._active:
             raise HpccollError(f"{self._name}_init request: Free on an active request: call Wait() first")
         self._freed = True
-        self._plan = self._call = self._backend = self._send = self._recv = None
+        self._plan = self._call = self._route = self._send = self._recv = None
 
     @property
     def active(self) -> bool:

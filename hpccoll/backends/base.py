@@ -11,6 +11,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import NamedTuple
 
 log = logging.getLogger("hpccoll")
 
@@ -95,18 +96,36 @@ class Capabilities:
     extension: bool = False  # offers the device-extension API (symmetric memory, kernel args)
 
 
+class Route(NamedTuple):
+    """How one validated call runs, decided once (hpccoll/_routes.py picks the backend, whose
+    `route` asks hpccoll.policy): the fast path, persistent requests, groups and check mode keep
+    this value, and the backend runs the call by it without deciding again.
+
+    requested: the algorithm the call asked for (its own, else the communicator's default):
+        what check mode compares, what the eager engine and groups take.
+    algorithm: what runs (the cuda backend: policy.pick's kernel; the host backend: its Allreduce
+        path; the hierarchical backend: policy.hier_variant's composition; else `requested`).
+    chain: the one-shot a captured Allreduce runs in a chain node (cuda, policy.chain_algorithm).
+    (A named tuple: immutable, and made in a fraction of a frozen dataclass's time on every
+    call's full path.)"""
+
+    backend: "Backend"
+    requested: str
+    algorithm: str
+    deterministic: bool
+    chain: str | None = None
+
+
 class Backend(ABC):
     """One way of running validated calls (hpccoll._validate.Call).
 
-    run(call, deterministic, algorithm, stream): issue the call; `algorithm` is the caller's
-        name ("auto" or one of caps.algorithms), validated by `resolve` first.
-    resolve(collective, dtype, op, nbytes, deterministic, algorithm): the algorithm that would
-        run, raising ValueError / HpccollError for a name this backend cannot run (local: no
-        communication).
-    plan(call, deterministic, algorithm): a prepared launch with `.launch(stream)` for repeats
-        of exactly this call, or None.
-    run_group(items, check): the calls of a group block, items of (call, deterministic, algorithm,
-        stream); check: compare with every rank how they would be issued first (check mode).
+    route(call, algorithm, deterministic): the call's Route on this backend, raising ValueError /
+        HpccollError for an algorithm name it cannot run (local: no communication).
+    run(call, route, stream): issue the call as its route says.
+    plan(call, route): a prepared launch with `.launch(stream)` for repeats of exactly this
+        call, or None.
+    run_group(items, check): the calls of a group block, items of (call, route, stream); check:
+        compare with every rank how they would be issued first (check mode).
     synchronize(stream), barrier(), free()."""
 
     name: str = "?"
@@ -116,17 +135,16 @@ class Backend(ABC):
     #: communicator must not be freed either
     abandoned: bool = False
 
-    @abstractmethod
-    def run(self, call, deterministic: bool, algorithm: str, stream) -> None:
-        """Issue one validated call."""
-
-    def resolve(self, collective: str, dtype: str, op: str | None, nbytes: int, deterministic: bool,
-                algorithm: str) -> str:
+    def route(self, call, algorithm: str, deterministic: bool) -> Route:
         if algorithm != "auto" and algorithm not in self.caps.algorithms:
             names = ", ".join(("auto",) + tuple(self.caps.algorithms))
-            raise ValueError(f"{collective}: algorithm={algorithm!r} is not one the {self.name} backend "
+            raise ValueError(f"{call.name}: algorithm={algorithm!r} is not one the {self.name} backend "
                              f"runs: use one of {names}")
-        return algorithm
+        return Route(self, algorithm, algorithm, deterministic)
+
+    @abstractmethod
+    def run(self, call, route: Route, stream) -> None:
+        """Issue one validated call as `route` says."""
 
     def takes(self, call) -> bool:
         """Whether this backend runs `call` itself (by its capabilities)."""
@@ -135,12 +153,12 @@ class Backend(ABC):
             return False
         return caps.device if call.recv.is_device else caps.host_buffers
 
-    def plan(self, call, deterministic: bool, algorithm: str):
+    def plan(self, call, route: Route):
         return None
 
     def run_group(self, items, check: bool = False) -> None:
-        for call, det, algo, stream in items:
-            self.run(call, det, algo, stream)
+        for call, route, stream in items:
+            self.run(call, route, stream)
 
     def synchronize(self, stream=None) -> None:
         """Wait for this backend's work on `stream` (a no-op for synchronous backends)."""

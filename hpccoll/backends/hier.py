@@ -44,7 +44,7 @@ from mpi4py import MPI
 from .. import policy
 from .._buffers import IN_PLACE
 from ..errors import CollectiveTimeout, HpccollError
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, Route
 from .streams import stream_ptr
 
 log = logging.getLogger("hpccoll")
@@ -200,7 +200,8 @@ class Hierarchical(Backend):
         return self.local.device
 
     def _between(self, buf, det: bool, stream):
-        """The inter-node communicator for this call; device data waits for the node phase."""
+        """The inter-node communicator for this call; device data waits for the node phase.  Its
+        calls ask for "auto": a node-phase kernel named by the caller means nothing to MPI or NCCL."""
         if buf.is_device and not det and self.stripe_nccl is not None:
             return self.stripe_nccl
         if buf.is_device:
@@ -224,19 +225,22 @@ class Hierarchical(Backend):
             raise CollectiveTimeout(f"{name}: this communicator timed out earlier and is unusable ({why})",
                                     collective=name)
 
-    def run(self, call, det: bool, algo: str, stream) -> None:
-        self._check(call.name)
-        _RUN[call.name](self, call, det, algo, stream)
+    def route(self, call, algorithm: str, deterministic: bool) -> Route:
+        """An Allreduce's composition (policy.hier_variant) as its algorithm; the node phase's
+        own route is decided on the node (a name it cannot run raises there)."""
+        path = self.allreduce_variant(call.recv.nbytes, algorithm) if call.name == "Allreduce" else algorithm
+        return Route(self, algorithm, path, deterministic)
 
-    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        return algorithm  # the node communicator validates the node phase's algorithm
+    def run(self, call, route: Route, stream) -> None:
+        self._check(call.name)
+        _RUN[call.name](self, call, route.deterministic, route.requested, stream, route.algorithm)
 
     def allreduce_variant(self, nbytes: int, algo: str) -> str:
         """policy.hier_variant for this layout and threshold."""
         return policy.hier_variant(nbytes, self.layout.per_node, algo, self.rsag_bytes)
 
-    def _allreduce(self, call, det, algo, stream):
-        if self.allreduce_variant(call.recv.nbytes, algo) == "rsag":
+    def _allreduce(self, call, det, algo, stream, variant):
+        if variant == "rsag":
             self._allreduce_rsag(call, det, algo, stream)
         else:
             self._allreduce_ar(call, det, algo, stream)
@@ -246,7 +250,7 @@ class Hierarchical(Backend):
         recv = call.recv.flat
         src = IN_PLACE if call.in_place else call.send.flat
         self.local.Allreduce(src, recv, op=call.op, algorithm=algo, deterministic=det, stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, deterministic=det,
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, algorithm="auto", deterministic=det,
                                                 stream=stream)
 
     def _allreduce_rsag(self, call, det, algo, stream):
@@ -265,8 +269,8 @@ class Hierarchical(Backend):
             shard = xp.empty(shard_len, dtype=recv.dtype)
         self.local.Reduce_scatter_block(src, shard, op=call.op, algorithm=algo, deterministic=det,
                                         stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, deterministic=det,
-                                                        stream=stream)
+        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, algorithm="auto",
+                                                        deterministic=det, stream=stream)
         with _on_stream(call.recv, stream):
             gathered = xp.empty(shard_len * P, dtype=recv.dtype) if padded else recv
         self.local.Allgather(shard, gathered, algorithm=algo, stream=stream)
@@ -274,14 +278,14 @@ class Hierarchical(Backend):
             with _on_stream(call.recv, stream):
                 recv[...] = gathered[:n]
 
-    def _bcast(self, call, det, algo, stream):
+    def _bcast(self, call, det, algo, stream, _path=None):
         node, local = self._where(call.root)
         buf = call.recv.flat
         if self.layout.local == local:
-            self._between(call.recv, True, stream).Bcast(buf, root=node, stream=stream)
+            self._between(call.recv, True, stream).Bcast(buf, root=node, algorithm="auto", stream=stream)
         self.local.Bcast(buf, root=local, stream=stream)
 
-    def _allgather(self, call, det, algo, stream):
+    def _allgather(self, call, det, algo, stream, _path=None):
         L, xp = self.layout, _xp(call.recv)
         recv = call.recv.flat
         n = recv.size // (L.nodes * L.per_node)
@@ -290,7 +294,7 @@ class Hierarchical(Backend):
             in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
             target = recv if L.contiguous else xp.empty_like(recv)
         self.local.Allgather(mine, in_node, stream=stream)
-        self._between(call.recv, True, stream).Allgather(in_node, target, stream=stream)
+        self._between(call.recv, True, stream).Allgather(in_node, target, algorithm="auto", stream=stream)
         if not L.contiguous:  # [node][local] blocks -> rank order
             blocks = target.reshape(L.nodes * L.per_node, n)
             out = recv.reshape(-1, n)
@@ -299,7 +303,7 @@ class Hierarchical(Backend):
                     for l, r in enumerate(row):
                         out[r] = blocks[j * L.per_node + l]
 
-    def _reduce_scatter_block(self, call, det, algo, stream):
+    def _reduce_scatter_block(self, call, det, algo, stream, _path=None):
         L, xp = self.layout, _xp(call.recv)
         size = L.nodes * L.per_node
         src = call.recv.flat if call.in_place else call.send.flat
@@ -313,7 +317,7 @@ class Hierarchical(Backend):
             node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
         self.local.Reduce_scatter_block(grouped, node_sums, op=call.op, deterministic=det, stream=stream)
         out = call.recv.flat[:n]
-        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op,
+        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op, algorithm="auto",
                                                            deterministic=det, stream=stream)
 
     def _where(self, rank: int) -> tuple[int, int]:

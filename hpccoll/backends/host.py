@@ -34,9 +34,8 @@ from mpi4py import MPI
 
 from .._abi import CANONICAL_NAN, DTYPE_CODES, OP_CODES
 from ..errors import CollectiveTimeout, HpccollError
-from ..ops import (_INT, MAX, MIN, PROD, SUM, canonicalize_nans, fp_quiet, fp_restore, from_ordered_keys,
-                   ordered_keys, reduce_in_rank_order)
-from .base import Backend, Capabilities, ranks_reasons
+from ..ops import _INT, MAX, MIN, PROD, SUM, fp_quiet, fp_restore, reduce_in_rank_order
+from .base import Backend, Capabilities, Route, ranks_reasons
 from .shmfile import create_segment, reclaim_stale_files
 
 log = logging.getLogger("hpccoll")
@@ -285,46 +284,54 @@ class HostBackend(Backend):
             raise CollectiveTimeout(f"{name}: this communicator timed out earlier and is unusable "
                                     f"({self.broken})", collective=name)
 
-    def run(self, call, deterministic: bool, algorithm: str, stream=None) -> None:
-        if algorithm != "auto" and algorithm != "mpi" and algorithm != "host":
-            self.resolve(call.name, call.recv.dtype, None, 0, deterministic, algorithm)  # raises
+    def route(self, call, algorithm: str, deterministic: bool) -> Route:
+        """The call's Route: an Allreduce's path (`_allreduce_path`) as its algorithm."""
+        if algorithm not in ("auto", "mpi", "host"):
+            self._unknown(call.name, algorithm)
+        path = algorithm
+        if call.name == "Allreduce":
+            path = self._allreduce_path(call.recv.dtype, call.op, call.recv.nbytes, deterministic)
+        return Route(self, algorithm, path, deterministic)
+
+    def run(self, call, route: Route, stream=None) -> None:
         self._check(call.name)
-        _RUN[call.name](self, call, deterministic)
+        _RUN[call.name](self, call, route)
 
     # -- collectives ---------------------------------------------------------------------
-    def _gather_all(self, x: np.ndarray, name: str) -> np.ndarray:
-        """Every rank's `x` (the library's memory), in rank order."""
-        out = np.empty((self.size,) + x.shape, dtype=x.dtype)
-        self._complete(self.comm.Iallgather(_msg(_bytes(x)), _msg(_bytes(out), self.size)), name, x, out)
-        return out
+    def _allreduce_path(self, dtype: str, op, nbytes: int, det: bool) -> str:
+        """The one decision tree of an Allreduce, from values every rank shares: "shm" (the
+        shared-memory segment), "minmax" (floats' MAX / MIN as an integer MAX / MIN of ordered
+        keys), "mpi" (MPI's reduction) or "rank_order" (an Allgather reduced in rank order)."""
+        if self._shm_takes(dtype, nbytes):
+            return "shm"
+        if dtype in _FLOATS and op in (MAX, MIN):
+            return "minmax"
+        if not det and dtype in _MPI_TYPED:
+            return "mpi"
+        return "rank_order"
 
-    def _allreduce(self, call, det: bool) -> None:
-        name, op = call.recv.dtype, call.op
-        shm = self._shm_takes(name, call.recv.nbytes)
-        minmax = not shm and name in _FLOATS and op in (MAX, MIN)  # (its keys: the library's memory)
-        own = not shm and not minmax
-        send = _Staged(call.send, own=own)
-        recv = send if call.in_place else _Staged(call.recv, fetch=False, own=own)
-        x, out = send.host, recv.host
-        if shm:
-            late = self.shm.allreduce(x, out, DTYPE_CODES[name], OP_CODES[op.name])
+    def _allreduce(self, call, route: Route) -> None:
+        """One Allreduce by its route's path: the shared-memory call, or the prepared plan's
+        steps built for this call (device buffers: on host copies, which are the plan's scratch)."""
+        if route.algorithm == "shm":
+            send = _Staged(call.send, own=False)
+            recv = send if call.in_place else _Staged(call.recv, fetch=False, own=False)
+            late = self.shm.allreduce(send.host, recv.host, DTYPE_CODES[call.recv.dtype], OP_CODES[call.op.name])
             if late >= 0:
                 self._shm_failed(late)
-        elif minmax:
-            keys = ordered_keys(x, op)
-            mop = MPI.MAX if op is MAX else MPI.MIN
-            self._complete(self.comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), call.name, keys)
-            from_ordered_keys(keys, out, op)
-        elif not det and name in _MPI_TYPED:
-            src = MPI.IN_PLACE if call.in_place else x
-            self._complete(self.comm.Iallreduce(src, out, op=_MPI_OPS[op]), call.name, x, out)
-            if name in _FLOATS and op in (SUM, PROD):
-                canonicalize_nans(out)
-        else:
-            out[...] = reduce_in_rank_order(op, self._gather_all(x, call.name))
+            recv.commit()
+            return
+        if not call.recv.is_device:
+            _HostAllreducePlan(self, route.algorithm, call.send.flat, call.recv.flat, call.in_place,
+                               call.recv.dtype, call.op).launch()
+            return
+        send = _Staged(call.send)
+        recv = send if call.in_place else _Staged(call.recv, fetch=False)
+        _HostAllreducePlan(self, route.algorithm, send.host, recv.host, call.in_place, call.recv.dtype, call.op,
+                           owned=True).launch()
         recv.commit()
 
-    def _reduce_scatter_block(self, call, det: bool) -> None:
+    def _reduce_scatter_block(self, call, route: Route) -> None:
         send = _Staged(call.send)
         x = send.host
         n = x.size // self.size
@@ -336,7 +343,7 @@ class HostBackend(Backend):
         recv.host[:n] = res
         recv.commit()
 
-    def _allgather(self, call, det: bool) -> None:
+    def _allgather(self, call, route: Route) -> None:
         recv = _Staged(call.recv, fetch=call.in_place)
         n = call.recv.count // self.size
         if call.in_place:
@@ -347,21 +354,21 @@ class HostBackend(Backend):
                        mine, recv.host)
         recv.commit()
 
-    def _bcast(self, call, det: bool) -> None:
+    def _bcast(self, call, route: Route) -> None:
         buf = _Staged(call.recv, fetch=self.rank == call.root)
         u8 = _bytes(buf.host)
         for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
             self._complete(self.comm.Ibcast(u8[off:off + MAX_COUNT], root=call.root), call.name, u8)
         buf.commit()
 
-    def _alltoall(self, call, det: bool) -> None:
+    def _alltoall(self, call, route: Route) -> None:
         src = _Staged(call.recv if call.in_place else call.send).host
         recv = _Staged(call.recv, fetch=False)
         self._complete(self.comm.Ialltoall(_msg(_bytes(src), self.size), _msg(_bytes(recv.host), self.size)),
                        call.name, src, recv.host)
         recv.commit()
 
-    def _alltoallv(self, call, det: bool) -> None:
+    def _alltoallv(self, call, route: Route) -> None:
         """The blocks to other ranks through MPI (device buffers staged through host memory);
         this rank's block to itself copied where the buffers are, after the exchange (on the
         device: no staging; one rank: no MPI call at all)."""
@@ -407,9 +414,9 @@ class HostBackend(Backend):
         self._complete(self.comm.Iallgatherv(data, [out, (sizes, displs), MPI.BYTE]), name, data, out, sizes, displs)
         return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, sizes)]
 
-    def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        if algorithm in ("auto", "mpi", "host"):
-            return algorithm
+    @staticmethod
+    def _unknown(collective: str, algorithm: str):
+        """Raise for an algorithm name the host backend does not run, naming the fix."""
         from .. import policy
 
         if algorithm in policy.ALGORITHMS:
@@ -419,17 +426,18 @@ class HostBackend(Backend):
         raise ValueError(f"{collective}: algorithm={algorithm!r} is unknown: use 'auto' or 'mpi' (host "
                          f"backend), or one of {', '.join(policy.ALGORITHMS)} for device buffers on the cuda backend")
 
-    def plan(self, call, deterministic: bool, algorithm: str):
-        """A prepared Allreduce of numpy buffers (the repeated call's fast path): on the
-        shared-memory path a C object holding the buffers' addresses, codes and segment; else the
-        MPI call, its completion and the NaN rule bound once, scratch allocated once.  None for
-        anything else (those repeats run `run` without re-validation)."""
+    def plan(self, call, route: Route):
+        """A prepared Allreduce of numpy buffers (the repeated call's fast path), by its route's
+        path: on the shared-memory path a C object holding the buffers' addresses, codes and
+        segment; else the plan's steps, with their scratch allocated once.  None for anything
+        else (those repeats run `run` without re-validation)."""
         if call.name != "Allreduce" or call.recv.is_device or call.recv.count == 0:
             return None
-        if self._shm_takes(call.recv.dtype, call.recv.nbytes):  # one C call a launch
+        if route.algorithm == "shm":  # one C call a launch
             return _hostshm.Plan(self.shm, call.send.flat, call.recv.flat, DTYPE_CODES[call.recv.dtype],
                                  OP_CODES[call.op.name], self._shm_failed)
-        return _HostAllreducePlan(self, call, deterministic)
+        return _HostAllreducePlan(self, route.algorithm, call.send.flat, call.recv.flat, call.in_place,
+                                  call.recv.dtype, call.op)
 
     def barrier(self) -> None:
         self._check("Barrier")
@@ -443,15 +451,17 @@ class HostBackend(Backend):
 
 
 class _HostAllreducePlan:
-    """HostBackend._allreduce for one call's numpy buffers, with everything it can decide once
-    decided and its scratch allocated once: the same operations, so the same results bit for bit
-    (tests/mpi/test_robustness.py compares every repeat with the reference).  As there, MPI reads
-    and writes only that scratch: the input is copied in, the result out once the call completed."""
+    """The MPI paths of an Allreduce (HostBackend._allreduce_path: "minmax", "mpi", "rank_order")
+    for one call's buffers `x` and `out`, with everything decided once and the scratch allocated
+    once: a one-off call builds one and launches it, a repeated call keeps it.  MPI reads and
+    writes only the library's memory: the input is copied in, the result out once the call
+    completed (owned: `x` and `out` are the library's own host copies, which serve as scratch).
+    Results follow hpccoll.ops (tests/mpi/test_robustness.py compares every repeat with the
+    reference)."""
 
     __slots__ = ("launch",)
 
-    def __init__(self, b: HostBackend, call, det: bool):
-        x, out, dtype, op = call.send.flat, call.recv.flat, call.recv.dtype, call.op
+    def __init__(self, b: HostBackend, path: str, x, out, in_place: bool, dtype: str, op, owned: bool = False):
         comm, complete, n = b.comm, b._complete, out.size
         is_float = dtype in _FLOATS
         if is_float:
@@ -479,7 +489,7 @@ class _HostAllreducePlan:
                     if np.count_nonzero(np.isnan(out, out=nan)):
                         np.copyto(bits_out, canon_signed, where=nan)
 
-        if is_float and op in (MAX, MIN):
+        if path == "minmax":
             mop = MPI.MAX if op is MAX else MPI.MIN
             keys, neg = np.empty(n, dtype=ints), np.empty(n, dtype=bool)
             extreme = ints(np.iinfo(ints).max if op is MAX else np.iinfo(ints).min)
@@ -496,23 +506,25 @@ class _HostAllreducePlan:
                 np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
                 np.copyto(keys, canon_signed, where=nan)
                 np.copyto(bits_out, keys)
-        elif not det and dtype in _MPI_TYPED:
+        elif path == "mpi":
             mop = _MPI_OPS[op]
-            staged = np.empty_like(x)  # the input; in place also the result
-            result = staged if call.in_place else np.empty_like(out)
-            src = MPI.IN_PLACE if call.in_place else staged
+            staged = x if owned else np.empty_like(x)  # the input; in place also the result
+            result = staged if in_place else out if owned else np.empty_like(out)
+            src = MPI.IN_PLACE if in_place else staged
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                np.copyto(staged, x)
+                if staged is not x:
+                    np.copyto(staged, x)
                 complete(comm.Iallreduce(src, result, op=mop), "Allreduce", staged, result)
-                np.copyto(out, result)
+                if result is not out:
+                    np.copyto(out, result)
                 if is_float:
                     canonicalize()
         else:  # in rank order: ((x0 op x1) op x2) ..., as ops.reduce_in_rank_order
             gathered = np.empty((b.size, n), dtype=x.dtype)
-            mine = np.empty_like(x)
+            mine = x if owned else np.empty_like(x)
             send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
             ufunc = np.add if op is SUM else np.multiply if op is PROD else None
             if ufunc is None:  # integer MAX / MIN
@@ -524,7 +536,8 @@ class _HostAllreducePlan:
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                np.copyto(mine, x)
+                if mine is not x:
+                    np.copyto(mine, x)
                 complete(comm.Iallgather(send_msg, recv_msg), "Allreduce", mine, gathered)
                 token = fp_quiet()
                 try:

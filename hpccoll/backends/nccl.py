@@ -202,7 +202,7 @@ class NcclBackend(Backend):
         if start is not None:
             self.watchdog.note(s, start, self._record(s), name)
 
-    def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+    def run(self, call: Call, route, stream, iters: int = 1) -> None:
         self._check()
         s = stream_ptr(stream)
         start = self._mark(s)
@@ -254,7 +254,7 @@ class NcclBackend(Backend):
     def run_group(self, items, check: bool = False) -> None:
         """A group's calls inside ncclGroupStart / ncclGroupEnd: NCCL issues them together."""
         self._check()
-        ptrs = [stream_ptr(item[3]) for item in items]
+        ptrs = [stream_ptr(item[2]) for item in items]
         streams = dict.fromkeys(ptrs)  # each stream once, in order
         starts = {s: self._mark(s) for s in streams}
         self.nccl.groupStart()

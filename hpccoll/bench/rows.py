@@ -4,6 +4,7 @@ graph (fused and unfused), group, in-kernel, blocking.  A mode that cannot run r
 (row["skipped"]) instead of a number."""
 from __future__ import annotations
 
+from ..config import setting
 from .collectives import COLLECTIVE_CALL
 from .ranks import Skip, guarded, max_over_ranks
 from .sizes import MiB, fmt_bytes
@@ -96,14 +97,13 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
 
     run_mode(row, "graph_us", graph, log)
     one_shot = flat and algo in ("auto", "oneshot_sentinel", "oneshot_ll") and case.collective == "allreduce"
-    fuser = comm._backend.fuser if one_shot else None
-    if fuser is not None:
+    if one_shot and comm.config.fuse:
         def unfused():
-            comm._backend.fuser = None
+            plain = _unfused(comm)
             try:
-                return graph()
+                return time_graph(mpi, lambda s: case.call(plain, algo, det, stream=s), opts.iters, check=graph_check)
             finally:
-                comm._backend.fuser = fuser
+                plain.Free()
 
         run_mode(row, "graph_unfused_us", unfused, log)
     if one_shot:
@@ -117,6 +117,13 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
     return row
 
 
+def _unfused(comm):
+    """A communicator like `comm` with capture fusion off: its Dup reads HPCCOLL_FUSE=0 (every
+    rank sets it alike, as the setting must be)."""
+    with setting("HPCCOLL_FUSE", "0"):
+        return comm.Dup()
+
+
 def _in_kernel(comm, case, algo, det, opts, row) -> float:
     """in_kernel_us: the slope of loops of K and 4K calls in one launch, then one more loop into
     a zeroed output, checked (every collective of it reads the same input)."""
@@ -124,11 +131,12 @@ def _in_kernel(comm, case, algo, det, opts, row) -> float:
 
     mpi, b = comm.mpi_comm, comm._backend
     call = case.prepare()
+    route = b.route(call, algo, det)
     s = cupy.cuda.Stream(non_blocking=True)
-    guarded(mpi, lambda: (b.run(call, det, algo, s, iters=1), comm.synchronize(s)))
-    t = in_kernel_slope(mpi, s, lambda k: b.run(call, det, algo, s, iters=k), opts.iters)
+    guarded(mpi, lambda: (b.run(call, route, s, iters=1), comm.synchronize(s)))
+    t = in_kernel_slope(mpi, s, lambda k: b.run(call, route, s, iters=k), opts.iters)
     comm.synchronize(s)
-    ok = all(rerun_checks(mpi, case, lambda: b.run(call, det, algo, s, iters=opts.iters),
+    ok = all(rerun_checks(mpi, case, lambda: b.run(call, route, s, iters=opts.iters),
                           lambda: comm.synchronize(s)))
     if not ok:  # (agreed: each check is every rank's verdict)
         row["ok"] = False

@@ -359,7 +359,8 @@ def test_in_kernel_loops(cc, algo):
             ref = reduce_in_rank_order(OPS["SUM"], _world().allgather(x))
             with s:  # (on s: the default stream's copy and fill would race with the launch on s)
                 dx, out = cp.asarray(x), cp.zeros(n, cp.float32)
-            dev.run(prepare("Allreduce", cc.size, dx, out, op=hpccoll.SUM), det, algo, s, iters=iters)
+            call = prepare("Allreduce", cc.size, dx, out, op=hpccoll.SUM)
+            dev.run(call, dev.route(call, algo, det), s, iters=iters)
             cc.synchronize(s)
             what = f"{algo} iters={iters} n={n} rank {cc.rank}"
             got = cp.asnumpy(out)

@@ -86,8 +86,16 @@ def _backend(picks=lambda nbytes: "oneshot_sentinel"):
     return _Grouper(picks)
 
 
+def _item(call, det=True, algorithm="auto", stream=0):
+    """(call, route, stream) as a group holds it (the route's backend and resolved algorithm are
+    not read by the group rule)."""
+    from hpccoll.backends.base import Route
+
+    return call, Route(None, algorithm, algorithm, det), stream
+
+
 def _items(calls, algorithm="auto", stream=0):
-    return [(c, True, algorithm, stream) for c in calls]
+    return [_item(c, True, algorithm, stream) for c in calls]
 
 
 MiB = 1 << 20
@@ -119,8 +127,8 @@ def test_group_run_needs_one_dtype_op_policy_and_stream_not_alignment():
     a = _call(0x100000, 0x200000, 4096)
     assert b._group_run(_items([a, _call(0x300000, 0x400000, 4096, op="MAX")]), 0) == (1, None)
     assert b._group_run(_items([a, _call(0x300000, 0x400000, 4096, dtype="float64")]), 0) == (1, None)
-    assert b._group_run([(a, True, "auto", 0), (_call(0x300000, 0x400000, 4096), False, "auto", 0)], 0) == (1, None)
-    assert b._group_run([(a, True, "auto", 0), (_call(0x300000, 0x400000, 4096), True, "auto", 7)], 0) == (1, None)
+    assert b._group_run([_item(a), _item(_call(0x300000, 0x400000, 4096), False)], 0) == (1, None)
+    assert b._group_run([_item(a), _item(_call(0x300000, 0x400000, 4096), stream=7)], 0) == (1, None)
     # alignment is each rank's own: an unaligned call joins (through an aligned copy), so that
     # every rank makes the same launches
     assert b._group_run(_items([a, _call(0x300008, 0x400004, 4096)]), 0)[0] == 2

@@ -1,4 +1,4 @@
-"""The repeated call's fast path (hpccoll.comm._FastCall), without a GPU: a repeat is
+"""The repeated call's fast path (hpccoll._fastpath.FastCall), without a GPU: a repeat is
 recognised only for the very same live array objects with the dtype, shape and strides they had
 (a CuPy array's address, size and dtype are read-only; a numpy array's dtype, shape, strides and
 writeable flag can be reassigned) and the same op / root / algorithm / policy; anything else
@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 
 import hpccoll
-from hpccoll.comm import _FastCall
+from hpccoll._fastpath import FastCall
 
 
 class _Mem:
@@ -26,7 +26,7 @@ class _Arr:
 
 
 def _fc(send, recv, op=hpccoll.SUM, root=None, algo="auto", det=False):
-    return _FastCall(object(), object(), send, recv, op, root, algo, det, algo)
+    return FastCall(object(), object(), send, recv, op, root, algo, det)
 
 
 def test_same_call_matches():

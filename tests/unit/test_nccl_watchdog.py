@@ -97,7 +97,7 @@ def test_a_late_call_aborts_nccl_and_every_later_call_raises(monkeypatch):
         b._check()
     assert owner == [(b.broken, False)]
     with pytest.raises(CollectiveTimeout):
-        b.run(None, False, "auto", 0)                    # raises before touching the call
+        b.run(None, None, 0)                             # raises before touching the call
 
 
 def test_the_timeout_is_raised_only_once_ncclcommabort_has_returned(monkeypatch):
@@ -281,7 +281,7 @@ def test_a_group_is_watched_once_per_stream_from_before_its_start_to_after_its_e
 
     monkeypatch.setattr(nccl_mod, "stream_ptr", lambda stream: stream)
     call = types.SimpleNamespace(name="Allreduce")
-    items = [(call, False, "auto", 11), (call, False, "auto", 22), (call, False, "auto", 11)]
+    items = [(call, None, 11), (call, None, 22), (call, None, 11)]  # (call, route, stream)
     b.run_group(items)
     assert order == [("mark", 11), ("mark", 22), "groupStart", ("issue", 11), ("issue", 22), ("issue", 11),
                      "groupEnd", ("end", 11), ("end", 22)]

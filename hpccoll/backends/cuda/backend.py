@@ -14,13 +14,13 @@ from ..._abi import COLLECTIVE_NAMES, MAX_RANKS
 from ..._validate import Call
 from ...config import Config, timeout_ns
 from ...errors import CollectiveTimeout
-from ..base import Backend, Capabilities, agreed_device, release_together
+from ..base import Backend, Capabilities, Route, agreed_device, release_together
 from . import launch
 from .driver import p2p_native_atomics
 from .engines import EngineSet
 from .fusion import Fuser
 from .groups import run_group
-from .kernels import Kernels, grid_block_cap
+from .kernels import Kernels, aligned, grid_block_cap
 from ..topology import ranks_sharing_gpus
 from .plans import make_plan
 from ..streams import stream_ptr, synchronize_stream
@@ -87,8 +87,7 @@ class CudaBackend(Backend):
         self.gpu_name = name.decode() if isinstance(name, bytes) else name
         self.sms = int(props["multiProcessorCount"])
         self.arch = f"sm_{props['major']}{props['minor']}"
-        # PDL: the next collective is scheduled while the previous kernel runs (Hopper+)
-        pdl = config.pdl and int(props["major"]) >= 9
+        pdl = config.pdl and int(props["major"]) >= 9  # PDL: scheduled while the previous kernel runs
         bus = cupy.cuda.Device(self.device_id).pci_bus_id
         devices, sms, buses = zip(*mpi_comm.allgather((self.device_id, self.sms, bus)))  # per rank
         why = gpu_numbering_mismatch(devices, buses)
@@ -124,11 +123,12 @@ class CudaBackend(Backend):
                         ", ".join(map(str, differ)))
         self.kernels = Kernels(self.device_id, self.arch, self.size, self.ws.kernel_args(self.timeout_ns), pdl,
                                config.small_block)
+        self.site = launch.Site(self.kernels, self.layout, self.rank, self.size)
         self.engines = EngineSet(self)
         self.set_grid_cap()
         self.broken: str | None = None
         self._nccl = self._open_nccl_fallback(mpi_comm)
-        self.fuser = Fuser(pdl) if config.fuse else None
+        self.fuser = Fuser(pdl, self.site, self.table) if config.fuse else None
         self.is_capturing = cupy.cuda.runtime.streamIsCapturing  # CuPy's binding: a direct C call
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
@@ -200,7 +200,16 @@ class CudaBackend(Backend):
         self.check_error()
 
     # -- the Backend interface ----------------------------------------------------------------
-    def run(self, call: Call, deterministic: bool, algorithm: str, stream, iters: int = 1) -> None:
+    def route(self, call: Call, algorithm: str, deterministic: bool) -> Route:
+        """The kernel policy.pick gives the call (`resolve`), and for an Allreduce the one-shot
+        it runs in a captured chain node (`chain_algorithm`)."""
+        nbytes = call.send.nbytes
+        algo = self.resolve(call.name, call.recv.dtype, call.op.name if call.op else None, nbytes, deterministic,
+                            algorithm)
+        chain = self.chain_algorithm(algorithm, algo, nbytes) if call.name == "Allreduce" else None
+        return Route(self, algorithm, algo, deterministic, chain)
+
+    def run(self, call: Call, route: Route, stream, iters: int = 1) -> None:
         """Issue one call; `iters` > 1 runs that many back to back in one launch (the benchmark's
         in-kernel mode, from the loop module)."""
         self.check_error()
@@ -210,38 +219,32 @@ class CudaBackend(Backend):
         op = call.op.name if call.op else None
         s = stream_ptr(stream)
         if self.engines.active:
-            eng = self.engines.for_call(call, algorithm) if iters == 1 else None
+            eng = self.engines.for_call(call, route.requested) if iters == 1 else None
             if eng is not None and not eng.capturing(s):
                 if not self.engines.call(eng, call, op, s):
                     self.check_error()  # a poll timed out: raises CollectiveTimeout with its record
                 return
             self.engines.pending.add(s)
-        algo = self.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+        algo = route.algorithm
         if algo == "nccl":
-            self._nccl.run(call, deterministic, "auto", stream, iters)
+            self._nccl.run(call, route, stream, iters)
             return
         if call.name == "Allreduce":
-            chain = self.chain_algorithm(algorithm, algo, call.send.nbytes) if iters == 1 else None
-            launch.allreduce(self, call, algo, op, s, iters, chain)
+            chain = route.chain if iters == 1 else None
+            if chain is not None and s and self._fused_call(call, chain, op, s):
+                return
+            launch.allreduce(self.site, call, algo, op, s, iters)
             return
-        launch.RUN[call.name](self, call, algo, op, s, iters)
+        launch.RUN[call.name](self.site, call, algo, op, s, iters)
 
     def resolve(self, collective, dtype, op, nbytes, deterministic, algorithm) -> str:
-        """The algorithm to run: `auto`, or a communicator default that does not implement this
-        collective, goes through the tuning table; unknown names raise."""
-        if algorithm != "auto" and algorithm not in policy.ALGORITHMS:
-            policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
-        if algorithm == "auto" or collective not in policy.ALGORITHMS[algorithm][0]:
-            algorithm = policy.choose(self.table, collective, dtype, op, nbytes, self.size,
-                                      deterministic, self.peer_atomics, nccl=self._nccl is not None)
-        if algorithm == "nccl" and self._nccl is None:
-            raise ValueError(f"{collective}: algorithm='nccl' needs NCCL opened by this communicator "
-                             "(HPCCOLL_NCCL_FALLBACK=1 and a table that prefers it): use 'auto' or backend='nccl'")
-        policy.validate(algorithm, collective, dtype, op, deterministic, self.peer_atomics)
-        return algorithm
+        """The algorithm policy.pick gives this call with this node's table (unknown or unfit
+        names raise)."""
+        return policy.pick(self.table, collective, dtype, op, nbytes, self.size, deterministic,
+                           self.peer_atomics, algorithm, nccl=self._nccl is not None)
 
-    def plan(self, call: Call, deterministic: bool, algorithm: str):
-        return make_plan(self, call, deterministic, algorithm)
+    def plan(self, call: Call, route: Route):
+        return make_plan(self, call, route)
 
     def run_group(self, items, check: bool = False) -> None:
         run_group(self, items, check)
@@ -269,7 +272,7 @@ class CudaBackend(Backend):
     def barrier(self, stream=None, iters: int = 1, sync: bool = True) -> None:
         self.check_error()
         s = stream_ptr(stream)
-        launch.barrier(self, s, iters)
+        launch.barrier(self.site, s, iters)
         self.engines.note_launch(s)
         if sync:
             self.synchronize(stream)
@@ -296,25 +299,18 @@ class CudaBackend(Backend):
     # -- capture fusion (fusion.py) --------------------------------------------------------------
     def chain_algorithm(self, requested: str, algo: str, nbytes: int) -> str | None:
         """The one-shot a captured Allreduce runs in a chain node, or None (policy.chain_algorithm)."""
-        if self.fuser is None:
-            return None
-        return policy.chain_algorithm(self.table, requested, algo, nbytes, lambda a: self.layout.allreduce[a][0])
+        return None if self.fuser is None else self.fuser.chain_algorithm(requested, algo, nbytes)
+
+    def _fused_call(self, call: Call, chain: str, op: str, s: int) -> bool:
+        """`fused` for a call of 16-byte aligned buffers (others launch through aligned copies)."""
+        send, recv = call.send.flat, call.recv.flat
+        return (aligned(send) and aligned(recv) and self.is_capturing(s)
+                and self.fused(s, call.recv.dtype, chain, op, send.data.ptr, recv.data.ptr, send.size))
 
     def fused(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int, count: int) -> bool:
         """Capture this Allreduce into the stream's chain node; False when the stream is not
         capturing after all, or the fusion is off (the caller launches it)."""
-        if self.fuser is None:
-            return False
-
-        def node_spec():  # (kernel, Args to copy, grid, bytes per call): only for a new node
-            from ...ops import np_dtype
-
-            esize = np_dtype(dtype).itemsize
-            base, _cap = launch.allreduce_launcher(self, dtype, algo, op)
-            fn = self.kernels.module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{launch.OPS[op]}_chain")
-            return fn, base.args, launch.allreduce_grid(self, algo, count, esize), count * esize
-
-        if not self.fuser.capture(s, (dtype, algo, op, count), in_ptr, out_ptr, node_spec):
+        if self.fuser is None or not self.fuser.capture_allreduce(s, dtype, algo, op, in_ptr, out_ptr, count):
             return False
         self.engines.note_launch(s)
         return True

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import ctypes
 
+from ... import policy
 from ..._abi import CHAIN_MAX, Args, Chain, const
+from ...ops import np_dtype
+from . import launch
 from .driver import CaptureInfo, Launcher, check, libcuda
 
 SRC_LOAD, SRC_KEEP, SRC_FWD = const("HC_SRC_LOAD"), const("HC_SRC_KEEP"), const("HC_SRC_FWD")
@@ -73,11 +76,13 @@ class Node:
 
 
 class Fuser:
-    """The capture fusion of one communicator (CudaBackend.fuser)."""
+    """The capture fusion of one communicator (CudaBackend.fuser): `site` its launches' Site
+    (launch.py), `table` its tuning table."""
 
-    def __init__(self, pdl: bool):
+    def __init__(self, pdl: bool, site=None, table=None):
         self._info = CaptureInfo()
         self._pdl = pdl
+        self.site, self.table = site, table
         self._nodes: dict[int, Node] = {}  # stream -> its last chain node
         self.fused = 0  # calls appended to a node so far (the tests and the benchmark read it)
 
@@ -109,6 +114,24 @@ class Fuser:
             node.cid, node.handle = cid, dep
             self._nodes[stream] = node
         return True
+
+    def chain_algorithm(self, requested: str, algo: str, nbytes: int) -> str | None:
+        """policy.chain_algorithm with this communicator's table and one-shot capacities."""
+        layout = self.site.layout
+        return policy.chain_algorithm(self.table, requested, algo, nbytes, lambda a: layout.allreduce[a][0])
+
+    def capture_allreduce(self, s: int, dtype: str, algo: str, op: str, in_ptr: int, out_ptr: int,
+                          count: int) -> bool:
+        """`capture` for an Allreduce of `count` elements running the one-shot `algo`."""
+        site = self.site
+
+        def node_spec():  # (kernel, Args to copy, grid, bytes per call): only for a new node
+            esize = np_dtype(dtype).itemsize
+            base, _cap = launch.allreduce_launcher(site, dtype, algo, op)
+            fn = site.kernels.module(dtype, loop=True).fn(f"hc_allreduce_{algo}_{launch.OPS[op]}_chain")
+            return fn, base.args, launch.allreduce_grid(site, algo, count, esize), count * esize
+
+        return self.capture(s, (dtype, algo, op, count), in_ptr, out_ptr, node_spec)
 
     def forget(self) -> None:
         self._nodes.clear()

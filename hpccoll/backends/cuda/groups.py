@@ -16,8 +16,7 @@ from ..streams import stream_ptr
 
 def run_group(b, items, check: bool = False) -> None:
     """A group's calls, in order: every run of consecutive Allreduce calls that can share a
-    launch as one launch, any other call as usual.  items: (call, deterministic, algorithm,
-    stream) tuples.  check: first compare the launches with every rank's (MismatchError on
+    launch as one launch, any other call as usual.  items: (call, route, stream) tuples.  check: first compare the launches with every rank's (MismatchError on
     every rank where they differ, and nothing issued)."""
     runs = []  # (i, j, algorithm or None)
     i = 0
@@ -49,7 +48,8 @@ def _run_at(b, items, i: int) -> tuple[int, str | None]:
     groupable calls with the same dtype, op, policy, algorithm argument and stream, at most
     GROUP_MAX, independent (no call's recvbuf overlaps another call's sendbuf or recvbuf), and
     policy.group_algorithm gives a one-shot for their total bytes."""
-    call, det, algorithm, stream = items[i]
+    call, route, stream = items[i]
+    det, algorithm = route.deterministic, route.requested
     if not _groupable(b, call, algorithm):
         return i + 1, None
     key = (call.recv.dtype, call.op.name, det, algorithm, stream_ptr(stream))
@@ -57,11 +57,13 @@ def _run_at(b, items, i: int) -> tuple[int, str | None]:
     sizes: list[int] = []  # bytes each call takes in the launch (whole packs)
     total = 0
     cap = lambda algo: b.layout.allreduce[algo][0]  # noqa: E731
-    for c, d, a, st in items[i:i + GROUP_MAX]:
-        if sizes and not (_groupable(b, c, a) and (c.recv.dtype, c.op.name, d, a, stream_ptr(st)) == key):
+    limit = policy.group_bytes(cap)
+    for c, r, st in items[i:i + GROUP_MAX]:
+        if sizes and not (_groupable(b, c, r.requested) and
+                          (c.recv.dtype, c.op.name, r.deterministic, r.requested, stream_ptr(st)) == key):
             break
         nbytes = packs(c.recv.flat) * PACK
-        if total + nbytes > cap("oneshot_sentinel"):
+        if total + nbytes > limit:
             break
         out = (c.recv.flat.data.ptr, c.recv.flat.data.ptr + c.recv.flat.nbytes)
         inp = (c.send.flat.data.ptr, c.send.flat.data.ptr + c.send.flat.nbytes)
@@ -71,22 +73,18 @@ def _run_at(b, items, i: int) -> tuple[int, str | None]:
         spans += [(*out, True), (*inp, False)]
         sizes.append(nbytes)
         total += nbytes
-    while len(sizes) >= 2:
-        resolved = b.resolve("Allreduce", call.recv.dtype, call.op.name, total, det, algorithm)
-        algo = policy.group_algorithm(resolved, total, cap)
-        if algo is not None:
-            return i + len(sizes), algo
-        total -= sizes.pop()
-    return i + 1, None
+    k, algo = policy.group_share(sizes, lambda total: b.resolve("Allreduce", call.recv.dtype, call.op.name, total,
+                                                                det, algorithm), cap)
+    return i + k, algo
 
 
 def _launch(b, calls, algo: str) -> None:
     """One launch of hc_allreduce_<algo>_<op>_group over these calls (_run_at's run)."""
-    call, _det, _algorithm, stream = calls[0]
+    call, _route, stream = calls[0]
     b.check_error()
     s = stream_ptr(stream)
     dtype, op = call.recv.dtype, call.op.name
-    base, _cap = allreduce_launcher(b, dtype, algo, op)
+    base, _cap = allreduce_launcher(b.site, dtype, algo, op)
     a = Args.from_buffer_copy(base.args)
     a.in_ = a.out = None
     a.count, a.iters = 0, 1

@@ -1,45 +1,55 @@
-"""How each collective becomes kernel launches on the CUDA backend `b` (backend.py): the
-region it uses, its grid, chunking for messages larger than a region, and staging through
-aligned temporaries for buffers that are not 16-byte aligned.  The algorithm comes resolved
-(policy.py); nothing here chooses one."""
+"""How each collective becomes kernel launches on one communicator's `Site` (its kernels,
+workspace layout, rank and size): the region it uses, its grid, chunking for messages larger
+than a region, and staging through aligned temporaries for buffers that are not 16-byte
+aligned.  The algorithm comes resolved (the call's route, policy.py); nothing here chooses one,
+and nothing here calls back into the backend (backend.py calls these functions)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..._abi import PACK
 from ..._validate import Call
-from .kernels import OPS, aligned, aligned_copy, copy_to, packs_of, through_aligned_copy
-from .workspace import S_LL, S_LLB, S_TWOSHOT
+from .kernels import OPS, Kernels, aligned, aligned_copy, copy_to, packs_of, through_aligned_copy
+from .workspace import S_LL, S_LLB, S_TWOSHOT, Layout
 
 
-def allreduce_grid(b, algo: str, count: int, esize: int) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Site:
+    """What a launch needs of its communicator (fixed once the backend is open)."""
+
+    kernels: Kernels
+    layout: Layout
+    rank: int
+    size: int
+
+
+def allreduce_grid(t, algo: str, count: int, esize: int) -> tuple[int, int]:
     if algo == "twoshot_ll128":  # an 8-lane group per 128-byte line of the owner's share
         lines = (count + 128 // esize - 2) // (128 // esize - 1)
-        return b.kernels.grid((lines + b.size - 1) // b.size, 8)
+        return t.kernels.grid((lines + t.size - 1) // t.size, 8)
     npacks = packs_of(count * esize)  # a thread per pack (two-shot: of the owner's share)
-    return b.kernels.grid(npacks if algo.startswith("oneshot") else (npacks + b.size - 1) // b.size)
+    return t.kernels.grid(npacks if algo.startswith("oneshot") else (npacks + t.size - 1) // t.size)
 
 
-def allreduce_launcher(b, dtype: str, algo: str, op: str, loop: bool = False):
+def allreduce_launcher(t, dtype: str, algo: str, op: str, loop: bool = False):
     """The kernel of (algo, op) for dtype, and the payload bytes one launch can carry."""
-    cap, region, region2 = b.layout.allreduce[algo]
-    return b.kernels.launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2, loop), cap
+    cap, region, region2 = t.layout.allreduce[algo]
+    return t.kernels.launcher(dtype, f"hc_allreduce_{algo}_{OPS[op]}", region, region2, loop), cap
 
 
-def allreduce(b, call: Call, algo: str, op: str, s: int, iters: int, chain: str | None = None) -> None:
+def allreduce(t, call: Call, algo: str, op: str, s: int, iters: int) -> None:
     send, recv = call.send.flat, call.recv.flat
     if not (aligned(send) and aligned(recv)):
         dtype = call.recv.dtype
-        through_aligned_copy(send, recv, s, lambda tmp: _allreduce_aligned(b, tmp, tmp, dtype, algo, op, s, iters))
+        through_aligned_copy(send, recv, s, lambda tmp: _allreduce_aligned(t, tmp, tmp, dtype, algo, op, s, iters))
         return
-    _allreduce_aligned(b, send, recv, call.recv.dtype, algo, op, s, iters, chain)
+    _allreduce_aligned(t, send, recv, call.recv.dtype, algo, op, s, iters)
 
 
-def _allreduce_aligned(b, send, recv, dtype, algo, op, s, iters, chain=None) -> None:
-    """chain: the one-shot to capture the call into a chain node with, or None."""
+def _allreduce_aligned(t, send, recv, dtype, algo, op, s, iters) -> None:
     esize = send.itemsize
     n = send.size
-    if chain is not None and s and b.is_capturing(s) and b.fused(s, dtype, chain, op, send.data.ptr, recv.data.ptr, n):
-        return
-    lau, cap = allreduce_launcher(b, dtype, algo, op, iters > 1)
+    lau, cap = allreduce_launcher(t, dtype, algo, op, iters > 1)
     step = cap // esize
     a = lau.args
     a.iters = iters
@@ -48,37 +58,37 @@ def _allreduce_aligned(b, send, recv, dtype, algo, op, s, iters, chain=None) -> 
         a.in_ = send.data.ptr + c0 * esize
         a.out = recv.data.ptr + c0 * esize
         a.count = c
-        lau(*allreduce_grid(b, algo, c, esize), s)
+        lau(*allreduce_grid(t, algo, c, esize), s)
 
 
-def bcast_launcher(b, dtype: str, loop: bool = False):
-    return b.kernels.launcher(dtype, "hc_bcast_ll", (b.layout.llb, b.layout.sub_llb), loop=loop)
+def bcast_launcher(t, dtype: str, loop: bool = False):
+    return t.kernels.launcher(dtype, "hc_bcast_ll", (t.layout.llb, t.layout.sub_llb), loop=loop)
 
 
-def bcast_grid(b, nbytes: int) -> tuple[int, int]:
+def bcast_grid(t, nbytes: int) -> tuple[int, int]:
     """Bcast's grid: a thread per pack of one chunk (the kernel walks the chunks)."""
-    return b.kernels.grid(packs_of(min(nbytes, S_LLB)))
+    return t.kernels.grid(packs_of(min(nbytes, S_LLB)))
 
 
-def bcast(b, call: Call, algo: str, op, s: int, iters: int) -> None:
+def bcast(t, call: Call, algo: str, op, s: int, iters: int) -> None:
     buf = call.recv.flat
     if not aligned(buf):
-        through_aligned_copy(buf, buf, s, lambda tmp: _bcast_flat(b, tmp, call, s, iters))
+        through_aligned_copy(buf, buf, s, lambda tmp: _bcast_flat(t, tmp, call, s, iters))
         return
-    _bcast_flat(b, buf, call, s, iters)
+    _bcast_flat(t, buf, call, s, iters)
 
 
-def _bcast_flat(b, buf, call, s, iters):
+def _bcast_flat(t, buf, call, s, iters):
     """One launch whatever the size: the kernel walks the chunks of S_LLB bytes itself."""
-    lau = bcast_launcher(b, call.recv.dtype, iters > 1)
+    lau = bcast_launcher(t, call.recv.dtype, iters > 1)
     a = lau.args
     a.root, a.iters = call.root, iters
     a.in_ = a.out = buf.data.ptr
     a.count = buf.size
-    lau(*bcast_grid(b, buf.size * buf.itemsize), s)
+    lau(*bcast_grid(t, buf.size * buf.itemsize), s)
 
 
-def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int, mode: str) -> None:
+def blockwise(t, call: Call, kernel: str, region, cap_bytes: int, s: int, iters: int, mode: str) -> None:
     """Allgather / Reduce_scatter_block / Alltoall: per-rank blocks of `count` elements; direct
     when the blocks are whole packs and fit (Allgather and Alltoall walk their chunks inside one
     launch, Reduce_scatter takes one launch per cap_bytes), else staged through padded
@@ -87,13 +97,13 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
     the other path would run other launches than its peers."""
     import cupy
 
-    n = b.size
+    n = t.size
     esize = call.recv.flat.itemsize
     epp = PACK // esize
     out = call.recv.flat
     if mode == "gather":
         count = call.recv.count // n
-        src = (call.recv.flat[b.rank * count:(b.rank + 1) * count] if call.in_place else call.send.flat)
+        src = (call.recv.flat[t.rank * count:(t.rank + 1) * count] if call.in_place else call.send.flat)
     elif mode == "scatter":
         count = call.recv.count // n if call.in_place else call.recv.count
         src = call.recv.flat if call.in_place else call.send.flat
@@ -104,7 +114,7 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
                 src = out.copy()
         else:
             src = call.send.flat
-    lau = b.kernels.launcher(call.recv.dtype, kernel, region, loop=iters > 1)
+    lau = t.kernels.launcher(call.recv.dtype, kernel, region, loop=iters > 1)
     a = lau.args
     a.iters = iters
     fits = mode != "scatter" or count * esize <= cap_bytes
@@ -113,7 +123,7 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
         tsrc = src if aligned(src) else aligned_copy(src, s)  # (this rank's buffers only)
         tout = dst if aligned(dst) else aligned_copy(dst, s, fill=False)
         a.in_, a.out, a.count = tsrc.data.ptr, tout.data.ptr, count
-        lau(*b.kernels.grid(min(count, cap_bytes // esize) // epp), s)
+        lau(*t.kernels.grid(min(count, cap_bytes // esize) // epp), s)
         if tout is not dst:
             copy_to(dst, tout, s)
         return
@@ -132,34 +142,34 @@ def blockwise(b, call: Call, kernel: str, region, cap_bytes: int, s: int, iters:
                 tin[:, :c] = src.reshape(n, -1)[:, c0:c0 + c]
                 tout = cupy.empty((n, cp) if mode == "alltoall" else cp, dtype=dtype)
             a.in_, a.out, a.count = tin.data.ptr, tout.data.ptr, cp
-            lau(*b.kernels.grid(cp // epp), s)
+            lau(*t.kernels.grid(cp // epp), s)
             if mode == "scatter":
                 out[c0:c0 + c] = tout[:c]
             else:
                 out.reshape(n, count)[:, c0:c0 + c] = tout[:, :c]
 
 
-def allgather(b, call: Call, algo: str, op, s: int, iters: int) -> None:
-    L = b.layout
-    blockwise(b, call, "hc_allgather_ll", (L.ll, L.sub_ll), S_LL, s, iters, "gather")
+def allgather(t, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = t.layout
+    blockwise(t, call, "hc_allgather_ll", (L.ll, L.sub_ll), S_LL, s, iters, "gather")
 
 
-def reduce_scatter_block(b, call: Call, algo: str, op, s: int, iters: int) -> None:
-    L = b.layout
+def reduce_scatter_block(t, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = t.layout
     if algo == "sentinel":
-        region, cap = (L.ts1, L.sub_twoshot), S_TWOSHOT // b.size
+        region, cap = (L.ts1, L.sub_twoshot), S_TWOSHOT // t.size
     else:
         region, cap = (L.ll, L.sub_ll), S_LL
-    blockwise(b, call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, "scatter")
+    blockwise(t, call, f"hc_reduce_scatter_{algo}_{OPS[op]}", region, cap, s, iters, "scatter")
 
 
-def alltoall(b, call: Call, algo: str, op, s: int, iters: int) -> None:
-    L = b.layout
-    blockwise(b, call, "hc_alltoall_ll", (L.ll2, L.sub_ll), S_LL, s, iters, "alltoall")
+def alltoall(t, call: Call, algo: str, op, s: int, iters: int) -> None:
+    L = t.layout
+    blockwise(t, call, "hc_alltoall_ll", (L.ll2, L.sub_ll), S_LL, s, iters, "alltoall")
 
 
-def barrier(b, s: int, iters: int = 1) -> None:
-    lau = b.kernels.launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
+def barrier(t, s: int, iters: int = 1) -> None:
+    lau = t.kernels.launcher("float32", "hc_barrier", (0, 0), loop=iters > 1)
     lau.args.iters = iters
     lau(1, 32, s)
 
@@ -167,4 +177,4 @@ def barrier(b, s: int, iters: int = 1) -> None:
 RUN = {"Allreduce": allreduce, "Bcast": bcast, "Allgather": allgather,
        "Reduce_scatter_block": reduce_scatter_block, "Alltoall": alltoall}
 
-__all__ = ["RUN", "allreduce_launcher", "allreduce_grid", "bcast_launcher", "bcast_grid", "barrier"]
+__all__ = ["Site", "RUN", "allreduce_launcher", "allreduce_grid", "bcast_launcher", "bcast_grid", "barrier"]

@@ -61,31 +61,31 @@ class EnginePlan:
             backend.check_error()  # a poll timed out: raises CollectiveTimeout with its record
 
 
-def make_plan(b, call: Call, deterministic: bool, algorithm: str):
-    """A FastLaunch repeating exactly this call without re-validating it (an EnginePlan where a
-    running engine takes it), or None when the call needs more than one kernel launch (staging,
+def make_plan(b, call: Call, route):
+    """A FastLaunch repeating exactly this call as its route says, without re-validating it (an
+    EnginePlan where a running engine takes it), or None when the call needs more than one kernel launch (staging,
     chunking) or another collective."""
     flat = call.recv.flat
     if call.recv.device != b.device_id or not (aligned(flat) and aligned(call.send.flat)):
         return None
     esize, n = flat.itemsize, flat.size
     op = call.op.name if call.op else None
-    algo = b.resolve(call.name, call.recv.dtype, op, call.send.nbytes, deterministic, algorithm)
+    algo = route.algorithm
     if algo == "nccl":
         return None
-    eng = b.engines.for_call(call, algorithm)
+    eng = b.engines.for_call(call, route.requested)
     fuse = None
     if call.name == "Allreduce":
-        lau, cap = launch.allreduce_launcher(b, call.recv.dtype, algo, op)
+        lau, cap = launch.allreduce_launcher(b.site, call.recv.dtype, algo, op)
         if n * esize > cap:
             return None
-        grid = launch.allreduce_grid(b, algo, n, esize)
-        chain = b.chain_algorithm(algorithm, algo, n * esize)
+        grid = launch.allreduce_grid(b.site, algo, n, esize)
+        chain = route.chain
         if chain is not None:
             fuse = (call.recv.dtype, chain, op, call.send.flat.data.ptr, flat.data.ptr, n)
     elif call.name == "Bcast":
-        lau = launch.bcast_launcher(b, call.recv.dtype)
-        grid = launch.bcast_grid(b, n * esize)
+        lau = launch.bcast_launcher(b.site, call.recv.dtype)
+        grid = launch.bcast_grid(b.site, n * esize)
     else:
         return None
     a = Args.from_buffer_copy(lau.args)  # its own parameter block: launches are one ctypes call
