@@ -151,6 +151,43 @@ def test_sygvd_one_rank(n, nb):
     assert metrics.b_orthogonality(p.B, X) < 50
 
 
+def test_sygvd_eigvals_only_and_its_older_name_eigvecs():
+    """eigvals_only=True (scipy.linalg.eigh's keyword) returns (w, None) with the eigenvalues of
+    the full solve; eigvecs=False means the same with a DeprecationWarning naming eigvals_only;
+    both keywords at once are a TypeError."""
+    import warnings
+
+    from hpccoll import Communicator
+    from hpccoll_eigensolver.linalg.driver import solve_distributed
+
+    n = 30
+    p = make_problem("known", n, seed=2)
+    with Communicator(backend="host", deterministic=True) as comm:
+        desc = BlockCyclic(n, n, 8, 1)
+        w_full, X = sygvd(p.A, p.B, desc, comm)
+        assert X is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            w, X = sygvd(p.A, p.B, desc, comm, eigvals_only=True)
+            assert X is None
+            assert sygvd(p.A, p.B, desc, comm, eigvals_only=False)[1] is not None
+        np.testing.assert_allclose(w, sl.eigh(p.A, p.B, eigvals_only=True), rtol=1e-12, atol=0)
+        np.testing.assert_allclose(w, w_full, rtol=1e-13, atol=0)
+        with pytest.warns(DeprecationWarning, match="eigvals_only=True"):
+            w_old, X_old = sygvd(p.A, p.B, desc, comm, eigvecs=False)
+        assert X_old is None and w_old.tobytes() == w.tobytes()
+        with pytest.warns(DeprecationWarning, match="eigvals_only=False"):
+            assert sygvd(p.A, p.B, desc, comm, eigvecs=True)[1] is not None
+        for both in ({"eigvals_only": True, "eigvecs": False}, {"eigvals_only": False, "eigvecs": True}):
+            with pytest.raises(TypeError, match="eigvals_only"):
+                sygvd(p.A, p.B, desc, comm, **both)
+            with pytest.raises(TypeError, match="eigvals_only"):
+                solve_distributed(p.A, p.B, comm, nb=8, **both)
+        assert solve_distributed(p.A, p.B, comm, nb=8, eigvals_only=True)[1] is None
+        with pytest.warns(DeprecationWarning, match="eigvals_only=True"):
+            assert solve_distributed(p.A, p.B, comm, nb=8, eigvecs=False)[1] is None
+
+
 def test_sygvd_rejects_indefinite_b():
     from hpccoll import Communicator
     from hpccoll_eigensolver import NotPositiveDefinite
