@@ -144,7 +144,7 @@ def test_gather_problem_on_root_is_the_whole_problem():
 
 
 def test_file_columns_and_their_content_digest(tmp_path_factory):
-    from hpccoll_eigensolver.cli import _content_digest
+    from hpccoll_eigensolver.runs import _content_digest
 
     p = make_problem("known", 26, seed=1)
     folder = WORLD.bcast(str(tmp_path_factory.mktemp("f")) if RANK == 0 else None, root=0)

@@ -651,7 +651,7 @@ def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
     next one runs."""
     import time
 
-    from hpccoll_eigensolver.cli import _launch
+    from hpccoll_eigensolver.compare import _launch
 
     out = tmp_path / "cmp"
     out.mkdir()
@@ -676,7 +676,7 @@ def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
     import threading
     import time
 
-    from hpccoll_eigensolver.cli import _launch
+    from hpccoll_eigensolver.compare import _launch
 
     out = tmp_path / "cmp"
     out.mkdir()
