@@ -21,7 +21,7 @@ import sys
 
 from .compare import cmd_compare
 from .runinfo import COMM_CHOICES, launcher_rank
-from .runs import DEFAULT_OUT, PROG, SAVE_VECTORS_MAX_N, SCIPY_REFERENCE_MAX_N, CliError
+from .runs import DEFAULT_OUT, PROG, SCIPY_REFERENCE_MAX_N, CliError, check_stem
 from .solve import cmd_solve
 
 # -- argument types: every value checked at parse time -------------------------------------------
@@ -75,6 +75,18 @@ def _comm_list(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _stem(text: str) -> str:
+    try:
+        return check_stem(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _yes_no(text: str) -> str:
+    """--save-vectors: yes or no; auto is accepted and means yes."""
+    return "yes" if text == "auto" else text
+
+
 class _Parser(argparse.ArgumentParser):
     """Prints usage, help and errors from one process of an MPI job (launcher rank 0) only."""
 
@@ -96,13 +108,15 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=_int_at_least(1, "--repeat (solves of the problem)"), default=1,
                    help="solves of the same problem (default 1)")
     p.add_argument("--out", default=None,
-                   help="directory for one JSON per run (rank 0 writes it; created if missing, checked "
-                        f"before the solve); solve's default: ./{DEFAULT_OUT}")
+                   help="directory for the results, per run r: STEM_runRRR.json (the record), STEM_runRRR_w.npy "
+                        "(the eigenvalues) and STEM_runRRR_X.npy (the eigenvectors); created if missing, checked "
+                        f"before the solve; solve's default: ./{DEFAULT_OUT}")
     p.add_argument("--overwrite", action="store_true",
                    help="replace results of the same problem and options already in --out (default: refuse)")
-    p.add_argument("--save-vectors", choices=("auto", "yes", "no"), default="auto",
-                   help=f"also write X as an n x n .npy (auto: when n <= {SAVE_VECTORS_MAX_N}); every rank "
-                        "writes its own columns into it, so --out must be visible from every rank")
+    p.add_argument("--save-vectors", type=_yes_no, choices=("yes", "no"), default="yes",
+                   help="write the eigenvectors X as STEM_runRRR_X.npy (n x n float64, Fortran order; default "
+                        "yes; auto is accepted and means yes); every rank writes its own columns into it, so "
+                        "--out must be visible from every rank")
     p.add_argument("--gather-vectors", action="store_true",
                    help="write X from rank 0 only, its columns sent there block by block (for an --out "
                         "that only rank 0's node sees)")
@@ -232,8 +246,16 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Distributed generalized symmetric eigensolver (sygvd) on hpccoll")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("solve", help="solve A x = lambda B x under mpiexec; one JSON per run")
+    s = sub.add_parser("solve", help="solve A x = lambda B x under mpiexec; per run STEM_runRRR.json, "
+                                     "STEM_runRRR_w.npy and STEM_runRRR_X.npy in --out")
     add_problem_args(s)
+    s.add_argument("--name", type=_stem, default=None, metavar="STEM",
+                   help="the results' stem: letters, digits, '.', '_' and '-' (default "
+                        "{problem}_n{n}_p{ranks}_{comm}_{config}, config the first 10 hex digits of the digest of "
+                        "the problem and the options that change the result's bits)")
+    s.add_argument("--eigvals-only", action="store_true",
+                   help="eigenvalues only: no eigenvectors of the tridiagonal matrix, no back-transformation, "
+                        "no STEM_runRRR_X.npy; the record's eigenvector metrics are null")
     s.add_argument("--comm", choices=tuple(COMM_CHOICES), default="auto",
                    help="collective path: mpi (host backend), nccl, sentinel, ll, ll128, auto")
     add_solve_args(s)

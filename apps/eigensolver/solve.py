@@ -11,9 +11,9 @@ import time
 
 from .report import GUARANTEE, METRIC_DEFINITIONS
 from .runs import (EXIT_FAILED, METRICS_LEGEND, PROG, RUN_SCHEMA, CliError, _content_digest, _visible, agree,
-                   build_local_problem, check_out_dir, config_digest, config_identity, fail_together,
+                   build_local_problem, base_stem, check_out_dir, config_digest, config_identity, fail_together,
                    in_column_order, print_run, progress, rank_records, reference_on_root, refuse_overwrite,
-                   run_stem, save_vectors, write_json, write_vectors)
+                   run_stem, save_vectors, write_eigenvalues, write_json, write_vectors)
 
 
 def cmd_solve(args) -> int:
@@ -31,7 +31,7 @@ def cmd_solve(args) -> int:
     args.host_threads_record = limit_host_threads(ctl, args.host_threads)
     if args.out:
         agree(ctl, lambda: check_out_dir(args.out) if rank == 0 else None, "output directory", False)
-        if save_vectors(args, args.n) and not args.gather_vectors:
+        if save_vectors(args) and not args.gather_vectors:
             agree(ctl, lambda: _visible(args.out), "output directory")
     try:
         xp, dev = select_device(world)
@@ -120,10 +120,14 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
     problem_identity, problem_digest = ctl.bcast((spec.identity(device), spec.digest(device)) if rank == 0
                                                  else None, root=0)
     identity = config_identity(args, problem_digest, size, args.comm, device)
-    if solves_early(stedc_choice(args.stedc, device == "gpu"), True, size):
+    vectors = not args.eigvals_only
+    if solves_early(stedc_choice(args.stedc, device == "gpu"), vectors, size):
         # the subtrees are scaled by their own |T|: another minimum size gives other bits
         identity["dc_early_leaves"] = tridiag_dc.EARLY_LEAVES
+    if not vectors:   # the eigenvalues then come from LAPACK on rank 0: other bits
+        identity["eigvals_only"] = True
     digest = config_digest(identity)
+    base = base_stem(args, n, size, args.comm, digest)
     stems = [run_stem(args, n, size, args.comm, r, digest) for r in range(args.repeat)]
     agree(ctl, lambda: refuse_overwrite(args.out, stems, args.overwrite) if rank == 0 else None, "results",
           False)
@@ -137,13 +141,14 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             info["gpus_used"] = len(set(gpus))  # ranks sharing a GPU (MPS) count it once
         info["blas"]["host_threads"] = args.host_threads_record
         print(f"{PROG}: n={n} P={size} nb={args.nb} comm={args.comm} ({comm.backend}) problem={args.problem} "
-              f"on {device}; built in {build_s:.2f} s; results {os.path.join(args.out, stems[0][:-7])}_run*",
+              f"on {device}; built in {build_s:.2f} s; results {os.path.join(args.out, base)}_run*",
               flush=True)
         print(METRICS_LEGEND, flush=True)
         if ref_err:
             print(f"{PROG}: scipy reference failed ({ref_err}); eig-err(scipy) not recorded", flush=True)
 
     meter = MemoryMeter(xp, trace=device == "cpu" and not args.no_trace_memory)
+    written = []   # rank 0: each run's files
     for r in range(args.repeat):
         cc = CountingComm(comm, sync_each=not args.no_sync_collectives)
         bar = progress(len(PHASES), f"{args.comm} run {r}", rank == 0)
@@ -152,7 +157,8 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         ctl.Barrier()
         with GcPauses() as pauses:
             t0 = time.perf_counter()
-            w, X = sygvd(A_loc, B_loc, desc, cc, timer=timer, stedc=args.stedc, sytrd=sytrd_mode)
+            w, X = sygvd(A_loc, B_loc, desc, cc, eigvals_only=not vectors, timer=timer, stedc=args.stedc,
+                         sytrd=sytrd_mode)
             sync(xp)
             solve_s = time.perf_counter() - t0
         meter.solve_done()
@@ -161,20 +167,28 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         t1 = time.perf_counter()
         # host arrays: plain MPI (a metric needs no rank-order sums); device arrays: the hpccoll
         # communicator, which moves device buffers
-        acc = metrics.distributed_accuracy(A_loc, B_loc, X, w, desc, ctl if device == "cpu" else comm)
-        col = metrics.column_digests(X)
+        if vectors:
+            acc = metrics.distributed_accuracy(A_loc, B_loc, X, w, desc, ctl if device == "cpu" else comm)
+            col = metrics.column_digests(X)
+        else:
+            acc, col = {"residual": None, "b_orthogonality": None}, None
         metrics_s = time.perf_counter() - t1
         memory = meter.stop()
         w_digest = metrics.sha256(w)
-        gathered = ctl.gather((w_digest, metrics.combine_digests(col), col, memory, pauses.record()), root=0)
+        gathered = ctl.gather((w_digest, metrics.combine_digests(col) if vectors else None, col, memory,
+                               pauses.record()), root=0)
         del col
         stem = stems[r]
-        if save_vectors(args, n):
-            write_vectors(os.path.join(args.out, stem + "_X.npy"), X, desc, ctl, args.gather_vectors)
+        files = []
+        if save_vectors(args):
+            files.append(os.path.join(args.out, stem + "_X.npy"))
+            write_vectors(files[-1], X, desc, ctl, args.gather_vectors)
         del X
         if rank != 0:
             continue
-        all_cols = in_column_order(desc, [g[2] for g in gathered])
+        if args.out:
+            files.insert(0, write_eigenvalues(args.out, stem, w))
+        all_cols = in_column_order(desc, [g[2] for g in gathered]) if vectors else None
         per_rank, memory_per_rank = rank_records(gathered)
         summary = cc.summary()
         total = summary.get("total", {})
@@ -190,7 +204,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             "problem_sha256": content, "config_digest": digest, "config": identity,
             "repeat_index": r, "repeat": args.repeat,
             "eigenvalues_sha256": w_digest,
-            "eigenvectors_sha256": metrics.combine_digests(all_cols),
+            "eigenvectors_sha256": metrics.combine_digests(all_cols) if vectors else None,
             "per_rank": per_rank,
             "ranks_agree_on_eigenvalues": len({g[0] for g in gathered}) == 1,
             "residual": acc["residual"], "b_orthogonality": acc["b_orthogonality"],
@@ -213,12 +227,15 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
             "machine": info, "git_commit": commit,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "eigenvalues": [float(x) for x in to_host(w)],
-            "eigenvectors_file": stem + "_X.npy" if save_vectors(args, n) else None,
+            "eigenvalues_file": stem + "_w.npy" if args.out else None,
+            "eigenvectors_file": stem + "_X.npy" if save_vectors(args) else None,
             "eigenvectors_layout": "float64 n x n .npy, Fortran order, column j = eigenvector of eigenvalues[j]",
             "metric_definitions": METRIC_DEFINITIONS,
             "reproducibility": GUARANTEE,
         }
         print_run(rec)
         if args.out:
-            print(f"  wrote {write_json(args.out, stem, rec)}", flush=True)
+            written.append(files + [write_json(args.out, stem, rec)])
+    for files in written:
+        print("wrote " + ", ".join(files), flush=True)
     return 0

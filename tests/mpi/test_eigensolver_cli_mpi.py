@@ -5,6 +5,7 @@ digests without gathering, X written by columns.
 Run: mpiexec -n 3 python -m pytest --with-mpi tests/mpi/test_eigensolver_cli_mpi.py"""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -369,3 +370,39 @@ def test_cli_a_truncated_file_is_named(cli_main, npy_pair, tmp_path_factory):
                              "--out", out])
     _agreed_error(code, err, ["A_truncated.npy", "is truncated", "needs 12800"])
     assert "reshape" not in err
+
+
+# -- what solve writes ------------------------------------------------------------------------------
+def test_cli_solve_writes_w_and_x_by_stem_and_eigvals_only_writes_no_x(cli_main, npy_pair, tmp_path_factory):
+    """--name STEM: STEM_run000.json, _w.npy (the JSON's eigenvalues, scipy's to LAPACK accuracy)
+    and _X.npy (A X = B X diag(w), X^T B X = I), the paths printed by rank 0; --eigvals-only: no
+    _X.npy."""
+    out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
+    prob = f"file:{os.path.join(npy_pair, 'A.npy')},{os.path.join(npy_pair, 'B.npy')}"
+    code, stdout, _ = cli_main(["solve", "--problem", prob, "--nb", 6, "--comm", "mpi", "--out", out,
+                                "--name", f"pair-{SIZE}"])
+    assert WORLD.allgather(code) == [0] * SIZE
+    code, stdout_w, _ = cli_main(["solve", "--problem", prob, "--nb", 6, "--comm", "mpi", "--out", out,
+                                  "--name", f"pair-{SIZE}.w", "--eigvals-only"])
+    assert WORLD.allgather(code) == [0] * SIZE
+    if RANK != 0:
+        assert "wrote" not in stdout + stdout_w
+        return
+    stem, stem_w = os.path.join(out, f"pair-{SIZE}_run000"), os.path.join(out, f"pair-{SIZE}.w_run000")
+    assert f"wrote {stem}_w.npy, {stem}_X.npy, {stem}.json" in stdout.splitlines()
+    assert f"wrote {stem_w}_w.npy, {stem_w}.json" in stdout_w.splitlines()
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(f) for f in (
+        f"{stem}_w.npy", f"{stem}_X.npy", f"{stem}.json", f"{stem_w}_w.npy", f"{stem_w}.json"))
+    A, B = np.load(os.path.join(npy_pair, "A.npy")), np.load(os.path.join(npy_pair, "B.npy"))
+    ref = sl.eigh(A, B, eigvals_only=True)
+    for s in (stem, stem_w):
+        with open(s + ".json") as f:
+            rec = json.load(f)
+        w = np.load(s + "_w.npy")
+        assert w.tolist() == rec["eigenvalues"] and metrics.sha256(w) == rec["eigenvalues_sha256"]
+        assert np.max(np.abs(w - ref)) <= 1e-13 * np.max(np.abs(ref))
+    X = np.load(stem + "_X.npy")
+    w = np.load(stem + "_w.npy")
+    assert X.flags.f_contiguous and X.shape == (40, 40)
+    assert np.linalg.norm(A @ X - B @ X @ np.diag(w)) <= 1e-12 * np.linalg.norm(A) * np.linalg.norm(X)
+    assert np.max(np.abs(X.T @ B @ X - np.eye(40))) <= 1e-12
