@@ -227,8 +227,8 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "in production, the collectives' own times are then launch times only")
     p.add_argument("--no-trace-memory", action="store_true",
                    help="CPU path: do not count the peak of NumPy's array memory during the solve (a NumPy "
-                        "memory handler, within noise of none; where its extension was not built, "
-                        "tracemalloc, which made host solves 2-3x slower)")
+                        "memory handler, which adds little; where its extension was not built, "
+                        "tracemalloc, which traces every allocation and slows host solves several times)")
     p.add_argument("--stedc", choices=STEDC_CHOICES, default="auto",
                    help="how the tridiagonal eigenproblem is solved: dc: the divide and conquer distributed "
                         "over the ranks (linalg/stedc: each rank computes its rows of the eigenvectors, "
