@@ -50,7 +50,8 @@ def run_single_gpu(args) -> int:
     from . import metrics
     from .linalg._xp import gpu_available, to_host
     from .runs import (CliError, SCIPY_REFERENCE_MAX_N, check_out_dir, config_digest, config_identity,
-                      print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_json)
+                      print_run, reference_eigenvalues, refuse_overwrite, run_stem, save_vectors, write_eigenvalues,
+                      write_json)
     from .problems import make_problem
     from .runinfo import GcPauses, MemoryMeter
 
@@ -101,7 +102,7 @@ def run_single_gpu(args) -> int:
                             accuracy=acc, eigenvectors_sha256=x_digest, phases=phases, solve_s=solve_s,
                             known=prob.eigenvalues, ref=ref, ref_s=ref_s, ref_err=ref_err, xp=cp, memory=memory,
                             extra={"host_gc": {"per_rank": [dict(rank=0, **pauses.record())]}})
-        if save_vectors(args, n):
+        if save_vectors(args):
             import numpy as np
 
             name = stems[r] + "_X.npy"
@@ -109,6 +110,7 @@ def run_single_gpu(args) -> int:
             rec["eigenvectors_file"] = name
         print_run(rec)
         if args.out:
+            rec["eigenvalues_file"] = os.path.basename(write_eigenvalues(args.out, stems[r], w))
             write_json(args.out, stems[r], rec)
         del X
     return 0

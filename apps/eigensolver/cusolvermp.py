@@ -148,7 +148,7 @@ def _run(args, world) -> int:
     from .anchors import anchor_record
     from .runs import (build_local_problem, check_out_dir, config_digest, config_identity, in_column_order,
                       print_run, rank_records, reference_on_root, refuse_overwrite, run_stem, save_vectors,
-                      write_json, write_vectors)
+                      write_eigenvalues, write_json, write_vectors)
     from .linalg.layout import BlockCyclic
     from .problems import spectrum
     from .runinfo import MemoryMeter, select_device
@@ -215,7 +215,7 @@ def _run(args, world) -> int:
             col = metrics.column_digests(X)
             memory = meter.stop()
             gathered = world.gather((metrics.sha256(w), metrics.combine_digests(col), col, memory), root=0)
-            if save_vectors(args, n):
+            if save_vectors(args):
                 write_vectors(os.path.join(args.out, stems[r] + "_X.npy"), X, desc, world, args.gather_vectors)
             del X, z
             if rank == 0:
@@ -228,10 +228,11 @@ def _run(args, world) -> int:
                                     ref_s=ref_s, ref_err=ref_err, xp=cp,
                                     memory=memory_per_rank,
                                     extra={"grid": [1, size], "nvmath_loaded": loaded})
-                if save_vectors(args, n):
+                if save_vectors(args):
                     rec["eigenvectors_file"] = stems[r] + "_X.npy"
                 print_run(rec)
                 if args.out:
+                    rec["eigenvalues_file"] = os.path.basename(write_eigenvalues(args.out, stems[r], w))
                     write_json(args.out, stems[r], rec)
     finally:
         mp.destroy_matrix_desc(mdesc)

@@ -214,75 +214,58 @@ def _cross_config(groups: list[dict]) -> list[dict]:
     return out
 
 
-def _targets(groups: list[dict]) -> list[dict]:
-    """The project's performance targets, checked on what this directory holds (per problem
-    and n): the deterministic path (sentinel) against cuSOLVERMp, one GPU and NCCL at the same
-    rank count, and its digests.  Rows only where both sides ran; `met` is None where no target
-    is set at that n (cuSOLVERMp: 4096 and 8192; one GPU: from 8192; NCCL: up to 8192)."""
-    rows = []
-    by = defaultdict(dict)
+#: the configurations a solve is compared against, where present: the reference solvers and
+#: the collective paths of NCCL and MPI
+BASELINES = ("cusolvermp", "single-gpu", "nccl", "mpi")
+
+
+def _label(g: dict) -> str:
+    return f"{g['comm']} ({g['ranks']} rank{'s' if g['ranks'] != 1 else ''})"
+
+
+def _comparisons(groups: list[dict]) -> dict:
+    """Per problem and n, the numbers a reader compares (no verdicts): each configuration's
+    median solve time and its ratio to the fastest baseline present (BASELINES; time over the
+    baseline's, < 1 is faster), and each several-rank configuration's per-rank peak memory
+    against the one-rank share (the same comm's one-rank peak / ranks)."""
+    time_rows, memory_rows = [], []
+    by_problem = defaultdict(list)
     for g in groups:
-        by[(g["problem"], g["n"], g.get("problem_digest"))][(g["comm"], g["ranks"])] = g
+        by_problem[(g["problem"], g["n"], g.get("problem_digest"))].append(g)
+    for (problem, n, _), gs in sorted(by_problem.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        timed = [g for g in gs if g["median_solve_seconds"]]
+        bases = [g for g in timed if g["comm"] in BASELINES]
+        base = min(bases, key=lambda g: g["median_solve_seconds"]) if bases else None
+        for g in sorted(timed, key=lambda g: (g["ranks"], g["comm"])):
+            t = g["median_solve_seconds"]
+            time_rows.append({"problem": problem, "n": n, "config": _label(g), "median_solve_seconds": t,
+                              "baseline": _label(base) if base else None,
+                              "baseline_median_solve_seconds": base["median_solve_seconds"] if base else None,
+                              "time_over_baseline": t / base["median_solve_seconds"] if base else None})
+        one_rank = {g["comm"]: g for g in gs if g["ranks"] == 1}
+        for g in sorted(gs, key=lambda g: (g["ranks"], g["comm"])):
+            single = one_rank.get(g["comm"])
+            mine, kind = _peak(g)
+            theirs, their_kind = _peak(single) if single else (None, None)
+            if g["ranks"] > 1 and mine and theirs and kind == their_kind:
+                share = theirs / g["ranks"]
+                memory_rows.append({"problem": problem, "n": n, "config": _label(g), "memory": kind,
+                                    "per_rank_peak_bytes": mine, "one_rank_peak_bytes": theirs,
+                                    "one_rank_share_bytes": share, "per_rank_over_share": mine / share})
+    return {"time": time_rows, "memory": memory_rows}
 
-    def worst(g, key):
-        xs = [x for x in g[key] if x is not None]
-        return max(xs) if xs else None
 
-    for (problem, n, _), cfg in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
-        for (comm, ranks), s in sorted(cfg.items()):
-            if comm != "sentinel":
-                continue
-            ts = s["median_solve_seconds"]
-            where = f"{problem} n={n}, {ranks} ranks"
-            cm = cfg.get(("cusolvermp", ranks))
-            if cm and ts and cm["median_solve_seconds"]:
-                x = cm["median_solve_seconds"] / ts
-                rows.append({"target": "≥ 2× faster than cuSOLVERMp sygvd (at 4096 and 8192)", "where": where,
-                             "measured": f"{cm['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×",
-                             "met": x >= 2 if n in (4096, 8192) else None})
-                rr = [worst(s, k) / worst(cm, k) if worst(s, k) is not None and worst(cm, k) else None
-                      for k in ("residual", "b_orthogonality")]
-                if None not in rr:
-                    rows.append({"target": "residual and B-orthogonality within 10× of cuSOLVERMp's", "where": where,
-                                 "measured": f"{rr[0]:.2f}× and {rr[1]:.2f}×", "met": max(rr) <= 10})
-            one = cfg.get(("single-gpu", 1))
-            if one and ts and one["median_solve_seconds"] and ranks == 1:
-                x = ts / one["median_solve_seconds"]
-                rows.append({"target": "one rank no slower than one GPU (CuPy) (8192 and up)", "where": where,
-                             "measured": f"{ts:.3f} / {one['median_solve_seconds']:.3f} s = {x:.2f}×",
-                             "met": x <= 1 if n >= 8192 else None})
-                mine, theirs = _device_peak(s), _device_peak(one)
-                if mine and theirs:
-                    rows.append({"target": "one rank: no more device memory than one GPU (CuPy)", "where": where,
-                                 "measured": f"{mine / 2**20:.0f} / {theirs / 2**20:.0f} MiB = {mine / theirs:.2f}×",
-                                 "met": mine <= theirs})
-            single = cfg.get(("sentinel", 1))
-            mine, theirs = _device_peak(s), single and _device_peak(single)
-            if ranks > 1 and mine and theirs:
-                x = mine / (theirs / ranks)
-                rows.append({"target": "per-rank device memory ≤ 1.3 × (one rank's) / P", "where": where,
-                             "measured": f"{mine / 2**20:.0f} MiB against {theirs / 2**20:.0f} / {ranks} MiB: {x:.2f}×",
-                             "met": x <= 1.3})
-            if one and ts and one["median_solve_seconds"] and ranks > 1 and (s.get("gpus_used") or ranks) > 1:
-                x = one["median_solve_seconds"] / ts
-                rows.append({"target": f"{ranks} GPUs faster than one GPU (CuPy) (from 8192)", "where": where,
-                             "measured": f"{one['median_solve_seconds']:.3f} / {ts:.3f} s = {x:.2f}×",
-                             "met": x > 1 if n >= 8192 else None})
-            nc = cfg.get(("nccl", ranks))
-            if nc and ts and nc["median_solve_seconds"]:
-                tn = nc["median_solve_seconds"]
-                less = 1 - ts / tn
-                rows.append({"target": "sentinel ≥ 15% faster end to end than NCCL (up to 8192)", "where": where,
-                             "measured": f"{tn:.3f} vs {ts:.3f} s: {100 * less:.1f}% less time ({tn / ts:.2f}× the speed)",
-                             "met": less >= 0.15 if n <= 8192 else None})
-            same = s["distinct_eigenvalue_digests"] == 1 and s["distinct_eigenvector_digests"] == 1 \
-                and s["ranks_agree_on_eigenvalues_all_runs"]
-            rows.append({"target": "bitwise identical across runs and ranks", "where": where,
-                         "measured": f"{s['runs']} runs: {s['distinct_eigenvalue_digests']} w digest(s), "
-                                     f"{s['distinct_eigenvector_digests']} X digest(s), ranks "
-                                     f"{'agree' if s['ranks_agree_on_eigenvalues_all_runs'] else 'DIFFER'}",
-                         "met": same})
-    return rows
+def _peak(g: dict) -> tuple[int | None, str | None]:
+    """The configuration's largest per-rank peak of the solve and what it counts: the device pool
+    (GPU), else the NumPy arrays (host), else tracemalloc's count."""
+    dev = _device_peak(g)
+    if dev:
+        return dev, "device pool"
+    m = g.get("memory") or {}
+    for key, kind in (("numpy_peak_bytes", "NumPy data"), ("tracemalloc_peak_bytes", "tracemalloc")):
+        if (m.get(key) or {}).get("max"):
+            return m[key]["max"], kind
+    return None, None
 
 
 def _device_peak(g: dict) -> int | None:
@@ -387,8 +370,9 @@ def build_report(directory: str) -> list[str]:
                "| run | SHA-256 w | SHA-256 X | per-rank SHA-256 w | per-rank SHA-256 local X |", "|---|---|---|---|---|"]
         for e in g["per_run"]:
             pw = " ".join(p["eigenvalues_sha256"][:12] for p in e["per_rank"])
-            px = " ".join(p["local_eigenvectors_sha256"][:12] for p in e["per_rank"])
-            md.append(f"| {e['run']} | {e['eigenvalues_sha256'][:16]} | {e['eigenvectors_sha256'][:16]} | {pw} | {px} |")
+            px = " ".join((p["local_eigenvectors_sha256"] or "–")[:12] for p in e["per_rank"])
+            md.append(f"| {e['run']} | {e['eigenvalues_sha256'][:16]} | {(e['eigenvectors_sha256'] or '–')[:16]} | "
+                      f"{pw} | {px} |")
         md.append("")
     if cross:
         md += ["### Across configurations (run 0 of each against the first configuration)", "",
@@ -456,14 +440,26 @@ def build_report(directory: str) -> list[str]:
         md.append(f"| {g['problem']} | {g['n']} | {g['comm']} | {g['ranks']} | {_fmt(mx(g['residual']))} | "
                   f"{_fmt(mx(g['b_orthogonality']))} | {_fmt(mx(g['eigenvalue_error']))} | "
                   f"{_fmt(mx(g['eigenvalue_error_vs_scipy']))} |")
-    targets = _targets(groups)
-    if targets:
-        md += ["", "## Against the targets", "",
-               "Medians over runs, from this directory only (the same job); 'less time' = 1 − t_sentinel/t_nccl "
-               "(the verdict uses it: the stricter reading of '15% faster').", "",
-               "| target | where | measured | met |", "|---|---|---|---|"]
-        verdict = {True: "yes", False: "**no**", None: "– (no target at this n)"}
-        md += [f"| {t['target']} | {t['where']} | {t['measured']} | {verdict[t['met']]} |" for t in targets]
+    comparisons = _comparisons(groups)
+    if comparisons["time"]:
+        md += ["", "## Comparisons", "",
+               "Median solve time of each configuration and its ratio to the fastest of the baselines present "
+               f"({', '.join(BASELINES)}) for the same problem and n: time / the baseline's time (below 1: "
+               "faster than the baseline). From this directory only.", "",
+               "| problem | n | config | median solve (s) | fastest baseline | its median (s) | time / baseline |",
+               "|---|---|---|---|---|---|---|"]
+        md += [f"| {c['problem']} | {c['n']} | {c['config']} | {c['median_solve_seconds']:.4f} | "
+               f"{c['baseline'] or '–'} | {_fmt(c['baseline_median_solve_seconds'], '.4f')} | "
+               f"{_fmt(c['time_over_baseline'], '.2f')} |" for c in comparisons["time"]]
+    if comparisons["memory"]:
+        md += ["", "Per-rank peak memory of the solve against the one-rank share (the same comm's one-rank "
+               "peak / ranks), MiB:", "",
+               "| problem | n | config | memory | per rank | one rank | one-rank share | per rank / share |",
+               "|---|---|---|---|---|---|---|---|"]
+        md += [f"| {c['problem']} | {c['n']} | {c['config']} | {c['memory']} | "
+               f"{c['per_rank_peak_bytes'] / 2**20:.0f} | {c['one_rank_peak_bytes'] / 2**20:.0f} | "
+               f"{c['one_rank_share_bytes'] / 2**20:.0f} | {c['per_rank_over_share']:.2f} |"
+               for c in comparisons["memory"]]
     notes = os.path.join(directory, "analysis.md")
     if os.path.exists(notes):  # a person's analysis of what the numbers show (kept with the runs)
         with open(notes) as f:
@@ -488,7 +484,7 @@ def build_report(directory: str) -> list[str]:
                    "metric_definitions": METRIC_DEFINITIONS,
                    "rank_counts": rank_counts,
                    "configurations": [{k: v for k, v in g.items() if k != "w0"} for g in groups],
-                   "across_configurations": cross, "targets": targets,
+                   "across_configurations": cross, "comparisons": comparisons,
                    "failures": [{k: v for k, v in f.items() if k != "_path"} for f in failures]},
                   f, indent=1, default=str)
     return [md_path, js_path] + pngs

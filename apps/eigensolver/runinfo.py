@@ -115,9 +115,9 @@ def host_thread_choice(setting: str | int, cpus: int, sharing: int, env: dict) -
 
 def limit_host_threads(mpi_comm, setting: str | int = "auto") -> dict:
     """Limit this rank's host BLAS/OpenMP threads (threadpoolctl) by --host-threads; collective
-    over mpi_comm.  Ranks that each start a thread per CPU of the node oversubscribe it: two
-    unbound ranks on 16 cores took 32 s for a scipy.linalg.eigh(A, B) of n = 1900 that takes
-    0.4 s in one and 0.8 s with 2 threads each.  Returns the decision, recorded with the run
+    over mpi_comm.  Ranks that each start a thread per CPU of the node oversubscribe it, and an
+    oversubscribed BLAS runs many times slower than its share of the CPUs would.  Returns the
+    decision, recorded with the run
     (the thread count can change a host-path run's bits)."""
     from mpi4py import MPI
 
@@ -299,7 +299,7 @@ RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 class GcPauses:
     """The collections of Python's cyclic garbage collector while entered, per generation, and
     the seconds they took (gc.callbacks).  A collection of the oldest generation walks every
-    object the collector tracks (8-24 ms each in a host solve's process) and stalls whatever
+    object the collector tracks (milliseconds in a host solve's process) and stalls whatever
     phase it lands in; recorded with every solve, so that a slow run can be told from a
     collector's pause."""
 

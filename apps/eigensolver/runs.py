@@ -1,13 +1,19 @@
-"""What one eigensolver run writes and checks: result names (digests of the problem and the
-options), refusal to overwrite, the output directory's check, the run's JSON and vectors, its
-printed line, the problem's columns on each rank, and the helpers that make every rank agree
-before it raises (so an error on one rank is an error on every rank).  Shared by the CLI (cli.py)
-and the reference solvers (anchors.py, cusolvermp.py)."""
+"""What one eigensolver run writes and checks: result names (a stem given with --name, else
+digests of the problem and the options), refusal to overwrite, the output directory's check,
+the run's JSON, eigenvalues and eigenvectors, its printed line, the problem's columns on each
+rank, and the helpers that make every rank agree before it raises (so an error on one rank is an
+error on every rank).  Shared by the commands (solve.py) and the reference solvers (anchors.py,
+cusolvermp.py).
+
+Per run r of a stem STEM, in the output directory: STEM_runRRR.json (the record),
+STEM_runRRR_w.npy (the eigenvalues, 1-D float64 ascending) and, unless vectors are off,
+STEM_runRRR_X.npy (n x n float64, Fortran order, column j the B-normalized eigenvector of w[j])."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -17,7 +23,6 @@ from .runinfo import DEVICE_PEAK_KEYS
 
 PROG = "hpccoll-eigensolver"
 SCIPY_REFERENCE_MAX_N = 4096
-SAVE_VECTORS_MAX_N = 4096
 RUN_SCHEMA = "hpccoll-eigensolver/run/2"
 FAILURE_SCHEMA = "hpccoll-eigensolver/failure/2"
 #: where solve writes its results without --out (relative to the working directory)
@@ -63,8 +68,28 @@ def config_digest(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
+#: the characters of a --name stem (it becomes part of file names)
+STEM_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+#: what each run writes, after its stem STEM_runRRR
+RESULT_SUFFIXES = ("_w.npy", "_X.npy", ".json")
+
+
+def check_stem(text: str) -> str:
+    """A --name stem: letters, digits, '.', '_' and '-'; ValueError otherwise."""
+    if not STEM_CHARS.fullmatch(text) or text in (".", ".."):
+        raise ValueError(f"{text!r}: use letters, digits, '.', '_' and '-' only (it names the files "
+                         "STEM_runRRR.json, STEM_runRRR_w.npy and STEM_runRRR_X.npy)")
+    return text
+
+
+def base_stem(args, n: int, ranks: int, comm: str, digest: str) -> str:
+    """--name, else {problem}_n{n}_p{ranks}_{comm}_{the configuration digest's first 10 hex digits}."""
+    return getattr(args, "name", None) or f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_{digest[:10]}"
+
+
 def run_stem(args, n: int, ranks: int, comm: str, r: int, digest: str) -> str:
-    return f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_{digest[:10]}_run{r:03d}"
+    """The stem of run r's files: base_stem + _runRRR."""
+    return f"{base_stem(args, n, ranks, comm, digest)}_run{r:03d}"
 
 
 def refuse_overwrite(out: str | None, stems: list[str], overwrite: bool) -> None:
@@ -72,15 +97,16 @@ def refuse_overwrite(out: str | None, stems: list[str], overwrite: bool) -> None
     if not out or overwrite:
         return
     for stem in stems:
-        for name in (stem + ".json", stem + "_X.npy"):
+        for name in (stem + suffix for suffix in RESULT_SUFFIXES):
             if os.path.exists(os.path.join(out, name)):
                 raise CliError(f"--out {out}: {name} exists (a result of the same problem and options): "
                                "pass --overwrite to replace it, or another --out")
 
 
-def save_vectors(args, n: int) -> bool:
-    return bool(args.out) and (args.save_vectors == "yes" or
-                               (args.save_vectors == "auto" and n <= SAVE_VECTORS_MAX_N))
+def save_vectors(args) -> bool:
+    """Whether runs write STEM_runRRR_X.npy: an output directory, --save-vectors yes (the default)
+    and eigenvectors computed (no --eigvals-only)."""
+    return bool(args.out) and args.save_vectors != "no" and not getattr(args, "eigvals_only", False)
 
 
 def progress(total: int, desc: str, enabled: bool):
@@ -234,6 +260,18 @@ def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> 
         agree(ctl, mine, f"writing {path} (every rank writes its columns: put --out on a filesystem all "
                          "ranks share, or pass --gather-vectors)")
     agree(ctl, lambda: os.replace(tmp, path) if rank == 0 else None, f"writing {path}", False)
+
+
+def write_eigenvalues(out: str, stem: str, w) -> str:
+    """w as STEM_w.npy (1-D float64), written under a temporary name and renamed; returns its path."""
+    from .linalg._xp import to_host
+
+    path = os.path.join(out, stem + "_w.npy")
+    tmp = path + ".part"
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(to_host(w), dtype=np.float64))
+    os.replace(tmp, path)
+    return path
 
 
 def write_json(out: str, stem: str, record: dict) -> str:

@@ -74,7 +74,7 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
 
 def warm_ranks(n: int = 300, w: int = 8) -> None:
     """The kernels of the several-rank branches that the one-rank solve above does not take
-    (bench/late_builds.py at two ranks listed them): potrf's panel Cholesky, a small
+    (bench/late_builds.py lists any a solve still builds): potrf's panel Cholesky, a small
     cuSOLVER potrf whose result CuPy masks to its lower triangle, and ormtr's reflector block
     masked by the live reflectors (a column-major block times a boolean row)."""
     import cupy as cp

@@ -5,6 +5,7 @@ digests without gathering, X written by columns.
 Run: mpiexec -n 3 python -m pytest --with-mpi tests/mpi/test_eigensolver_cli_mpi.py"""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -144,7 +145,7 @@ def test_gather_problem_on_root_is_the_whole_problem():
 
 
 def test_file_columns_and_their_content_digest(tmp_path_factory):
-    from hpccoll_eigensolver.cli import _content_digest
+    from hpccoll_eigensolver.runs import _content_digest
 
     p = make_problem("known", 26, seed=1)
     folder = WORLD.bcast(str(tmp_path_factory.mktemp("f")) if RANK == 0 else None, root=0)
@@ -234,10 +235,10 @@ def test_eigenvalues_beyond_the_float64_range_raise_nonfiniteresult(comm):
 
     p = make_problem("known", 40, seed=3)
     desc = BlockCyclic(40, 40, 8, SIZE)
-    for eigvecs in (True, False):
+    for eigvals_only in (False, True):
         with pytest.raises(NonFiniteResult, match="NaN or Inf in the eigenvalues") as e:
             sygvd(distribute(p.A * 1e300, desc, RANK), distribute(p.B * 1e-300, desc, RANK), desc, comm,
-                  eigvecs=eigvecs)
+                  eigvals_only=eigvals_only)
         assert isinstance(e.value, ArithmeticError)
         assert len(set(WORLD.allgather(str(e.value)))) == 1
 
@@ -369,3 +370,39 @@ def test_cli_a_truncated_file_is_named(cli_main, npy_pair, tmp_path_factory):
                              "--out", out])
     _agreed_error(code, err, ["A_truncated.npy", "is truncated", "needs 12800"])
     assert "reshape" not in err
+
+
+# -- what solve writes ------------------------------------------------------------------------------
+def test_cli_solve_writes_w_and_x_by_stem_and_eigvals_only_writes_no_x(cli_main, npy_pair, tmp_path_factory):
+    """--name STEM: STEM_run000.json, _w.npy (the JSON's eigenvalues, scipy's to LAPACK accuracy)
+    and _X.npy (A X = B X diag(w), X^T B X = I), the paths printed by rank 0; --eigvals-only: no
+    _X.npy."""
+    out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
+    prob = f"file:{os.path.join(npy_pair, 'A.npy')},{os.path.join(npy_pair, 'B.npy')}"
+    code, stdout, _ = cli_main(["solve", "--problem", prob, "--nb", 6, "--comm", "mpi", "--out", out,
+                                "--name", f"pair-{SIZE}"])
+    assert WORLD.allgather(code) == [0] * SIZE
+    code, stdout_w, _ = cli_main(["solve", "--problem", prob, "--nb", 6, "--comm", "mpi", "--out", out,
+                                  "--name", f"pair-{SIZE}.w", "--eigvals-only"])
+    assert WORLD.allgather(code) == [0] * SIZE
+    if RANK != 0:
+        assert "wrote" not in stdout + stdout_w
+        return
+    stem, stem_w = os.path.join(out, f"pair-{SIZE}_run000"), os.path.join(out, f"pair-{SIZE}.w_run000")
+    assert f"wrote {stem}_w.npy, {stem}_X.npy, {stem}.json" in stdout.splitlines()
+    assert f"wrote {stem_w}_w.npy, {stem_w}.json" in stdout_w.splitlines()
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(f) for f in (
+        f"{stem}_w.npy", f"{stem}_X.npy", f"{stem}.json", f"{stem_w}_w.npy", f"{stem_w}.json"))
+    A, B = np.load(os.path.join(npy_pair, "A.npy")), np.load(os.path.join(npy_pair, "B.npy"))
+    ref = sl.eigh(A, B, eigvals_only=True)
+    for s in (stem, stem_w):
+        with open(s + ".json") as f:
+            rec = json.load(f)
+        w = np.load(s + "_w.npy")
+        assert w.tolist() == rec["eigenvalues"] and metrics.sha256(w) == rec["eigenvalues_sha256"]
+        assert np.max(np.abs(w - ref)) <= 1e-13 * np.max(np.abs(ref))
+    X = np.load(stem + "_X.npy")
+    w = np.load(stem + "_w.npy")
+    assert X.flags.f_contiguous and X.shape == (40, 40)
+    assert np.linalg.norm(A @ X - B @ X @ np.diag(w)) <= 1e-12 * np.linalg.norm(A) * np.linalg.norm(X)
+    assert np.max(np.abs(X.T @ B @ X - np.eye(40))) <= 1e-12

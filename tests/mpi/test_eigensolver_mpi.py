@@ -77,7 +77,7 @@ def test_eigenvalues_only(comm):
     prob = make_problem("known", 45, seed=_fresh_seed())
     desc = BlockCyclic(45, 45, 8, comm.size)
     w, X = sygvd(distribute(prob.A, desc, comm.rank), distribute(prob.B, desc, comm.rank), desc, comm,
-                 eigvecs=False)
+                 eigvals_only=True)
     assert X is None
     assert metrics.eigenvalue_error(w, prob.eigenvalues) < 1e-10
     assert len(set(WORLD.allgather(w.tobytes()))) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,9 +82,10 @@ def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
 
 
 def test_help_lists_the_new_options():
-    for cmd, opts in (("solve", ("--overwrite", "--gather-vectors", "--symmetry-tol", "--no-trace-memory")),
+    for cmd, opts in (("solve", ("--overwrite", "--gather-vectors", "--symmetry-tol", "--no-trace-memory", "--name",
+                                 "--eigvals-only", "auto is accepted and means yes")),
                       ("compare", ("--overwrite", "--ranks"))):
-        text = build_parser()._subparsers._group_actions[0].choices[cmd].format_help()
+        text = " ".join(build_parser()._subparsers._group_actions[0].choices[cmd].format_help().split())
         assert all(o in text for o in opts), cmd
 
 
@@ -281,7 +283,84 @@ def test_solve_without_out_writes_into_its_default_directory(tmp_path):
     runs = _runs(tmp_path / "hpccoll-eigensolver-runs")
     assert len(runs) == 1 and (tmp_path / "hpccoll-eigensolver-runs" / (runs[0].stem + "_X.npy")).exists()
     assert f"results {os.path.join('hpccoll-eigensolver-runs', runs[0].stem[:-7])}_run*" in proc.stdout
-    assert f"wrote {os.path.join('hpccoll-eigensolver-runs', runs[0].name)}" in proc.stdout
+    written = [os.path.join("hpccoll-eigensolver-runs", runs[0].stem + s) for s in ("_w.npy", "_X.npy", ".json")]
+    assert "wrote " + ", ".join(written) in proc.stdout.splitlines()
+
+
+# -- what solve writes: STEM_runRRR.json, STEM_runRRR_w.npy, STEM_runRRR_X.npy -------------------------
+def _files(out: Path) -> set[str]:
+    return {p.name for p in out.iterdir()}
+
+
+def _check_w(out: Path, stem: str, A, B) -> tuple[np.ndarray, dict]:
+    """STEM_w.npy: the JSON's eigenvalues (its digest too), ascending, scipy's to LAPACK accuracy."""
+    rec = json.loads((out / (stem + ".json")).read_text())
+    w = np.load(out / (stem + "_w.npy"))
+    assert w.dtype == np.float64 and w.shape == (A.shape[0],)
+    assert np.all(np.diff(w) >= 0)
+    assert metrics.sha256(w) == rec["eigenvalues_sha256"] and w.tolist() == rec["eigenvalues"]
+    ref = sl.eigh(A, B, eigvals_only=True)
+    assert np.max(np.abs(w - ref)) <= 1e-13 * np.max(np.abs(ref))
+    return w, rec
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_solve_writes_eigenvalues_eigenvectors_and_json_for_every_run(tmp_path, ranks):
+    n = 36
+    out = tmp_path / "runs"
+    proc = run_cli("solve", "--n", n, "--nb", 5, "--comm", "mpi", "--repeat", 2, "--out", out, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (stem,) = {p.name.split("_run")[0] for p in out.iterdir()}
+    assert re.fullmatch(rf"known_n{n}_p{ranks}_mpi_[0-9a-f]{{10}}", stem), stem
+    runs = [f"{stem}_run{r:03d}" for r in range(2)]
+    assert _files(out) == {r + s for r in runs for s in ("_w.npy", "_X.npy", ".json")}
+    for r in runs:
+        assert f"wrote {out / r}_w.npy, {out / r}_X.npy, {out / r}.json" in proc.stdout.splitlines()
+    p = make_problem("known", n)
+    for r in runs:
+        w, rec = _check_w(out, r, p.A, p.B)
+        assert rec["eigenvalues_file"] == r + "_w.npy" and rec["eigenvectors_file"] == r + "_X.npy"
+        X = np.load(out / (r + "_X.npy"))
+        assert X.shape == (n, n) and X.dtype == np.float64 and X.flags.f_contiguous
+        assert metrics.matrix_sha256(X) == rec["eigenvectors_sha256"]
+        scale = np.linalg.norm(p.A) * np.linalg.norm(X)
+        assert np.linalg.norm(p.A @ X - p.B @ X @ np.diag(w)) <= 1e-12 * scale
+        assert np.max(np.abs(X.T @ p.B @ X - np.eye(n))) <= 1e-12
+
+
+def test_name_eigvals_only_and_save_vectors_choose_the_files(tmp_path):
+    """--name sets the stem; --eigvals-only and --save-vectors no write no X (eigenvalues only:
+    no eigenvector metrics either); --save-vectors auto means yes; the _w.npy of a stem is
+    never overwritten silently."""
+    n, out = 30, tmp_path / "runs"
+    p = make_problem("known", n)
+    common = ("solve", "--n", n, "--nb", 4, "--comm", "mpi", "--out", out)
+    proc = run_cli(*common, "--name", "only.w-1", "--eigvals-only", ranks=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _files(out) == {"only.w-1_run000.json", "only.w-1_run000_w.npy"}
+    assert f"wrote {out}/only.w-1_run000_w.npy, {out}/only.w-1_run000.json" in proc.stdout.splitlines()
+    _, rec = _check_w(out, "only.w-1_run000", p.A, p.B)
+    assert rec["residual"] is None and rec["b_orthogonality"] is None and rec["eigenvectors_sha256"] is None
+    assert rec["eigenvectors_file"] is None and rec["config"]["eigvals_only"] is True
+    proc = run_cli(*common, "--name", "no_X", "--save-vectors", "no", ranks=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {f for f in _files(out) if f.startswith("no_X")} == {"no_X_run000.json", "no_X_run000_w.npy"}
+    _, rec = _check_w(out, "no_X_run000", p.A, p.B)
+    assert rec["residual"] < 1 and rec["eigenvectors_file"] is None
+    assert run_cli(*common, "--name", "auto", "--save-vectors", "auto", ranks=1).returncode == 0
+    assert (out / "auto_run000_X.npy").exists()
+    (out / "no_X_run000.json").unlink()
+    _one_error(run_cli(*common, "--name", "no_X", "--save-vectors", "no", ranks=2), "no_X_run000_w.npy exists")
+    build_report(str(out))   # runs without eigenvectors among them
+    assert len(json.loads((out / "report.json").read_text())["configurations"]) == 2
+
+
+@pytest.mark.parametrize("name", ["a/b", "x y", "", "..", "é"])
+def test_a_bad_name_is_refused_once(tmp_path, name):
+    proc = run_cli("solve", "--n", 16, "--nb", 4, "--comm", "mpi", "--out", tmp_path / "o", "--name", name, ranks=2)
+    _one_error(proc, "--name")
+    assert "use letters, digits, '.', '_' and '-' only" in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_report_of_a_directory_without_runs_is_an_error(tmp_path):
@@ -651,7 +730,7 @@ def test_a_configuration_past_config_timeout_is_stopped_and_recorded(tmp_path):
     next one runs."""
     import time
 
-    from hpccoll_eigensolver.cli import _launch
+    from hpccoll_eigensolver.compare import _launch
 
     out = tmp_path / "cmp"
     out.mkdir()
@@ -676,7 +755,7 @@ def test_an_interrupted_compare_stops_the_configuration_it_runs(tmp_path):
     import threading
     import time
 
-    from hpccoll_eigensolver.cli import _launch
+    from hpccoll_eigensolver.compare import _launch
 
     out = tmp_path / "cmp"
     out.mkdir()

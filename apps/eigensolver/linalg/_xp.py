@@ -245,9 +245,9 @@ def gemm_acc(xp, C, A, B, alpha: float = -1.0) -> None:
 
     GPU: one cuBLAS gemm with beta = 1 straight into C's memory, operands read through their
     strides (a C-order operand is the transpose of a Fortran-order one): no product temporary
-    and no strided elementwise pass.  That temporary was (n - k)^2 doubles per panel in the
-    Cholesky and sygst updates, and subtracting a C-order product from a Fortran-order view
-    ran far below memory bandwidth.  Host: the NumPy expression."""
+    and no strided elementwise pass (a product temporary would be (n - k)^2 doubles per panel in
+    the Cholesky and sygst updates, and subtracting a C-order product from a Fortran-order view
+    runs far below memory bandwidth).  Host: the NumPy expression."""
     if C.size == 0:
         return
     if A.shape[1] == 0:

@@ -37,6 +37,8 @@ decisions (deflation: a scan of k numbers on the host) and (if the counting prox
 one around each collective."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import scaling
@@ -65,12 +67,15 @@ class NonFiniteResult(ArithmeticError):
     eigenvalue beyond the float64 range does): raised on every rank alike, nothing returned."""
 
 
-def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
-          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto"):
+def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | None = None,
+          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
-    Returns (w, X_local); X_local is None when eigvecs=False.  A_local and B_local are not
+    Returns (w, X_local); (w, None) with eigvals_only=True (scipy.linalg.eigh's keyword; None
+    means False), which computes no tridiagonal eigenvectors and no back-transformation.
+    eigvecs: the older name, eigvecs=False meaning eigvals_only=True (a DeprecationWarning;
+    both given: TypeError).  A_local and B_local are not
     modified.  `comm` is an hpccoll Communicator (or anything with its buffer methods).
     stedc: the tridiagonal eigensolver, "dc" (divide and conquer over the ranks on the arrays'
     device; "auto" means it), "host" (LAPACK dstevd on rank 0) or "gpu" (cuSOLVER on rank 0's
@@ -86,22 +91,23 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     differ from the descriptor or between ranks, or A or B not finite; NotPositiveDefinite (a
     ValueError) for a B that is not numerically positive definite; NonFiniteResult (an
     ArithmeticError) where w or X would hold NaN or Inf."""
+    vectors = not eigvals_only_from(eigvals_only, eigvecs, "sygvd")
     xp = get_xp(A_local, B_local)
     size = comm.Get_size()
-    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, eigvecs, stedc, sytrd)
+    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, vectors, stedc, sytrd)
     where = stedc_choice(stedc, is_device(xp))
     timer = timer if timer is not None else NoTimer()
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
     # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
-    early = Early(desc.n, xp) if solves_early(where, eigvecs, size) else None
+    early = Early(desc.n, xp) if solves_early(where, vectors, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
                                      early.hooks if early else (), scale_exponents=(a_exp, b_exp))
     with timer.phase("stedc"):
-        w, Z = _stedc(d, e, desc, comm, xp, eigvecs, where, early.solved if early else None)
+        w, Z = _stedc(d, e, desc, comm, xp, vectors, where, early.solved if early else None)
     if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
         w = xp.array(w, copy=True)
         scaling.scale(w, b_exp - a_exp)
-    if not eigvecs:
+    if not vectors:
         _check_finite(w, None, comm, xp, b_exp - a_exp)
         return w, None
     with timer.phase("ormtr"):
@@ -114,12 +120,25 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvecs: bool = True,
     return w, Z
 
 
+def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str) -> bool:
+    """eigvals_only, also given as its older name eigvecs (eigvecs=False == eigvals_only=True):
+    that name warns (DeprecationWarning), both names raise TypeError."""
+    if eigvecs is None:
+        return bool(eigvals_only)
+    if eigvals_only is not None:
+        raise TypeError(f"{who}: pass eigvals_only only (eigvecs is its older name: eigvecs=False is "
+                        "eigvals_only=True)")
+    warnings.warn(f"{who}: eigvecs= is deprecated: pass eigvals_only={not eigvecs}", DeprecationWarning,
+                  stacklevel=3)
+    return not eigvecs
+
+
 #: the per-rank record agree_inputs exchanges (float64 entries)
 _FIELDS = ("max_abs_A", "max_abs_B", "n", "m", "nb", "nprocs", "A_rows", "A_cols", "B_rows", "B_cols",
-           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvecs")
+           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvals_only")
 
 
-def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, eigvecs: bool, stedc: str, sytrd: str):
+def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, stedc: str, sytrd: str):
     """Check sygvd's arguments on every rank at once: one Allgather of a fixed-size record per
     rank (the descriptor, the arrays' shapes and dtypes, the options, the largest magnitudes of
     A's and B's columns), so that an argument wrong on one rank only, or differing between
@@ -136,7 +155,7 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, eigvecs: bool, s
     mine[11:13] = real
     mine[13] = STEDC_CHOICES.index(stedc) if stedc in STEDC_CHOICES else -1
     mine[14] = SYTRD_CHOICES.index(sytrd) if sytrd in SYTRD_CHOICES else -1
-    mine[15] = bool(eigvecs)
+    mine[15] = not vectors
     record = xp.asarray(mine)
     shapes_ok = all(mine[6 + 2 * i] == desc.n and mine[7 + 2 * i] == mine[10] for i in range(2))
     if shapes_ok:   # the largest magnitudes (NaN where an entry is NaN), on the device
@@ -153,7 +172,7 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, eigvecs: bool, s
         raise InputError(f"sygvd: {message}")
 
     for names, what in ((("n", "m", "nb", "nprocs"), "descriptor"), (("stedc",), "stedc"), (("sytrd",), "sytrd"),
-                        (("eigvecs",), "eigvecs")):
+                        (("eigvals_only",), "eigvals_only")):
         cols = np.stack([field(k) for k in names], axis=1)
         if (cols != cols[0]).any():
             seen = "; ".join(f"rank {r}: " + ", ".join(f"{k}={_num(v)}" for k, v in zip(names, row))
@@ -233,10 +252,10 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     return d, e, tau, C, L                           # the reflectors, where C's columns were
 
 
-def solves_early(where: str, eigvecs: bool, nranks: int) -> bool:
+def solves_early(where: str, vectors: bool, nranks: int) -> bool:
     """Whether sygvd solves the divide and conquer's early subtrees during sytrd
     (stedc.Early, their bits their own): one rank, stedc "dc" (resolved), eigenvectors."""
-    return where == "dc" and eigvecs and nranks == 1
+    return where == "dc" and vectors and nranks == 1
 
 
 def stedc_choice(where: str, device: bool) -> str:
@@ -248,12 +267,12 @@ def stedc_choice(where: str, device: bool) -> str:
     return "dc" if where == "auto" else where
 
 
-def _stedc(d, e, desc: BlockCyclic, comm, xp, eigvecs: bool, where: str, early=None):
-    """w (replicated) and the owned columns of Z (F order; None without eigvecs) for
+def _stedc(d, e, desc: BlockCyclic, comm, xp, vectors: bool, where: str, early=None):
+    """w (replicated) and the owned columns of Z (F order; None without vectors) for
     T = Z diag(w) Z^T, T = (d, e) replicated; early: the divide and conquer's subtrees solved
     already (stedc.Early.solved)."""
     n, rank = desc.n, comm.Get_rank()
-    if not eigvecs:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
+    if not vectors:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
         w = xp.empty(n, dtype=xp.float64)
         if rank == 0:
             from scipy.linalg import eigh_tridiagonal
@@ -291,15 +310,17 @@ def _solve_tridiagonal(d, e, xp, where: str):
     return xp.asarray(w), xp.asarray(Z)
 
 
-def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvecs: bool = True, timer=None,
-                      stedc: str = "auto", sytrd: str = "auto"):
-    """Convenience for small n: distribute replicated A, B, solve, and return (w, X_local, desc)."""
+def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: bool | None = None, timer=None,
+                      stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None):
+    """Convenience for small n: distribute replicated A, B, solve, and return (w, X_local, desc)
+    (X_local None with eigvals_only; eigvecs: its older name, as in sygvd)."""
     from .layout import distribute
 
+    eigvals_only = eigvals_only_from(eigvals_only, eigvecs, "solve_distributed")
     desc = BlockCyclic(A_global.shape[0], A_global.shape[1], nb, comm.Get_size())
     rank = comm.Get_rank()
     w, X = sygvd(distribute(A_global, desc, rank), distribute(B_global, desc, rank), desc, comm,
-                 eigvecs=eigvecs, timer=timer, stedc=stedc, sytrd=sytrd)
+                 eigvals_only=eigvals_only, timer=timer, stedc=stedc, sytrd=sytrd)
     return w, X, desc
 
 

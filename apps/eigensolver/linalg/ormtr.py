@@ -12,7 +12,7 @@ from .layout import BlockCyclic, panel_bcast
 
 ORMTR_BLOCK = 128    # reflectors per compact-WY block (rounded to whole panels): Vb is n x this
 ORMTR_BLOCK_DEVICE = 512  # the same on the GPU: the update GEMMs' inner dimension (at 128 their
-                          # arithmetic intensity is about the H200's flop/byte balance)
+                          # arithmetic intensity is only about a GPU's flop/byte balance)
 ORMTR_COLUMNS = 128  # columns of Z per update GEMM on the host: its product is a temporary of n x this
 
 
@@ -39,9 +39,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     bw = max(nb, block // nb * nb)
     device = is_device(xp)
     # On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
-    # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even); at
-    # n = 8192 on one H200 that measured within noise of LAPACK's rows (bench/ormtr_lab.py).
-    # Host: from row p0 + 1, as LAPACK.
+    # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even), for one
+    # more row of work.  Host: from row p0 + 1, as LAPACK.
     lead = 0 if device else 1
     alone = desc.nprocs == 1
     live_h = to_host(tau) != 0 if alone else None  # one copy: which blocks need a masked Vb
@@ -72,8 +71,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
             VtZ = xp.zeros((p1 - p0, Zb.shape[1]), dtype=xp.float64, order="F")
             gemm_acc(xp, VtZ, Vb.T, Zb, alpha=1.0)
             # Y = M^-1 VtZ as T VtZ with T = M^-1 (LAPACK larft's T) from one small solve: a
-            # GEMM instead of a triangular solve with n right-hand sides (13-15% of ormtr at
-            # n = 8192-16384 on one H200)
+            # GEMM instead of a triangular solve with n right-hand sides, which runs well below a
+            # GEMM's rate
             if eye is None or eye.shape[0] != p1 - p0:
                 eye = xp.eye(p1 - p0)                 # (solve_triangular does not write it)
             Y = trsm(xp, M, eye, lower=False) @ VtZ

@@ -38,8 +38,8 @@ def panel_desc(desc: BlockCyclic, nb: int | None = None) -> BlockCyclic:
 
 def _whole_on_device(desc: BlockCyclic, xp, *arrays) -> bool:
     """One rank on the GPU with column-major arrays: every column is local, so potrf and the
-    back-substitution are cuSOLVER's and cuBLAS's own calls on the whole matrix (no panel loop;
-    cuSOLVER's potrf took a quarter of the 256-column panels' time at n = 8192 on one H200)."""
+    back-substitution are cuSOLVER's and cuBLAS's own calls on the whole matrix (no panel loop,
+    whose many small calls and broadcasts one rank does not need)."""
     return desc.nprocs == 1 and is_device(xp) and all(_unit_rows(a) for a in arrays)
 
 

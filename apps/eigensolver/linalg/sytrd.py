@@ -42,7 +42,7 @@ def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto", notify=()):
 def sytrd_ops(C, desc: BlockCyclic, comm, xp):
     """sytrd as array operations (NumPy, or CuPy for mode "ops").
 
-    Written for few, large device operations per column (each CuPy call costs ~7 us of CPU):
+    Written for few, large device operations per column (each CuPy call costs microseconds of CPU):
     the panel's V and W sit side by side in one C-order array P = [V_p | W_p] (n x 2 pw,
     unfilled columns zero), so P[j:] is contiguous and the two rank-k corrections become one
     GEMV pair with the halves of the row swapped; the broadcast buffers of a panel are rows of

@@ -93,9 +93,8 @@ def fusable(comm) -> str | None:
 # protocol's rank-order sum: the expression sytrd_w evaluates over the fused transfers.
 SENTINEL_ALGORITHMS = ("oneshot_sentinel", "twoshot_sentinel", "sentinel")
 
-# auto takes the fused transfers up to this n.  Measured on 2xH200, sentinel, one job each:
-# n = 8192 sytrd 0.411 s fused against 0.427 with the collectives; n = 16384 2.279 against
-# 2.098.  The crossover between them is not located.
+# auto takes the fused transfers up to this n and the graphed collectives above it: the largest
+# n at which the fused transfers are known to be the faster of the two.
 FUSED_MAX_N = 8192
 
 

@@ -29,8 +29,8 @@
 // sytrd_col and sytrd_w end in their grid's last block (a ticket), which does the step's
 // serial part: dlarfg's scalars, and W's correction scalar plus the advance of st.  Neither
 // last block passes over the n rows any more: the scale of v and W's correction are applied
-// by the readers (HVec, wAt), with the same floating-point operations the last block used to
-// store (a single block's pass over 8192 rows cost a few us per kernel, every column).
+// by the readers (HVec, wAt), with the same floating-point operations a stored result would
+// take (a single block's pass over the n rows would serialize every column's kernel on it).
 // Every reduction runs in a fixed order (warps of a row tile in index order, blocks' partials
 // in index order): the same inputs give the same bits on every rank and in every run,
 // whichever block finishes last.
@@ -51,7 +51,7 @@ typedef long long i64;
 
 // The layout: global index of local column c, and how many local columns have global index
 // <= j (= the first local column after j; cols ascend).  Arithmetic, no loads: a binary
-// search over a column table was ~12 dependent L2 round trips at the start of every product.
+// search over a column table would be a chain of dependent loads at the start of every product.
 struct Layout {
   int nb, nprocs, rank;
   __device__ __forceinline__ i64 glob(i64 c) const { return ((c / nb) * nprocs + rank) * nb + c % nb; }
@@ -127,7 +127,7 @@ __device__ __forceinline__ const double* bbIn(const Fused* fz, const double* bb,
 }
 
 // The Householder vector of column j in bb (layout above): at(i) = 0 at rows <= j, 1 at row
-// j + 1, x[i] scale below (the product the owner's last block used to store).  Fused, x is
+// j + 1, x[i] scale below (the product applied where it is read, not stored).  Fused, x is
 // polled from bbR: load(i) issues the load (several can be in flight), value(i, bits) waits
 // for it where it has not arrived yet.
 struct HVec {
@@ -389,11 +389,9 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // below the diagonal, a work list that shrinks with the trailing matrix.  The launch is
 // persistent: about as many blocks as fit on the GPU at once, taking the list's
 // items from a counter.  (A block per unit of column 0's rectangle, one captured launch shape
-// for every column, spent a near-constant ~60 us per column at n = 16384 on blocks that exit
-// at once: 21% of the copy bandwidth at column 12288.)  A busy unit reads at most
-// SY_R x 2 SY_C x 8 = 256 KiB (twice that with SY_WIDER), so hundreds of units share the SMs
-// evenly at the start of a run (the previous split, S chunks of the whole trailing width per
-// tile, gave a few hundred units of up to 512 KiB and reached 1.6-1.9 TB/s).  A warp takes
+// for every column, would spend the late columns' time on blocks that exit at once.)  A busy
+// unit reads at most SY_R x 2 SY_C x 8 = 256 KiB (twice that with SY_WIDER), so hundreds of
+// units share the SMs evenly at the start of a run.  A warp takes
 // the chunk's columns warp, warp + NW, ... SY_G at a time (24 loads per lane in flight), up to
 // the tile's last row (the triangle), and writes each column's sum over the tile's rows to
 // cpart; the unit writes its row sums to ypart.  The last unit of a tile (ticket tick[tile],
@@ -411,8 +409,8 @@ extern "C" __global__ void __launch_bounds__(TPB) sytrd_col(const double* C, i64
 // its v loads, barriers, fence and tickets - is then spread over twice the bytes).  SY_SUMW
 // loads are in flight in the last units' sums of partials (up to NT per column, nch per row:
 // 32-64 at n = 8192-16384, i.e. 2-4 dependent L2 round trips at 16); the same additions in the
-// same order whatever its value.  (A cp.async variant that streamed the columns through shared
-// memory ran at half the speed of this register version.)
+// same order whatever its value.  The columns go straight to registers (24 loads per lane in
+// flight), not through shared memory.
 #define SY_CW_MAX (SY_WIDER ? 4 * SY_C : 2 * SY_C)  // the widest chunk
 static_assert(SY_CW_MAX <= TPB, "sytrd_symv loads v at a chunk's columns with a thread per column");
 static_assert(TPB == SY_R, "sytrd_symv sums a tile's rows with a thread per row");
@@ -587,8 +585,8 @@ extern "C" __global__ void __launch_bounds__(TPB, SY_MINB) sytrd_symv(
 
   // A grid of about as many blocks as fit on the GPU at once taking the items of the work list
   // (chunkPrefix) in order from a counter (st[5]): the same units as below, none launched for
-  // nothing, and a block that finishes early takes the next item (every gridDim-th item per
-  // block, fixed, ran at 59% of the copy bandwidth at column 0 where this launch ran at 77%).
+  // nothing, and a block that finishes early takes the next item (a fixed share, every
+  // gridDim-th item per block, would leave blocks idle while others still work).
   // A block asks for its next item before it works on the current one (the atomic's round trip
   // overlaps the unit); each block's last ask is past the list, and the last block done (st[6])
   // resets both counters for the next launch, when no block asks any more.

@@ -9,9 +9,8 @@ import numpy as np
 from .._xp import raw_module, to_host
 
 LEAF = 64            # leaf size on the host (LAPACK eigh of each, batched by NumPy)
-# Leaf size on the GPU (the leaves by LEAVES below): 256 rows was the fastest at n = 8192 on one
-# H200 with the merge inputs staged per level (0.049 s against 0.070 for
-# 512 and 0.069 for 128, whose leaves take 2 ms but whose two extra merge levels cost more).
+# Leaf size on the GPU (the leaves by LEAVES below): larger leaves make their batched eigensolves
+# slower, smaller ones add merge levels; 256 rows balances the two.
 LEAF_DEVICE = 256
 # The work arrays of a merge with k poles (roots x poles in the secular equation, poles x
 # columns of the eigenvectors) are k x chunk_width(k): on the host CHUNK_HOST roots or columns

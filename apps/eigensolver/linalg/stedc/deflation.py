@@ -72,8 +72,8 @@ def _deflate(Dh, zh, rho, tol):
     no rotation has touched yet, and the closeness test of two consecutive candidates reads
     values that a rotation changed only when the first of them was the previous rotation's
     target.  So both tests run on whole arrays first (the closeness test with a margin of a
-    relative 1e-12 for its rounding), and the scan itself (on Python floats: NumPy scalar
-    arithmetic costs ~10x more) walks only the chains of rotations, each from a flagged pair to
+    relative 1e-12 for its rounding), and the scan itself (on Python floats, far cheaper than
+    NumPy scalars) walks only the chains of rotations, each from a flagged pair to
     the first pair after it that does not rotate: the same decisions and bits as the scan over
     every pole."""
     big = rho * np.abs(zh) > tol
@@ -125,8 +125,7 @@ def _rotate(Q, rots, xp, staged=None):
     matrix applied with one GEMM - a clustered spectrum deflates thousands of pairs per merge,
     which one-rotation-at-a-time column updates would pay for in launches.  On the GPU the
     rotations run as listed, a thread per row (dc_kernels.cu dc_rotate: a dense M x M G of the
-    M chained columns cost an M^2 host build and a GEMM of M^2 per row, 57 ms of a clustered
-    n = 8192 solve); both ways need the rotations to chain as dlaed2's do (_chained).  staged:
+    M chained columns would cost an M^2 host build and a GEMM of M^2 per row); both ways need the rotations to chain as dlaed2's do (_chained).  staged:
     the rotations' a, b, c, s as device arrays (_Staged), else copied here."""
     if xp is not np and Q.shape[0]:
         if not _chained(rots) or not _unit_rows(Q):
