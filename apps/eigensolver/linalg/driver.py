@@ -17,6 +17,9 @@ the memory model).  Steps and their collectives (P ranks, n columns, block nb):
           aligned).  The reflectors are kept where the reduced columns were (sytrd.py).
           On the GPU the column step is device kernels with the column index in device
           memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
+          reduction="two-stage" instead: dense -> band by blocked Householder (one Bcast and one
+          Allreduce per panel of b columns), band -> tridiagonal by bulge chasing on rank 0
+          (twostage.py; its ormtr applies Q2's reflectors by groups, then Q1's).
   stedc   tridiagonal eigensolver.  "dc" (the default): divide and conquer over the ranks,
           each computing a block of rows of the eigenvectors (stedc/: per tree level
           one Allreduce and one Allgather of O(n) numbers), then one Alltoallv delivers them by
