@@ -152,7 +152,7 @@ def _input_fingerprint(args) -> dict:
     for file: problems, each file's shape, dtype, order and size (paths may differ by node)."""
     spec = args.spec
     fp = {"--n": args.n, "--nb": args.nb, "--repeat": args.repeat, "--comm": args.comm, "--stedc": args.stedc,
-          "--sytrd": args.sytrd, "--symmetry-tol": args.symmetry_tol}
+          "--sytrd": args.sytrd, "--reduction": args.reduction, "--symmetry-tol": args.symmetry_tol}
     if spec.kind == "file":
         fp["--problem"] = "file:" + ",".join(
             f"{name} {'x'.join(map(str, shape))} {dtype} {'F' if fortran else 'C'} order {os.path.getsize(path)} B"
@@ -219,7 +219,7 @@ def cmd_anchor(args) -> int:
 
 def add_solve_args(p: argparse.ArgumentParser) -> None:
     from .runinfo import HOST_THREADS_HELP
-    from .linalg.driver import STEDC_CHOICES, SYTRD_CHOICES
+    from .linalg.driver import REDUCTION_CHOICES, STEDC_CHOICES, SYTRD_CHOICES
 
     p.add_argument("--host-threads", type=_host_threads, default="auto", help=HOST_THREADS_HELP)
     p.add_argument("--no-sync-collectives", action="store_true",
@@ -241,6 +241,10 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "column's kernels and collectives replayed as CUDA graphs), eager (the same kernels "
                         "launched one by one), ops (array operations); auto (default): fused where it can run "
                         "and n <= sytrd_device.FUSED_MAX_N, else graph; host arrays always take ops")
+    p.add_argument("--reduction", choices=REDUCTION_CHOICES, default="auto",
+                   help="the tridiagonalization: one-stage (Householder, one column at a time: sytrd) or "
+                        "two-stage (dense -> band by blocked Householder, band -> tridiagonal by bulge "
+                        "chasing; --sytrd does not apply); auto (default): one-stage")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -141,7 +141,8 @@ def cmd_compare(args) -> int:
     me = [sys.executable, "-m", "hpccoll_eigensolver.cli"]
     solve_opts = ["--stedc", args.stedc, "--sytrd", args.sytrd, "--host-threads", str(args.host_threads)] + \
         (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
-        (["--no-trace-memory"] if args.no_trace_memory else [])
+        (["--no-trace-memory"] if args.no_trace_memory else []) + \
+        (["--reduction", args.reduction] if getattr(args, "reduction", "auto") != "auto" else [])
     failed = []
     with _mps_for(max(args.ranks)):
         for ranks, label in runs:

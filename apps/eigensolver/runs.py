@@ -60,8 +60,11 @@ def problem_tag(problem: str) -> str:
 
 def config_identity(args, problem_digest: str, ranks: int, comm: str, device: str) -> dict:
     """The options that make a run's bits, besides the machine: they name its files."""
-    return {"problem_digest": problem_digest, "n": args.n, "nb": args.nb, "ranks": ranks, "comm": comm,
-            "stedc": getattr(args, "stedc", None), "device": device}
+    identity = {"problem_digest": problem_digest, "n": args.n, "nb": args.nb, "ranks": ranks, "comm": comm,
+                "stedc": getattr(args, "stedc", None), "device": device}
+    if getattr(args, "reduction", "auto") == "two-stage":   # (one-stage: the digests runs had before)
+        identity["reduction"] = "two-stage"
+    return identity
 
 
 def config_digest(identity: dict) -> str:

@@ -158,7 +158,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         with GcPauses() as pauses:
             t0 = time.perf_counter()
             w, X = sygvd(A_loc, B_loc, desc, cc, eigvals_only=not vectors, timer=timer, stedc=args.stedc,
-                         sytrd=sytrd_mode)
+                         sytrd=sytrd_mode, reduction=args.reduction)
             sync(xp)
             solve_s = time.perf_counter() - t0
         meter.solve_done()
@@ -198,7 +198,7 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
         rec = {
             "schema": RUN_SCHEMA,
             "n": n, "nb": args.nb, "ranks": size, "comm": args.comm, "backend": comm.backend,
-            "stedc": args.stedc, "sytrd_mode": sytrd_mode, "device": device,
+            "stedc": args.stedc, "sytrd_mode": sytrd_mode, "reduction": args.reduction, "device": device,
             "problem": args.problem, "cond_b": args.cond_b, "seed": args.seed,
             "problem_digest": problem_digest, "problem_identity": problem_identity,
             "problem_sha256": content, "config_digest": digest, "config": identity,

@@ -301,3 +301,19 @@ def _blas_operand(xp, x):
         return cublas.CUBLAS_OP_T, _leading_dim(x.T), x
     x = xp.asfortranarray(x)
     return cublas.CUBLAS_OP_N, _leading_dim(x), x
+
+
+def geqrf(xp, a):
+    """LAPACK geqrf of the 2-D array a: (qr, tau), qr F-order m x k holding R on and above its
+    diagonal and the Householder vectors (unit diagonal implied) below, tau of length min(m, k).
+    Host: scipy's dgeqrf; GPU: cuSOLVER through cupy.linalg.qr(mode="raw") (whose qr comes
+    transposed, as NumPy's does)."""
+    if is_device(xp):
+        h, tau = xp.linalg.qr(a, mode="raw")
+        return xp.asfortranarray(h.T), tau
+    from scipy.linalg.lapack import dgeqrf
+
+    qr, tau, _, info = dgeqrf(np.asfortranarray(a, dtype=np.float64))
+    if info != 0:
+        raise RuntimeError(f"dgeqrf: argument {-int(info)} was rejected")
+    return qr, tau

@@ -17,6 +17,9 @@ the memory model).  Steps and their collectives (P ranks, n columns, block nb):
           aligned).  The reflectors are kept where the reduced columns were (sytrd.py).
           On the GPU the column step is device kernels with the column index in device
           memory, one CUDA graph per panel (sytrd_device.py; fixed-size collectives).
+          reduction="two-stage" instead: dense -> band by blocked Householder (one Bcast and one
+          Allreduce per panel of b columns), band -> tridiagonal by bulge chasing on rank 0
+          (twostage.py; its ormtr applies Q2's reflectors by groups, then Q1's).
   stedc   tridiagonal eigensolver.  "dc" (the default): divide and conquer over the ranks,
           each computing a block of rows of the eigenvectors (stedc/: per tree level
           one Allreduce and one Allgather of O(n) numbers), then one Alltoallv delivers them by
@@ -51,9 +54,11 @@ from .sygst import sygst, sygst_desc
 from .sytrd import sytrd as householder_sytrd
 from .sytrd_device import MODES
 from .timer import NoTimer, Timer
+from .twostage import two_stage
 
 PHASES = ("potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm")
 STEDC_CHOICES = ("auto", "dc", "host", "gpu")
+REDUCTION_CHOICES = ("auto", "one-stage", "two-stage")
 SYTRD_CHOICES = MODES  # sytrd_device.py (imports without CuPy)
 
 
@@ -68,7 +73,8 @@ class NonFiniteResult(ArithmeticError):
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | None = None,
-          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None):
+          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None,
+          reduction: str = "auto"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
@@ -84,6 +90,8 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     on hpccoll's deterministic sentinel communicator up to sytrd_device.FUSED_MAX_N, else
     collectives replayed in CUDA graphs), "fused", "graph", "eager" or "ops" (CuPy operations);
     the host always runs the array operations.
+    reduction: the tridiagonalization, "one-stage" (sytrd; "auto" means it) or "two-stage"
+    (dense -> band -> tridiagonal, twostage.py; sytrd= does not apply to it).
 
     A and B are scaled by powers of two into a safe range first and the results scaled back
     (scaling.py), so any magnitudes whose eigenvalues fit float64 solve alike.  Errors are
@@ -94,14 +102,15 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     vectors = not eigvals_only_from(eigvals_only, eigvecs, "sygvd")
     xp = get_xp(A_local, B_local)
     size = comm.Get_size()
-    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, vectors, stedc, sytrd)
+    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, vectors, stedc, sytrd, reduction)
     where = stedc_choice(stedc, is_device(xp))
     timer = timer if timer is not None else NoTimer()
     # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
     # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
     early = Early(desc.n, xp) if solves_early(where, vectors, size) else None
     d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
-                                     early.hooks if early else (), scale_exponents=(a_exp, b_exp))
+                                     early.hooks if early else (), scale_exponents=(a_exp, b_exp),
+                                     reduction=reduction)
     with timer.phase("stedc"):
         w, Z = _stedc(d, e, desc, comm, xp, vectors, where, early.solved if early else None)
     if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
@@ -111,7 +120,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
         _check_finite(w, None, comm, xp, b_exp - a_exp)
         return w, None
     with timer.phase("ormtr"):
-        ormtr(V, tau, Z, desc, comm, xp)
+        V.apply(Z) if tau is None else ormtr(V, tau, Z, desc, comm, xp)   # tau None: two-stage's Q
     del V
     with timer.phase("trsm"):
         back_transform(Z, L, panel_desc(desc), comm, xp)
@@ -135,10 +144,11 @@ def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str)
 
 #: the per-rank record agree_inputs exchanges (float64 entries)
 _FIELDS = ("max_abs_A", "max_abs_B", "n", "m", "nb", "nprocs", "A_rows", "A_cols", "B_rows", "B_cols",
-           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvals_only")
+           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvals_only", "reduction")
 
 
-def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, stedc: str, sytrd: str):
+def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, stedc: str, sytrd: str,
+                 reduction: str = "auto"):
     """Check sygvd's arguments on every rank at once: one Allgather of a fixed-size record per
     rank (the descriptor, the arrays' shapes and dtypes, the options, the largest magnitudes of
     A's and B's columns), so that an argument wrong on one rank only, or differing between
@@ -156,6 +166,7 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, s
     mine[13] = STEDC_CHOICES.index(stedc) if stedc in STEDC_CHOICES else -1
     mine[14] = SYTRD_CHOICES.index(sytrd) if sytrd in SYTRD_CHOICES else -1
     mine[15] = not vectors
+    mine[16] = REDUCTION_CHOICES.index(reduction) if reduction in REDUCTION_CHOICES else -1
     record = xp.asarray(mine)
     shapes_ok = all(mine[6 + 2 * i] == desc.n and mine[7 + 2 * i] == mine[10] for i in range(2))
     if shapes_ok:   # the largest magnitudes (NaN where an entry is NaN), on the device
@@ -172,7 +183,7 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, s
         raise InputError(f"sygvd: {message}")
 
     for names, what in ((("n", "m", "nb", "nprocs"), "descriptor"), (("stedc",), "stedc"), (("sytrd",), "sytrd"),
-                        (("eigvals_only",), "eigvals_only")):
+                        (("eigvals_only",), "eigvals_only"), (("reduction",), "reduction")):
         cols = np.stack([field(k) for k in names], axis=1)
         if (cols != cols[0]).any():
             seen = "; ".join(f"rank {r}: " + ", ".join(f"{k}={_num(v)}" for k, v in zip(names, row))
@@ -184,6 +195,8 @@ def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, s
         fail(f"the descriptor is for {desc.nprocs} ranks, the communicator has {size}")
     if sytrd not in SYTRD_CHOICES:
         fail(f"sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
+    if reduction not in REDUCTION_CHOICES:
+        fail(f"reduction={reduction!r}: use {', '.join(map(repr, REDUCTION_CHOICES))}")
     stedc_choice(stedc, is_device(xp))          # the same verdict on every rank
     for r in range(size):
         for i, name in enumerate(("A_local", "B_local")):
@@ -230,12 +243,13 @@ def _check_finite(w, X, comm, xp, w_exp: int) -> None:
 
 
 def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
-                   notify=(), scale_exponents=(0, 0)):
+                   notify=(), scale_exponents=(0, 0), reduction: str = "auto"):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
     scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
     T's diagonals and the reflectors' scalars (replicated), the local columns holding the
     reflectors and those of the Cholesky factor.  notify: sytrd's [(rows, fn)], fn(d, e) called
-    once T's first `rows` rows are final (sytrd.sytrd)."""
+    once T's first `rows` rows are final (sytrd.sytrd).  reduction "two-stage": (d, e, None, Q,
+    L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z; notify's functions called at the end)."""
     wide = panel_desc(desc)  # the same layout; wider panels on one rank
     a_exp, b_exp = scale_exponents
     B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
@@ -248,6 +262,11 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
+        if reduction == "two-stage":
+            d, e, Q = two_stage(C, desc, comm, xp)
+            for _, fn in sorted(notify, key=lambda hook: hook[0]):
+                fn(d, e)
+            return d, e, None, Q, L
         d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
 
@@ -311,7 +330,8 @@ def _solve_tridiagonal(d, e, xp, where: str):
 
 
 def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: bool | None = None, timer=None,
-                      stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None):
+                      stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None,
+                      reduction: str = "auto"):
     """Convenience for small n: distribute replicated A, B, solve, and return (w, X_local, desc)
     (X_local None with eigvals_only; eigvecs: its older name, as in sygvd)."""
     from .layout import distribute
@@ -320,9 +340,9 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: b
     desc = BlockCyclic(A_global.shape[0], A_global.shape[1], nb, comm.Get_size())
     rank = comm.Get_rank()
     w, X = sygvd(distribute(A_global, desc, rank), distribute(B_global, desc, rank), desc, comm,
-                 eigvals_only=eigvals_only, timer=timer, stedc=stedc, sytrd=sytrd)
+                 eigvals_only=eigvals_only, timer=timer, stedc=stedc, sytrd=sytrd, reduction=reduction)
     return w, X, desc
 
 
-__all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES",
+__all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES", "REDUCTION_CHOICES",
            "NotPositiveDefinite", "NonFiniteResult", "InputError", "sync"]

@@ -21,9 +21,10 @@ def ormtr_block(device: bool) -> int:
     return ORMTR_BLOCK_DEVICE if device else ORMTR_BLOCK
 
 
-def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
+def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offset: int = 1):
     """Overwrite the owned columns Z with Q Z, Q = H_0 H_1 ... H_{n-2}; V: the local columns
-    holding the reflectors (sytrd's C), tau replicated.
+    holding the reflectors (sytrd's C), tau replicated.  offset: reflector j's vector starts at
+    row j + offset (1: sytrd's; b: the band reduction's, sy2sb.py).
 
     Blocks of `block` reflectors (rounded to whole panels) last to first; per block, one Bcast
     per panel gives every rank the unit lower trapezoidal Vb, and Z[p0+1:] -= Vb (M^-1 (Vb^T Z))
@@ -41,14 +42,14 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
     # On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
     # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even), for one
     # more row of work.  Host: from row p0 + 1, as LAPACK.
-    lead = 0 if device else 1
+    lead = offset - 1 if device else offset
     alone = desc.nprocs == 1
     live_h = to_host(tau) != 0 if alone else None  # one copy: which blocks need a masked Vb
     # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
     lives = tau != 0
     diag = 1.0 / xp.where(lives, tau, 1.0)
     eye = None
-    for p0 in reversed(range(0, max(n - 1, 0), bw)):
+    for p0 in reversed(range(0, max(n - offset, 0), bw)):
         p1 = min(p0 + bw, n)
         top = p0 + lead                               # Z's first row in the block
         live = lives[p0:p1]
@@ -58,9 +59,9 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None):
             Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
         else:
             Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
-            for q0 in range(p0, min(p1, n - 1), nb):
+            for q0 in range(p0, min(p1, n - offset), nb):
                 q1 = min(q0 + nb, p1)
-                Vb[q0 + 1 - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + 1)
+                Vb[q0 + offset - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + offset)
             if not Z.shape[1]:
                 continue
             Vb *= live[None, :]

@@ -1,0 +1,168 @@
+"""Stage one of the two-stage tridiagonalization: dense symmetric C -> band of half-bandwidth b,
+C = Q1 B Q1^T, by blocked Householder transformations (LAPACK dsytrd_sy2sb's algorithm on the
+1-D column block-cyclic layout; b divides the layout's nb, so a panel lies on one rank).
+
+Per panel of b columns [p0, p1 = p0 + b), right-looking (every trailing update applied at once):
+  - the owner QR-factors the panel below the band, C[p1:, p0:p1] = Q_p R (geqrf): R is the
+    panel's part of the band, Q_p = I - V T V^T (T from the UT transform, as ormtr.py);
+  - ONE Bcast gives every rank [V | T | tau] (m x b, b x b, b; m = n - p1);
+  - each rank forms its owned trailing columns' share of Y = C22 V (C22 = C[p1:, p1:], held as
+    its lower triangle: the rows of the owned columns and, transposed, their columns, as sytrd.py
+    does for a vector) and ONE Allreduce sums the shares (m x b values);
+  - every rank then has X = Y T and W = X - 1/2 V (T^T V^T X) and updates its owned trailing
+    columns, C22 -= V W^T + W V^T, one GEMM per run of owned columns (BLAS-3 throughout).
+So 2 collectives per panel, n / b panels, against sytrd's 2 per column; the symmetric
+trailing matrix is read twice per panel of b columns instead of once per column.
+
+The panel's geqrf output stays in its columns until the end; then every rank copies its columns'
+band (rows c..c+b of column c: the diagonal block's lower part and R's upper part) into a
+(b + 1) x local_n band array (LAPACK's lower band storage) and turns the columns into the
+reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
+from __future__ import annotations
+
+from ._xp import geqrf, trsm
+from .layout import BlockCyclic
+
+#: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
+#: discarded) stays a few panels' worth of the trailing triangle
+RUN_COLUMNS = 256
+
+
+def check_band(desc: BlockCyclic, b: int) -> None:
+    """sy2sb's condition on b: 1 <= b and b divides the layout's nb (a panel on one rank)."""
+    if b < 1 or desc.nb % b:
+        raise ValueError(f"sy2sb: half-bandwidth b={b} must divide the layout's block nb={desc.nb}")
+
+
+def trailing_runs(desc: BlockCyclic, rank: int, start: int, width: int = RUN_COLUMNS):
+    """(g0, g1, l0, l1): `rank`'s owned columns from global column `start` on, in runs of
+    consecutive global columns (a run continues across blocks where the rank owns the next
+    block too: on one rank, all of them) cut to at most `width` columns.  Global [g0, g1) are
+    local [l0, l1)."""
+    step = desc.nb * desc.nprocs
+    b0 = (start // desc.nb) * desc.nb                 # the block holding `start`
+    first = rank * desc.nb
+    if b0 > first:
+        first += -(-(b0 - first) // step) * step
+    run = None
+    for g0 in range(first, desc.n, step):
+        g0c = max(g0, start)
+        g1 = min(g0 + desc.nb, desc.n)
+        if g0c >= g1:
+            continue
+        l0 = desc.local_index(g0) + g0c - g0
+        if run is not None and run[1] == g0c:
+            run = (run[0], g1, run[2], l0 + g1 - g0c)
+        else:
+            if run is not None:
+                yield from _cut(run, width)
+            run = (g0c, g1, l0, l0 + g1 - g0c)
+    if run is not None:
+        yield from _cut(run, width)
+
+
+def _cut(run, width: int):
+    g0, g1, l0, _ = run
+    for a in range(g0, g1, width):
+        e = min(a + width, g1)
+        yield a, e, l0 + a - g0, l0 + e - g0
+
+
+def block_reflector(xp, V, tau):
+    """T with I - V T V^T = H_0 H_1 ... H_{k-1} (H_i = I - tau_i v_i v_i^T, V unit lower
+    trapezoidal): T = M^-1 for M = striu(V^T V) + diag(1/tau) (the UT transform); a reflector
+    with tau = 0 is left out (its column of V zeroed, M's diagonal 1)."""
+    live = tau != 0
+    Vl = V * live[None, :]
+    M = xp.triu(Vl.T @ Vl, 1)
+    M[xp.diag_indices(M.shape[0])] = 1.0 / xp.where(live, tau, 1.0)
+    return trsm(xp, M, xp.eye(M.shape[0]), lower=False) * live[None, :]
+
+
+def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
+    """Reduce the distributed symmetric C (its lower triangle, strict upper part zero) to a band
+    of half-bandwidth b: C = Q1 B Q1^T.  Returns (band, tau): band the (b + 1) x local_n lower
+    band storage of B's owned columns (band[d, k] = B[c + d, c] for the rank's k-th column c;
+    zero past row n), tau (length n, replicated) the reflectors' scalars, reflector c's vector
+    in C's column c from row c + b (the module doc); tau[c] = 0 where there is none."""
+    check_band(desc, b)
+    n, rank = desc.n, comm.Get_rank()
+    tau = xp.zeros(n, dtype=xp.float64)
+    for p0 in range(0, max(n - b - 1, 0), b):           # a panel has entries below its band
+        p1 = p0 + b
+        m = n - p1
+        owner = desc.owner(p0)
+        buf = xp.empty((b, m + b + 1), dtype=xp.float64)   # row t: [v_t (m) | T[:, t] (b) | tau_t]
+        if rank == owner:
+            lj = desc.local_index(p0)
+            qr, t = geqrf(xp, C[p1:, lj:lj + b])
+            C[p1:, lj:lj + b] = qr
+            k = t.shape[0]                               # min(m, b)
+            taus = xp.zeros(b, dtype=xp.float64)
+            taus[:k] = t
+            V = xp.tril(qr, -1)
+            V[xp.arange(k), xp.arange(k)] = 1.0
+            buf[:, :m] = V.T
+            buf[:, m + b] = taus
+            buf[:, m:m + b] = block_reflector(xp, V, taus).T
+        comm.Bcast(buf, root=owner)
+        V = buf[:, :m].T
+        T = buf[:, m:m + b].T
+        tau[p0:p1] = buf[:, m + b]
+        # Y = C22 V: this rank's columns' share, then one Allreduce
+        Y = xp.zeros((m, b), dtype=xp.float64, order="F")
+        runs = list(trailing_runs(desc, rank, p1))
+        for g0, g1, l0, l1 in runs:
+            r0, r1 = g0 - p1, g1 - p1
+            Cr = C[g0:, l0:l1]
+            Y[r0:] += Cr @ V[r0:r1]
+            Y[r0:r1] += Cr.T @ V[r0:] - xp.diagonal(Cr)[:, None] * V[r0:r1]
+        S = xp.empty_like(Y)
+        comm.Allreduce(Y, S)
+        X = S @ T
+        W = X - 0.5 * (V @ (T.T @ (V.T @ X)))
+        VW = xp.concatenate([V, W], axis=1)              # [V | W] and [W | V]: one GEMM per run
+        WV = xp.concatenate([W, V], axis=1)
+        for g0, g1, l0, l1 in runs:
+            r0, r1 = g0 - p1, g1 - p1
+            C[g0:, l0:l1] -= VW[r0:] @ WV[r0:r1].T
+            C[g0:g1, l0:l1] = xp.tril(C[g0:g1, l0:l1])
+    return _band_and_reflectors(C, desc, rank, b, xp), tau
+
+
+def _band_and_reflectors(C, desc: BlockCyclic, rank: int, b: int, xp):
+    """Copy the band out of the owned columns of C, then leave each column c as reflector v_c
+    (zero above row c + b, 1 at row c + b; columns without one hold zeros and a 1 that their
+    tau = 0 masks)."""
+    n = desc.n
+    band = xp.zeros((b + 1, C.shape[1]), dtype=xp.float64)
+    for g0, g1, l0, l1 in trailing_runs(desc, rank, 0, desc.nb):
+        blk = C[g0:min(g1 + b, n), l0:l1]
+        for d in range(min(b, n - 1 - g0) + 1):
+            diag = xp.diagonal(blk, -d)
+            band[d, l0:l0 + diag.shape[0]] = diag
+        C[g0:min(g1 + b, n), l0:l1] = xp.tril(blk, -b)
+        k = min(g1, n - b) - g0                        # columns whose row c + b exists
+        if k > 0:
+            C[g0 + b + xp.arange(k), l0 + xp.arange(k)] = 1.0
+    return band
+
+
+def gather_band(band, desc: BlockCyclic, comm, xp):
+    """The whole (b + 1) x n band on every rank from the ranks' columns (one Allgather, blocks
+    padded to the largest local width)."""
+    nb1 = band.shape[0]
+    w = desc.max_local_n
+    send = xp.zeros((w, nb1), dtype=xp.float64)
+    send[:band.shape[1]] = band.T
+    recv = xp.empty((desc.nprocs, w, nb1), dtype=xp.float64)
+    comm.Allgather(send, recv)
+    out = xp.empty((nb1, desc.n), dtype=xp.float64)
+    for r in range(desc.nprocs):
+        cols = desc.local_cols(r)
+        if cols.size:
+            out[:, xp.asarray(cols)] = recv[r, :cols.size].T
+    return out
+
+
+__all__ = ["sy2sb", "gather_band", "check_band", "block_reflector", "trailing_runs", "RUN_COLUMNS"]

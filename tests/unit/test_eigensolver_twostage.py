@@ -1,0 +1,106 @@
+"""Serial tests of the two-stage tridiagonalization's pieces: sy2sb (Q1^T C Q1 banded, Q1
+orthogonal), sb2st (band -> tridiagonal similarity, Q2 orthogonal), the band width choice, and
+the CuPy run of the array-agnostic parts (marked gpu)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpccoll
+from hpccoll_eigensolver import BlockCyclic
+from hpccoll_eigensolver.linalg.ormtr import ormtr
+from hpccoll_eigensolver.linalg.sb2st import apply_q2, sb2st
+from hpccoll_eigensolver.linalg.sy2sb import gather_band, sy2sb, trailing_runs
+from hpccoll_eigensolver.linalg.twostage import band_width
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = hpccoll.Communicator(backend="host", deterministic=True)
+    yield c
+    c.Free()
+
+
+def _symmetric(n, seed=0):
+    a = np.random.default_rng(seed).standard_normal((n, n))
+    return a + a.T
+
+
+def _lower_band(A, b):
+    n = A.shape[0]
+    band = np.zeros((b + 1, n))
+    for d in range(min(b, n - 1) + 1):
+        band[d, :n - d] = np.diagonal(A, -d)
+    return band
+
+
+@pytest.mark.parametrize("n,nb,b", [(50, 8, 8), (37, 12, 4), (9, 16, 16), (3, 2, 2), (65, 32, 32)])
+def test_sy2sb_bands_by_an_orthogonal_similarity(comm, n, nb, b):
+    A = _symmetric(n)
+    desc = BlockCyclic(n, n, nb, 1)
+    C = np.asfortranarray(np.tril(A))
+    band, tau = sy2sb(C, desc, comm, np, b)
+    Bfull = np.zeros((n, n))
+    full = gather_band(band, desc, comm, np)
+    for d in range(min(b, n - 1) + 1):
+        idx = np.arange(n - d)
+        Bfull[idx + d, idx] = full[d, :n - d]
+        Bfull[idx, idx + d] = full[d, :n - d]
+    Q = np.eye(n)
+    ormtr(C, tau, Q, desc, comm, np, offset=b)       # Q1 = Q1 I
+    assert np.abs(Q.T @ Q - np.eye(n)).max() < 1e-13
+    QtAQ = Q.T @ A @ Q
+    assert np.abs(np.tril(QtAQ, -b - 1)).max(initial=0.0) < 1e-12 * np.abs(A).max()
+    assert np.abs(QtAQ - Bfull).max() < 1e-12 * n * np.abs(A).max()
+
+
+@pytest.mark.parametrize("n,b,g", [(57, 5, 3), (40, 8, 8), (33, 16, 5), (10, 3, 7), (4, 2, 2), (2, 1, 1)])
+def test_sb2st_tridiagonalizes_by_an_orthogonal_similarity(n, b, g):
+    A = np.tril(np.triu(_symmetric(n, 1), -b), b)
+    d, e, refl = sb2st(_lower_band(A, b), g)
+    T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
+    Q = apply_q2(lambda q: refl[q], n, b, g, np.eye(n), np)
+    assert np.abs(Q.T @ Q - np.eye(n)).max() < 1e-13
+    assert np.abs(Q @ T @ Q.T - A).max() < 1e-13 * n * np.abs(A).max()
+
+
+def test_trailing_runs_cover_the_owned_columns_from_start():
+    for n, nb, P, width in [(50, 8, 3, 5), (64, 16, 1, 20), (17, 4, 2, 100)]:
+        desc = BlockCyclic(n, n, nb, P)
+        for start in (0, 3, 8, 17, n - 1):
+            for r in range(P):
+                runs = list(trailing_runs(desc, r, start, width))
+                got = np.concatenate([np.arange(g0, g1) for g0, g1, _, _ in runs] or [np.zeros(0, int)])
+                cols = desc.local_cols(r)
+                assert got.tolist() == cols[cols >= start].tolist()
+                for g0, g1, l0, l1 in runs:
+                    assert g1 - g0 == l1 - l0 <= width and cols[l0] == g0
+
+
+def test_band_width_divides_nb():
+    assert band_width(64) == 64 and band_width(256) == 64 and band_width(48) == 48 and band_width(96) == 48
+
+
+@pytest.mark.gpu
+def test_two_stage_on_cupy_matches_the_host():
+    cp = pytest.importorskip("cupy")
+    from hpccoll_eigensolver.linalg._xp import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no GPU")
+    from hpccoll_eigensolver.linalg.twostage import two_stage
+
+    n, nb = 150, 32
+    A = _symmetric(n, 2)
+    desc = BlockCyclic(n, n, nb, 1)
+    c = hpccoll.Communicator(backend="host", deterministic=True)
+    try:
+        C = cp.asfortranarray(cp.asarray(np.tril(A)))
+        d, e, Q = two_stage(C, desc, c, cp)
+        Z = cp.eye(n)
+        Q.apply(Z)
+        T = np.diag(cp.asnumpy(d)) + np.diag(cp.asnumpy(e), 1) + np.diag(cp.asnumpy(e), -1)
+        Zh = cp.asnumpy(Z)
+        assert np.abs(Zh @ T @ Zh.T - A).max() < 1e-12 * n * np.abs(A).max()
+    finally:
+        c.Free()
