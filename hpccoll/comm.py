@@ -26,36 +26,20 @@ from ._launcher import detect_singleton
 from . import _routes
 from ._fastpath import FastCall
 from ._validate import agree, integer, plain_signature, prepare, signature, switch
-from .backends.base import Backend, ranks_reasons
+from .backends.base import Backend
 from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
-from .backends.hier import Hierarchical, node_layout
-from .backends.host import HostBackend
-from .backends.topology import warn_if_shared_without_mps
+from .backends.factory import REQUESTS, open_backends
+from .backends.hier import node_layout
 from .errors import CollectiveTimeout, HpccollError
 from .ops import SUM, dtype_name
 from .request import Request
 
 log = logging.getLogger("hpccoll")
 
-BACKENDS = ("auto", "host", "cuda", "nccl")
+BACKENDS = REQUESTS
 # Free waits for a call in flight at most this many timeouts: every wait of a call is bounded by
 # the timeout, and a call makes a few (check mode's exchange, staging, the collective)
 _FREE_WAIT = 4
-
-
-def _device_backend_reason() -> str | None:
-    """None when the CUDA backend can run here, else why not."""
-    try:
-        import cupy
-    except Exception as exc:  # noqa: BLE001 - report any import failure
-        return f"CuPy is not importable ({exc.__class__.__name__}: {exc}); pip install 'hpccoll[cuda13]'"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001
-        return f"no usable CUDA driver ({exc})"
-    if n == 0:
-        return "no GPU"
-    return None
 
 
 class Communicator:
@@ -70,7 +54,7 @@ class Communicator:
 
     def __init__(self, comm=None, *, backend: str = "auto", device: int | None = None,
                  algorithm: str = "auto", deterministic: bool = False, check: bool | None = None,
-                 timeout: float | None = None, _owned_comm=None, _flat: bool = False):
+                 timeout: float | None = None, _owned_comm=None):
         if backend not in BACKENDS:
             raise ValueError(f"Communicator: backend={backend!r}: use one of {', '.join(BACKENDS)}")
         if not isinstance(algorithm, str):
@@ -103,8 +87,12 @@ class Communicator:
         self.deterministic = det
         self.check = self.config.check
         self.timeout = self.config.timeout
-        self._host = HostBackend(self._comm, self.timeout, shm=self.config.host_shm)
-        self._backend: Backend = self._host  # the device backend, or the hierarchical one
+        layout = node_layout(self._comm, self.config.node_size)  # (several nodes: backends/hier.py)
+        self._backends = open_backends(self._comm, backend, device, self.config, layout,
+                                       algorithm=algorithm, deterministic=det)
+        self._host = self._backends.host
+        self._backend: Backend = self._backends.main  # the device backend, the hierarchical one, or _host
+        self.backend = self._backends.name
         self._lock = threading.Lock()  # held by the call in flight; by Free from teardown on, for good
         self._freeing = threading.Lock()  # one Free at a time, from any thread
         self._fast: dict = {}  # collective name -> FastCall of its last call (hpccoll._fastpath)
@@ -112,40 +100,6 @@ class Communicator:
         self._group: list | None = None  # the calls queued inside `with comm.group():`
         self._requested = backend
         self._freed = False
-        layout = None if _flat else node_layout(self._comm, self.config.node_size)
-        if layout is not None:  # several nodes: node / inter-node / node phases (backends/hier.py)
-            self._backend = Hierarchical(self, layout, backend, device, make_comm=Communicator)
-            self.backend = self._backend.name
-            return
-        self.backend = self._open_device_backend(backend, device)
-
-    def _open_device_backend(self, backend: str, device) -> str:
-        if backend == "host":
-            return "host"
-        reason = _device_backend_reason()
-        # Construction is collective: agree on whether every rank can open the device path.
-        msg = ranks_reasons(self._comm, reason)
-        if msg:
-            if backend == "auto":
-                log.info("hpccoll: using the host backend (%s)", msg)
-                return "host"
-            raise HpccollError(f"Communicator: backend={backend!r} is not available: {msg}")
-        if backend == "nccl":
-            from .backends.nccl import NcclBackend
-
-            self._backend = NcclBackend(self._comm, device, self.timeout)
-            return "nccl"
-        from .backends.cuda import CudaBackend, CudaUnavailable
-
-        try:
-            self._backend = CudaBackend(self._comm, device, self.config)
-        except CudaUnavailable as exc:
-            if backend == "auto":
-                log.warning("hpccoll: CUDA backend unavailable, using host backend: %s", exc)
-                return "host"
-            raise
-        warn_if_shared_without_mps(self._comm, self._backend.device_id)  # (every rank: it opened)
-        return "cuda"
 
     # -- mpi4py-style basics -------------------------------------------------
     def _live(self, name: str) -> None:
@@ -250,23 +204,12 @@ class Communicator:
                 self._lock.release()  # disagreed: the communicator stays as it was
                 raise
             self._retire()
-            if self._backend is not self._host:
-                try:
-                    self._backend.free()
-                finally:
-                    self._release_host()
-            else:
-                self._release_host()
+            self._backends.free()
 
     def _retire(self) -> None:
         """Mark this communicator freed: later calls raise, repeats lose their fast path."""
         self._freed = True
         self._invalidate_plans()
-
-    def _release_host(self) -> None:
-        self._host.free()  # local
-        if not self._host.broken and not self._backend.abandoned:
-            self._comm.Free()
 
     def __enter__(self):
         return self

@@ -191,9 +191,9 @@ def test_h200_table_is_a_valid_table():
 
 def test_single_rank_host_run(tmp_path, capsys):
     """The whole command on one rank (host backend without a GPU)."""
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    if _device_backend_reason() is None:
+    if device_unavailable_reason() is None:
         pytest.skip("a GPU is usable here: the host-only path is not what runs")
     out = tmp_path / "one.json"
     args = _parser().parse_args(["bench", "allreduce", "--sizes", "8,1K", "--iters", "3", "--json", str(out)])
