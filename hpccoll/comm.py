@@ -135,6 +135,14 @@ class Communicator:
         """What this communicator's backend runs itself (hpccoll.backends.base.Capabilities)."""
         return self._backend.caps
 
+    @property
+    def backends(self):
+        """This communicator's backends (hpccoll.backends.factory.Backends: `host`, `main`,
+        `name`), for benchmarks and tools that time a backend itself (hpccoll.bench): their
+        interface is hpccoll.backends.base.Backend, not part of the stable API."""
+        self._live("backends")
+        return self._backends
+
     def Get_rank(self) -> int:
         self._live("Get_rank")
         return self._rank

@@ -300,13 +300,14 @@ def test_nccl_eager_timing_runs_unwatched_and_restores_the_watchdog():
 
     from hpccoll.bench.baselines import _unwatched
 
-    comm = types.SimpleNamespace(_backend=types.SimpleNamespace(watch=True))
-    assert _unwatched(comm, lambda: comm._backend.watch) is False
-    assert comm._backend.watch is True
+    nccl = types.SimpleNamespace(watch=True)
+    comm = types.SimpleNamespace(backends=types.SimpleNamespace(main=nccl))
+    assert _unwatched(comm, lambda: nccl.watch) is False
+    assert nccl.watch is True
 
     def boom():
         raise RuntimeError("timing failed")
 
     with pytest.raises(RuntimeError, match="timing failed"):
         _unwatched(comm, boom)
-    assert comm._backend.watch is True
+    assert nccl.watch is True

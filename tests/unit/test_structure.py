@@ -153,6 +153,20 @@ def test_only_the_factory_constructs_backends():
     assert made.search(factory.read_text())
 
 
+def test_the_bench_reads_no_private_attribute_of_a_communicator():
+    """hpccoll.bench reaches the backends through Communicator.backends (docs/api.md), never
+    through a communicator's private attributes."""
+    bad = []
+    for path in (PACKAGES["hpccoll"] / "bench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("_backend", "_backends", "_host", "_comm"):
+                bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "comm" and node.level == 2 and any(
+                    a.name.startswith("_") for a in node.names):
+                bad.append(f"{path.name}:{node.lineno}: a private name of hpccoll.comm")
+    assert not bad, bad
+
+
 # -- one source for the ABI ------------------------------------------------------------------
 def test_the_header_is_parsed_completely():
     text = (_abi.cuda_dir() / "hc_abi.h").read_text()
