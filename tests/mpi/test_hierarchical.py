@@ -129,7 +129,7 @@ def test_barrier_dup_split(hc):
 
 
 def test_prepare_reaches_the_node_communicator(hc, monkeypatch):
-    """prepare() on a hierarchical communicator prepares its node communicator (a no-op on the
+    """prepare() on a hierarchical communicator prepares its node backend (a no-op on the
     host backend, still checked) and leaves the collectives working."""
     seen = []
     real = hc._backend.node.main.prepare
