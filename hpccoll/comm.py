@@ -5,11 +5,13 @@ hpccoll's traffic never meets the caller's).  One collective is in flight per co
 at a time: calls from two threads, or on two streams without ordering between them, are not
 supported; use one communicator per stream (`Dup`).
 
-This module is the API only: a call is validated (hpccoll._validate), routed once
-(hpccoll._routes: the device backend for the calls it runs, its `caps`, the host backend for
-everything else, and the algorithm that backend's policy gives), agreed across ranks in check
-mode, and run by its backend (hpccoll/backends/base.py) as its route says.  Repeats of a call
-keep its route (hpccoll._fastpath), as persistent requests do."""
+This module is the API only: the backends come from hpccoll.backends.factory; a call is
+validated (hpccoll._validate), routed once (hpccoll._routes: the device backend for the calls
+it runs, its `caps`, the host backend for everything else, and the algorithm that backend's
+policy gives), agreed across ranks in check mode, and run by its backend
+(hpccoll/backends/base.py) as its route says.  Repeats of a call keep its route
+(hpccoll._fastpath), as persistent requests do (hpccoll/request.py plans them); the eager
+engine's control is hpccoll._eager's."""
 from __future__ import annotations
 
 import contextlib
