@@ -234,3 +234,33 @@ def _typed_bfloat16(arr, source):
             and str(getattr(source, "dtype", "")).endswith("bfloat16"):
         return arr.view(BFLOAT16)
     return arr
+
+
+def result_like(x, stream):
+    """Communicator.allreduce's result, made so that the call's stream may write it at once.  Made
+    on any other stream, its memory could be an array's just freed there whose last kernels,
+    queued on that stream, still read it: a CuPy result comes from the call's stream's pool; a torch result
+    from torch's allocator, the call's stream waiting for torch's current stream (the memory's
+    earlier users).  Not recorded on the tensor (record_stream): torch would record an event on
+    the call's stream when the tensor is freed, and a CuPy or raw stream may be gone by then."""
+    buf = as_buf(x, "x", "allreduce", writable=False)  # (its errors name allreduce's x)
+    if buf.device is None:
+        return np.empty_like(x)
+    import cupy
+
+    from .backends.streams import stream_ptr  # (no cycle: streams imports nothing of hpccoll)
+
+    with cupy.cuda.Device(buf.device):
+        s = stream_ptr(stream)
+        if type(x).__module__.split(".")[0] == "torch":
+            import torch
+
+            out = torch.empty_like(x)
+            current = torch.cuda.current_stream(x.device)
+            if current.cuda_stream != s:
+                torch.cuda.ExternalStream(s, device=x.device).wait_stream(current)
+            return out
+        if stream is None:  # the call runs on CuPy's current stream: allocate there
+            return cupy.empty_like(buf.array)
+        with cupy.cuda.ExternalStream(s):
+            return cupy.empty_like(buf.array)

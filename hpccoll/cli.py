@@ -68,9 +68,9 @@ def _info(args) -> int:
     import hpccoll
     from mpi4py import MPI
 
-    from .comm import _device_backend_reason
+    from .backends.factory import device_unavailable_reason
 
-    why = _device_backend_reason()
+    why = device_unavailable_reason()
     facts = MPI.COMM_WORLD.gather(_rank_facts(why), root=0)
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0

@@ -5,11 +5,13 @@ hpccoll's traffic never meets the caller's).  One collective is in flight per co
 at a time: calls from two threads, or on two streams without ordering between them, are not
 supported; use one communicator per stream (`Dup`).
 
-This module is the API only: a call is validated (hpccoll._validate), routed once
-(hpccoll._routes: the device backend for the calls it runs, its `caps`, the host backend for
-everything else, and the algorithm that backend's policy gives), agreed across ranks in check
-mode, and run by its backend (hpccoll/backends/base.py) as its route says.  Repeats of a call
-keep its route (hpccoll._fastpath), as persistent requests do."""
+This module is the API only: the backends come from hpccoll.backends.factory; a call is
+validated (hpccoll._validate), routed once (hpccoll._routes: the device backend for the calls
+it runs, its `caps`, the host backend for everything else, and the algorithm that backend's
+policy gives), agreed across ranks in check mode, and run by its backend
+(hpccoll/backends/base.py) as its route says.  Repeats of a call keep its route
+(hpccoll._fastpath), as persistent requests do (hpccoll/request.py plans them); the eager
+engine's control is hpccoll._eager's."""
 from __future__ import annotations
 
 import contextlib
@@ -17,45 +19,28 @@ import itertools
 import logging
 import threading
 
-import numpy as np
 from mpi4py import MPI
 
 from . import config as _config
-from ._buffers import as_buf
+from ._buffers import result_like
 from ._launcher import detect_singleton
-from . import _routes
+from . import _eager, _routes
 from ._fastpath import FastCall
 from ._validate import agree, integer, plain_signature, prepare, signature, switch
-from .backends.base import Backend, ranks_reasons
-from .backends.cuda.engine import DEFAULT_BLOCKS, validate_engine_args
-from .backends.hier import Hierarchical, node_layout
-from .backends.host import HostBackend
-from .backends.topology import warn_if_shared_without_mps
-from .errors import CollectiveTimeout, HpccollError
+from .backends.base import Backend
+from .backends.cuda.engine import DEFAULT_BLOCKS
+from .backends.factory import REQUESTS, open_backends
+from .backends.hier import node_layout
+from .errors import HpccollError
 from .ops import SUM, dtype_name
 from .request import Request
 
 log = logging.getLogger("hpccoll")
 
-BACKENDS = ("auto", "host", "cuda", "nccl")
+BACKENDS = REQUESTS
 # Free waits for a call in flight at most this many timeouts: every wait of a call is bounded by
 # the timeout, and a call makes a few (check mode's exchange, staging, the collective)
 _FREE_WAIT = 4
-
-
-def _device_backend_reason() -> str | None:
-    """None when the CUDA backend can run here, else why not."""
-    try:
-        import cupy
-    except Exception as exc:  # noqa: BLE001 - report any import failure
-        return f"CuPy is not importable ({exc.__class__.__name__}: {exc}); pip install 'hpccoll[cuda13]'"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001
-        return f"no usable CUDA driver ({exc})"
-    if n == 0:
-        return "no GPU"
-    return None
 
 
 class Communicator:
@@ -70,7 +55,7 @@ class Communicator:
 
     def __init__(self, comm=None, *, backend: str = "auto", device: int | None = None,
                  algorithm: str = "auto", deterministic: bool = False, check: bool | None = None,
-                 timeout: float | None = None, _owned_comm=None, _flat: bool = False):
+                 timeout: float | None = None, _owned_comm=None):
         if backend not in BACKENDS:
             raise ValueError(f"Communicator: backend={backend!r}: use one of {', '.join(BACKENDS)}")
         if not isinstance(algorithm, str):
@@ -103,8 +88,12 @@ class Communicator:
         self.deterministic = det
         self.check = self.config.check
         self.timeout = self.config.timeout
-        self._host = HostBackend(self._comm, self.timeout, shm=self.config.host_shm)
-        self._backend: Backend = self._host  # the device backend, or the hierarchical one
+        layout = node_layout(self._comm, self.config.node_size)  # (several nodes: backends/hier.py)
+        self._backends = open_backends(self._comm, backend, device, self.config, layout,
+                                       algorithm=algorithm, deterministic=det)
+        self._host = self._backends.host
+        self._backend: Backend = self._backends.main  # the device backend, the hierarchical one, or _host
+        self.backend = self._backends.name
         self._lock = threading.Lock()  # held by the call in flight; by Free from teardown on, for good
         self._freeing = threading.Lock()  # one Free at a time, from any thread
         self._fast: dict = {}  # collective name -> FastCall of its last call (hpccoll._fastpath)
@@ -112,40 +101,6 @@ class Communicator:
         self._group: list | None = None  # the calls queued inside `with comm.group():`
         self._requested = backend
         self._freed = False
-        layout = None if _flat else node_layout(self._comm, self.config.node_size)
-        if layout is not None:  # several nodes: node / inter-node / node phases (backends/hier.py)
-            self._backend = Hierarchical(self, layout, backend, device, make_comm=Communicator)
-            self.backend = self._backend.name
-            return
-        self.backend = self._open_device_backend(backend, device)
-
-    def _open_device_backend(self, backend: str, device) -> str:
-        if backend == "host":
-            return "host"
-        reason = _device_backend_reason()
-        # Construction is collective: agree on whether every rank can open the device path.
-        msg = ranks_reasons(self._comm, reason)
-        if msg:
-            if backend == "auto":
-                log.info("hpccoll: using the host backend (%s)", msg)
-                return "host"
-            raise HpccollError(f"Communicator: backend={backend!r} is not available: {msg}")
-        if backend == "nccl":
-            from .backends.nccl import NcclBackend
-
-            self._backend = NcclBackend(self._comm, device, self.timeout)
-            return "nccl"
-        from .backends.cuda import CudaBackend, CudaUnavailable
-
-        try:
-            self._backend = CudaBackend(self._comm, device, self.config)
-        except CudaUnavailable as exc:
-            if backend == "auto":
-                log.warning("hpccoll: CUDA backend unavailable, using host backend: %s", exc)
-                return "host"
-            raise
-        warn_if_shared_without_mps(self._comm, self._backend.device_id)  # (every rank: it opened)
-        return "cuda"
 
     # -- mpi4py-style basics -------------------------------------------------
     def _live(self, name: str) -> None:
@@ -181,6 +136,14 @@ class Communicator:
     def capabilities(self):
         """What this communicator's backend runs itself (hpccoll.backends.base.Capabilities)."""
         return self._backend.caps
+
+    @property
+    def backends(self):
+        """This communicator's backends (hpccoll.backends.factory.Backends: `host`, `main`,
+        `name`), for benchmarks and tools that time a backend itself (hpccoll.bench): their
+        interface is hpccoll.backends.base.Backend, not part of the stable API."""
+        self._live("backends")
+        return self._backends
 
     def Get_rank(self) -> int:
         self._live("Get_rank")
@@ -250,23 +213,12 @@ class Communicator:
                 self._lock.release()  # disagreed: the communicator stays as it was
                 raise
             self._retire()
-            if self._backend is not self._host:
-                try:
-                    self._backend.free()
-                finally:
-                    self._release_host()
-            else:
-                self._release_host()
+            self._backends.free()
 
     def _retire(self) -> None:
         """Mark this communicator freed: later calls raise, repeats lose their fast path."""
         self._freed = True
         self._invalidate_plans()
-
-    def _release_host(self) -> None:
-        self._host.free()  # local
-        if not self._host.broken and not self._backend.abandoned:
-            self._comm.Free()
 
     def __enter__(self):
         return self
@@ -478,77 +430,6 @@ class Communicator:
         self._fast.clear()
         self._plan_gen += 1
 
-    def _validate_persistent(self, req: Request, deterministic) -> None:
-        """A request's arguments, checked once, and its route, decided once (local: no
-        communication; in check mode agreed with every rank's init, so its errors too are raised
-        on every rank), and its launch prepared where one launch serves it (check mode: never, so
-        every Start checks)."""
-        name = f"{req._name}_init"
-
-        def validate():
-            det = self.deterministic if deterministic is None else switch(req._name, "deterministic", deterministic)
-            call, route = self._validated(req._name, req._send, req._recv, req._op, req._root, req._algo, det, None)
-            if req._stream is not None:
-                from .backends.streams import stream_ptr
-
-                stream_ptr(req._stream)  # a stream of the wrong type raises here
-            return (call, route), self._signature(call, route, name), call.v
-
-        if self.check:
-            with self._exclusive(name):
-                call, route = self._agreed(name, validate)
-        else:
-            self._live(name)
-            call, route = validate()[0]
-        req._call, req._route, req._det = call, route, route.deterministic
-        self._plan_request(req)
-
-    def _plan_request(self, req: Request) -> None:
-        route = req._route
-        eligible = (req._call is not None and not self.check and route.backend.caps.plans
-                    and FastCall.eligible(req._send, req._recv, req._call))
-        req._plan = route.backend.plan(req._call, route) if eligible else None
-        req._gen = self._plan_gen
-
-    def _launch_plan(self, plan, stream, name) -> None:
-        """A prepared launch, one collective at a time (the persistent requests' fast path)."""
-        lock = self._lock
-        if not lock.acquire(False):
-            raise self._busy(name)
-        try:
-            plan.launch(stream)
-        finally:
-            lock.release()
-
-    def _start_persistent_request(self, req: Request) -> None:
-        """Start's slow path: in a group, after the prepared launch went stale, or where none
-        serves the call (staging, several launches, host backend, check mode).  Outside check
-        mode the request's call runs by the route decided at its init."""
-        if self.check:  # the request's state is checked with its arguments, and agreed
-            self._run_checked(req._name, req._send, req._recv, req._op, req._root, req._algo, req._det,
-                              req._stream, before=req._startable)
-            return
-        if self._freed:
-            raise _freed_error(f"{req._name}_init request: Start")
-        if self._group is not None:
-            self._group.append((req._route.backend, (req._call, req._route, req._stream)))
-            return
-        if req._gen != self._plan_gen:
-            self._plan_request(req)
-        if req._plan is not None:
-            self._launch_plan(req._plan, req._stream, req._name)
-            return
-        with self._exclusive(req._name):
-            req._route.backend.run(req._call, req._route, req._stream)
-
-    def _stream_idle(self, stream) -> bool:
-        """Has every operation queued on `stream` finished?  (Synchronous backends: always.)"""
-        if not self._backend.caps.asynchronous:
-            return True
-        from .backends.streams import stream_idle
-
-        return stream_idle(stream)
-
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier (device work ordered on the stream too).
         In check mode every rank's call is compared first (a Barrier never pairs with a collective)."""
@@ -598,42 +479,16 @@ class Communicator:
         blocking call); the call skips the query.  With the check mode every call queries anyway
         and raises HpccollError when the stream had work left.  Launched calls are stream-ordered
         either way."""
-        self._live("start_persistent")
-        self._outside_group("start_persistent", "before")
-        name = dtype_name(dtype)
-        validate_engine_args(blocks, max_bytes, order)
-        if not self._backend.caps.engine:
-            raise HpccollError(f"start_persistent: needs the single-node cuda backend; this communicator's "
-                               f"backend is {self.backend!r} (open it with backend='cuda' on one node)")
-        with self._exclusive("start_persistent"):
-            self._invalidate_plans()  # prepared launches: the grid cap may change
-            self._backend.engines.start(name, blocks, max_bytes, order, self.check)
+        _eager.start(self, dtype, blocks, max_bytes, order)
 
     def stop_persistent(self, dtype=None) -> None:
         """Stop the eager engine of `dtype`, or every engine when None (collective)."""
-        if self._freed or not self._backend.caps.engine:
-            return
-        self._outside_group("stop_persistent", "after")
-        with self._exclusive("stop_persistent"):
-            self._invalidate_plans()
-            if dtype is None:
-                self._backend.engines.stop_all()
-            else:
-                self._backend.engines.stop(dtype_name(dtype))
+        _eager.stop(self, dtype)
 
-    @contextlib.contextmanager
     def persistent(self, dtype="float32", **kw):
         """`with comm.persistent("float32"):` start_persistent, then stop_persistent on exit
         (after a CollectiveTimeout, which stopped every engine already, the timeout propagates)."""
-        self.start_persistent(dtype, **kw)
-        try:
-            yield self
-        except CollectiveTimeout:
-            raise
-        except BaseException:
-            self.stop_persistent(dtype)
-            raise
-        self.stop_persistent(dtype)
+        return _eager.persistent(self, dtype, **kw)
 
     @contextlib.contextmanager
     def _exclusive(self, name):
@@ -648,8 +503,8 @@ class Communicator:
 
     def allreduce(self, x, op=SUM, **kw):
         """Return a new array: op over ranks of x, of x's kind (NumPy, torch, else CuPy), shape,
-        dtype and memory order, on x's device (_result_like)."""
-        out = _result_like(x, kw.get("stream"))
+        dtype and memory order, on x's device (hpccoll._buffers.result_like)."""
+        out = result_like(x, kw.get("stream"))
         self.Allreduce(x, out, op=op, **kw)
         return out
 
@@ -661,33 +516,3 @@ def _freed_error(name: str) -> HpccollError:
 def _in_flight(name: str) -> HpccollError:
     return HpccollError(f"{name}: another collective is in flight on this communicator "
                         "(one at a time per communicator; use Dup() for another thread)")
-
-
-def _result_like(x, stream):
-    """allreduce's result, made so that the call's stream may write it at once.  Made on any other
-    stream, its memory could be an array's just freed there whose last kernels, queued on that
-    stream, still read it: a CuPy result comes from the call's stream's pool; a torch result
-    from torch's allocator, the call's stream waiting for torch's current stream (the memory's
-    earlier users).  Not recorded on the tensor (record_stream): torch would record an event on
-    the call's stream when the tensor is freed, and a CuPy or raw stream may be gone by then."""
-    buf = as_buf(x, "x", "allreduce", writable=False)  # (its errors name allreduce's x)
-    if buf.device is None:
-        return np.empty_like(x)
-    import cupy
-
-    from .backends.streams import stream_ptr
-
-    with cupy.cuda.Device(buf.device):
-        s = stream_ptr(stream)
-        if type(x).__module__.split(".")[0] == "torch":
-            import torch
-
-            out = torch.empty_like(x)
-            current = torch.cuda.current_stream(x.device)
-            if current.cuda_stream != s:
-                torch.cuda.ExternalStream(s, device=x.device).wait_stream(current)
-            return out
-        if stream is None:  # the call runs on CuPy's current stream: allocate there
-            return cupy.empty_like(buf.array)
-        with cupy.cuda.ExternalStream(s):
-            return cupy.empty_like(buf.array)

@@ -6,6 +6,11 @@
         req.Start()                       # issue on the request's stream
         req.Wait()                        # y holds the result
 
+This module also plans a request for its Communicator (hpccoll/comm.py, which hands it its
+lock, validation, routing and check mode): validated and routed at init (`_validate`), its
+launch prepared (`_plan`), issued by `Start` through the prepared launch or, where none serves,
+by its route (`_start_slow`).
+
 A request binds its buffers, op, root, algorithm, policy and stream when it is made.  Every
 Start issues that call again by the route decided at init, without validating it or matching
 its arguments (the repeated call's fast path, minus the match), so a loop of Start/Wait is the cheapest blocking
@@ -16,6 +21,8 @@ requests started in a group share one launch.
 """
 from __future__ import annotations
 
+from ._fastpath import FastCall
+from ._validate import switch
 from .errors import HpccollError
 
 
@@ -28,13 +35,13 @@ class Request:
     def __init__(self, comm, name, sendbuf, recvbuf, op, root, algorithm, deterministic, stream):
         self._comm, self._name = comm, name
         self._send, self._recv, self._op, self._root = sendbuf, recvbuf, op, root
-        self._algo = algorithm  # (None: the communicator's default; _validate_persistent decides)
-        self._det = None  # (the policy: _validate_persistent decides)
+        self._algo = algorithm  # (None: the communicator's default; _validate decides)
+        self._det = None  # (the policy: _validate decides)
         self._stream = stream
         self._call = self._plan = self._route = None  # the validated call, its route, its prepared launch
         self._gen = -1
         self._active = self._freed = False
-        comm._validate_persistent(self, deterministic)  # bad arguments raise here, at init, as MPI's do
+        self._validate(deterministic)  # bad arguments raise here, at init, as MPI's do
 
     # -- MPI's request calls -----------------------------------------------------------
     def Start(self) -> None:
@@ -42,14 +49,14 @@ class Request:
         In check mode this request's state is checked with its arguments, on every rank together."""
         comm = self._comm
         if comm.check:
-            comm._start_persistent_request(self)
+            self._start_slow()
         else:
             if self._freed or self._active:
                 self._startable()  # raises
             if comm._group is None and self._gen == comm._plan_gen and self._plan is not None:
-                comm._launch_plan(self._plan, self._stream, self._name)
+                _launch(comm, self._plan, self._stream, self._name)
             else:
-                comm._start_persistent_request(self)
+                self._start_slow()
         self._active = True
 
     def _startable(self) -> None:
@@ -74,7 +81,7 @@ class Request:
         """True when the collective has finished (then as Wait); False while it runs."""
         if not self._active:
             return True
-        if self._comm._group is None and self._comm._stream_idle(self._stream):
+        if self._comm._group is None and self._stream_idle():
             self.Wait()
             return True
         return False
@@ -103,6 +110,82 @@ class Request:
         for r in requests:
             r.Wait()
 
+    # -- planning, for the Communicator -------------------------------------------------
+    def _validate(self, deterministic) -> None:
+        """The arguments, checked once, and the route, decided once (local: no communication; in
+        check mode agreed with every rank's init, so its errors too are raised on every rank),
+        and the launch prepared where one launch serves it (check mode: never, so every Start
+        checks)."""
+        comm, name = self._comm, f"{self._name}_init"
+
+        def validate():
+            det = comm.deterministic if deterministic is None else switch(self._name, "deterministic", deterministic)
+            call, route = comm._validated(self._name, self._send, self._recv, self._op, self._root, self._algo,
+                                          det, None)
+            if self._stream is not None:
+                from .backends.streams import stream_ptr
+
+                stream_ptr(self._stream)  # a stream of the wrong type raises here
+            return (call, route), comm._signature(call, route, name), call.v
+
+        if comm.check:
+            with comm._exclusive(name):
+                call, route = comm._agreed(name, validate)
+        else:
+            comm._live(name)
+            call, route = validate()[0]
+        self._call, self._route, self._det = call, route, route.deterministic
+        self._plan_launch()
+
+    def _plan_launch(self) -> None:
+        """The prepared launch (or None), for the communicator's current plans (`_plan_gen`)."""
+        comm, route = self._comm, self._route
+        eligible = (self._call is not None and not comm.check and route.backend.caps.plans
+                    and FastCall.eligible(self._send, self._recv, self._call))
+        self._plan = route.backend.plan(self._call, route) if eligible else None
+        self._gen = comm._plan_gen
+
+    def _start_slow(self) -> None:
+        """Start's slow path: in a group, after the prepared launch went stale, or where none
+        serves the call (staging, several launches, host backend, check mode).  Outside check
+        mode the call runs by the route decided at init."""
+        comm = self._comm
+        if comm.check:  # the request's state is checked with its arguments, and agreed
+            comm._run_checked(self._name, self._send, self._recv, self._op, self._root, self._algo, self._det,
+                              self._stream, before=self._startable)
+            return
+        comm._live(f"{self._name}_init request: Start")
+        if comm._group is not None:
+            comm._group.append((self._route.backend, (self._call, self._route, self._stream)))
+            return
+        if self._gen != comm._plan_gen:
+            self._plan_launch()
+        if self._plan is not None:
+            _launch(comm, self._plan, self._stream, self._name)
+            return
+        with comm._exclusive(self._name):
+            self._route.backend.run(self._call, self._route, self._stream)
+
+    def _stream_idle(self) -> bool:
+        """Has every operation queued on the request's stream finished?  (Synchronous backends:
+        always.)"""
+        if not self._comm._backend.caps.asynchronous:
+            return True
+        from .backends.streams import stream_idle
+
+        return stream_idle(self._stream)
+
     def __repr__(self) -> str:
         state = "freed" if self._freed else "active" if self._active else "inactive"
         return f"<hpccoll.Request {self._name} ({state}) on {self._comm!r}>"
+
+
+def _launch(comm, plan, stream, name) -> None:
+    """A prepared launch, one collective at a time on `comm` (the persistent requests' fast path)."""
+    lock = comm._lock
+    if not lock.acquire(False):
+        raise comm._busy(name)
+    try:
+        plan.launch(stream)
+    finally:
+        lock.release()

@@ -2,7 +2,7 @@
 
 The Communicator (hpccoll/comm.py) validates a call, then hands the `Call` to a backend: the
 host backend for host buffers, its device backend (cuda, nccl, or the hierarchical composition
-of node and inter-node communicators) for device buffers of the collectives that backend runs
+of node and inter-node backends) for device buffers of the collectives that backend runs
 (`caps.collectives`); any other device call goes to the host backend, which stages it through
 host memory.  Nothing in comm.py asks a backend what it is: it reads `caps`."""
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Hierarchical collectives for communicators that span several nodes.
 
-Every collective runs in phases: inside each node on a node-local Communicator (hpccoll's
-LLBuffer kernels on GPUs, MPI on the host backend), between nodes on a "stripe" communicator
-that joins the ranks with the same node-local rank (MPI with host staging; NCCL for
-non-deterministic device calls when available), then inside the node again.
+Every collective runs in phases: inside each node on the node's backends (hpccoll's LLBuffer
+kernels on GPUs, MPI on the host backend), between nodes on the backends of a "stripe" that
+joins the ranks with the same node-local rank (MPI with host staging; NCCL for
+non-deterministic device calls when available), then inside the node again.  The factory
+(factory.py) opens those backends; a phase builds its Call and routes it once (hpccoll._routes).
 
 Layout: ranks are grouped by node (`MPI_Comm_split_type(SHARED)`), nodes ordered by their
 lowest rank, ranks in a node by rank.  Every node must hold the same number of ranks.
@@ -41,9 +42,12 @@ from functools import cached_property
 
 from mpi4py import MPI
 
-from .. import policy
-from .._buffers import IN_PLACE
+from .. import _routes, policy
+from .._buffers import IN_PLACE, Buf, is_in_place
+from .._fastpath import FastCall
+from .._validate import Call
 from ..errors import CollectiveTimeout, HpccollError
+from ..ops import dtype_name
 from .base import Backend, Capabilities, Route
 from .streams import stream_ptr
 
@@ -92,7 +96,7 @@ def node_layout(mpi_comm, node_size: int | None = None) -> NodeLayout | None:
                       tuple(tuple(m) for m in members))
 
 
-def _physical_device(mpi_comm, layout: NodeLayout, simulated: bool) -> int | None:
+def physical_device(mpi_comm, layout: NodeLayout, simulated: bool) -> int | None:
     """This rank's GPU from its place on the PHYSICAL machine (collective).  Simulated nodes
     (HPCCOLL_NODE_SIZE) share one machine's GPUs: with a GPU per rank every rank gets its own;
     with fewer GPUs each simulated node takes one GPU (node % GPUs), so the ranks of one
@@ -111,6 +115,23 @@ def _physical_device(mpi_comm, layout: NodeLayout, simulated: bool) -> int | Non
     if ndev >= here or not simulated:
         return local % ndev
     return layout.node % ndev
+
+
+def nccl_between_reason(stripe_mpi, node) -> str | None:
+    """Why the stripe cannot run device calls on NCCL, or None (collective over the stripe: the
+    nodes' backends may differ).  node: this rank's node backends (hpccoll.backends.factory).
+    GPUs are told apart as NCCL does, by host and PCI bus: on separate nodes the same ordinal
+    is another GPU."""
+    from .nccl import nccl_unavailable_reason
+    from .topology import nccl_identity, shared_gpus
+
+    why = nccl_unavailable_reason() if node.name == "cuda" else f"a node runs the {node.name} backend"
+    gathered = stripe_mpi.allgather((why, nccl_identity(node.main.device_id) if why is None else None))
+    whys = [w for w, _ in gathered if w]
+    shared = shared_gpus([gpu for _, gpu in gathered])
+    if shared:
+        whys.append(f"in one inter-node group {shared} (NCCL needs one GPU per rank)")
+    return whys[0] if whys else None
 
 
 def _xp(buf):
@@ -134,91 +155,92 @@ def _on_stream(buf, stream):
     return cupy.cuda.ExternalStream(stream_ptr(stream))
 
 
+def _phase_buf(arr, dtype: str) -> Buf:
+    """A Buf of a 1-D contiguous array: a flat view of the validated call's buffers, or an array
+    made here (no checks: the outer call was validated once)."""
+    return Buf(arr, arr, dtype, arr.size, arr.data.device_id if _is_device(arr) else None)
+
+
+def _is_device(arr) -> bool:
+    return type(arr).__module__.startswith("cupy")
+
+
 class Hierarchical(Backend):
-    """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases, on
-    Communicators of the nodes and of the stripes (made by `make_comm`, the Communicator class:
-    passed in, so this module does not import the one that imports it)."""
+    """Runs validated calls (hpccoll._validate.Call) in node / stripe / node phases, on the
+    backends of the node (`node`) and of the stripe (`stripe`: its host backend; `stripe_nccl`:
+    its NCCL, or None), each a hpccoll.backends.factory.Backends opened by the factory.  A phase
+    builds its Call directly and routes it once (hpccoll._routes); no phase re-enters a
+    Communicator."""
 
     caps = Capabilities(device=True, host_buffers=True, collectives=frozenset({"Allreduce", "Bcast", "Allgather",
                                                              "Reduce_scatter_block"}),
                         algorithms=("mpi", "host") + tuple(policy.ALGORITHMS), asynchronous=True)
 
-    def __init__(self, parent, layout: NodeLayout, backend: str, device, make_comm):
-        Communicator = make_comm
+    def __init__(self, layout: NodeLayout, node, stripe, stripe_nccl, rsag_bytes: int, algorithm: str,
+                 deterministic: bool):
+        """algorithm / deterministic: the communicator's defaults, for the node phases whose
+        outer call names none (the phases that follow the node's own choice)."""
         self.layout = layout
-        self.rank = parent.rank
-        self.rsag_bytes = parent.config.hier_rsag_bytes
-        kw = dict(algorithm=parent.algorithm, deterministic=parent.deterministic, check=False,
-                  timeout=parent.timeout, _flat=True)
-        if device is None and backend != "host":
-            device = _physical_device(parent.mpi_comm, layout, parent.config.node_size is not None)
-        local_mpi = parent.mpi_comm.Split(layout.node, layout.local)
-        stripe_mpi = parent.mpi_comm.Split(layout.local, layout.node)
-        # A node whose communicator cannot open (backend='cuda' without P2P there, say) raises on
-        # its ranks: every node learns it before the stripes are made, and raises too
-        error = None
-        try:
-            self.local = Communicator(local_mpi, backend=backend, device=device, _owned_comm=local_mpi, **kw)
-        except Exception as exc:  # noqa: BLE001 - agreed below, then re-raised on this rank
-            error = exc
-        failed = parent.mpi_comm.allgather(None if error is None else f"node {layout.node}: {error}")
-        if any(failed):
-            if error is not None:
-                raise error
-            self.local.Free()
-            raise HpccollError("Communicator: another node's communicator could not open ("
-                               + "; ".join(dict.fromkeys(f for f in failed if f)) + ")")
-        self.stripe = Communicator(stripe_mpi, backend="host", _owned_comm=stripe_mpi, **kw)
-        self.stripe_nccl = None
-        # NCCL between nodes for device calls: decided by every rank of the stripe together (the
-        # nodes' backends may differ); GPUs told apart as NCCL does, by host and PCI bus, since
-        # on separate nodes the same ordinal is another GPU
-        from .nccl import nccl_unavailable_reason
-        from .topology import nccl_identity, shared_gpus
-
-        why = (nccl_unavailable_reason() if self.local.backend == "cuda"
-               else f"a node runs the {self.local.backend} backend")
-        gathered = stripe_mpi.allgather((why, nccl_identity(self.local.device) if why is None else None))
-        whys = [w for w, _ in gathered if w]
-        shared = shared_gpus([gpu for _, gpu in gathered])
-        if shared:
-            whys.append(f"in one inter-node group {shared} (NCCL needs one GPU per rank)")
-        if whys:
-            if self.local.backend == "cuda":
-                log.info("hpccoll: inter-node phase on MPI only: %s", whys[0])
-        else:
-            dup = stripe_mpi.Dup()
-            self.stripe_nccl = Communicator(dup, backend="nccl", device=self.local.device, _owned_comm=dup, **kw)
+        self.node, self.stripe, self.stripe_nccl = node, stripe, stripe_nccl
+        self.rank = layout.rank_of[layout.node][layout.local]
+        self.rsag_bytes = rsag_bytes
+        self.algorithm, self.deterministic = algorithm, deterministic
+        self._fast: dict = {}  # (id(backends), collective) -> FastCall of that phase's last call
 
     @property
     def name(self) -> str:
         between = "nccl|mpi" if self.stripe_nccl else "mpi"
-        return f"hier({self.layout.nodes}x{self.layout.per_node}: {self.local.backend}+{between})"
+        return f"hier({self.layout.nodes}x{self.layout.per_node}: {self.node.name}+{between})"
 
     @property
     def device_id(self):
-        return self.local.device
+        return self.node.main.device_id
 
     def _between(self, buf, det: bool, stream):
-        """The inter-node communicator for this call; device data waits for the node phase.  Its
+        """The inter-node backends for this call; device data waits for the node phase.  Its
         calls ask for "auto": a node-phase kernel named by the caller means nothing to MPI or NCCL."""
         if buf.is_device and not det and self.stripe_nccl is not None:
             return self.stripe_nccl
         if buf.is_device:
-            self.local.synchronize(stream)  # host staging reads the buffer: node phase first
+            self.node.main.synchronize(stream)  # host staging reads the buffer: node phase first
         return self.stripe
+
+    def _phase(self, where, name, send, recv, op=None, root=None, algorithm=None, det=None, stream=None):
+        """One phase's collective on `where` (node or stripe backends): its Call built directly
+        (send: an array, IN_PLACE or None), routed once (hpccoll._routes), run.  A repeat of the
+        phase's last call on the same arrays keeps its route and, once repeated, its prepared
+        launch (hpccoll._fastpath), as a communicator's repeated call does."""
+        key = self.algorithm if algorithm is None else algorithm
+        if det is None:
+            det = self.deterministic
+        slot = (id(where), name)
+        fast = self._fast.get(slot)
+        if fast is not None and fast.matches(send, recv, op, root, key, det):
+            if fast.plan is not None:
+                fast.plan.launch(stream)
+            else:
+                fast.run(stream)
+            return
+        dtype = dtype_name(recv.dtype)
+        rb = _phase_buf(recv, dtype)
+        in_place = send is None or is_in_place(send)
+        call = Call(name, rb if in_place else _phase_buf(send, dtype), rb, op, root, in_place)
+        route = _routes.route(where.host, where.main, self.algorithm, call, algorithm, det)
+        route.backend.run(call, route, stream)
+        self._fast[slot] = (FastCall(call, route, send, recv, op, root, key, det)
+                            if FastCall.eligible(send, recv, call) else None)
 
     @property
     def broken(self) -> str | None:
-        """Why a phase's communicator is unusable (one of its calls timed out), or None."""
-        for c in (self.local, self.stripe, self.stripe_nccl):
-            why = c is not None and (c._host.broken or getattr(c._backend, "broken", None))
+        """Why a phase's backends are unusable (one of their calls timed out), or None."""
+        for b in (self.node, self.stripe, self.stripe_nccl):
+            why = b is not None and b.broken
             if why:
                 return why
         return None
 
     def _check(self, name: str) -> None:
-        """Raise before any phase runs once a phase's communicator broke: a node phase on healthy
+        """Raise before any phase runs once a phase's backends broke: a node phase on healthy
         peers would otherwise write into the caller's buffers before the broken phase raised."""
         why = self.broken
         if why:
@@ -226,8 +248,8 @@ class Hierarchical(Backend):
                                     collective=name)
 
     def route(self, call, algorithm: str, deterministic: bool) -> Route:
-        """An Allreduce's composition (policy.hier_variant) as its algorithm; the node phase's
-        own route is decided on the node (a name it cannot run raises there)."""
+        """An Allreduce's composition (policy.hier_variant) as its algorithm; each phase's own
+        route is decided when the phase runs (a name the node cannot run raises there)."""
         path = self.allreduce_variant(call.recv.nbytes, algorithm) if call.name == "Allreduce" else algorithm
         return Route(self, algorithm, path, deterministic)
 
@@ -249,9 +271,9 @@ class Hierarchical(Backend):
         """Latency first: two collectives, each stripe carries the whole message."""
         recv = call.recv.flat
         src = IN_PLACE if call.in_place else call.send.flat
-        self.local.Allreduce(src, recv, op=call.op, algorithm=algo, deterministic=det, stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, recv, op=call.op, algorithm="auto", deterministic=det,
-                                                stream=stream)
+        self._phase(self.node, "Allreduce", src, recv, call.op, algorithm=algo, det=det, stream=stream)
+        self._phase(self._between(call.recv, det, stream), "Allreduce", IN_PLACE, recv, call.op, algorithm="auto",
+                    det=det, stream=stream)
 
     def _allreduce_rsag(self, call, det, algo, stream):
         """Bandwidth first: local rank i reduces shard i over its node, then with the local ranks i
@@ -267,13 +289,12 @@ class Hierarchical(Backend):
             if padded:
                 src = xp.concatenate([src, xp.zeros(shard_len * P - n, dtype=recv.dtype)])
             shard = xp.empty(shard_len, dtype=recv.dtype)
-        self.local.Reduce_scatter_block(src, shard, op=call.op, algorithm=algo, deterministic=det,
-                                        stream=stream)
-        self._between(call.recv, det, stream).Allreduce(IN_PLACE, shard, op=call.op, algorithm="auto",
-                                                        deterministic=det, stream=stream)
+        self._phase(self.node, "Reduce_scatter_block", src, shard, call.op, algorithm=algo, det=det, stream=stream)
+        self._phase(self._between(call.recv, det, stream), "Allreduce", IN_PLACE, shard, call.op, algorithm="auto",
+                    det=det, stream=stream)
         with _on_stream(call.recv, stream):
             gathered = xp.empty(shard_len * P, dtype=recv.dtype) if padded else recv
-        self.local.Allgather(shard, gathered, algorithm=algo, stream=stream)
+        self._phase(self.node, "Allgather", shard, gathered, algorithm=algo, stream=stream)
         if padded:
             with _on_stream(call.recv, stream):
                 recv[...] = gathered[:n]
@@ -282,8 +303,9 @@ class Hierarchical(Backend):
         node, local = self._where(call.root)
         buf = call.recv.flat
         if self.layout.local == local:
-            self._between(call.recv, True, stream).Bcast(buf, root=node, algorithm="auto", stream=stream)
-        self.local.Bcast(buf, root=local, stream=stream)
+            self._phase(self._between(call.recv, True, stream), "Bcast", None, buf, root=node, algorithm="auto",
+                        stream=stream)
+        self._phase(self.node, "Bcast", None, buf, root=local, stream=stream)
 
     def _allgather(self, call, det, algo, stream, _path=None):
         L, xp = self.layout, _xp(call.recv)
@@ -293,8 +315,9 @@ class Hierarchical(Backend):
             mine = recv[self.rank * n:(self.rank + 1) * n].copy() if call.in_place else call.send.flat
             in_node = xp.empty(L.per_node * n, dtype=recv.dtype)
             target = recv if L.contiguous else xp.empty_like(recv)
-        self.local.Allgather(mine, in_node, stream=stream)
-        self._between(call.recv, True, stream).Allgather(in_node, target, algorithm="auto", stream=stream)
+        self._phase(self.node, "Allgather", mine, in_node, stream=stream)
+        self._phase(self._between(call.recv, True, stream), "Allgather", in_node, target, algorithm="auto",
+                    stream=stream)
         if not L.contiguous:  # [node][local] blocks -> rank order
             blocks = target.reshape(L.nodes * L.per_node, n)
             out = recv.reshape(-1, n)
@@ -315,10 +338,10 @@ class Hierarchical(Backend):
         with _on_stream(call.recv, stream):  # (after the stream's work that wrote src)
             grouped = blocks[xp.asarray(order)].reshape(-1)
             node_sums = xp.empty(L.nodes * n, dtype=src.dtype)
-        self.local.Reduce_scatter_block(grouped, node_sums, op=call.op, deterministic=det, stream=stream)
+        self._phase(self.node, "Reduce_scatter_block", grouped, node_sums, call.op, det=det, stream=stream)
         out = call.recv.flat[:n]
-        self._between(call.recv, det, stream).Reduce_scatter_block(node_sums, out, op=call.op, algorithm="auto",
-                                                           deterministic=det, stream=stream)
+        self._phase(self._between(call.recv, det, stream), "Reduce_scatter_block", node_sums, out, call.op,
+                    algorithm="auto", det=det, stream=stream)
 
     def _where(self, rank: int) -> tuple[int, int]:
         for j, row in enumerate(self.layout.rank_of):
@@ -327,24 +350,25 @@ class Hierarchical(Backend):
         raise HpccollError(f"rank {rank} is in no node")  # pragma: no cover - layout covers all ranks
 
     def prepare(self, dtypes) -> None:
-        self.local.prepare(dtypes)
+        self.node.main.prepare(dtypes)
 
     def barrier(self) -> None:
         self._check("Barrier")
-        self.local.Barrier()
+        self.node.main.barrier()
         if self.layout.local == 0:
-            self.stripe.Barrier()
-        self.local.Barrier()
+            self.stripe.main.barrier()
+        self.node.main.barrier()
 
     def synchronize(self, stream=None) -> None:
-        self.local.synchronize(stream)
+        self.node.main.synchronize(stream)
         if self.stripe_nccl is not None:  # (its stream is idle now: raises if its watchdog aborted NCCL)
-            self.stripe_nccl.synchronize(stream)
+            self.stripe_nccl.main.synchronize(stream)
 
     def free(self) -> None:
-        for c in (self.local, self.stripe, self.stripe_nccl):
-            if c is not None:
-                c.Free()
+        self._fast.clear()
+        for b in (self.node, self.stripe, self.stripe_nccl):
+            if b is not None:
+                b.free()
 
 
 _RUN = {"Allreduce": Hierarchical._allreduce, "Bcast": Hierarchical._bcast,

@@ -48,7 +48,7 @@ def _unwatched(nccl_comm, fn):
     """fn() with the NCCL backend's watchdog off, so that eager calls time NCCL itself: its
     events and polling wait add microseconds per call (bench/nccl_watchdog_cost.py).  The row's
     check ran watched, and captured calls are never watched."""
-    backend = nccl_comm._backend
+    backend = nccl_comm.backends.main
     backend.watch = False
     try:
         return fn()

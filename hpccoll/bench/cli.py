@@ -73,10 +73,10 @@ def check(args) -> None:
     if why:
         raise SystemExit(f"hpccoll {cmd}: {why}")
     if cmd == "tune":
-        from ..comm import _device_backend_reason
+        from ..backends.factory import device_unavailable_reason
 
         ranks_of: dict[str, list[int]] = {}
-        for r, w in enumerate(world.allgather(_device_backend_reason())):
+        for r, w in enumerate(world.allgather(device_unavailable_reason())):
             if w:
                 ranks_of.setdefault(w, []).append(r)
         if ranks_of:

@@ -76,7 +76,8 @@ def bench_hpccoll(comm, case, algo, opts, gpu: bool, log) -> dict:
         try:
             call = case.prepare()
             op = call.op.name if call.op else None
-            row["resolved"] = comm._backend.resolve(call.name, call.recv.dtype, op, call.send.nbytes, det, "auto")
+            row["resolved"] = comm.backends.main.resolve(call.name, call.recv.dtype, op, call.send.nbytes, det,
+                                                         "auto")
         except Exception:  # noqa: BLE001 - the row only loses its label; the call reports errors
             pass
     if not check_once(row, case, mpi, lambda: (case.call(comm, algo, det), sync()), log):
@@ -129,7 +130,7 @@ def _in_kernel(comm, case, algo, det, opts, row) -> float:
     a zeroed output, checked (every collective of it reads the same input)."""
     import cupy
 
-    mpi, b = comm.mpi_comm, comm._backend
+    mpi, b = comm.mpi_comm, comm.backends.main
     call = case.prepare()
     route = b.route(call, algo, det)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -174,7 +175,7 @@ def time_graph_group(comm, case, iters: int, **kw) -> float:
 def blocking(comm, row, fn_on_stream, opts, log) -> None:
     """blocking_us = per-op time of a graph of (op, device barrier) minus a barrier's; `comm`
     is the hpccoll communicator whose barrier kernel separates the ops."""
-    b = comm._backend
+    b = comm.backends.main
 
     def both(s):
         fn_on_stream(s)
@@ -215,7 +216,7 @@ def _eager_persistent(comm, case, algo, det, opts, row, log) -> float:
     guarded(mpi, lambda: comm.start_persistent(opts.dtype, blocks=blocks, max_bytes=blocks * BYTES_PER_BLOCK,
                                                order=opts.engine_order))
     try:
-        eng = comm._backend.engines.engines()[dtype_name(opts.dtype)]
+        eng = comm.backends.main.engines.engines()[dtype_name(opts.dtype)]
         guarded(mpi, lambda: (case.call(comm, algo, det), comm.synchronize()))
         if not case.check(mpi, case.host_result()):
             raise Skip("wrong result through the eager engine")

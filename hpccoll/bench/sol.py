@@ -25,7 +25,7 @@ def measure_sol(comm, log) -> dict:
     collective: its copy writes into every peer's two-shot region, re-armed afterwards."""
     import cupy
 
-    dev, mpi = comm._backend, comm.mpi_comm
+    dev, mpi = comm.backends.main, comm.mpi_comm
     res: dict = {}
     mod = guarded(mpi, lambda: _load_sol(dev), "sol.cu: ")
     # Every local step goes through guarded: ranks agree it worked before the next collective,
@@ -86,7 +86,7 @@ def _pingpong_ns(comm, mod, a, s, out) -> float | None:
     from .._abi import const
     from ..backends.cuda.driver import launch_raw
 
-    dev, mpi, rank = comm._backend, comm.mpi_comm, comm.rank
+    dev, mpi, rank = comm.backends.main, comm.mpi_comm, comm.rank
     word = dev.ws.peers[rank] + const("HC_OFF_PINGPONG")
 
     def reset():

@@ -90,7 +90,7 @@ def run_sweep(opts, log=None) -> dict:
         except Exception as exc:  # noqa: BLE001 - the model is context, not the measurement
             skipped["sol"] = str(exc) if isinstance(exc, Skip) else describe(exc)
             log(f"SoL model skipped: {skipped['sol']}")
-    peer_atomics = bool(comm._backend.peer_atomics) if flat else False
+    peer_atomics = bool(comm.backends.main.peer_atomics) if flat else False
     algos = algorithm_list(opts.collective, opts.algorithms, opts.dtype, opts.deterministic,
                            peer_atomics, gpu) if flat or not gpu else ["auto"]
     nccl_comm, host_comm = _open_baselines(comm, opts, gpu, flat, torch_skip, skipped, log)
@@ -102,7 +102,8 @@ def run_sweep(opts, log=None) -> dict:
     log = progress.log
     rows = result["rows"]
     if flat:
-        set_aligner(lambda h: comm._backend.barrier(stream=h, sync=False))
+        device = comm.backends.main
+        set_aligner(lambda h: device.barrier(stream=h, sync=False))
     try:
         for nbytes in sizes:
             try:

@@ -31,9 +31,9 @@ def _shared_dir():
 
 
 def _no_gpu():
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    return WORLD.allreduce(_device_backend_reason() is not None, op=MPI.LAND)
+    return WORLD.allreduce(device_unavailable_reason() is not None, op=MPI.LAND)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "bcast", "allgather", "reduce_scatter"])

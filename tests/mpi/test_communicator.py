@@ -107,9 +107,9 @@ def test_context_manager_frees_on_exception():
 
 
 def test_auto_backend_falls_back_to_host_without_gpu():
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    if _device_backend_reason() is None:
+    if device_unavailable_reason() is None:
         pytest.skip("a GPU is usable here; auto picks the device backend")
     with hpccoll.Communicator() as c:
         assert c.backend == "host"
@@ -332,7 +332,7 @@ def test_free_leaves_the_mpi_communicator_when_the_backend_gave_up():
         c = hpccoll.Communicator(WORLD, backend="host")
         mpi_comm = c.mpi_comm
         if gives_up:
-            c._backend = GaveUp()
+            c._backends.main = GaveUp()
         c.Free()
         assert (mpi_comm != MPI.COMM_NULL) == gives_up
         if gives_up:

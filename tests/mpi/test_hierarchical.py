@@ -129,11 +129,11 @@ def test_barrier_dup_split(hc):
 
 
 def test_prepare_reaches_the_node_communicator(hc, monkeypatch):
-    """prepare() on a hierarchical communicator prepares its node communicator (a no-op on the
+    """prepare() on a hierarchical communicator prepares its node backend (a no-op on the
     host backend, still checked) and leaves the collectives working."""
     seen = []
-    real = hc._backend.local.prepare
-    monkeypatch.setattr(hc._backend.local, "prepare", lambda dtypes: (seen.append(list(dtypes)), real(dtypes)))
+    real = hc._backend.node.main.prepare
+    monkeypatch.setattr(hc._backend.node.main, "prepare", lambda dtypes: (seen.append(list(dtypes)), real(dtypes)))
     hc.prepare(("float64", np.int32))
     assert seen == [["float64", "int32"]]
     x = np.full(5, float(WORLD.Get_rank() + 1))
@@ -148,6 +148,51 @@ def test_bad_node_size(monkeypatch):
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", str(WORLD.Get_size() + 1))
     with pytest.raises(ValueError, match="HPCCOLL_NODE_SIZE"):
         hpccoll.Communicator(backend="host")
+
+
+def _spy_routes_and_communicators(monkeypatch):
+    """(Communicator entries as (communicator, method), the `main` backend of every route made)."""
+    from hpccoll import _routes
+    from hpccoll.comm import Communicator
+
+    entered, routed = [], []
+    for name in ("Allreduce", "Reduce_scatter_block", "Allgather", "Bcast", "_run"):
+        real = getattr(Communicator, name)
+
+        def spy(self, *a, _name=name, _real=real, **kw):
+            entered.append((self, _name))
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(Communicator, name, spy)
+    real_route = _routes.route
+
+    def route(host, main, *a, **kw):
+        routed.append(main)
+        return real_route(host, main, *a, **kw)
+
+    monkeypatch.setattr(_routes, "route", route)
+    return entered, routed
+
+
+def test_a_hierarchical_call_routes_each_phase_once_without_a_communicator(hc, monkeypatch):
+    """The hierarchical backend composes backends: a call enters the Communicator once (the
+    user's call), is routed once, and each phase ("ar": node Allreduce, stripe Allreduce) is
+    routed once on its own backends; repeats keep every route (no routing at all)."""
+    entered, routed = _spy_routes_and_communicators(monkeypatch)
+    hier = hc._backend
+    x, y = np.arange(5.0), np.empty(5)
+    hc.Allreduce(x, y)
+    assert routed == [hier, hier.node.main, hier.stripe.main]
+    assert entered == [(hc, "Allreduce"), (hc, "_run")]
+    for _ in range(3):
+        hc.Allreduce(x, y)
+        assert np.array_equal(y, x * WORLD.Get_size())
+    assert len(routed) == 3 and {c for c, _ in entered} == {hc}
+    b = np.arange(4.0) if WORLD.Get_rank() == 0 else np.zeros(4)
+    hc.Bcast(b, root=0)  # the stripe phase on the node's local rank of the root only
+    assert np.array_equal(b, np.arange(4.0))
+    assert routed[3] is hier and hier.node.main in routed[4:] and len(routed) <= 6
+    assert {c for c, _ in entered} == {hc}
 
 
 # -- Allreduce, "rsag" variant (node Reduce_scatter / inter-node Allreduce / node Allgather) --------
@@ -221,6 +266,16 @@ def test_allreduce_rsag_deterministic_bits(hc_rsag, monkeypatch, dtype, op):
         assert len(set(WORLD.allgather(_bits(y)))) == 1, f"{dtype} {op} n={n}: ranks differ"
     again.Free()
     assert ran == ["rsag"] * 2 * len(counts)  # `again` is a Dup: its calls are not recorded
+
+
+def test_an_rsag_call_routes_each_of_its_three_phases_once(hc_rsag, monkeypatch):
+    entered, routed = _spy_routes_and_communicators(monkeypatch)
+    hier = hc_rsag._backend
+    x, y = np.arange(7.0), np.empty(7)
+    hc_rsag.Allreduce(x, y, deterministic=True)
+    assert _bits(y) == _bits(_hier_ref(OPS["SUM"], WORLD.allgather(x), hier.layout))
+    assert routed == [hier, hier.node.main, hier.stripe.main, hier.node.main]
+    assert entered == [(hc_rsag, "Allreduce"), (hc_rsag, "_run")]
 
 
 @pytest.mark.parametrize("node_size", NODE_SIZES, ids=lambda d: f"node_size{d}")
@@ -311,17 +366,17 @@ def test_a_node_whose_communicator_fails_fails_every_node(monkeypatch):
     """The last simulated node (one rank each) cannot open its node communicator: its rank
     raises its own error, every other node an HpccollError naming it, instead of waiting for
     it in the inter-node communicator's construction."""
-    import hpccoll.comm as comm_module
+    import hpccoll.backends.factory as factory
 
     last = WORLD.Get_size() - 1
-    real = comm_module.HostBackend
+    real = factory.HostBackend
 
     def host_backend(mpi_comm, *args, **kw):
         if mpi_comm.Get_size() == 1 and WORLD.Get_rank() == last:
             raise RuntimeError("node communicator broken here")
         return real(mpi_comm, *args, **kw)
 
-    monkeypatch.setattr(comm_module, "HostBackend", host_backend)
+    monkeypatch.setattr(factory, "HostBackend", host_backend)
     monkeypatch.setenv("HPCCOLL_NODE_SIZE", "1")
     if WORLD.Get_rank() == last:
         with pytest.raises(RuntimeError, match="node communicator broken here"):
@@ -330,7 +385,7 @@ def test_a_node_whose_communicator_fails_fails_every_node(monkeypatch):
         with pytest.raises(HpccollError, match=f"another node's communicator could not open \\(node {last}: "
                                                "node communicator broken here"):
             hpccoll.Communicator(backend="host")
-    monkeypatch.setattr(comm_module, "HostBackend", real)
+    monkeypatch.setattr(factory, "HostBackend", real)
     c = hpccoll.Communicator(backend="host")   # the next one opens
     x = np.ones(3)
     y = np.empty_like(x)

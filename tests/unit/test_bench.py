@@ -191,9 +191,9 @@ def test_h200_table_is_a_valid_table():
 
 def test_single_rank_host_run(tmp_path, capsys):
     """The whole command on one rank (host backend without a GPU)."""
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    if _device_backend_reason() is None:
+    if device_unavailable_reason() is None:
         pytest.skip("a GPU is usable here: the host-only path is not what runs")
     out = tmp_path / "one.json"
     args = _parser().parse_args(["bench", "allreduce", "--sizes", "8,1K", "--iters", "3", "--json", str(out)])
@@ -300,13 +300,14 @@ def test_nccl_eager_timing_runs_unwatched_and_restores_the_watchdog():
 
     from hpccoll.bench.baselines import _unwatched
 
-    comm = types.SimpleNamespace(_backend=types.SimpleNamespace(watch=True))
-    assert _unwatched(comm, lambda: comm._backend.watch) is False
-    assert comm._backend.watch is True
+    nccl = types.SimpleNamespace(watch=True)
+    comm = types.SimpleNamespace(backends=types.SimpleNamespace(main=nccl))
+    assert _unwatched(comm, lambda: nccl.watch) is False
+    assert nccl.watch is True
 
     def boom():
         raise RuntimeError("timing failed")
 
     with pytest.raises(RuntimeError, match="timing failed"):
         _unwatched(comm, boom)
-    assert comm._backend.watch is True
+    assert nccl.watch is True

@@ -40,9 +40,9 @@ def test_info_prints_the_configuration_in_effect(capsys, monkeypatch):
 
 
 def test_info_reports_why_there_is_no_gpu(capsys):
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    why = _device_backend_reason()
+    why = device_unavailable_reason()
     if why is None:
         pytest.skip("a GPU is usable here")
     main(["info"])
@@ -119,9 +119,9 @@ def test_unknown_algorithms_are_refused_with_the_valid_ones(no_sweep, capsys):
 
 
 def test_tune_refuses_at_once_without_a_gpu(no_sweep, capsys):
-    from hpccoll.comm import _device_backend_reason
+    from hpccoll.backends.factory import device_unavailable_reason
 
-    why = _device_backend_reason()
+    why = device_unavailable_reason()
     if why is None:
         pytest.skip("a GPU is usable here")
     err = _refused(["tune", "--sizes", "8", "--iters", "1"], capsys)

@@ -183,10 +183,10 @@ def test_the_hierarchical_synchronize_raises_when_the_nccl_between_nodes_was_abo
 
     h = Hierarchical.__new__(Hierarchical)
     waited = []
-    h.local, h.stripe_nccl = Local(), None
+    h.node, h.stripe_nccl = types.SimpleNamespace(main=Local()), None
     h.synchronize(7)
     assert waited == [("local", 7)]
-    h.stripe_nccl = Stripe()
+    h.stripe_nccl = types.SimpleNamespace(main=Stripe())
     with pytest.raises(CollectiveTimeout, match="did not finish"):
         h.synchronize(7)
     assert waited == [("local", 7), ("local", 7), ("nccl", 7)]
@@ -216,6 +216,7 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     never asks NCCL).  NCCL, MPI and the GPU replaced by fakes."""
     import hpccoll.backends.cuda.backend as cb
     import hpccoll.backends.nccl as nccl_mod
+    from hpccoll.backends.factory import open_nccl
     from hpccoll.config import Config
 
     made, waited = [], []
@@ -243,7 +244,7 @@ def test_the_cuda_backends_nccl_fallback_passes_its_watchdogs_timeout_on(monkeyp
     b.table = {"allreduce": {"2": [[None, "nccl"]]}}  # (NCCL above every size at 2 ranks)
     b.size, b.device_id, b.comm, b.ws, b.broken = 2, 0, Mpi(), Ws(), None
     b.config = Config(nccl_fallback=True)
-    nccl = b._nccl = b._open_nccl_fallback(Mpi())
+    nccl = b._nccl = b._open_nccl_fallback(Mpi(), open_nccl)  # (the factory's, as it passes it)
     assert nccl is made[0] and nccl.on_abort is not None
     b.check_error()                                      # nothing yet
     nccl.on_abort("Allreduce: an NCCL call did not finish 30.0 s after ...")

@@ -133,6 +133,40 @@ def test_the_eigensolver_library_imports_nothing_of_its_app():
     assert not bad, f"linalg imports the app: {bad}"
 
 
+def test_only_the_factory_constructs_backends():
+    """hpccoll.backends.factory is the one place a backend is constructed: no other module of the
+    library calls a backend class (tests build theirs from fakes)."""
+    made = re.compile(r"\b(HostBackend|CudaBackend|NcclBackend|Hierarchical)\(")
+    factory = PACKAGES["hpccoll"] / "backends" / "factory.py"
+    bad = []
+    for base in PACKAGES.values():
+        for path in base.rglob("*.py"):
+            if path == factory:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                    if made.match(name + "("):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(")
+    assert not bad, bad
+    assert made.search(factory.read_text())
+
+
+def test_the_bench_reads_no_private_attribute_of_a_communicator():
+    """hpccoll.bench reaches the backends through Communicator.backends (docs/api.md), never
+    through a communicator's private attributes."""
+    bad = []
+    for path in (PACKAGES["hpccoll"] / "bench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("_backend", "_backends", "_host", "_comm"):
+                bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "comm" and node.level == 2 and any(
+                    a.name.startswith("_") for a in node.names):
+                bad.append(f"{path.name}:{node.lineno}: a private name of hpccoll.comm")
+    assert not bad, bad
+
+
 # -- one source for the ABI ------------------------------------------------------------------
 def test_the_header_is_parsed_completely():
     text = (_abi.cuda_dir() / "hc_abi.h").read_text()

@@ -56,7 +56,9 @@ class CudaBackend(Backend):
     name = "cuda"
     caps = CAPS
 
-    def __init__(self, mpi_comm, device=None, config: Config | None = None):
+    def __init__(self, mpi_comm, device=None, config: Config | None = None, open_nccl=None):
+        """Collective.  open_nccl(mpi_comm, device, timeout): opens the NCCL fallback where the
+        tuning table wants it (hpccoll.backends.factory passes its own)."""
         import cupy
         from mpi4py import MPI
 
@@ -127,12 +129,12 @@ class CudaBackend(Backend):
         self.engines = EngineSet(self)
         self.set_grid_cap()
         self.broken: str | None = None
-        self._nccl = self._open_nccl_fallback(mpi_comm)
+        self._nccl = self._open_nccl_fallback(mpi_comm, open_nccl)
         self.fuser = Fuser(pdl, self.site, self.table) if config.fuse else None
         self.is_capturing = cupy.cuda.runtime.streamIsCapturing  # CuPy's binding: a direct C call
         mpi_comm.Barrier()  # nobody writes into a workspace before its owner initialised it
 
-    def _open_nccl_fallback(self, mpi_comm):
+    def _open_nccl_fallback(self, mpi_comm, open_nccl):
         """NCCL for the sizes where the tuning table prefers it (collective; None otherwise).
         Opt-in (HPCCOLL_NCCL_FALLBACK=1, the same on every rank): by default hpccoll's own
         kernels serve every size."""
@@ -142,7 +144,7 @@ class CudaBackend(Backend):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce; the NCCL fallback "
                      "is opt-in (HPCCOLL_NCCL_FALLBACK=1): hpccoll's kernels serve those sizes")
             return None
-        from ..nccl import NcclBackend, nccl_unavailable_reason
+        from ..nccl import nccl_unavailable_reason
 
         shared = ranks_sharing_gpus(mpi_comm, self.device_id)  # (every rank)
         why = nccl_unavailable_reason() or (f"{shared}, which NCCL does not support" if shared else None)
@@ -150,7 +152,7 @@ class CudaBackend(Backend):
             log.info("hpccoll: the tuning table prefers NCCL for large Allreduce but it is "
                      "unavailable (%s): hpccoll's two-shot kernels serve those sizes", why)
             return None
-        nccl = NcclBackend(mpi_comm, self.device_id, self.config.timeout)
+        nccl = open_nccl(mpi_comm, self.device_id, self.config.timeout)
         nccl.on_abort = lambda why: setattr(self, "broken", why)  # its watchdog's timeout: ours too
         return nccl
 
