@@ -92,8 +92,9 @@ def test_collective_counts(comm):
     """potrf one Bcast per panel; sygst one per panel but the last, then one per panel but the
     first (the deferred substitution); sytrd per column one Bcast and (for all but the last two
     columns) one Allreduce; stedc (dc) per tree level one Allreduce and one Allgather, then one
-    Alltoallv; ormtr and trsm one Bcast per panel; before the phases one Allgather of each rank's
-    arguments and largest magnitudes, after trsm one of its X's finiteness.  Nothing else: no
+    Alltoallv; ormtr and trsm one Bcast per panel; before potrf one Allgather of each rank's
+    B and options, before sygst one of its A (shapes, largest magnitudes), after trsm one of its
+    X's finiteness.  Nothing else: no
     Allgather of a matrix."""
     n, nb = 70, 16
     panels = -(-n // nb)
@@ -112,7 +113,7 @@ def test_collective_counts(comm):
         assert s["stedc"]["Allgather"]["max_bytes"] <= 8 * 2 * (n + comm.size) * comm.size
     assert counts["ormtr"] == {"Bcast": panels}
     assert counts["trsm"] == {"Bcast": panels, "Allgather": 1}      # and whether any rank's X is finite
-    assert {name: c["count"] for name, c in s["other"].items()} == {"Allgather": 1}   # the agreed arguments
+    assert {name: c["count"] for name, c in s["other"].items()} == {"Allgather": 2}   # the agreed B, then A
     assert s["other"]["Allgather"]["max_bytes"] <= 8 * 16 * comm.size
     assert set(timer.seconds) == {"potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm"}
     # no message carries a matrix: at most a panel of 2 nb columns, or a rank's columns
