@@ -46,16 +46,6 @@ from .layout import BlockCyclic
 ORTHO_TOL = 1e-3   # dstein's ODM3: eigenvalues closer than this times ||T_block||_1 form a cluster
 
 
-def check_subset(subset_by_index, n: int) -> tuple[int, int]:
-    """(lo, hi) of scipy.linalg.eigh's subset_by_index for an n x n problem (inclusive, 0-based),
-    or ValueError naming subset_by_index and what is wrong."""
-    lo, hi = subset_record(subset_by_index)
-    message = subset_problem(lo, hi, n, subset_by_index)
-    if message:
-        raise ValueError(message)
-    return int(lo), int(hi)
-
-
 def subset_record(subset_by_index) -> tuple[float, float]:
     """(lo, hi) as floats for the ranks' agreement record: NaN where subset_by_index is not a
     pair of integers, -1 for None (no subset)."""
