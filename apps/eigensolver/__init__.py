@@ -7,8 +7,8 @@
 Works on NumPy arrays (host) and CuPy arrays (GPU); see linalg/driver.py for the algorithm and
 docs/eigensolver.md for the memory model."""
 from .linalg.layout import BlockCyclic, distribute, gather, numroc
-from .linalg.driver import PHASES, InputError, NonFiniteResult, NotPositiveDefinite, sygvd
+from .linalg.driver import PHASES, GeneralizedSolver, InputError, NonFiniteResult, NotPositiveDefinite, sygvd
 from .warmup import warm_up
 
-__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "warm_up", "PHASES", "NotPositiveDefinite",
+__all__ = ["BlockCyclic", "distribute", "gather", "numroc", "sygvd", "GeneralizedSolver", "warm_up", "PHASES", "NotPositiveDefinite",
            "NonFiniteResult", "InputError"]

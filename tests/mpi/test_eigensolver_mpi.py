@@ -92,9 +92,9 @@ def test_collective_counts(comm):
     """potrf one Bcast per panel; sygst one per panel but the last, then one per panel but the
     first (the deferred substitution); sytrd per column one Bcast and (for all but the last two
     columns) one Allreduce; stedc (dc) per tree level one Allreduce and one Allgather, then one
-    Alltoallv; ormtr and trsm one Bcast per panel; before the phases one Allgather of each rank's
-    arguments and largest magnitudes, after trsm one of its X's finiteness.  Nothing else: no
-    Allgather of a matrix."""
+    Alltoallv; ormtr and trsm one Bcast per panel; before potrf one Allgather of each rank's
+    B and options, before sygst one of its A (shapes, largest magnitudes), after trsm one of its
+    X's finiteness.  Nothing else: no Allgather of a matrix."""
     n, nb = 70, 16
     panels = -(-n // nb)
     prob = make_problem("random", n, seed=1)
@@ -112,8 +112,13 @@ def test_collective_counts(comm):
         assert s["stedc"]["Allgather"]["max_bytes"] <= 8 * 2 * (n + comm.size) * comm.size
     assert counts["ormtr"] == {"Bcast": panels}
     assert counts["trsm"] == {"Bcast": panels, "Allgather": 1}      # and whether any rank's X is finite
-    assert {name: c["count"] for name, c in s["other"].items()} == {"Allgather": 1}   # the agreed arguments
-    assert s["other"]["Allgather"]["max_bytes"] <= 8 * 17 * comm.size
+    # the agreed records, B's (before potrf) then A's (before sygst): per array its largest
+    # magnitude, shape (2), realness and module; the descriptor (4) and the rank's column count;
+    # then the options, B's stedc, sytrd and reduction, A's eigvals_only and subset_by_index (2)
+    b_record, a_record = 5 + 5 + 3, 5 + 5 + 3
+    assert {name: c["count"] for name, c in s["other"].items()} == {"Allgather": 2}   # the agreed B, then A
+    assert s["other"]["Allgather"]["max_bytes"] == 8 * max(b_record, a_record) * comm.size
+    assert s["other"]["Allgather"]["bytes"] == 8 * (b_record + a_record) * comm.size
     assert set(timer.seconds) == {"potrf", "sygst", "sytrd", "stedc", "ormtr", "trsm"}
     # no message carries a matrix: at most a panel of 2 nb columns, or a rank's columns
     largest = max(v["max_bytes"] for phase, d in s.items() if phase != "total" for v in d.values())

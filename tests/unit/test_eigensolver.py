@@ -467,3 +467,30 @@ def test_the_stored_spectrum_is_far_more_accurate_than_a_float64_solve(kind, con
     exact, permuted = metrics.stored_spectrum(A, B), metrics.stored_spectrum(A[p], B[p])
     lapack = metrics.eigenvalue_error(sl.eigh(A, B, eigvals_only=True), exact)
     assert metrics.eigenvalue_error(permuted, exact) < 0.05 * lapack, (n, lapack)
+
+
+def test_subset_and_solver_object_on_one_rank():
+    """One rank (the serial stage; tests/mpi/test_eigensolver_subset_mpi.py runs 1-4 ranks):
+    subset_by_index against SciPy's, eigvals_only the same w, GeneralizedSolver's second solve
+    the same bits as a fresh sygvd, bad subsets a ValueError naming subset_by_index."""
+    import scipy.linalg as sl
+    from hpccoll import Communicator
+
+    from hpccoll_eigensolver import GeneralizedSolver
+
+    n = 61
+    prob, other = make_problem("clustered", n, cond_b=1e8, seed=2), make_problem("known", n, cond_b=1e8, seed=4)
+    desc = BlockCyclic(n, n, 8, 1)
+    with Communicator(backend="host", deterministic=True) as comm:
+        w, X = sygvd(prob.A, prob.B, desc, comm, subset_by_index=(10, 24))
+        ws, Xs = sl.eigh(prob.A, prob.B, subset_by_index=(10, 24))
+        assert X.shape == (n, 15) and np.abs(w - ws).max() <= 1e-6 * np.abs(ws).max()
+        assert metrics.residual(prob.A, prob.B, X, w) <= 2 * max(metrics.residual(prob.A, prob.B, Xs, ws), 1.0)
+        assert sygvd(prob.A, prob.B, desc, comm, subset_by_index=(10, 24), eigvals_only=True)[0].tobytes() == w.tobytes()
+        with GeneralizedSolver(prob.B, desc, comm) as solver:
+            solver.solve(other.A)
+            w2, X2 = solver.solve(prob.A, subset_by_index=(10, 24))
+        assert w2.tobytes() == w.tobytes() and X2.tobytes() == X.tobytes()
+        for bad in [(3, 2), (0, n), (0.5, 3), "0:3"]:
+            with pytest.raises(ValueError, match="subset_by_index"):
+                sygvd(prob.A, prob.B, desc, comm, subset_by_index=bad)

@@ -8,11 +8,13 @@ for, and a driver that composes them.  It imports nothing of the app around it.
   sytrd.py         Householder tridiagonalization (array operations; householder.py: dlarfg)
   sytrd_device.py  its GPU column step: sytrd_step.cu, constants in sytrd_abi.h
   stedc/           the tridiagonal eigensolver by divide and conquer (dlaed0-dlaed4's steps)
+  stein.py         a subset of the tridiagonal eigenpairs: bisection (dstebz), inverse iteration (dstein)
   ormtr.py         back-transformation Q Z by the reflectors
-  driver.py        sygvd: the phases in order, timed by the caller's Timer (timer.py)
+  driver.py        sygvd and GeneralizedSolver (B factored once, many A): the phases in order,
+                   timed by the caller's Timer (timer.py)
   _xp.py           NumPy / CuPy helpers and the cuBLAS / cuSOLVER calls CuPy does not make"""
-from .driver import PHASES, NotPositiveDefinite, sygvd
+from .driver import PHASES, GeneralizedSolver, NotPositiveDefinite, sygvd
 from .layout import BlockCyclic, distribute, gather, numroc
 from .timer import NoTimer, Timer
 
-__all__ = ["BlockCyclic", "NoTimer", "NotPositiveDefinite", "PHASES", "Timer", "distribute", "gather", "numroc", "sygvd"]
+__all__ = ["BlockCyclic", "GeneralizedSolver", "NoTimer", "NotPositiveDefinite", "PHASES", "Timer", "distribute", "gather", "numroc", "sygvd"]

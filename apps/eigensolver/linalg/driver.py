@@ -50,6 +50,7 @@ from .layout import BlockCyclic, column_order, rows_to_columns
 from .ormtr import ormtr
 from .potrf import NotPositiveDefinite, back_transform, panel_desc, potrf
 from .stedc import Early, tridiagonal_eigh, tridiagonal_matrix
+from .stein import stein_subset, subset_problem, subset_record
 from .sygst import sygst, sygst_desc
 from .sytrd import sytrd as householder_sytrd
 from .sytrd_device import MODES
@@ -73,17 +74,20 @@ class NonFiniteResult(ArithmeticError):
 
 
 def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | None = None,
-          timer: Timer | None = None, stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None,
-          reduction: str = "auto"):
+          subset_by_index: tuple[int, int] | None = None, timer: Timer | None = None, stedc: str = "auto",
+          sytrd: str = "auto", eigvecs: bool | None = None, reduction: str = "auto"):
     """Eigenvalues w (ascending, replicated on every rank) and local columns of X with
     A X = B X diag(w), X^T B X = I, for block-cyclic A_local, B_local (numpy or cupy).
 
     Returns (w, X_local); (w, None) with eigvals_only=True (scipy.linalg.eigh's keyword; None
     means False), which computes no tridiagonal eigenvectors and no back-transformation.
     eigvecs: the older name, eigvecs=False meaning eigvals_only=True (a DeprecationWarning;
-    both given: TypeError).  A_local and B_local are not
+    both given: TypeError).  subset_by_index=(lo, hi) (scipy.linalg.eigh's keyword: inclusive,
+    0-based): only w[lo..hi] and their k = hi - lo + 1 vectors, X_local then the rank's columns
+    of the n x k matrix in BlockCyclic(n, k, nb, P) (stein.py: bisection and inverse iteration,
+    cost proportional to k).  A_local and B_local are not
     modified.  `comm` is an hpccoll Communicator (or anything with its buffer methods).
-    stedc: the tridiagonal eigensolver, "dc" (divide and conquer over the ranks on the arrays'
+    stedc: the tridiagonal eigensolver of a full solve, "dc" (divide and conquer over the ranks on the arrays'
     device; "auto" means it), "host" (LAPACK dstevd on rank 0) or "gpu" (cuSOLVER on rank 0's
     GPU; device arrays only); "host" and "gpu" hold n x n eigenvectors on rank 0 for a moment.
     sytrd: how the GPU runs the tridiagonalization's column step, "auto" (fused transfers
@@ -93,40 +97,95 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     reduction: the tridiagonalization, "one-stage" (sytrd; "auto" means it) or "two-stage"
     (dense -> band -> tridiagonal, twostage.py; sytrd= does not apply to it).
 
+    sygvd(A, B, ...) is GeneralizedSolver(B, ...).solve(A, ...): the same code, the same bits.
     A and B are scaled by powers of two into a safe range first and the results scaled back
     (scaling.py), so any magnitudes whose eigenvalues fit float64 solve alike.  Errors are
     raised on every rank alike: InputError (a ValueError) for arrays or arguments that
-    differ from the descriptor or between ranks, or A or B not finite; NotPositiveDefinite (a
+    differ from the descriptor or between ranks, or A or B not finite, or a subset_by_index
+    that is not 0 <= lo <= hi < n; NotPositiveDefinite (a
     ValueError) for a B that is not numerically positive definite; NonFiniteResult (an
     ArithmeticError) where w or X would hold NaN or Inf."""
     vectors = not eigvals_only_from(eigvals_only, eigvecs, "sygvd")
-    xp = get_xp(A_local, B_local)
-    size = comm.Get_size()
-    a_exp, b_exp = agree_inputs(A_local, B_local, desc, comm, xp, vectors, stedc, sytrd, reduction)
-    where = stedc_choice(stedc, is_device(xp))
-    timer = timer if timer is not None else NoTimer()
-    # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
-    # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
-    early = Early(desc.n, xp) if solves_early(where, vectors, size) else None
-    d, e, tau, V, L = tridiagonalize(A_local, B_local, desc, comm, xp, timer, sytrd,
-                                     early.hooks if early else (), scale_exponents=(a_exp, b_exp),
-                                     reduction=reduction)
-    with timer.phase("stedc"):
-        w, Z = _stedc(d, e, desc, comm, xp, vectors, where, early.solved if early else None)
-    if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
-        w = xp.array(w, copy=True)
-        scaling.scale(w, b_exp - a_exp)
-    if not vectors:
-        _check_finite(w, None, comm, xp, b_exp - a_exp)
-        return w, None
-    with timer.phase("ormtr"):
-        V.apply(Z) if tau is None else ormtr(V, tau, Z, desc, comm, xp)   # tau None: two-stage's Q
-    del V
-    with timer.phase("trsm"):
-        back_transform(Z, L, panel_desc(desc), comm, xp)
-        scaling.scale(Z, b_exp // 2)                   # x = sqrt(tau) x'
-        _check_finite(w, Z, comm, xp, b_exp - a_exp)
-    return w, Z
+    with GeneralizedSolver(B_local, desc, comm, stedc=stedc, sytrd=sytrd, reduction=reduction, timer=timer,
+                           name="sygvd") as solver:
+        return solver.solve(A_local, eigvals_only=not vectors, subset_by_index=subset_by_index)
+
+
+class GeneralizedSolver:
+    """A x = lambda B x for many A with one B (an SCF loop): the constructor checks B on every
+    rank, scales it and factors it, B = L L^T (potrf), once; each solve(A) then runs sygst,
+    the tridiagonalization, the tridiagonal eigensolver, ormtr and trsm with that L, skipping
+    potrf and B's checks.  sygvd(A, B) is GeneralizedSolver(B).solve(A): a solve gives the
+    same bits as a fresh sygvd of the same pair.
+
+        with GeneralizedSolver(B_local, desc, comm) as s:
+            for A_local in ...:
+                w, X_local = s.solve(A_local)
+
+    Holds L: one n x desc.local_n(rank) share (the size of B_local), until free() or the end of
+    the with block.  stedc, sytrd, reduction and timer as sygvd's (solve may pass its own
+    timer); B_local is not modified."""
+
+    def __init__(self, B_local, desc: BlockCyclic, comm, *, stedc: str = "auto", sytrd: str = "auto",
+                 reduction: str = "auto", timer: Timer | None = None, name: str = "GeneralizedSolver"):
+        self.desc, self.comm, self.stedc, self.sytrd, self.name = desc, comm, stedc, sytrd, name
+        self.reduction = reduction
+        self.xp = get_xp(B_local)
+        self.timer = timer if timer is not None else NoTimer()
+        self.b_exp = agree_factor(B_local, desc, comm, self.xp, stedc, sytrd, name, reduction)
+        self.where = stedc_choice(stedc, is_device(self.xp))
+        self.L = cholesky(B_local, desc, comm, self.xp, self.timer, self.b_exp)
+
+    def solve(self, A_local, *, eigvals_only: bool = False, subset_by_index: tuple[int, int] | None = None,
+              timer: Timer | None = None):
+        """(w, X_local) of A x = lambda B x, as sygvd(A_local, B_local, desc, comm, ...) returns
+        them: w ascending and replicated; X_local the rank's columns of X, in desc's layout, or
+        with subset_by_index=(lo, hi) of the n x k matrix in BlockCyclic(n, k, nb, P),
+        k = hi - lo + 1; None with eigvals_only=True.  A_local is not modified."""
+        if self.L is None:
+            raise ValueError(f"{self.name}: solve after free(): make a new solver for B")
+        desc, comm, xp = self.desc, self.comm, self.xp
+        timer = timer if timer is not None else self.timer
+        vectors = not eigvals_only
+        a_exp, subset = agree_operand(A_local, desc, comm, xp, vectors, subset_by_index, self.name)
+        b_exp = self.b_exp
+        # one rank: the divide and conquer's subtrees whose rows sytrd has finished are solved while
+        # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
+        early = (Early(desc.n, xp) if subset is None and solves_early(self.where, vectors, comm.Get_size())
+                 else None)
+        d, e, tau, V, L = tridiagonalize(A_local, None, desc, comm, xp, timer, self.sytrd,
+                                         early.hooks if early else (), scale_exponents=(a_exp, b_exp), L=self.L,
+                                         reduction=self.reduction)
+        with timer.phase("stedc"):
+            if subset is None:
+                w, Z = _stedc(d, e, desc, comm, xp, vectors, self.where, early.solved if early else None)
+            else:
+                w, Z = stein_subset(d, e, *subset, desc.nb, comm, xp, vectors)
+        if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
+            w = xp.array(w, copy=True)
+            scaling.scale(w, b_exp - a_exp)
+        if not vectors:
+            _check_finite(w, None, comm, xp, b_exp - a_exp, self.name)
+            return w, None
+        with timer.phase("ormtr"):
+            # tau None: two-stage's Q (Q1 Q2 on any n x k columns, the subset's included)
+            V.apply(Z) if tau is None else ormtr(V, tau, Z, desc, comm, xp)
+        del V
+        with timer.phase("trsm"):
+            back_transform(Z, L, panel_desc(desc), comm, xp)
+            scaling.scale(Z, b_exp // 2)                   # x = sqrt(tau) x'
+            _check_finite(w, Z, comm, xp, b_exp - a_exp, self.name)
+        return w, Z
+
+    def free(self) -> None:
+        """Drop the Cholesky factor (solve raises afterwards)."""
+        self.L = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
 
 
 def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str) -> bool:
@@ -142,80 +201,106 @@ def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str)
     return not eigvecs
 
 
-#: the per-rank record agree_inputs exchanges (float64 entries)
-_FIELDS = ("max_abs_A", "max_abs_B", "n", "m", "nb", "nprocs", "A_rows", "A_cols", "B_rows", "B_cols",
-           "own_cols", "A_real", "B_real", "stedc", "sytrd", "eigvals_only", "reduction")
+def agree_factor(B_local, desc: BlockCyclic, comm, xp, stedc: str, sytrd: str, who: str = "sygvd",
+                 reduction: str = "auto") -> int:
+    """Check B_local, the descriptor and the solver's options (stedc, sytrd, reduction) on every
+    rank at once (one Allgather of a fixed-size record per rank, _agree); returns B's scaling
+    exponent b (scaling.exponent, even)."""
+    codes = (("stedc", STEDC_CHOICES.index(stedc) if stedc in STEDC_CHOICES else -1),
+             ("sytrd", SYTRD_CHOICES.index(sytrd) if sytrd in SYTRD_CHOICES else -1),
+             ("reduction", REDUCTION_CHOICES.index(reduction) if reduction in REDUCTION_CHOICES else -1))
+    t = _agree(who, [("B", B_local)], codes, desc, comm, xp)
+    if desc.m != desc.n:
+        raise InputError(f"{who}: the matrix must be square, the descriptor says {desc.m} x {desc.n}")
+    if desc.nprocs != comm.Get_size():
+        raise InputError(f"{who}: the descriptor is for {desc.nprocs} ranks, the communicator has {comm.Get_size()}")
+    if sytrd not in SYTRD_CHOICES:
+        raise InputError(f"{who}: sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
+    if reduction not in REDUCTION_CHOICES:
+        raise InputError(f"{who}: reduction={reduction!r}: use {', '.join(map(repr, REDUCTION_CHOICES))}")
+    stedc_choice(stedc, is_device(xp))          # the same verdict on every rank
+    b_max = float(t["max_abs_B"].max())
+    if not b_max > 0:
+        raise NotPositiveDefinite("B is not numerically positive definite: B is zero")
+    return scaling.exponent(b_max, even=True)
 
 
-def agree_inputs(A_local, B_local, desc: BlockCyclic, comm, xp, vectors: bool, stedc: str, sytrd: str,
-                 reduction: str = "auto"):
-    """Check sygvd's arguments on every rank at once: one Allgather of a fixed-size record per
-    rank (the descriptor, the arrays' shapes and dtypes, the options, the largest magnitudes of
-    A's and B's columns), so that an argument wrong on one rank only, or differing between
-    ranks, raises the same InputError on every rank instead of a mismatched collective.
-    Returns the scaling exponents (a, b) of A and B (scaling.exponent; b even)."""
+def agree_operand(A_local, desc: BlockCyclic, comm, xp, vectors: bool, subset_by_index, who: str = "sygvd"):
+    """Check A_local and a solve's options on every rank at once (one Allgather, _agree);
+    returns A's scaling exponent a and the subset (lo, hi) or None."""
+    lo, hi = subset_record(subset_by_index)
+    t = _agree(who, [("A", A_local)], (("eigvals_only", float(not vectors)), ("subset_by_index lo", lo),
+                                       ("subset_by_index hi", hi)), desc, comm, xp, module=xp)
+    lo, hi = float(t["subset_by_index lo"][0]), float(t["subset_by_index hi"][0])
+    subset = None
+    if (lo, hi) != (-1.0, -1.0) or subset_by_index is not None:
+        problem = subset_problem(lo, hi, desc.n, subset_by_index)
+        if problem:
+            raise InputError(f"{who}: {problem}")
+        subset = (int(lo), int(hi))
+    return scaling.exponent(float(t["max_abs_A"].max())), subset
+
+
+def _agree(who: str, arrays, options, desc: BlockCyclic, comm, xp, module=None) -> dict:
+    """One Allgather of a fixed-size record per rank: each array's largest magnitude (NaN where
+    an entry is NaN), shape and realness, the descriptor, the rank's column count and the
+    options' codes (floats).  Raises the same InputError on every rank for an argument wrong on
+    one rank, differing between ranks, or an array not finite, so that no rank goes on into a
+    mismatched collective.  Returns the table's columns by field name.  module: the array
+    module the arrays must belong to (a solver's)."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    mine = np.full(len(_FIELDS), -1.0)
-    real = [getattr(a, "dtype", np.dtype(object)).kind in "biuf" for a in (A_local, B_local)]
-    for i, (a, ok) in enumerate(zip((A_local, B_local), real)):
-        if ok and a.ndim == 2:
-            mine[6 + 2 * i:8 + 2 * i] = a.shape
-    mine[2:6] = desc.n, desc.m, desc.nb, desc.nprocs
-    mine[10] = desc.local_n(rank) if rank < desc.nprocs else -1
-    mine[11:13] = real
-    mine[13] = STEDC_CHOICES.index(stedc) if stedc in STEDC_CHOICES else -1
-    mine[14] = SYTRD_CHOICES.index(sytrd) if sytrd in SYTRD_CHOICES else -1
-    mine[15] = not vectors
-    mine[16] = REDUCTION_CHOICES.index(reduction) if reduction in REDUCTION_CHOICES else -1
-    record = xp.asarray(mine)
-    shapes_ok = all(mine[6 + 2 * i] == desc.n and mine[7 + 2 * i] == mine[10] for i in range(2))
+    fields = [f"{f}_{name}" for name, _ in arrays for f in ("max_abs", "rows", "cols", "real", "module")]
+    fields += ["n", "m", "nb", "nprocs", "own_cols"] + [name for name, _ in options]
+    mine = dict.fromkeys(fields, -1.0)
+    shapes_ok = True
+    for name, a in arrays:
+        real = getattr(a, "dtype", np.dtype(object)).kind in "biuf"
+        mine[f"real_{name}"] = real
+        mine[f"module_{name}"] = module is None or get_xp(a) is module
+        if real and a.ndim == 2:
+            mine[f"rows_{name}"], mine[f"cols_{name}"] = a.shape
+        shapes_ok &= (real and mine[f"module_{name}"] and mine[f"rows_{name}"] == desc.n
+                      and mine[f"cols_{name}"] == (desc.local_n(rank) if rank < desc.nprocs else -1))
+    mine.update(n=desc.n, m=desc.m, nb=desc.nb, nprocs=desc.nprocs,
+                own_cols=desc.local_n(rank) if rank < desc.nprocs else -1)
+    mine.update({name: code for name, code in options})
+    record = xp.asarray(np.array([mine[f] for f in fields], dtype=np.float64))
     if shapes_ok:   # the largest magnitudes (NaN where an entry is NaN), on the device
-        record[0] = scaling.max_abs(A_local, xp)
-        record[1] = scaling.max_abs(B_local, xp)
-    table = xp.empty((size, len(_FIELDS)), dtype=xp.float64)
+        for name, a in arrays:
+            record[fields.index(f"max_abs_{name}")] = scaling.max_abs(a, xp)
+    table = xp.empty((size, len(fields)), dtype=xp.float64)
     comm.Allgather(record, table)
-    t = to_host(table)
-
-    def field(name):
-        return t[:, _FIELDS.index(name)]
+    host = to_host(table)
+    t = {f: host[:, i] for i, f in enumerate(fields)}
 
     def fail(message):
-        raise InputError(f"sygvd: {message}")
+        raise InputError(f"{who}: {message}")
 
-    for names, what in ((("n", "m", "nb", "nprocs"), "descriptor"), (("stedc",), "stedc"), (("sytrd",), "sytrd"),
-                        (("eigvals_only",), "eigvals_only"), (("reduction",), "reduction")):
-        cols = np.stack([field(k) for k in names], axis=1)
-        if (cols != cols[0]).any():
+    for names, what in [(("n", "m", "nb", "nprocs"), "descriptor")] + [((name,), name) for name, _ in options]:
+        cols = np.stack([t[k] for k in names], axis=1)
+        same = (cols == cols[0]) | (np.isnan(cols) & np.isnan(cols[0]))
+        if not same.all():
             seen = "; ".join(f"rank {r}: " + ", ".join(f"{k}={_num(v)}" for k, v in zip(names, row))
                              for r, row in enumerate(cols))
             fail(f"the ranks pass different {what} values ({seen}): pass the same on every rank")
-    if desc.m != desc.n:
-        fail(f"the matrix must be square, the descriptor says {desc.m} x {desc.n}")
-    if desc.nprocs != size:
-        fail(f"the descriptor is for {desc.nprocs} ranks, the communicator has {size}")
-    if sytrd not in SYTRD_CHOICES:
-        fail(f"sytrd={sytrd!r}: use {', '.join(map(repr, SYTRD_CHOICES))}")
-    if reduction not in REDUCTION_CHOICES:
-        fail(f"reduction={reduction!r}: use {', '.join(map(repr, REDUCTION_CHOICES))}")
-    stedc_choice(stedc, is_device(xp))          # the same verdict on every rank
     for r in range(size):
-        for i, name in enumerate(("A_local", "B_local")):
-            if not t[r, 11 + i]:
-                fail(f"rank {r}: {name} is not a real array: use float64")
-            shape = (_num(t[r, 6 + 2 * i]), _num(t[r, 7 + 2 * i]))
-            owns = (desc.n, _num(t[r, 10]))
+        for name, _ in arrays:
+            if not t[f"real_{name}"][r]:
+                fail(f"rank {r}: {name}_local is not a real array: use float64")
+            if not t[f"module_{name}"][r]:
+                fail(f"rank {r}: {name}_local is not an array of the solver's module ({module.__name__}): "
+                     f"pass {'CuPy' if is_device(module) else 'NumPy'} arrays")
+            shape = (_num(t[f"rows_{name}"][r]), _num(t[f"cols_{name}"][r]))
+            owns = (desc.n, _num(t["own_cols"][r]))
             if shape != owns:
-                fail(f"rank {r}: {name} has shape {shape if -1 not in shape else 'not 2-D'}, rank {r} owns "
+                fail(f"rank {r}: {name}_local has shape {shape if -1 not in shape else 'not 2-D'}, rank {r} owns "
                      f"{owns} of BlockCyclic({desc.n}, {desc.n}, {desc.nb}, {desc.nprocs})")
-    for i, name in enumerate("AB"):
-        bad = [r for r in range(size) if not np.isfinite(t[r, i])]
+    for name, _ in arrays:
+        bad = [r for r in range(size) if not np.isfinite(t[f"max_abs_{name}"][r])]
         if bad:
             fail(f"{name} has NaN or Inf entries (in the columns of rank{'s' if len(bad) > 1 else ''} "
                  f"{', '.join(map(str, bad))}): {name} must be finite")
-    a_max, b_max = float(field("max_abs_A").max()), float(field("max_abs_B").max())
-    if not b_max > 0:
-        raise NotPositiveDefinite("B is not numerically positive definite: B is zero")
-    return scaling.exponent(a_max), scaling.exponent(b_max, even=True)
+    return t
 
 
 def _num(v: float):
@@ -223,7 +308,7 @@ def _num(v: float):
     return int(v) if float(v).is_integer() else float(v)
 
 
-def _check_finite(w, X, comm, xp, w_exp: int) -> None:
+def _check_finite(w, X, comm, xp, w_exp: int, who: str = "sygvd") -> None:
     """Raise NonFiniteResult on every rank when w (replicated) or any rank's X holds NaN or
     Inf: with X, one Allgather of a flag per rank."""
     w_ok = bool(xp.isfinite(w).all())
@@ -239,24 +324,22 @@ def _check_finite(w, X, comm, xp, w_exp: int) -> None:
         where.append(f"the eigenvectors (columns of rank{'s' if len(x_bad) > 1 else ''} {', '.join(map(str, x_bad))})")
     hint = (f" (the pair was solved scaled by powers of two, its eigenvalues then multiplied by 2^{w_exp}: "
             "they lie beyond the float64 range)" if w_exp and not w_ok else "")
-    raise NonFiniteResult(f"sygvd: NaN or Inf in {' and '.join(where)}{hint}; no result returned")
+    raise NonFiniteResult(f"{who}: NaN or Inf in {' and '.join(where)}{hint}; no result returned")
 
 
 def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
-                   notify=(), scale_exponents=(0, 0), reduction: str = "auto"):
+                   notify=(), scale_exponents=(0, 0), L=None, reduction: str = "auto"):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
     scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
     T's diagonals and the reflectors' scalars (replicated), the local columns holding the
     reflectors and those of the Cholesky factor.  notify: sytrd's [(rows, fn)], fn(d, e) called
-    once T's first `rows` rows are final (sytrd.sytrd).  reduction "two-stage": (d, e, None, Q,
-    L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z; notify's functions called at the end)."""
-    wide = panel_desc(desc)  # the same layout; wider panels on one rank
+    once T's first `rows` rows are final (sytrd.sytrd).  L: B's factor from cholesky (of B
+    scaled by 2^b) when the caller holds it (GeneralizedSolver): no potrf, B_local unused.
+    reduction "two-stage": (d, e, None, Q, L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z
+    for any n x k columns Z; notify's functions called at the end)."""
     a_exp, b_exp = scale_exponents
-    B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
-    scaling.scale(B, b_exp)
-    with timer.phase("potrf"):
-        L = potrf(B, wide, comm, xp)
-    del B
+    if L is None:
+        L = cholesky(B_local, desc, comm, xp, timer, b_exp)
     C = xp.array(A_local, dtype=xp.float64, order="F", copy=True)
     scaling.scale(C, a_exp)
     with timer.phase("sygst"):
@@ -269,6 +352,14 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
             return d, e, None, Q, L
         d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
     return d, e, tau, C, L                           # the reflectors, where C's columns were
+
+
+def cholesky(B_local, desc: BlockCyclic, comm, xp, timer: Timer, b_exp: int = 0):
+    """The local columns of L, B 2^b = L L^T (potrf on a copy of B_local scaled by 2^b)."""
+    B = xp.array(B_local, dtype=xp.float64, order="F", copy=True)
+    scaling.scale(B, b_exp)
+    with timer.phase("potrf"):
+        return potrf(B, panel_desc(desc), comm, xp)   # the same layout; wider panels on one rank
 
 
 def solves_early(where: str, vectors: bool, nranks: int) -> bool:
@@ -331,18 +422,21 @@ def _solve_tridiagonal(d, e, xp, where: str):
 
 def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: bool | None = None, timer=None,
                       stedc: str = "auto", sytrd: str = "auto", eigvecs: bool | None = None,
-                      reduction: str = "auto"):
+                      subset_by_index: tuple[int, int] | None = None, reduction: str = "auto"):
     """Convenience for small n: distribute replicated A, B, solve, and return (w, X_local, desc)
-    (X_local None with eigvals_only; eigvecs: its older name, as in sygvd)."""
+    (X_local None with eigvals_only; eigvecs: its older name, as in sygvd; desc: A's, X_local
+    being in BlockCyclic(n, k, nb, P) with a subset of k eigenpairs)."""
     from .layout import distribute
 
     eigvals_only = eigvals_only_from(eigvals_only, eigvecs, "solve_distributed")
     desc = BlockCyclic(A_global.shape[0], A_global.shape[1], nb, comm.Get_size())
     rank = comm.Get_rank()
     w, X = sygvd(distribute(A_global, desc, rank), distribute(B_global, desc, rank), desc, comm,
-                 eigvals_only=eigvals_only, timer=timer, stedc=stedc, sytrd=sytrd, reduction=reduction)
+                 eigvals_only=eigvals_only, timer=timer, stedc=stedc, sytrd=sytrd, subset_by_index=subset_by_index,
+                 reduction=reduction)
     return w, X, desc
 
 
-__all__ = ["sygvd", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES", "SYTRD_CHOICES", "REDUCTION_CHOICES",
+__all__ = ["sygvd", "GeneralizedSolver", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES",
+           "SYTRD_CHOICES", "REDUCTION_CHOICES",
            "NotPositiveDefinite", "NonFiniteResult", "InputError", "sync"]
