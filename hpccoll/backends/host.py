@@ -528,7 +528,7 @@ class _HostAllreducePlan:
             ints = _INT[out.itemsize]
             bits_in, bits_out = x.view(ints), out.view(ints)
             nan_s = np.empty(s, dtype=bool)
-            mag_s = np.empty(s, dtype=ints)
+            mag_s = np.empty(s if dtype == "bfloat16" or path == "minmax" else 0, dtype=ints)  # find_nans'
             width = 8 * out.itemsize
             low = ints((1 << (width - 1)) - 1)  # every bit but the sign
             inf = ints(np.array(np.inf, dtype=out.dtype).view(ints))  # NaN: magnitude bits above inf's
