@@ -12,11 +12,17 @@ The reference for every other backend, and the path on machines without a GPU.
   or died, makes the call raise CollectiveTimeout naming it; it never hangs.  The communicator
   is unusable afterwards (a pending MPI operation cannot be cancelled; peers arriving late would
   pair with the wrong shared-memory call).
-- A nonblocking MPI call reads and writes only memory the library owns: a copy of the input,
-  a receive buffer of its own copied out to the caller once the call has completed in time.  A
-  call abandoned by a timeout keeps its request and that memory for the life of the process
-  (`_ABANDONED`): MPI never writes into freed memory nor into the caller's buffers, and a peer
-  arriving late pairs with the input the call had, so its result is right.
+- A nonblocking MPI call reads and writes only memory the library owns, of a bounded size: a
+  call runs in rounds, each over a slice of the data (STAGE_BYTES per side; a per-rank-block
+  collective, slice r of each of the P blocks, max(STAGE_BYTES / P, MIN_BLOCK_SLICE_BYTES) per
+  block), copied into staging allocated once per call (a prepared Allreduce: once per plan),
+  completed against the deadline, its result copied out (device buffers: the rounds run over
+  their host copy).  Alltoallv's rounds are point-to-point messages, one per pair and direction,
+  so the rounds of a pair follow from its count, which both partners know.  A round abandoned by a timeout keeps its request and staging for the life
+  of the process (`_ABANDONED`, dropped once a late peer completes it), and the caller's buffers
+  are never touched again.  A peer arriving late pairs with that round, with the input it had,
+  then waits for the next round, which never comes, and raises: a call that returns has the
+  right result.  Every operation is elementwise, so the rounds give the bits of one unsliced call.
 - On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through
   MPI's reduction (deterministic=False) or an Allgather reduced in rank order (deterministic=True,
   the same bits in every run), then every NaN made canonical; MAX / MIN of floats as an integer
