@@ -420,9 +420,9 @@ class HostBackend(Backend):
             recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep theirs
             x, y = _Staged(call.send).host, recv.host
             peers = [j for j in range(self.size) if j != r]
-            s = _block_slice(self.size, x.itemsize, max([v.send_counts[j] for j in peers]
-                                                        + [v.recv_counts[j] for j in peers]))
-            send_flat, recv_flat = np.empty(len(peers) * s, x.dtype), np.empty(len(peers) * s, x.dtype)
+            s = _block_slice(self.size, x.itemsize)  # the same on every rank: a pair's slices agree
+            longest = max([v.send_counts[j] for j in peers] + [v.recv_counts[j] for j in peers])
+            send_flat, recv_flat = (np.empty(len(peers) * min(s, longest), x.dtype) for _ in range(2))
             comm, lo = self.comm, 0
             while True:
                 reqs, copies, at = [], [], 0
@@ -631,10 +631,12 @@ def _spans(n: int, s: int):
         yield lo, min(s, n - lo)
 
 
-def _block_slice(size: int, itemsize: int, longest: int) -> int:
-    """Elements of each block a round of a per-rank-block call carries (at least one, at most the
-    longest block): STAGE_BYTES / size, but at least MIN_BLOCK_SLICE_BYTES."""
-    return max(1, min(max(STAGE_BYTES // size, MIN_BLOCK_SLICE_BYTES) // itemsize, longest))
+def _block_slice(size: int, itemsize: int, longest: int | None = None) -> int:
+    """Elements of each block a round of a per-rank-block call carries: STAGE_BYTES / size, but
+    at least MIN_BLOCK_SLICE_BYTES and one element (and at most `longest`, the block, where
+    every rank has the same)."""
+    s = max(1, max(STAGE_BYTES // size, MIN_BLOCK_SLICE_BYTES) // itemsize)
+    return s if longest is None else max(1, min(s, longest))
 
 
 class _Requests:

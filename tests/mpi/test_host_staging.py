@@ -107,3 +107,17 @@ def test_bcast(comm):
     buf = np.full(BIG // 8, float(comm.rank))
     _check("Bcast", lambda: comm.Bcast(buf, root=comm.size - 1))
     assert np.all(buf == comm.size - 1)
+
+
+def test_alltoallv_of_skewed_counts(comm):
+    """One pair of many rounds (rank 0 to rank 1), every other pair of a few elements: the rounds
+    of a pair follow from its count alone."""
+    size, r = comm.size, comm.rank
+    count = [[(BIG // 8 if (i, j) == (0, 1) else 3 + i) for j in range(size)] for i in range(size)]
+    x = np.arange(sum(count[r]), dtype=float) + 1e9 * r
+    recv_counts = [count[i][r] for i in range(size)]
+    out = np.empty(sum(recv_counts))
+    _check("Alltoallv (skewed)", lambda: comm.Alltoallv((x, count[r]), (out, recv_counts)))
+    xs = WORLD.allgather(x)
+    want = np.concatenate([xs[i][sum(count[i][:r]):sum(count[i][:r + 1])] for i in range(size)])
+    assert np.array_equal(out, want)
