@@ -12,11 +12,17 @@ The reference for every other backend, and the path on machines without a GPU.
   or died, makes the call raise CollectiveTimeout naming it; it never hangs.  The communicator
   is unusable afterwards (a pending MPI operation cannot be cancelled; peers arriving late would
   pair with the wrong shared-memory call).
-- A nonblocking MPI call reads and writes only memory the library owns: a copy of the input,
-  a receive buffer of its own copied out to the caller once the call has completed in time.  A
-  call abandoned by a timeout keeps its request and that memory for the life of the process
-  (`_ABANDONED`): MPI never writes into freed memory nor into the caller's buffers, and a peer
-  arriving late pairs with the input the call had, so its result is right.
+- A nonblocking MPI call reads and writes only memory the library owns, of a bounded size: a
+  call runs in rounds, each over a slice of the data (STAGE_BYTES per side; a per-rank-block
+  collective, slice r of each of the P blocks, max(STAGE_BYTES / P, MIN_BLOCK_SLICE_BYTES) per
+  block), copied into staging allocated once per call (a prepared Allreduce: once per plan),
+  completed against the deadline, its result copied out (device buffers: the rounds run over
+  their host copy).  Alltoallv's rounds are point-to-point messages, one per pair and direction,
+  so the rounds of a pair follow from its count, which both partners know.  A round abandoned by a timeout keeps its request and staging for the life
+  of the process (`_ABANDONED`, dropped once a late peer completes it), and the caller's buffers
+  are never touched again.  A peer arriving late pairs with that round, with the input it had,
+  then waits for the next round, which never comes, and raises: a call that returns has the
+  right result.  Every operation is elementwise, so the rounds give the bits of one unsliced call.
 - On the MPI path results follow hpccoll.ops on every rank, NaNs included: SUM / PROD through
   MPI's reduction (deterministic=False) or an Allgather reduced in rank order (deterministic=True,
   the same bits in every run), then every NaN made canonical; MAX / MIN of floats as an integer
@@ -57,6 +63,13 @@ SHM_DIR = "/dev/shm"
 #: (request, memory it reads and writes) of every MPI call abandoned by a timeout whose peers
 #: have not completed it yet: MPI cannot cancel a collective, and a late peer completes it
 _ABANDONED: list = []
+#: What one round of a collective stages, per side (input, result): the slice of an elementwise
+#: call (Allreduce, Bcast), and the share of the P blocks of a per-rank-block call (Allgather,
+#: Reduce_scatter_block, Alltoall, Alltoallv, the rank-order Allreduce), whose slice per block is
+#: STAGE_BYTES / P but never under MIN_BLOCK_SLICE_BYTES (a round's latency grows with P).
+STAGE_BYTES = 1 << 20
+MIN_BLOCK_SLICE_BYTES = 16 << 10
+_ALLTOALLV_TAG = 0x4863  # the communicator is the library's own Dup: no other point-to-point traffic
 
 try:
     from .. import _hostshm
@@ -102,10 +115,9 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 
 class _Staged:
-    """A buffer's data in host memory the library owns, for a nonblocking MPI call: copied in
-    (`fetch`) and, for outputs, back (`commit`), so that a call abandoned by a timeout never
-    reads or writes the caller's memory afterwards.  own=False: a host buffer's array itself
-    (the shared-memory path, whose C code copies in and out itself; memory MPI never sees).
+    """A buffer's data in host memory: a host buffer's array itself, a device buffer's copy,
+    fetched (`fetch`) and, for outputs, copied back (`commit`).  MPI never sees this memory: the
+    rounds of a call copy slices of it into staging of the library's own (see the module's doc).
 
     Staging of device buffers is synchronous with respect to EVERY stream of the device: the copy in waits for
     all queued work (the caller may have produced the data on a non-blocking stream, which a
@@ -114,15 +126,13 @@ class _Staged:
 
     __slots__ = ("buf", "host")
 
-    def __init__(self, buf, fetch: bool = True, own: bool = True):
+    def __init__(self, buf, fetch: bool = True):
         self.buf = buf
         if buf.is_device:
             import cupy
 
             cupy.cuda.runtime.deviceSynchronize()
             self.host = cupy.asnumpy(buf.flat) if fetch else np.empty(buf.count, buf.flat.dtype)
-        elif own:
-            self.host = np.array(buf.flat, copy=True) if fetch else np.empty_like(buf.flat)
         else:
             self.host = buf.flat
 
@@ -132,8 +142,6 @@ class _Staged:
 
             self.buf.flat.set(self.host)
             cupy.cuda.runtime.deviceSynchronize()
-        elif self.host is not self.buf.flat:
-            np.copyto(self.buf.flat, self.host)
 
 
 class HostBackend(Backend):
@@ -312,66 +320,96 @@ class HostBackend(Backend):
 
     def _allreduce(self, call, route: Route) -> None:
         """One Allreduce by its route's path: the shared-memory call, or the prepared plan's
-        steps built for this call (device buffers: on host copies, which are the plan's scratch)."""
+        rounds built for this call (device buffers: on their host copies)."""
+        send = _Staged(call.send)
+        recv = send if call.in_place else _Staged(call.recv, fetch=False)
         if route.algorithm == "shm":
-            send = _Staged(call.send, own=False)
-            recv = send if call.in_place else _Staged(call.recv, fetch=False, own=False)
             late = self.shm.allreduce(send.host, recv.host, DTYPE_CODES[call.recv.dtype], OP_CODES[call.op.name])
             if late >= 0:
                 self._shm_failed(late)
-            recv.commit()
-            return
-        if not call.recv.is_device:
-            _HostAllreducePlan(self, route.algorithm, call.send.flat, call.recv.flat, call.in_place,
-                               call.recv.dtype, call.op).launch()
-            return
-        send = _Staged(call.send)
-        recv = send if call.in_place else _Staged(call.recv, fetch=False)
-        _HostAllreducePlan(self, route.algorithm, send.host, recv.host, call.in_place, call.recv.dtype, call.op,
-                           owned=True).launch()
+        else:
+            _HostAllreducePlan(self, route.algorithm, send.host, recv.host, call.in_place, call.recv.dtype,
+                               call.op).launch()
         recv.commit()
 
     def _reduce_scatter_block(self, call, route: Route) -> None:
-        send = _Staged(call.send)
-        x = send.host
-        n = x.size // self.size
-        parts = np.empty((self.size, n), dtype=x.dtype)
-        self._complete(self.comm.Ialltoall(_msg(_bytes(x), self.size), _msg(_bytes(parts), self.size)),
-                       call.name, x, parts)
-        res = reduce_in_rank_order(call.op, parts)
-        recv = send if call.in_place else _Staged(call.recv, fetch=False)
-        recv.host[:n] = res
+        """Rounds of an Alltoall of slice r of every block, each reduced in rank order into
+        slice r of the result (in place: block 0 of the input, whose slice r is staged first)."""
+        P = self.size
+        src = _Staged(call.recv if call.in_place else call.send)
+        recv = src if call.in_place else _Staged(call.recv, fetch=False)
+        x = src.host.reshape(P, -1)
+        n = x.shape[1]
+        out = recv.host[:n]
+        s = _block_slice(P, x.itemsize, n)
+        send_flat, recv_flat = np.empty(P * s, x.dtype), np.empty(P * s, x.dtype)
+        for lo, k in _spans(n, s):
+            sent, parts = send_flat[:P * k].reshape(P, k), recv_flat[:P * k].reshape(P, k)
+            np.copyto(sent, x[:, lo:lo + k])
+            self._complete(self.comm.Ialltoall(_msg(_bytes(sent), P), _msg(_bytes(parts), P)), call.name,
+                           send_flat, recv_flat)
+            out[lo:lo + k] = reduce_in_rank_order(call.op, parts)
         recv.commit()
 
     def _allgather(self, call, route: Route) -> None:
+        """Rounds of an Allgather of slice r of every rank's block, copied into the blocks."""
+        P = self.size
         recv = _Staged(call.recv, fetch=call.in_place)
-        n = call.recv.count // self.size
-        if call.in_place:
-            mine = np.array(recv.host[self.rank * n:(self.rank + 1) * n], copy=True)
-        else:
-            mine = _Staged(call.send).host
-        self._complete(self.comm.Iallgather(_msg(_bytes(mine)), _msg(_bytes(recv.host), self.size)), call.name,
-                       mine, recv.host)
+        y = recv.host.reshape(P, -1)
+        n = y.shape[1]
+        mine = y[self.rank] if call.in_place else _Staged(call.send).host
+        s = _block_slice(P, y.itemsize, n)
+        send, recv_flat = np.empty(s, y.dtype), np.empty(P * s, y.dtype)
+        for lo, k in _spans(n, s):
+            got = recv_flat[:P * k].reshape(P, k)
+            np.copyto(send[:k], mine[lo:lo + k])
+            self._complete(self.comm.Iallgather(_msg(_bytes(send[:k])), _msg(_bytes(got), P)), call.name,
+                           send, recv_flat)
+            y[:, lo:lo + k] = got
         recv.commit()
 
     def _bcast(self, call, route: Route) -> None:
-        buf = _Staged(call.recv, fetch=self.rank == call.root)
+        """Rounds of an Ibcast of STAGE_BYTES (at most MAX_COUNT) bytes each."""
+        root = self.rank == call.root
+        buf = _Staged(call.recv, fetch=root)
         u8 = _bytes(buf.host)
-        for off in range(0, max(u8.size, 1), MAX_COUNT):  # pieces whose counts fit an int
-            self._complete(self.comm.Ibcast(u8[off:off + MAX_COUNT], root=call.root), call.name, u8)
+        stage = np.empty(min(STAGE_BYTES, MAX_COUNT, u8.size), np.uint8)
+        for lo, k in _spans(u8.size, stage.size):
+            if root:
+                np.copyto(stage[:k], u8[lo:lo + k])
+            self._complete(self.comm.Ibcast(stage[:k], root=call.root), call.name, stage)
+            if not root:
+                np.copyto(u8[lo:lo + k], stage[:k])
         buf.commit()
 
     def _alltoall(self, call, route: Route) -> None:
-        src = _Staged(call.recv if call.in_place else call.send).host
-        recv = _Staged(call.recv, fetch=False)
-        self._complete(self.comm.Ialltoall(_msg(_bytes(src), self.size), _msg(_bytes(recv.host), self.size)),
-                       call.name, src, recv.host)
+        """Rounds of an Alltoall of slice r of every block (in place: slice r of every block is
+        staged before the round writes it)."""
+        P = self.size
+        src = _Staged(call.recv if call.in_place else call.send)
+        recv = src if call.in_place else _Staged(call.recv, fetch=False)
+        x, y = src.host.reshape(P, -1), recv.host.reshape(P, -1)
+        n = y.shape[1]
+        s = _block_slice(P, y.itemsize, n)
+        send_flat, recv_flat = np.empty(P * s, y.dtype), np.empty(P * s, y.dtype)
+        for lo, k in _spans(n, s):
+            sent, got = send_flat[:P * k].reshape(P, k), recv_flat[:P * k].reshape(P, k)
+            np.copyto(sent, x[:, lo:lo + k])
+            self._complete(self.comm.Ialltoall(_msg(_bytes(sent), P), _msg(_bytes(got), P)), call.name,
+                           send_flat, recv_flat)
+            y[:, lo:lo + k] = got
         recv.commit()
 
     def _alltoallv(self, call, route: Route) -> None:
-        """The blocks to other ranks through MPI (device buffers staged through host memory);
-        this rank's block to itself copied where the buffers are, after the exchange (on the
-        device: no staging; one rank: no MPI call at all)."""
+        """The blocks to other ranks through MPI point-to-point messages in rounds (device buffers
+        staged through host memory); this rank's block to itself copied where the buffers are,
+        after the exchange (on the device: no staging; one rank: no MPI call at all).
+
+        Round r carries slice r (`_block_slice` elements) of every block still that long, one
+        message per pair and direction: a pair's number of rounds is a function of its count,
+        which both partners know, so no rank needs the others' counts.  A rank whose partner
+        left a round behind (a timeout) waits for that partner's next round, which never comes,
+        and raises CollectiveTimeout."""
         v, r = call.v, self.rank
         own = v.send_counts[r]  # (= v.recv_counts[r]: checked at validation)
         big = max(v.send_counts + v.send_displs + v.recv_counts + v.recv_displs)
@@ -379,14 +417,35 @@ class HostBackend(Backend):
             raise ValueError(f"Alltoallv: a count or displacement of {big} elements exceeds an MPI count "
                              f"({MAX_COUNT}): split the exchange into several calls")
         if self.size > 1:
-            send_counts, recv_counts = list(v.send_counts), list(v.recv_counts)
-            send_counts[r] = recv_counts[r] = 0
-            recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep their values
-            src = _Staged(call.send).host
-            t = _unit(src.itemsize)  # counts in elements of this size
-            self._complete(self.comm.Ialltoallv([_bytes(src), (send_counts, v.send_displs), t],
-                                                [_bytes(recv.host), (recv_counts, v.recv_displs), t]), call.name,
-                           src, recv.host)
+            recv = _Staged(call.recv, fetch=True)  # elements outside the received blocks keep theirs
+            x, y = _Staged(call.send).host, recv.host
+            peers = [j for j in range(self.size) if j != r]
+            s = _block_slice(self.size, x.itemsize)  # the same on every rank: a pair's slices agree
+            longest = max([v.send_counts[j] for j in peers] + [v.recv_counts[j] for j in peers])
+            send_flat, recv_flat = (np.empty(len(peers) * min(s, longest), x.dtype) for _ in range(2))
+            comm, lo = self.comm, 0
+            while True:
+                reqs, copies, at = [], [], 0
+                for j in peers:
+                    k = min(s, v.recv_counts[j] - lo)
+                    if k > 0:
+                        reqs.append(comm.Irecv(_bytes(recv_flat[at:at + k]), source=j, tag=_ALLTOALLV_TAG))
+                        copies.append((v.recv_displs[j] + lo, at, k))
+                        at += k
+                at = 0
+                for j in peers:
+                    k = min(s, v.send_counts[j] - lo)
+                    if k > 0:
+                        d = v.send_displs[j] + lo
+                        np.copyto(send_flat[at:at + k], x[d:d + k])
+                        reqs.append(comm.Isend(_bytes(send_flat[at:at + k]), dest=j, tag=_ALLTOALLV_TAG))
+                        at += k
+                if not reqs:
+                    break
+                self._complete(_Requests(reqs), call.name, send_flat, recv_flat)
+                for d, at, k in copies:
+                    y[d:d + k] = recv_flat[at:at + k]
+                lo += s
             recv.commit()
         if own:
             dst = call.recv.flat[v.recv_displs[r]:v.recv_displs[r] + own]
@@ -452,105 +511,107 @@ class HostBackend(Backend):
 
 class _HostAllreducePlan:
     """The MPI paths of an Allreduce (HostBackend._allreduce_path: "minmax", "mpi", "rank_order")
-    for one call's buffers `x` and `out`, with everything decided once and the scratch allocated
-    once: a one-off call builds one and launches it, a repeated call keeps it.  MPI reads and
-    writes only the library's memory: the input is copied in, the result out once the call
-    completed (owned: `x` and `out` are the library's own host copies, which serve as scratch).
-    Results follow hpccoll.ops (tests/mpi/test_robustness.py compares every repeat with the
-    reference)."""
+    for one call's buffers `x` and `out`, with everything decided once and the staging allocated
+    once: a one-off call builds one and launches it, a repeated call keeps it.  A launch runs in
+    rounds, each over a slice of the elements: the slice of the input copied into staging, one
+    nonblocking MPI call on the staging, the result slice written to `out`.  A slice is
+    STAGE_BYTES ("mpi", "minmax": the keys, their scratch and the NaN masks are slice-sized) or
+    `_block_slice` per rank ("rank_order": P slices gathered, reduced in rank order).  Every
+    operation is elementwise, so the results are those of one unsliced call bit for bit, and
+    follow hpccoll.ops (tests/mpi/test_robustness.py compares every repeat with the reference)."""
 
     __slots__ = ("launch",)
 
-    def __init__(self, b: HostBackend, path: str, x, out, in_place: bool, dtype: str, op, owned: bool = False):
-        comm, complete, n = b.comm, b._complete, out.size
+    def __init__(self, b: HostBackend, path: str, x, out, in_place: bool, dtype: str, op):
+        comm, complete, n, P = b.comm, b._complete, out.size, b.size
+        if path == "rank_order":
+            s = _block_slice(P, out.itemsize, n)
+        else:
+            s = max(1, min(STAGE_BYTES // out.itemsize, n))
         is_float = dtype in _FLOATS
         if is_float:
             canon = CANONICAL_NAN[dtype]
             ints = _INT[out.itemsize]
-            bits_out = out.view(ints)
-            nan = np.empty(n, dtype=bool)
-            mag = np.empty(n, dtype=ints)
+            bits_in, bits_out = x.view(ints), out.view(ints)
+            nan_s = np.empty(s, dtype=bool)
+            mag_s = np.empty(s if dtype == "bfloat16" or path == "minmax" else 0, dtype=ints)  # find_nans'
             width = 8 * out.itemsize
             low = ints((1 << (width - 1)) - 1)  # every bit but the sign
             inf = ints(np.array(np.inf, dtype=out.dtype).view(ints))  # NaN: magnitude bits above inf's
-
-            def find_nans(bits):  # on the bits: bfloat16 too, and no floating-point warnings
-                np.bitwise_and(bits, low, out=mag)
-                return np.greater(mag, inf, out=nan)
-
             canon_signed = _as_signed(canon, ints)
 
-            if dtype == "bfloat16":
-                def canonicalize():
-                    if np.count_nonzero(find_nans(bits_out)):
-                        np.copyto(bits_out, canon_signed, where=nan)
-            else:
-                def canonicalize():  # (isnan: one call, and no warnings)
-                    if np.count_nonzero(np.isnan(out, out=nan)):
-                        np.copyto(bits_out, canon_signed, where=nan)
+            def find_nans(bits, k):  # on the bits: bfloat16 too, and no floating-point warnings
+                np.bitwise_and(bits, low, out=mag_s[:k])
+                return np.greater(mag_s[:k], inf, out=nan_s[:k])
+
+            def canonicalize(lo, k):  # out[lo:lo + k]'s NaNs made canonical
+                if dtype == "bfloat16":
+                    nan = find_nans(bits_out[lo:lo + k], k)
+                else:  # (isnan: one call, and no warnings)
+                    nan = np.isnan(out[lo:lo + k], out=nan_s[:k])
+                if np.count_nonzero(nan):
+                    np.copyto(bits_out[lo:lo + k], canon_signed, where=nan)
 
         if path == "minmax":
             mop = MPI.MAX if op is MAX else MPI.MIN
-            keys, neg = np.empty(n, dtype=ints), np.empty(n, dtype=bool)
+            keys, neg = np.empty(s, dtype=ints), np.empty(s, dtype=bool)
             extreme = ints(np.iinfo(ints).max if op is MAX else np.iinfo(ints).min)
-            bits_in = x.view(ints)
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                np.copyto(keys, bits_in)  # ordered_keys: negatives flipped below the positives
-                np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
-                np.copyto(keys, extreme, where=find_nans(bits_in))
-                complete(comm.Iallreduce(MPI.IN_PLACE, keys, op=mop), "Allreduce", keys)
-                np.equal(keys, extreme, out=nan)
-                np.bitwise_xor(keys, low, out=keys, where=np.less(keys, 0, out=neg))
-                np.copyto(keys, canon_signed, where=nan)
-                np.copyto(bits_out, keys)
+                for lo, k in _spans(n, s):
+                    key, ng, nan = keys[:k], neg[:k], nan_s[:k]
+                    np.copyto(key, bits_in[lo:lo + k])  # ordered_keys: negatives flipped below the positives
+                    np.bitwise_xor(key, low, out=key, where=np.less(key, 0, out=ng))
+                    np.copyto(key, extreme, where=find_nans(bits_in[lo:lo + k], k))
+                    complete(comm.Iallreduce(MPI.IN_PLACE, key, op=mop), "Allreduce", keys)
+                    np.equal(key, extreme, out=nan)
+                    np.bitwise_xor(key, low, out=key, where=np.less(key, 0, out=ng))
+                    np.copyto(key, canon_signed, where=nan)
+                    np.copyto(bits_out[lo:lo + k], key)
         elif path == "mpi":
             mop = _MPI_OPS[op]
-            staged = x if owned else np.empty_like(x)  # the input; in place also the result
-            result = staged if in_place else out if owned else np.empty_like(out)
-            src = MPI.IN_PLACE if in_place else staged
+            staged = np.empty(s, dtype=x.dtype)  # the input; in place also the result
+            result = staged if in_place else np.empty(s, dtype=out.dtype)
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                if staged is not x:
-                    np.copyto(staged, x)
-                complete(comm.Iallreduce(src, result, op=mop), "Allreduce", staged, result)
-                if result is not out:
-                    np.copyto(out, result)
-                if is_float:
-                    canonicalize()
+                for lo, k in _spans(n, s):
+                    np.copyto(staged[:k], x[lo:lo + k])
+                    src = MPI.IN_PLACE if in_place else staged[:k]
+                    complete(comm.Iallreduce(src, result[:k], op=mop), "Allreduce", staged, result)
+                    np.copyto(out[lo:lo + k], result[:k])
+                    if is_float:
+                        canonicalize(lo, k)
         else:  # in rank order: ((x0 op x1) op x2) ..., as ops.reduce_in_rank_order
-            gathered = np.empty((b.size, n), dtype=x.dtype)
-            mine = x if owned else np.empty_like(x)
-            send_msg, recv_msg = _msg(_bytes(mine)), _msg(_bytes(gathered), b.size)
+            mine, gathered = np.empty(s, dtype=x.dtype), np.empty(P * s, dtype=x.dtype)
             ufunc = np.add if op is SUM else np.multiply if op is PROD else None
             if ufunc is None:  # integer MAX / MIN
                 ufunc = np.maximum if op is MAX else np.minimum
-            # out = row 0 op row 1, then op each further row in rank order (one rank: a copy)
-            first = (gathered[0], gathered[1]) if b.size > 1 else None
-            rest = [gathered[r] for r in range(2, b.size)]
 
             def launch(stream=None):
                 if b.broken:
                     b._check("Allreduce")
-                if mine is not x:
-                    np.copyto(mine, x)
-                complete(comm.Iallgather(send_msg, recv_msg), "Allreduce", mine, gathered)
-                token = fp_quiet()
-                try:
-                    if first is None:
-                        np.copyto(out, gathered[0])
-                    else:
-                        ufunc(*first, out=out)
-                    for row in rest:
-                        ufunc(out, row, out=out)
-                finally:
-                    fp_restore(token)
-                if is_float:
-                    canonicalize()
+                for lo, k in _spans(n, s):
+                    rows = gathered[:P * k].reshape(P, k)
+                    np.copyto(mine[:k], x[lo:lo + k])
+                    complete(comm.Iallgather(_msg(_bytes(mine[:k])), _msg(_bytes(rows), P)), "Allreduce",
+                             mine, gathered)
+                    res = out[lo:lo + k]  # = row 0 op row 1, then op each further row in rank order
+                    token = fp_quiet()
+                    try:
+                        if P == 1:
+                            np.copyto(res, rows[0])
+                        else:
+                            ufunc(rows[0], rows[1], out=res)
+                        for row in rows[2:]:
+                            ufunc(res, row, out=res)
+                    finally:
+                        fp_restore(token)
+                    if is_float:
+                        canonicalize(lo, k)
         self.launch = launch
 
 
@@ -559,6 +620,35 @@ def _abandon(req, memory) -> None:
     completes it (for the life of the process if none does); drop those completed since."""
     _ABANDONED[:] = [kept for kept in _ABANDONED if not kept[0].Test()]
     _ABANDONED.append((req, memory))
+
+
+def _spans(n: int, s: int):
+    """(start, length) of the slices of s elements covering n: a call's rounds (one empty round
+    for n = 0, so that every call is one MPI call at least, as unsliced)."""
+    if n == 0:
+        yield 0, 0
+    for lo in range(0, n, max(s, 1)):
+        yield lo, min(s, n - lo)
+
+
+def _block_slice(size: int, itemsize: int, longest: int | None = None) -> int:
+    """Elements of each block a round of a per-rank-block call carries: STAGE_BYTES / size, but
+    at least MIN_BLOCK_SLICE_BYTES and one element (and at most `longest`, the block, where
+    every rank has the same)."""
+    s = max(1, max(STAGE_BYTES // size, MIN_BLOCK_SLICE_BYTES) // itemsize)
+    return s if longest is None else max(1, min(s, longest))
+
+
+class _Requests:
+    """Several requests as one: Test() is true once every one has completed."""
+
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs):
+        self.reqs = reqs
+
+    def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
+        return MPI.Request.Testall(self.reqs)
 
 
 def _as_signed(bits: int, ints) -> np.generic:

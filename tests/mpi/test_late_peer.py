@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll import CollectiveTimeout
+from hpccoll.backends import host
 from hpccoll.backends.host import SHM_SLOT_BYTES
 from hpccoll.ops import MAX, SUM, reduce_in_rank_order
 
@@ -40,18 +41,27 @@ def _fresh(n: int) -> np.ndarray:
     return RNG.standard_normal(n)
 
 
-def _late_call(call, send: np.ndarray, recv: np.ndarray, expected, exact: bool = False) -> list[bool]:
-    """Run `call()` (this rank's call, bound to `send` and `recv`) with the last rank LATE s behind;
-    every rank's `timed out` flag, after checking what must hold on this rank.  expected: what recv
-    holds on a rank whose call returns (None: nothing to check); exact: bit for bit."""
+def _late_call(call, send: np.ndarray, recv: np.ndarray, expected, exact: bool = False, done=None,
+               delay: bool = True) -> list[bool]:
+    """Run `call()` (this rank's call, bound to `send` and `recv`) with the last rank LATE s behind
+    (delay=False: the test delays it itself); every rank's `timed out` flag, after checking what
+    must hold on this rank.  expected: what recv holds on a rank whose call returns (None: nothing
+    to check); exact: bit for bit; done(a): the part of recv (or of expected) that the rounds
+    every rank completed wrote, right on every rank but rank 0 whether or not its call returned."""
     SIDE.Barrier()
-    if WORLD.rank == WORLD.size - 1:
+    if delay and WORLD.rank == WORLD.size - 1:
         time.sleep(LATE)
     try:
         call()
         timed_out = False
     except CollectiveTimeout:
         timed_out = True
+        if done is not None and WORLD.rank != 0:
+            got, want, what = done(recv), done(expected), f"rank {WORLD.rank}: a round completed before the timeout"
+            if exact:
+                assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what} has a wrong result"
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"{what} has a wrong result")
         for a in (send, recv):  # the caller's memory again: write other values
             a[...] = _fresh(a.size).reshape(a.shape)
         left = recv.copy()
@@ -241,4 +251,114 @@ def test_hierarchical_reduce_scatter_block(monkeypatch):
     full = reduce_in_rank_order(SUM, [reduce_in_rank_order(SUM, [xs[q] for q in row]) for row in ((0, 1), (2, 3))])
     timed = _late_call(lambda: c.Reduce_scatter_block(x, out, op=SUM), x, out, full[r * N:(r + 1) * N])
     assert timed[0]
+    c.Free()
+
+
+# -- calls of several rounds (host.STAGE_BYTES per side) -----------------------------------------
+# Rank 0 times out in round 0 (the late rank comes after), or in round 1 (the late rank stalls
+# between its rounds 0 and 1).  The late rank pairs with the round rank 0 abandoned, with the
+# input it had, then waits for rank 0's next round, which never comes: every rank raises (none
+# returns a partial result), and the rounds completed before hold the right values.
+
+OTHERS = 2.5  # the timeout of the ranks but 0 here: longer than LATE, so that they pair with it
+
+
+def _block_elements() -> int:
+    """float64 elements of a block: 3.5 slices of a per-rank-block call (several rounds)."""
+    return int(3.5 * max(host.STAGE_BYTES // WORLD.size, host.MIN_BLOCK_SLICE_BYTES)) // 8
+
+
+def _stall_after_round_0(c) -> None:
+    """On the late rank, the call's first completed round is followed by LATE s of sleep."""
+    if WORLD.rank != WORLD.size - 1:
+        return
+    b = c._host
+    complete, calls = b._complete, []
+
+    def stalling(*args, **kw):
+        complete(*args, **kw)
+        if not calls:
+            calls.append(1)
+            time.sleep(LATE)
+    b._complete = stalling
+
+
+def _rounds_case(collective: str, stall: bool):
+    """The communicator, the call, its send and receive buffers, the expected result, whether
+    bit for bit, and the part of the result the rounds before rank 0's timeout wrote."""
+    c = hpccoll.Communicator(backend="host", check=False, timeout=SHORT if WORLD.rank == 0 else OTHERS)
+    size, r = WORLD.size, WORLD.rank
+    k = _block_elements()
+    if collective.startswith("allreduce"):
+        n = int(3.5 * host.STAGE_BYTES) // 8
+        x, out = _fresh(n), np.empty(n)
+        op, det = (MAX, False) if collective == "allreduce_max" else (SUM, collective == "allreduce_det")
+        expected = reduce_in_rank_order(op, np.stack(_everyone(x)))
+        s = host._block_slice(size, 8, n) if det else host.STAGE_BYTES // 8  # a round's slice
+        call = lambda: c.Allreduce(x, out, op=op, deterministic=det)  # noqa: E731
+        done = lambda a: a[:s * (1 + stall)]  # noqa: E731
+        exact = det or op is MAX
+    elif collective == "allgather":
+        x, out = _fresh(k), np.empty(k * size)
+        expected = np.concatenate(_everyone(x))
+        s = host._block_slice(size, 8, k)
+        call = lambda: c.Allgather(x, out)  # noqa: E731
+        done = lambda a: a.reshape(size, k)[:, :s * (1 + stall)]  # noqa: E731
+        exact = True
+    elif collective == "alltoall":
+        x, out = _fresh(k * size), np.empty(k * size)
+        expected = np.concatenate([xj[r * k:(r + 1) * k] for xj in _everyone(x)])
+        s = host._block_slice(size, 8, k)
+        call = lambda: c.Alltoall(x, out)  # noqa: E731
+        done = lambda a: a.reshape(size, k)[:, :s * (1 + stall)]  # noqa: E731
+        exact = True
+    elif collective == "reduce_scatter_block":
+        x, out = _fresh(k * size), np.empty(k)
+        expected = reduce_in_rank_order(SUM, np.stack(_everyone(x)))[r * k:(r + 1) * k]
+        s = host._block_slice(size, 8, k)
+        call = lambda: c.Reduce_scatter_block(x, out, op=SUM)  # noqa: E731
+        done = lambda a: a[:s * (1 + stall)]  # noqa: E731
+        exact = True
+    else:  # alltoallv: rank i sends k + i elements to every rank
+        x = _fresh((k + r) * size)
+        recv_counts = [k + j for j in range(size)]
+        out = np.empty(sum(recv_counts))
+        xs = _everyone(x)
+        expected = np.concatenate([xs[j][r * (k + j):(r + 1) * (k + j)] for j in range(size)])
+        s = host._block_slice(size, 8, k + size)
+        starts = np.cumsum([0] + recv_counts)
+        call = lambda: c.Alltoallv((x, [k + r] * size), (out, recv_counts))  # noqa: E731
+        # (a rank's block to itself is copied after the exchange: not among the done parts)
+        done = lambda a: np.concatenate([a[starts[j]:starts[j] + s * (1 + stall)]  # noqa: E731
+                                         for j in range(size) if j != r])
+        exact = True
+    return c, call, x, out, expected, exact, done
+
+
+ROUNDS_CASES = ["allreduce_sum", "allreduce_det", "allreduce_max", "allgather", "alltoall",
+                "reduce_scatter_block", "alltoallv"]
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["late", "stalls_between_rounds"])
+@pytest.mark.parametrize("collective", ROUNDS_CASES)
+def test_several_rounds(collective, stall):
+    c, call, x, out, expected, exact, done = _rounds_case(collective, stall)
+    if stall:
+        _stall_after_round_0(c)
+    timed = _late_call(call, x, out, expected, exact, done=done, delay=not stall)
+    assert all(timed), f"a rank returned from a call rank 0 left before its end: {timed}"
+    c.Free()
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["late", "stalls_between_rounds"])
+def test_several_rounds_bcast(stall):
+    """Root 0 times out; a rank that returns (MPI's tree may serve it without the late rank) has
+    root 0's data."""
+    c = hpccoll.Communicator(backend="host", check=False, timeout=SHORT if WORLD.rank == 0 else OTHERS)
+    buf = _fresh(int(3.5 * host.STAGE_BYTES) // 8)
+    expected = _everyone(buf)[0]
+    if stall:
+        _stall_after_round_0(c)
+    timed = _late_call(lambda: c.Bcast(buf, root=0), buf, buf, expected, exact=True, delay=not stall)
+    assert timed[0] or WORLD.size > 3
     c.Free()
