@@ -53,8 +53,9 @@ def scaled(x: float, k: int) -> float:
         return math.copysign(math.inf, x)
 
 
-#: columns looked at a time by max_abs (bounds its temporary to about this many bytes)
-CHUNK_BYTES = 64 * 2**20
+#: columns looked at a time by max_abs: its temporary is n x CHUNK_COLS doubles, within the
+#: memory model's n x nb-sized terms (docs/eigensolver.md), never a share of the matrix
+CHUNK_COLS = 64
 
 
 def max_abs(M, xp):
@@ -63,7 +64,6 @@ def max_abs(M, xp):
     out = xp.zeros((), dtype=xp.float64)
     if M.size == 0:
         return out
-    step = max(1, CHUNK_BYTES // max(1, 8 * M.shape[0]))
-    for k in range(0, M.shape[1], step):
-        out = xp.maximum(out, xp.abs(M[:, k:k + step]).max())
+    for k in range(0, M.shape[1], CHUNK_COLS):
+        out = xp.maximum(out, xp.abs(M[:, k:k + CHUNK_COLS]).max())
     return out
