@@ -55,13 +55,15 @@ def test_request_is_bitwise_with_fresh_data_every_start(cc, dtype, algo, op):
 
 def test_the_prepared_launch_serves_aligned_single_launch_calls(cc, monkeypatch):
     """An aligned call that fits one launch Starts through its prepared launch (never the
-    Communicator's call path); an unaligned one (a slice one element in) through the call path."""
+    backend's full run); an unaligned one (a slice one element in) through the backend's run,
+    by the route decided at init."""
     import cupy as cp
 
     rng = np.random.default_rng([cc.rank, 52])
     slow = []
-    real = cc._run
-    monkeypatch.setattr(cc, "_run", lambda *a, **k: (slow.append(a[0]), real(*a, **k)))
+    backend = cc.backends.main
+    real = backend.run
+    monkeypatch.setattr(backend, "run", lambda *a, **k: (slow.append(a[0]), real(*a, **k)))
     for offset, want_slow in ((0, 0), (1, 3)):
         base = cp.empty(4097, cp.float32)
         x, out = base[offset:offset + 4000], cp.empty(4096, cp.float32)[offset:offset + 4000]
