@@ -305,9 +305,9 @@ def test_messages_over_the_int_count_limit(comm, request, monkeypatch, per_rank_
     (Allgather, Alltoall) or in pieces (Bcast): the limit lowered to 1000 bytes here (a 2 GiB
     Bcast failed with MPI_ERR_ARG on the GPU machine).  Per-rank sizes with 2^12, 2^3 and 2^2
     byte units; fresh data, exact results."""
-    from hpccoll.backends import host
+    from hpccoll.backends import host_rounds
 
-    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    monkeypatch.setattr(host_rounds, "MAX_COUNT", 1000)
     size, rank = WORLD.Get_size(), WORLD.Get_rank()
     rng = _rng(request, 0)
     n = per_rank_bytes // 4
@@ -334,9 +334,9 @@ def test_messages_over_the_int_count_limit(comm, request, monkeypatch, per_rank_
 def test_message_without_a_unit_under_the_limit_is_refused(comm, monkeypatch):
     """A block whose largest 2^k-byte unit still leaves more units than the limit (1001 int32:
     4-byte units) gets a clear error on every rank instead of MPI's MPI_ERR_ARG."""
-    from hpccoll.backends import host
+    from hpccoll.backends import host_rounds
 
-    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    monkeypatch.setattr(host_rounds, "MAX_COUNT", 1000)
     mine = np.zeros(1001, dtype=np.int32)
     with pytest.raises(ValueError, match="pad the buffer"):
         comm.Allgather(mine, np.empty(WORLD.Get_size() * 1001, dtype=np.int32))
@@ -467,9 +467,9 @@ def test_alltoallv_over_the_int_count_limit(comm, request, monkeypatch, per_bloc
     """Counts go in elements of the dtype's size (a contiguous type), so a block of more bytes
     than MPI's int still goes (the limit lowered to 1000): 250 and 300 float64 (2000 and 2400
     bytes); a block of more ELEMENTS than the limit is refused before any communication."""
-    from hpccoll.backends import host
+    from hpccoll.backends import host_rounds
 
-    monkeypatch.setattr(host, "MAX_COUNT", 1000)
+    monkeypatch.setattr(host_rounds, "MAX_COUNT", 1000)
     size, rank = comm.size, comm.rank
     x = random_input(_rng(request, 0), np.float64, per_block * size)
     got = np.empty(per_block * size)

@@ -1,5 +1,5 @@
 """The host backend's MPI path stages in rounds: a collective of host buffers far larger than
-host.STAGE_BYTES allocates at most a few times STAGE_BYTES besides the caller's buffers (the
+host_rounds.STAGE_BYTES allocates at most a few times STAGE_BYTES besides the caller's buffers (the
 per-rank-block calls: P slices of max(STAGE_BYTES / P, MIN_BLOCK_SLICE_BYTES)), whatever its
 size, and its result is the unsliced one.  Measured as tracemalloc's peak around the call."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import hpccoll
-from hpccoll.backends import host
+from hpccoll.backends import host_rounds
 from hpccoll.ops import MAX, SUM, reduce_in_rank_order
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -24,7 +24,7 @@ SLACK = 64 << 10  # Python objects, MPI requests, small arrays
 def _bound() -> int:
     """Extra bytes a call may allocate: three per-side budgets (input and result staging, the
     scratch of the NaN masks or of the reduction of one slice)."""
-    return 3 * max(host.STAGE_BYTES, WORLD.size * host.MIN_BLOCK_SLICE_BYTES) + SLACK
+    return 3 * max(host_rounds.STAGE_BYTES, WORLD.size * host_rounds.MIN_BLOCK_SLICE_BYTES) + SLACK
 
 
 def _peak(call) -> int:

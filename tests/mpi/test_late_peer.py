@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll import CollectiveTimeout
-from hpccoll.backends import host
+from hpccoll.backends import host, host_rounds
 from hpccoll.backends.host import SHM_SLOT_BYTES
 from hpccoll.ops import MAX, SUM, reduce_in_rank_order
 
@@ -104,7 +104,7 @@ def test_allreduce(variant):
 
 @pytest.mark.parametrize("variant", ["sum", "sum_in_place", "deterministic", "max"])
 def test_allreduce_through_the_prepared_plan(variant):
-    """Repeats of one call run the prepared plan (_HostAllreducePlan): its scratch is the memory
+    """Repeats of one call run the prepared plan (host_rounds.AllreducePlan): its scratch is the memory
     MPI sees."""
     c = _communicator()
     op, det = (MAX, False) if variant == "max" else (SUM, variant == "deterministic")
@@ -117,7 +117,7 @@ def test_allreduce_through_the_prepared_plan(variant):
         xs = _everyone(x)
         c.Allreduce(send, out, op=op, deterministic=det)
         np.testing.assert_allclose(out, reduce_in_rank_order(op, np.stack(xs)), rtol=1e-12, atol=1e-12)
-    assert type(c._fast["Allreduce"].plan).__name__ == "_HostAllreducePlan"
+    assert type(c._fast["Allreduce"].plan).__name__ == "AllreducePlan"
     x[...] = _fresh(N)
     out[...] = x
     expected = reduce_in_rank_order(op, np.stack(_everyone(x)))
@@ -254,7 +254,7 @@ def test_hierarchical_reduce_scatter_block(monkeypatch):
     c.Free()
 
 
-# -- calls of several rounds (host.STAGE_BYTES per side) -----------------------------------------
+# -- calls of several rounds (host_rounds.STAGE_BYTES per side) -----------------------------------------
 # Rank 0 times out in round 0 (the late rank comes after), or in round 1 (the late rank stalls
 # between its rounds 0 and 1).  The late rank pairs with the round rank 0 abandoned, with the
 # input it had, then waits for rank 0's next round, which never comes: every rank raises (none
@@ -265,7 +265,7 @@ OTHERS = 2.5  # the timeout of the ranks but 0 here: longer than LATE, so that t
 
 def _block_elements() -> int:
     """float64 elements of a block: 3.5 slices of a per-rank-block call (several rounds)."""
-    return int(3.5 * max(host.STAGE_BYTES // WORLD.size, host.MIN_BLOCK_SLICE_BYTES)) // 8
+    return int(3.5 * max(host_rounds.STAGE_BYTES // WORLD.size, host_rounds.MIN_BLOCK_SLICE_BYTES)) // 8
 
 
 def _stall_after_round_0(c) -> None:
@@ -290,32 +290,32 @@ def _rounds_case(collective: str, stall: bool):
     size, r = WORLD.size, WORLD.rank
     k = _block_elements()
     if collective.startswith("allreduce"):
-        n = int(3.5 * host.STAGE_BYTES) // 8
+        n = int(3.5 * host_rounds.STAGE_BYTES) // 8
         x, out = _fresh(n), np.empty(n)
         op, det = (MAX, False) if collective == "allreduce_max" else (SUM, collective == "allreduce_det")
         expected = reduce_in_rank_order(op, np.stack(_everyone(x)))
-        s = host._block_slice(size, 8, n) if det else host.STAGE_BYTES // 8  # a round's slice
+        s = host_rounds._block_slice(size, 8, n) if det else host_rounds.STAGE_BYTES // 8  # a round's slice
         call = lambda: c.Allreduce(x, out, op=op, deterministic=det)  # noqa: E731
         done = lambda a: a[:s * (1 + stall)]  # noqa: E731
         exact = det or op is MAX
     elif collective == "allgather":
         x, out = _fresh(k), np.empty(k * size)
         expected = np.concatenate(_everyone(x))
-        s = host._block_slice(size, 8, k)
+        s = host_rounds._block_slice(size, 8, k)
         call = lambda: c.Allgather(x, out)  # noqa: E731
         done = lambda a: a.reshape(size, k)[:, :s * (1 + stall)]  # noqa: E731
         exact = True
     elif collective == "alltoall":
         x, out = _fresh(k * size), np.empty(k * size)
         expected = np.concatenate([xj[r * k:(r + 1) * k] for xj in _everyone(x)])
-        s = host._block_slice(size, 8, k)
+        s = host_rounds._block_slice(size, 8, k)
         call = lambda: c.Alltoall(x, out)  # noqa: E731
         done = lambda a: a.reshape(size, k)[:, :s * (1 + stall)]  # noqa: E731
         exact = True
     elif collective == "reduce_scatter_block":
         x, out = _fresh(k * size), np.empty(k)
         expected = reduce_in_rank_order(SUM, np.stack(_everyone(x)))[r * k:(r + 1) * k]
-        s = host._block_slice(size, 8, k)
+        s = host_rounds._block_slice(size, 8, k)
         call = lambda: c.Reduce_scatter_block(x, out, op=SUM)  # noqa: E731
         done = lambda a: a[:s * (1 + stall)]  # noqa: E731
         exact = True
@@ -325,7 +325,7 @@ def _rounds_case(collective: str, stall: bool):
         out = np.empty(sum(recv_counts))
         xs = _everyone(x)
         expected = np.concatenate([xs[j][r * (k + j):(r + 1) * (k + j)] for j in range(size)])
-        s = host._block_slice(size, 8, k + size)
+        s = host_rounds._block_slice(size, 8, k + size)
         starts = np.cumsum([0] + recv_counts)
         call = lambda: c.Alltoallv((x, [k + r] * size), (out, recv_counts))  # noqa: E731
         # (a rank's block to itself is copied after the exchange: not among the done parts)
@@ -355,7 +355,7 @@ def test_several_rounds_bcast(stall):
     """Root 0 times out; a rank that returns (MPI's tree may serve it without the late rank) has
     root 0's data."""
     c = hpccoll.Communicator(backend="host", check=False, timeout=SHORT if WORLD.rank == 0 else OTHERS)
-    buf = _fresh(int(3.5 * host.STAGE_BYTES) // 8)
+    buf = _fresh(int(3.5 * host_rounds.STAGE_BYTES) // 8)
     expected = _everyone(buf)[0]
     if stall:
         _stall_after_round_0(c)
