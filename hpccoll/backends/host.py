@@ -294,20 +294,15 @@ class HostBackend(Backend):
     def _reduce_scatter_block(self, call, route: Route) -> None:
         """Rounds of an Alltoall of slice r of every block, each reduced in rank order into
         slice r of the result (in place: block 0 of the input, whose slice r is staged first)."""
-        P = self.size
         src = _Staged(call.recv if call.in_place else call.send)
         recv = src if call.in_place else _Staged(call.recv, fetch=False)
-        x = src.host.reshape(P, -1)
-        n = x.shape[1]
-        out = recv.host[:n]
-        s = _block_slice(P, x.itemsize, n)
-        send_flat, recv_flat = np.empty(P * s, x.dtype), np.empty(P * s, x.dtype)
-        for lo, k in _spans(n, s):
-            sent, parts = send_flat[:P * k].reshape(P, k), recv_flat[:P * k].reshape(P, k)
-            np.copyto(sent, x[:, lo:lo + k])
-            self._complete(self.comm.Ialltoall(_msg(_bytes(sent), P), _msg(_bytes(parts), P)), call.name,
-                           send_flat, recv_flat)
+        x = src.host.reshape(self.size, -1)
+        out = recv.host[:x.shape[1]]
+
+        def reduce(lo, k, parts):
             out[lo:lo + k] = reduce_in_rank_order(call.op, parts)
+
+        self._alltoall_rounds(x, call.name, reduce)
         recv.commit()
 
     def _allgather(self, call, route: Route) -> None:
@@ -347,17 +342,27 @@ class HostBackend(Backend):
         P = self.size
         src = _Staged(call.recv if call.in_place else call.send)
         recv = src if call.in_place else _Staged(call.recv, fetch=False)
-        x, y = src.host.reshape(P, -1), recv.host.reshape(P, -1)
-        n = y.shape[1]
-        s = _block_slice(P, y.itemsize, n)
-        send_flat, recv_flat = np.empty(P * s, y.dtype), np.empty(P * s, y.dtype)
+        y = recv.host.reshape(P, -1)
+
+        def store(lo, k, got):
+            y[:, lo:lo + k] = got
+
+        self._alltoall_rounds(src.host.reshape(P, -1), call.name, store)
+        recv.commit()
+
+    def _alltoall_rounds(self, x, name: str, take) -> None:
+        """Rounds of an Alltoall of slice r of every row of x (P x n, row j for rank j), each
+        round's slice staged before it is sent; take(lo, k, got): the P x k slice received, row
+        i from rank i (staging, valid until the next round)."""
+        P, n = x.shape
+        s = _block_slice(P, x.itemsize, n)
+        send_flat, recv_flat = np.empty(P * s, x.dtype), np.empty(P * s, x.dtype)
         for lo, k in _spans(n, s):
             sent, got = send_flat[:P * k].reshape(P, k), recv_flat[:P * k].reshape(P, k)
             np.copyto(sent, x[:, lo:lo + k])
-            self._complete(self.comm.Ialltoall(_msg(_bytes(sent), P), _msg(_bytes(got), P)), call.name,
+            self._complete(self.comm.Ialltoall(_msg(_bytes(sent), P), _msg(_bytes(got), P)), name,
                            send_flat, recv_flat)
-            y[:, lo:lo + k] = got
-        recv.commit()
+            take(lo, k, got)
 
     def _alltoallv(self, call, route: Route) -> None:
         """The blocks to other ranks through MPI point-to-point messages in rounds (device buffers
