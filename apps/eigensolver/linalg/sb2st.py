@@ -133,6 +133,17 @@ def group_shape(n: int, b: int, g: int, q: int) -> tuple[int, int, int]:
     return (sweep_steps(n, b, q * g), b + 1, g)
 
 
+def group_offsets(n: int, b: int, g: int) -> list[int]:
+    """Where each group starts in the flat storage of all groups (group q's (K_q, b + 1, g)
+    array, C order, at flat[offsets[q]:offsets[q + 1]]; offsets[-1] is the total length): the
+    layout the GPU's bulge chasing writes and its Q2 application reads."""
+    offsets = [0]
+    for q in range(_groups(n, g)):
+        K, b1, gg = group_shape(n, b, g, q)
+        offsets.append(offsets[-1] + K * b1 * gg)
+    return offsets
+
+
 def apply_q2(refl_of, n: int, b: int, g: int, Z, xp):
     """Z <- Q2 Z in place for sb2st's reflectors, Z (n x ncols) any columns of the n x n matrix
     (a rank's own ones).  refl_of(q): group q's (K_q, b + 1, g) array as an array of xp (called
@@ -159,4 +170,4 @@ def apply_q2(refl_of, n: int, b: int, g: int, Z, xp):
     return Z
 
 
-__all__ = ["sb2st", "apply_q2", "group_shape", "sweep_steps"]
+__all__ = ["sb2st", "apply_q2", "group_shape", "group_offsets", "sweep_steps", "n_sweeps"]
