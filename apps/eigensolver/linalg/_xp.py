@@ -139,22 +139,27 @@ def trsm_in_place(xp, L, b, *, trans: bool = False) -> None:
                      m, nrhs, one.ctypes.data, L.data.ptr, _leading_dim(L), b.data.ptr, _leading_dim(b))
 
 
-_cusolver_lib = None      # ctypes handle on the libcusolver CuPy loaded
+_loaded_libs: dict = {}   # "libcusolver" / "libcublas" -> ctypes handle on the copy CuPy loaded
+
+
+def _loaded(name: str):
+    """The library `name` (libcusolver, libcublas) that CuPy loaded, through ctypes, for the
+    entry points CuPy does not bind (cusolverDnXsyevBatched, cublasDsymm, cublasDsyr2k).  None
+    where it cannot be found."""
+    lib = _loaded_libs.get(name)
+    if lib is None:
+        import ctypes
+
+        from cupy_backends.cuda.libs import cublas, cusolver  # noqa: F401  (load the libraries)
+
+        with open("/proc/self/maps") as fh:
+            path = next((ln.split()[-1] for ln in fh if f"/{name}.so" in ln), None)
+        lib = _loaded_libs[name] = ctypes.CDLL(path) if path else False
+    return lib or None
 
 
 def _cusolver():
-    """libcusolver (the copy CuPy loaded) through ctypes, for the entry point CuPy does not
-    bind: cusolverDnXsyevBatched.  None where it cannot be found."""
-    global _cusolver_lib
-    if _cusolver_lib is None:
-        import ctypes
-
-        from cupy_backends.cuda.libs import cusolver  # noqa: F401  (loads the library)
-
-        with open("/proc/self/maps") as fh:
-            path = next((ln.split()[-1] for ln in fh if "/libcusolver.so" in ln), None)
-        _cusolver_lib = ctypes.CDLL(path) if path else False
-    return _cusolver_lib or None
+    return _loaded("libcusolver")
 
 
 def has_cusolver(entry: str) -> bool:
@@ -229,6 +234,50 @@ def _cublas_host_scalars():
         yield handle
     finally:
         cublas.setPointerMode(handle, mode)
+
+
+def symm_lower(xp, C, V, out) -> None:
+    """out := C V for the symmetric C given by its lower triangle (column-major device arrays;
+    the strict upper triangle is not read): one cuBLAS dsymm."""
+    _symmetric_call("cublasDsymm_v2", C, V, out)
+
+
+def syr2k_lower(xp, C, V, W) -> None:
+    """C := C - V W^T - W V^T on C's lower triangle (the strict upper triangle is not touched;
+    column-major device arrays): one cuBLAS dsyr2k."""
+    _symmetric_call("cublasDsyr2k_v2", C, V, W)
+
+
+def _symmetric_call(entry: str, C, X, Y) -> None:
+    import ctypes
+
+    from cupy_backends.cuda.libs import cublas
+
+    for name, x in (("C", C), ("X", X), ("Y", Y)):
+        if not _unit_rows(x):
+            raise ValueError(f"{entry}: `{name}` must be column-major (a Fortran-order array or a block of one)")
+    m, k = X.shape
+    if C.shape != (m, m) or Y.shape != X.shape:
+        raise ValueError(f"{entry}: C is {C.shape}, the operands {X.shape} and {Y.shape}: C must be m x m "
+                         "and the operands m x k alike")
+    if not m or not k:
+        return
+    lib = _loaded("libcublas")
+    i, p = ctypes.c_int, ctypes.c_void_p
+    lower = cublas.CUBLAS_FILL_MODE_LOWER
+    with _cublas_host_scalars() as handle:
+        if entry == "cublasDsymm_v2":        # Y = 1 C X + 0 Y
+            one, zero = ctypes.c_double(1.0), ctypes.c_double(0.0)
+            status = lib.cublasDsymm_v2(p(handle), i(cublas.CUBLAS_SIDE_LEFT), i(lower), i(m), i(k), ctypes.byref(one),
+                                        p(C.data.ptr), i(_leading_dim(C)), p(X.data.ptr), i(_leading_dim(X)),
+                                        ctypes.byref(zero), p(Y.data.ptr), i(_leading_dim(Y)))
+        else:                                # C = -1 (X Y^T + Y X^T) + 1 C
+            minus, one = ctypes.c_double(-1.0), ctypes.c_double(1.0)
+            status = lib.cublasDsyr2k_v2(p(handle), i(lower), i(cublas.CUBLAS_OP_N), i(m), i(k), ctypes.byref(minus),
+                                         p(X.data.ptr), i(_leading_dim(X)), p(Y.data.ptr), i(_leading_dim(Y)),
+                                         ctypes.byref(one), p(C.data.ptr), i(_leading_dim(C)))
+    if status != 0:
+        raise RuntimeError(f"{entry} failed with cublasStatus {status}")
 
 
 def trsm(xp, L, b, *, trans: bool = False, lower: bool = True):

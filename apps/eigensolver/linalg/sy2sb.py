@@ -12,7 +12,9 @@ Per panel of b columns [p0, p1 = p0 + b), right-looking (every trailing update a
   - every rank then has X = Y T and W = X - 1/2 V (T^T V^T X) and updates its owned trailing
     columns, C22 -= V W^T + W V^T, one GEMM per run of owned columns (BLAS-3 throughout).
 So 2 collectives per panel, n / b panels, against sytrd's 2 per column; the symmetric
-trailing matrix is read twice per panel of b columns instead of once per column.
+trailing matrix is read twice per panel of b columns instead of once per column.  One GPU rank
+holds every trailing column: Y is one cuBLAS symm and the update one syr2k on C22's lower
+triangle (no runs, no discarded upper part).
 
 The panel's geqrf output stays in its columns until the end; then every rank copies its columns'
 band (rows c..c+b of column c: the diagonal block's lower part and R's upper part) into a
@@ -20,7 +22,7 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
-from ._xp import geqrf, trsm
+from ._xp import geqrf, is_device, symm_lower, syr2k_lower, trsm
 from .layout import BlockCyclic
 
 #: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
@@ -87,6 +89,7 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
     in C's column c from row c + b (the module doc); tau[c] = 0 where there is none."""
     check_band(desc, b)
     n, rank = desc.n, comm.Get_rank()
+    one_device = is_device(xp) and desc.nprocs == 1
     tau = xp.zeros(n, dtype=xp.float64)
     for p0 in range(0, max(n - b - 1, 0), b):           # a panel has entries below its band
         p1 = p0 + b
@@ -109,6 +112,14 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
         V = buf[:, :m].T
         T = buf[:, m:m + b].T
         tau[p0:p1] = buf[:, m + b]
+        if one_device:                                   # every column here: two cuBLAS calls
+            C22 = C[p1:, p1:]
+            Y = xp.empty((m, b), dtype=xp.float64, order="F")
+            symm_lower(xp, C22, V, Y)                    # V = buf's rows transposed: column-major
+            X = Y @ T
+            W = xp.asfortranarray(X - 0.5 * (V @ (T.T @ (V.T @ X))))
+            syr2k_lower(xp, C22, V, W)
+            continue
         # Y = C22 V: this rank's columns' share, then one Allreduce
         Y = xp.zeros((m, b), dtype=xp.float64, order="F")
         runs = list(trailing_runs(desc, rank, p1))

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import to_host
+from ._xp import is_device, to_host
 from .layout import BlockCyclic
 from .ormtr import ormtr
-from .sb2st import apply_q2, group_shape, sb2st
+from .sb2st import apply_q2, group_offsets, group_shape, sb2st
 from .sy2sb import check_band, gather_band, sy2sb
 
 #: the largest half-bandwidth the two-stage reduction uses: b is the largest divisor of the
 #: layout's nb not above it (sy2sb needs b | nb)
 TWO_STAGE_BAND = 64
+#: the GPU's: TODO measured
+TWO_STAGE_BAND_DEVICE = 64
 
 
 def band_width(nb: int, target: int = TWO_STAGE_BAND) -> int:
@@ -40,48 +42,78 @@ class TwoStageQ:
 
     def __init__(self, V1, tau1, b: int, g: int, refl, desc: BlockCyclic, comm, xp):
         self.V1, self.tau1, self.b, self.g = V1, tau1, b, g
-        self.refl = refl                       # Q2's groups on rank 0, None elsewhere
+        # Q2's reflectors: on the host, rank 0's list of groups (None elsewhere), sent group by
+        # group; on the GPU, every rank's copy of all groups in one flat array (group_offsets)
+        self.refl = refl
         self.desc, self.comm, self.xp = desc, comm, xp
 
     def apply(self, Z):
         """Z <- Q1 Q2 Z on the owned columns Z (every rank calls it)."""
         xp, comm, n = self.xp, self.comm, self.desc.n
-        refl, self.refl = self.refl, None      # rank 0's copy goes as its groups are used
+        refl, self.refl = self.refl, None      # released as it is used
+        if is_device(xp):
+            from .q2_device import apply_q2_device
 
-        def group(q):
-            shape = group_shape(n, self.b, self.g, q)
-            buf = xp.empty(shape, dtype=xp.float64)
-            if comm.Get_rank() == 0:
-                buf[...] = xp.asarray(refl[q])
-                refl[q] = None
-            if comm.Get_size() > 1:
-                comm.Bcast(buf, root=0)
-            return buf
+            apply_q2_device(refl, n, self.b, self.g, Z)
+        else:
+            def group(q):
+                shape = group_shape(n, self.b, self.g, q)
+                buf = xp.empty(shape, dtype=xp.float64)
+                if comm.Get_rank() == 0:
+                    buf[...] = xp.asarray(refl[q])
+                    refl[q] = None
+                if comm.Get_size() > 1:
+                    comm.Bcast(buf, root=0)
+                return buf
 
-        apply_q2(group, n, self.b, self.g, Z, xp)
+            apply_q2(group, n, self.b, self.g, Z, xp)
+        del refl
         ormtr(self.V1, self.tau1, Z, self.desc, comm, xp, offset=self.b)
         return Z
 
 
-def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | None = None):
+def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | None = None, vectors: bool = True):
     """Tridiagonalize the distributed symmetric C (lower triangle, strict upper zero) in two
-    stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ; C's
-    columns then hold Q1's reflectors."""
-    b = band_width(desc.nb) if b is None else b
+    stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
+    with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
+    hold Q1's reflectors.  On the GPU the bulge chasing runs on rank 0's device
+    (sb2st_device.py) with g = b, and with vectors one Bcast gives every rank Q2's reflectors."""
+    device = is_device(xp)
+    b = band_width(desc.nb, TWO_STAGE_BAND_DEVICE if device else TWO_STAGE_BAND) if b is None else b
     check_band(desc, b)
-    g = b if g is None else g
+    g = b if g is None or device else g                 # the GPU's Q2 application batches g = b
     band, tau1 = sy2sb(C, desc, comm, xp, b)
     full = gather_band(band, desc, comm, xp)
+    del band
     n = desc.n
     de = xp.empty(2 * n, dtype=xp.float64)
     refl = None
-    if comm.Get_rank() == 0:
-        d, e, refl = sb2st(np.ascontiguousarray(to_host(full)), g)
-        de[:n] = xp.asarray(d)
-        de[n:2 * n - 1] = xp.asarray(e)
-        de[2 * n - 1:] = 0.0
-    comm.Bcast(de, root=0)
-    return de[:n], de[n:2 * n - 1], TwoStageQ(C, tau1, b, g, refl, desc, comm, xp)
+    if device:
+        from .sb2st_device import sb2st_device
+
+        total = group_offsets(n, b, g)[-1]
+        if comm.Get_rank() == 0:
+            d, e, refl = sb2st_device(full, g)
+            de[:n], de[n:2 * n - 1] = d, e
+            de[2 * n - 1:] = 0.0
+            del d, e
+        elif vectors:
+            refl = xp.empty(total, dtype=xp.float64)
+        del full
+        comm.Bcast(de, root=0)
+        if not vectors:
+            refl = None
+        elif comm.Get_size() > 1:
+            comm.Bcast(refl, root=0)
+    else:
+        if comm.Get_rank() == 0:
+            d, e, refl = sb2st(np.ascontiguousarray(to_host(full)), g)
+            de[:n] = xp.asarray(d)
+            de[n:2 * n - 1] = xp.asarray(e)
+            de[2 * n - 1:] = 0.0
+        comm.Bcast(de, root=0)
+    Q = TwoStageQ(C, tau1, b, g, refl, desc, comm, xp) if vectors else None
+    return de[:n], de[n:2 * n - 1], Q
 
 
-__all__ = ["two_stage", "TwoStageQ", "band_width", "TWO_STAGE_BAND"]
+__all__ = ["two_stage", "TwoStageQ", "band_width", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
