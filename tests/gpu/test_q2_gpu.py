@@ -12,7 +12,7 @@ import _gpu_checks  # noqa: F401 - lazily-imported modules first (see there)
 import numpy as np
 import pytest
 
-from hpccoll_eigensolver.linalg.q2_device import apply_q2_device, q2_flops
+from hpccoll_eigensolver.linalg.q2_device import apply_q2_device, chunk_columns, q2_flops, schedule
 from hpccoll_eigensolver.linalg.sb2st import apply_q2, group_offsets, group_shape, sb2st
 
 pytestmark = pytest.mark.gpu
@@ -158,6 +158,11 @@ def test_speed(cupy, capsys):
             lines.append(f"apply_q2_device n={n} b=g={b} ncols={n}: {t:.3f} s, "
                          f"{q2_flops(n, b, b, n) / t / 1e12:.1f} TFLOP/s; ncols=1: {t1 * 1e3:.1f} ms; "
                          f"|Z[:, :8]| / |ones| = {norm:.3f}")
+            if n == 16384 and b == 64:   # smaller chunks: Z's chunk and W nearer L2's size, more launches
+                for budget in (64 << 20, 8 << 20):
+                    tb = _seconds(cupy, lambda: apply_q2_device(flat, n, b, b, Z, budget=budget))
+                    lines.append(f"  budget {budget >> 20} MiB ({chunk_columns(schedule(n, b, b), b, n, budget)} "
+                                 f"columns a chunk): {tb:.3f} s, {q2_flops(n, b, b, n) / tb / 1e12:.1f} TFLOP/s")
             if n == 4096:
                 off = group_offsets(n, b, b)
                 shapes = [group_shape(n, b, b, q) for q in range(len(off) - 1)]

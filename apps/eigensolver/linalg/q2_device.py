@@ -92,7 +92,8 @@ def chunk_columns(levels: list[Level], g: int, ncols: int, budget: int = WORKSPA
 
 def q2_flops(n: int, b: int, g: int, ncols: int) -> int:
     """The GEMMs' flops of apply_q2_device on ncols columns: 2 (2 h' g ncols) per block of height
-    h' (h, or n - r for a level's clipped block).  The factor kernel's O(n^2 g) are left out."""
+    h' (h, or n - r for a level's clipped block), V's and Y's zero triangles included (about
+    2 n^2 ncols (b + g - 1) / b in all).  The factor kernel's O(n^2 g) are left out."""
     total = 0
     for lv in schedule(n, b, g):
         heights = lv.full * (b + g - 1) + sum(n - (lv.r0 + i * (b + g)) for i in range(lv.full, lv.count))
