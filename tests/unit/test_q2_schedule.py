@@ -111,15 +111,28 @@ def test_twin_matches_the_host_apply_for_g_other_than_b(n, b, g):
     assert _rel(apply_q2_twin(flat, n, b, g, Z), want) < 1e-13
 
 
-def test_twin_in_column_chunks_and_on_a_c_order_z():
+def test_twin_in_column_chunks_on_a_block_of_a_larger_array():
+    """Several chunks, Z a column block of a taller Fortran array (leading dimension > n): the
+    rows below n and the other columns stay as they were."""
     rng = np.random.default_rng()
-    n, b = 61, 8
+    n, b, width = 61, 8, 23
     _, _, refl, flat = _reflectors(rng, n, b, b)
-    Z = rng.standard_normal((n, 23))                    # C order: the twin reads any strides
-    want = apply_q2(lambda q: refl[q], n, b, b, Z.copy(), np)
+    big = np.asfortranarray(rng.standard_normal((n + 4, width + 5)))
+    before = big.copy()
+    want = apply_q2(lambda q: refl[q], n, b, b, big[:n, 2:2 + width].copy(), np)
     budget = 8 * b * 4 * max(lv.count for lv in schedule(n, b, b))   # 4 columns a chunk
-    assert chunk_columns(schedule(n, b, b), b, 23, budget) == 4
-    assert _rel(apply_q2_twin(flat, n, b, b, Z, budget=budget), want) < 1e-13
+    assert chunk_columns(schedule(n, b, b), b, width, budget) == 4
+    apply_q2_twin(flat, n, b, b, big[:n, 2:2 + width], budget=budget)
+    assert _rel(big[:n, 2:2 + width], want) < 1e-13
+    assert np.array_equal(big[n:], before[n:])
+    assert np.array_equal(big[:, :2], before[:, :2]) and np.array_equal(big[:, 2 + width:], before[:, 2 + width:])
+
+
+def test_twin_rejects_a_c_order_z():
+    rng = np.random.default_rng()
+    _, _, _, flat = _reflectors(rng, 20, 4, 4)
+    with pytest.raises(ValueError, match="column-major"):
+        apply_q2_twin(flat, 20, 4, 4, np.zeros((20, 3)))
 
 
 @pytest.mark.parametrize("n,b", [(57, 8), (100, 16), (9, 16)])

@@ -3,8 +3,8 @@ factor kernel (q2_kernels.cu) and two strided-batched cuBLAS GEMMs per level and
 
 The blocks.  sb2st.apply_q2 applies Q2 as blocks (q, k), q < Q = the number of groups, k < K_q:
 group q's step k, rows r(q, k) = q g + 1 + k b .. + h - 1 (h = b + g - 1, clipped at n), one
-I - V T V^T each, in the order q descending, then k ascending.  Launching work per block from
-Python costs ~10-20 us and there are ~n^2 / (2 b g) blocks, so here the blocks go by levels:
+I - V T V^T each, in the order q descending, then k ascending.  There are ~n^2 / (2 b g) blocks,
+each a few launches from Python that cost more than its work, so here the blocks go by levels:
 
     level(q, k) = (Q - 1 - q) + k,   levels 0 .. Q + K_0 - 2,   applied in ascending order.
 
@@ -36,8 +36,9 @@ W, m g c doubles for a chunk of c columns: c is the largest width with W within 
 (WORKSPACE_BUDGET, 256 MiB: at n = 16384, b = g = 64, m = 128 blocks, c = 4096 columns).
 
 Every kernel sum and every GEMM runs in a fixed order on the current stream: the same bits on
-every run on the same GPU model.  apply_q2_twin is the NumPy twin of exactly this schedule and
-batching (the CPU tests compare it with sb2st.apply_q2)."""
+every run on the same GPU model.  apply_q2_twin runs the same schedule, workspaces and GEMM
+parameters (level_gemms) in NumPy, checking each GEMM's reach; the CPU tests compare it with
+sb2st.apply_q2."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -123,8 +124,50 @@ def level_factors_twin(flat, offsets, lv: Level, b: int, g: int):
     return V, V @ T
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """One cublasDgemmStridedBatched, column-major: C_i = alpha op(A_i) op(B_i) + beta C_i for
+    i < count, op(X) = X^T where ta / tb; operand X_i starts at element x[1] + i sx of buffer
+    x[0] ("V", "Y", "W" or "Z": Z's memory from Z[0, 0]), leading dimension ldx."""
+    ta: bool
+    tb: bool
+    m: int
+    n: int
+    k: int
+    alpha: float
+    a: tuple[str, int]
+    lda: int
+    sa: int
+    b: tuple[str, int]
+    ldb: int
+    sb: int
+    beta: float
+    c: tuple[str, int]
+    ldc: int
+    sc: int
+    count: int
+
+
+def level_gemms(lv: Level, n: int, b: int, g: int, w: int, z0: int, ldz: int) -> list[Gemm]:
+    """The GEMMs of one level on the w columns of Z from element z0 (a chunk): W = V^T Z and
+    Z -= Y W over its full-height blocks (Z's batch stride b + g rows), then over its clipped
+    block with height n - r.  V, Y: the level's factors, h x g column-major per block."""
+    h = b + g - 1
+    out = []
+    for i0, cnt, hh in ((0, lv.full, h), (lv.full, lv.count - lv.full, n - lv.r0 - lv.full * (b + g))):
+        if cnt:
+            z = ("Z", z0 + lv.r0 + i0 * (b + g))
+            v, y, W = ("V", i0 * h * g), ("Y", i0 * h * g), ("W", 0)
+            out.append(Gemm(True, False, g, w, hh, 1.0, v, h, h * g, z, ldz, b + g, 0.0, W, g, g * w, cnt))
+            out.append(Gemm(False, False, hh, w, g, -1.0, y, h, h * g, W, g, g * w, 1.0, z, ldz, b + g, cnt))
+    return out
+
+
 def apply_q2_twin(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
-    """Z <- Q2 Z in place (NumPy): apply_q2_device's schedule, chunks and batched products."""
+    """Z <- Q2 Z in place (NumPy, Z column-major): apply_q2_device's schedule, chunks,
+    workspaces and GEMM parameters (level_gemms), each GEMM's reach checked against its buffer."""
+    from ._xp import _leading_dim
+
     levels = schedule(n, b, g)
     _check_operands(np, flat, n, b, g, Z, levels)
     ncols = Z.shape[1]
@@ -132,22 +175,40 @@ def apply_q2_twin(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGE
         return Z
     offsets = group_offsets(n, b, g)
     h = b + g - 1
+    m = max(lv.count for lv in levels)
     cw = chunk_columns(levels, g, ncols, budget)
-    s0, s1 = Z.strides
+    ldz = _leading_dim(Z)
+    bufs = {"V": np.empty(m * h * g), "Y": np.empty(m * h * g), "W": np.empty(m * g * cw),
+            "Z": as_strided(Z, shape=(ldz * (ncols - 1) + n,), strides=(8,))}
     for lv in levels:
         V, Y = level_factors_twin(flat, offsets, lv, b, g)
+        bufs["V"][:V.size] = V.transpose(0, 2, 1).ravel()      # block i's (r, c) at i h g + r + c h
+        bufs["Y"][:Y.size] = Y.transpose(0, 2, 1).ravel()
         for c0 in range(0, ncols, cw):
-            Zc = Z[:, c0:c0 + cw]
-            if lv.full:   # the batch: block i's rows r0 + i (b + g) .. + h - 1, disjoint
-                Zb = as_strided(Zc[lv.r0:], shape=(lv.full, h, Zc.shape[1]), strides=((b + g) * s0, s0, s1))
-                W = V[:lv.full].transpose(0, 2, 1) @ Zb
-                Zb -= Y[:lv.full] @ W
-            if lv.count > lv.full:
-                r = lv.r0 + lv.full * (b + g)
-                hc = n - r
-                W = V[lv.full, :hc].T @ Zc[r:]
-                Zc[r:] -= Y[lv.full, :hc] @ W
+            for gm in level_gemms(lv, n, b, g, min(cw, ncols - c0), c0 * ldz, ldz):
+                _gemm_twin(gm, bufs, n, ldz)
     return Z
+
+
+def _gemm_twin(gm: Gemm, bufs: dict, n: int, ldz: int) -> None:
+    """Run one Gemm in NumPy on bufs; AssertionError where an operand reaches past its buffer
+    (or, in Z, past row n - 1)."""
+    def operand(x, rows, cols, ld, stride):
+        name, off = x
+        buf = bufs[name]
+        assert rows <= ld and off + (gm.count - 1) * stride + (rows - 1) + (cols - 1) * ld < buf.size, (gm, name)
+        if name == "Z":
+            assert all((off + i * stride) % ldz + rows <= n for i in (0, gm.count - 1)), (gm, "rows past n")
+        return as_strided(buf[off:], shape=(gm.count, rows, cols), strides=(8 * stride, 8, 8 * ld))
+
+    A = operand(gm.a, *((gm.k, gm.m) if gm.ta else (gm.m, gm.k)), gm.lda, gm.sa)
+    B = operand(gm.b, *((gm.n, gm.k) if gm.tb else (gm.k, gm.n)), gm.ldb, gm.sb)
+    C = operand(gm.c, gm.m, gm.n, gm.ldc, gm.sc)
+    prod = gm.alpha * ((A.transpose(0, 2, 1) if gm.ta else A) @ (B.transpose(0, 2, 1) if gm.tb else B))
+    if gm.beta == 0.0:                  # C is not read (cuBLAS's rule: W starts uninitialized)
+        C[...] = prod
+    else:
+        C[...] = prod + gm.beta * C
 
 
 def apply_q2_device(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
@@ -177,28 +238,21 @@ def apply_q2_device(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUD
     smem = (g * g + g) * 8
     _allow_shared(cupy, kernel, smem, g)
     ldz = _leading_dim(Z)
-    zp, vp, yp, wp = Z.data.ptr, V.data.ptr, Y.data.ptr, W.data.ptr
-    one_zero_minus = np.array([1.0, 0.0, -1.0], dtype=np.float64)   # host scalars: alpha, beta
-    one, zero, minus = (one_zero_minus.ctypes.data + 8 * i for i in range(3))
-    T, N = cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N
+    base = {"V": V.data.ptr, "Y": Y.data.ptr, "W": W.data.ptr, "Z": Z.data.ptr}
+    scalars = np.array([1.0, 0.0, -1.0], dtype=np.float64)     # host pointer mode: alpha, beta
+    at = {1.0: scalars.ctypes.data, 0.0: scalars.ctypes.data + 8, -1.0: scalars.ctypes.data + 16}
+    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
     b32, g32 = np.int32(b), np.int32(g)
     with _cublas_host_scalars() as handle:
         for lv in levels:
             kernel((lv.count,), (THREADS,), (flat, offsets, np.int32(lv.q0), np.int32(lv.k0), b32, g32, V, Y),
                    shared_mem=smem)
             for c0 in range(0, ncols, cw):
-                w = min(cw, ncols - c0)
-                zc = zp + 8 * c0 * ldz
-                # (first block, count, height): the full-height batch, then the clipped block
-                for i0, cnt, hh in ((0, lv.full, h), (lv.full, lv.count - lv.full, n - lv.r0 - lv.full * (b + g))):
-                    if not cnt:
-                        continue
-                    z = zc + 8 * (lv.r0 + i0 * (b + g))
-                    v, y = vp + 8 * i0 * h * g, yp + 8 * i0 * h * g
-                    cublas.dgemmStridedBatched(handle, T, N, g, w, hh, one, v, h, h * g, z, ldz, b + g,
-                                               zero, wp, g, g * w, cnt)
-                    cublas.dgemmStridedBatched(handle, N, N, hh, w, g, minus, y, h, h * g, wp, g, g * w,
-                                               one, z, ldz, b + g, cnt)
+                for gm in level_gemms(lv, n, b, g, min(cw, ncols - c0), c0 * ldz, ldz):
+                    cublas.dgemmStridedBatched(
+                        handle, op[gm.ta], op[gm.tb], gm.m, gm.n, gm.k, at[gm.alpha],
+                        base[gm.a[0]] + 8 * gm.a[1], gm.lda, gm.sa, base[gm.b[0]] + 8 * gm.b[1], gm.ldb, gm.sb,
+                        at[gm.beta], base[gm.c[0]] + 8 * gm.c[1], gm.ldc, gm.sc, gm.count)
     return Z
 
 
@@ -227,12 +281,12 @@ def _check_operands(xp, flat, n: int, b: int, g: int, Z, levels) -> None:
                          f"(sb2st.group_offsets(n, b, g)[-1]); got shape {flat.shape}, {flat.dtype}")
     if Z.ndim != 2 or Z.shape[0] != n or Z.dtype != np.float64:
         raise ValueError(f"{name}: `Z` must be a float64 {n} x ncols array; got shape {Z.shape}, {Z.dtype}")
-    if xp is not np and Z.shape[1]:
+    if Z.shape[1]:
         from ._xp import _unit_rows
 
         if not _unit_rows(Z):
             raise ValueError(f"{name}: `Z` must be column-major (a Fortran-order array or a block of one)")
 
 
-__all__ = ["apply_q2_device", "apply_q2_twin", "q2_flops", "schedule", "chunk_columns", "Level",
-           "WORKSPACE_BUDGET"]
+__all__ = ["apply_q2_device", "apply_q2_twin", "q2_flops", "schedule", "chunk_columns", "level_gemms", "Level",
+           "Gemm", "WORKSPACE_BUDGET"]
