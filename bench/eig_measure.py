@@ -114,6 +114,16 @@ COLUMNS = ("n", "problem", "what", "seconds", "ratio to dsygvd", "TFLOP/s", "% o
 MPI_COLUMNS = ("n", "problem", "what", "P", "seconds", "slowest rank", "peak GiB/rank", "ranks agree", "vs P = 1")
 
 
+LEGEND = ("seconds: the timed call; ratio: to the reference of the same output (dsygvd, dsygvd-w, dsygvdx-sub; the "
+          "anchor where dsygvd failed); TFLOP/s: LAPACK's useful flops over seconds; error: max |w - w_ref| / max "
+          "|w_ref|, w_ref the reference's eigenvalues; err known: against the built spectrum; residual and B-orth in "
+          "units of n eps (hpccoll_eigensolver.metrics); peak GiB: CuPy's pool high-water mark over the first call, "
+          "the inputs A and B included")
+LEGEND_MPI = ("seconds: the slowest rank's timed call; peak GiB/rank: the largest rank's CuPy pool high-water mark "
+              "(its share of A and B included); ranks agree: the eigenvalues' bits alike on every rank; vs P = 1: "
+              "max |w - w_1| / max |w_1| against the P = 1 run's eigenvalues of the same case (bitwise: equal)")
+
+
 def _f(x, spec=".3g") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -183,7 +193,7 @@ def report_md(res: dict) -> str:
              f"{m.get('cusolver')}" if res["mode"] == "gpu" else f"{m.get('cpu')} (NumPy; dsygvd: scipy.linalg.eigh)")
     head = [f"# eigensolver against cuSOLVER, P = {res['ranks']}", "",
             f"{where}; commit {res['commit']}; {res['date']}", "", format_sol(res.get("sol", {})),
-            "", format_table(res["rows"], res["ranks"] > 1)]
+            "", LEGEND_MPI if res["ranks"] > 1 else LEGEND, "", format_table(res["rows"], res["ranks"] > 1)]
     if res["ranks"] == 1:
         head += ["", "Phases:", "", format_phases(res["rows"])]
     if res["skipped"]:

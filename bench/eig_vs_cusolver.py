@@ -54,12 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="random: A = (G + G^T)/2, B = Q diag(logspace(0, log10 cond_b, n)) Q^T, Q of a QR of a "
                          "Gaussian, on the device; known: hpccoll_eigensolver.problems (default both)")
     ap.add_argument("--known-max-n", type=int, default=16384, help="largest n of the known problem (default 16384)")
-    ap.add_argument("--cond-b", type=float, default=1e3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cond-b", type=float, default=1e3, help="condition number of B (default 1e3)")
+    ap.add_argument("--seed", type=int, default=0, help="the problems' seed (default 0)")
     ap.add_argument("--nb", type=int, default=64, help="the solver's block size (default 64)")
     ap.add_argument("--comm", default=None, help="hpccoll-eigensolver's --comm choice (default sentinel; mpi with --host)")
-    ap.add_argument("--sytrd", default="auto")
-    ap.add_argument("--stedc", default="auto")
+    ap.add_argument("--sytrd", default="auto", help="sygvd's sytrd= (default auto)")
+    ap.add_argument("--stedc", default="auto", help="sygvd's stedc= (default auto)")
     ap.add_argument("--calls", type=int, default=2, help="calls per case at each n; the last is timed (default 2)")
     ap.add_argument("--warmup-n", type=int, default=1024, help="every case runs once at this n first (0: not)")
     ap.add_argument("--sol-n", type=int_list, default=None, help="DGEMM orders (default 8192,16384; host 256)")
@@ -380,7 +380,7 @@ def run_ranks(args, t_start: float) -> int:
             raise SystemExit("eig_vs_cusolver --mpi: no GPU here (CuPy and a device): add --host for the CPU")
         dev = Device(False)
     deadline = t_start + args.budget_s
-    stem = f"eig-vs-cusolver-p{size}"
+    stem = f"eig-vs-cusolver-mpi-p{size}"   # apart from the P = 1 run's file, also at size 1
     res = new_result(args, dev, size) if rank == 0 else None
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
