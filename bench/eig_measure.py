@@ -35,7 +35,7 @@ FLOP_MODEL = {
              "times both",
     "stedc": "time only", "syevd": "time only (the anchor's tridiagonalization, stedc and back-transformation)",
     "ormtr": "one-stage 2n^2 k; two-stage Q2 2n^2 k (nominal) + Q1 2n^2 k; k eigenvectors",
-    "trsm": "n^2 k",
+    "trsm": "n^2 k", "sy2sb": "4n^3/3", "sb2st": "6 b n^2",
     "sytrd_bytes": "one-stage: 8 n^3/6 bytes, each column's symv reading the trailing lower triangle once "
                    "(the panel updates' traffic left out: a lower bound), against the measured read rate",
 }
@@ -77,6 +77,7 @@ def phase_flops(phase: str, n: int, k: int, reduction: str | None = None, band: 
     two = reduction == "two-stage"
     model = {"potrf": n**3 / 3, "sygst": float(n**3),
              "sytrd": 4 * n**3 / 3 + (6.0 * band * n**2 if two else 0.0),
+             "sy2sb": 4 * n**3 / 3, "sb2st": 6.0 * band * n**2,  # a timer that names the two stages
              "ormtr": (4.0 if two else 2.0) * n**2 * k, "trsm": float(n**2 * k)}
     return model.get(phase)
 
@@ -283,9 +284,9 @@ def speed_of_light(dev: Device, sizes, gib: float, reps: int = 3) -> dict:
     for n in sizes:
         a = (np.random.default_rng(n) if xp is np else xp.random.RandomState(n)).standard_normal((n, n))
         b, c = a.T.copy(), xp.empty_like(a)
-        s = best(lambda: xp.matmul(a, b, out=c), reps)
+        s = best(lambda a=a, b=b, c=c: xp.matmul(a, b, out=c), reps)
         out["dgemm"].append({"n": n, "seconds": s, "tflops": 2.0 * n**3 / s / 1e12})
-        del a, b, c
+        a = b = c = None
     nbytes = int(gib * GIB) // 8 * 8
     src = xp.ones(nbytes // 8)
     dst = xp.empty_like(src)

@@ -27,8 +27,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cusolver_direct as cd  # noqa: E402
-from eig_measure import (CASES, COLUMNS, DEFAULT_WHAT, FLOP_MODEL, MPI_COLUMNS, MPI_WHAT, Device,  # noqa: E402
+import cusolver_direct as cd
+from eig_measure import (CASES, COLUMNS, DEFAULT_WHAT, FLOP_MODEL, MPI_COLUMNS, MPI_WHAT, Device,
                          PhaseClock, accuracy, build_problem, fingerprint, format_sol, int_list, mpi_cells,
                          parse_what, phase_lines, phase_rates, rel_error, report_md, row_cells, sha,
                          speed_of_light, subset_k, table_line, useful_flops, vectors_of, write_outputs)
@@ -116,7 +116,7 @@ def machine(dev: Device) -> dict:
         try:
             info["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit",
-                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False).stdout.strip()
         except (OSError, subprocess.SubprocessError) as exc:
             info["nvidia_smi"] = f"unavailable: {exc}"
     info["env"] = {k: v for k, v in sorted(os.environ.items())
@@ -131,7 +131,7 @@ def new_result(args, dev: Device, ranks: int) -> dict:
     return {"schema": "eig-vs-cusolver/1", "command": " ".join(sys.argv), "ranks": ranks,
             "mode": "gpu" if dev.gpu else "host", "commit": git_commit(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(dev),
-            "args": {k: v for k, v in vars(args).items()},
+            "args": dict(vars(args)),
             "models": {"flops": FLOP_MODEL, "two_stage_band": band, "two_stage_band_source": source,
                        "useful_flops": "potrf n^3/3 + sygst n^3 + sytrd 4n^3/3 + ormtr 2n^2 k + trsm n^2 k",
                        "memory": "pool_peak_bytes: CuPy's default pool reserved bytes after the first call, "
@@ -184,7 +184,7 @@ def solver_call(name: str, dev: Device, A, B, desc, comm, args, clock):
         return cd.prepare_anchor(dev.xp, A, B, output == "full", clock)
     from hpccoll_eigensolver import sygvd
 
-    kw = dict(reduction=reduction, sytrd=args.sytrd, stedc=args.stedc, timer=clock)
+    kw = {"reduction": reduction, "sytrd": args.sytrd, "stedc": args.stedc, "timer": clock}
     if output == "values":
         kw["eigvals_only"] = True
     if output == "subset":
@@ -206,6 +206,8 @@ def measure(dev: Device, prepare, calls: int, go_on, before=lambda: None):
             used0, free0 = dev.pool()[0], dev.free_bytes()
         clock = PhaseClock(dev)
         run = prepare(clock)
+        if c == 0 and hasattr(run, "workspace_bytes"):
+            rec["workspace_bytes"] = run.workspace_bytes      # cuSOLVER's, from its bufferSize
         before()
         dev.sync()
         t0 = time.perf_counter()
@@ -220,6 +222,11 @@ def measure(dev: Device, prepare, calls: int, go_on, before=lambda: None):
     rec.update(seconds=rec["calls"][-1]["seconds"], phases=rec["calls"][-1]["phases"],
                same_bits_every_call=len({c["w_sha256"] for c in rec["calls"]}) == 1)
     return rec, out
+
+
+def skip(res: dict, why: str) -> None:
+    res["skipped"].append(why)
+    print(f"skipped {why}", flush=True)
 
 
 def _why(exc: BaseException) -> str:
@@ -237,9 +244,8 @@ def w_path(out: str, kind: str, n: int, name: str) -> str:
 
 # -- P = 1 ---------------------------------------------------------------------------------------
 def run_one(args, t_start: float) -> int:
-    from mpi4py import MPI
-
     from hpccoll_eigensolver import BlockCyclic
+    from mpi4py import MPI
 
     dev = Device(args.host)
     deadline = t_start + args.budget_s
@@ -260,10 +266,10 @@ def run_one(args, t_start: float) -> int:
         for n in args.n:
             for kind in args.problems:
                 if kind == "known" and n > args.known_max_n:
-                    res["skipped"].append(f"n={n} known: above --known-max-n {args.known_max_n}")
+                    skip(res, f"n={n} known: above --known-max-n {args.known_max_n}")
                     continue
                 if time.monotonic() > deadline:
-                    res["skipped"].append(f"n={n} {kind}: every case (--budget-s {args.budget_s:g} passed)")
+                    skip(res, f"n={n} {kind}: every case (--budget-s {args.budget_s:g} passed)")
                     continue
                 one_problem(dev, res, n, kind, cases, args, comm, BlockCyclic(n, n, args.nb, 1), band, deadline)
     finally:
@@ -311,12 +317,12 @@ def one_problem(dev: Device, res: dict, n: int, kind: str, cases, args, comm, de
         done.add(name)
         solver, output, reduction = CASES[name]
         if time.monotonic() > deadline:
-            res["skipped"].append(f"n={n} {kind} {name}: --budget-s {args.budget_s:g} passed")
+            skip(res, f"n={n} {kind} {name}: --budget-s {args.budget_s:g} passed")
             continue
         row = {"n": n, "problem": kind, "what": name, "solver": solver, "output": output, "reduction": reduction,
                "k": vectors_of(output, n), "status": "ok"}
         try:
-            rec, (w, X) = measure(dev, lambda clock: solver_call(name, dev, A, B, desc, comm, args, clock),
+            rec, (w, X) = measure(dev, lambda clock, name=name: solver_call(name, dev, A, B, desc, comm, args, clock),
                                   args.calls, lambda s: time.monotonic() + s <= deadline)
         except Exception as exc:  # noqa: BLE001 - a row that says why; the next case runs
             row["status"] = f"failed: {_why(exc)}"
@@ -364,9 +370,8 @@ def finish_row(res: dict, row: dict, args) -> None:
 def run_ranks(args, t_start: float) -> int:
     """The solves on the ranks of MPI.COMM_WORLD (sharing the GPU under MPS): per rank its time and
     CuPy pool high-water mark; the eigenvalues' bits across ranks and against P = 1's w files."""
-    from mpi4py import MPI
-
     from hpccoll_eigensolver import BlockCyclic
+    from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     ctl = world.Dup()                  # this script's own agreements, apart from the solver's traffic
@@ -404,7 +409,7 @@ def run_ranks(args, t_start: float) -> int:
                 why = ctl.bcast(why, root=0)
                 if why:
                     if rank == 0:
-                        res["skipped"].append(why)
+                        skip(res, why)
                     continue
                 if not ranks_problem(dev, res, p1, n, kind, args, ctl, comm, BlockCyclic(n, n, args.nb, size),
                                      deadline, stem):
@@ -451,13 +456,13 @@ def ranks_problem(dev: Device, res, p1, n: int, kind: str, args, ctl, comm, desc
         go = ctl.bcast(time.monotonic() <= deadline if rank == 0 else None, root=0)
         if not go:
             if rank == 0:
-                res["skipped"].append(f"n={n} {kind} {name}: --budget-s {args.budget_s:g} passed")
+                skip(res, f"n={n} {kind} {name}: --budget-s {args.budget_s:g} passed")
             continue
         solver, output, reduction = CASES[name]
         mine, why = None, None
         try:
             rec, (w, _X) = measure(
-                dev, lambda clock: solver_call(name, dev, A, B, desc, comm, args, clock), args.calls,
+                dev, lambda clock, name=name: solver_call(name, dev, A, B, desc, comm, args, clock), args.calls,
                 lambda s: ctl.bcast(time.monotonic() + s <= deadline if rank == 0 else None, root=0), ctl.Barrier)
             mine = (rec["seconds"], rec["memory"]["pool_peak_bytes"], rec["calls"][-1]["w_sha256"], rec["phases"])
             del _X

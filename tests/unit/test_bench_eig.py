@@ -15,8 +15,8 @@ import scipy.linalg as sl
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import eig_measure as em  # noqa: E402
-import eig_vs_cusolver as evc  # noqa: E402
+import eig_measure as em
+import eig_vs_cusolver as evc
 
 
 def test_defaults():
