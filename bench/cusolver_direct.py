@@ -91,12 +91,13 @@ def _ok(status: int, call: str) -> None:
         raise RuntimeError(f"{call} returned cusolverStatus {status}")
 
 
-def _workspace(status: int, lwork: int, call: str, floor: int) -> int:
-    """lwork from a bufferSize call; SizeLimit where it failed or cannot be the true size
-    (a wrapped 32-bit value: below `floor`)."""
-    if status != 0 or lwork <= 0 or lwork < floor:
-        raise SizeLimit(f"{call}: status {status}, lwork {lwork} (an int32; at least {floor} expected): "
-                        "the 32-bit workspace size overflows at this n")
+def _workspace(status: int, lwork: int, call: str) -> int:
+    """lwork from a bufferSize call; SizeLimit where the call failed or lwork is not positive (a
+    size that wrapped past 2^31; one that wrapped past 2^32, a workspace of 34 GB and more, the
+    callers keep out by checking LAPACK's minimum first)."""
+    if status != 0 or lwork <= 0:
+        raise SizeLimit(f"{call}: status {status}, lwork {lwork} (an int32): the 32-bit workspace size "
+                        "overflows at this n")
     return lwork
 
 
@@ -121,7 +122,7 @@ def prepare_sygvd(xp, A, B, vectors: bool):
     lw = ctypes.c_int(0)
     st = lib.cusolverDnDsygvd_bufferSize(h, EIG_TYPE_1, jobz, FILL_MODE_LOWER, n, a.data.ptr, n, b.data.ptr, n,
                                          w.data.ptr, ctypes.byref(lw))
-    lwork = _workspace(st, lw.value, "cusolverDnDsygvd_bufferSize", n * n if vectors else n)
+    lwork = _workspace(st, lw.value, "cusolverDnDsygvd_bufferSize")
     work = xp.empty(lwork, dtype=xp.float64)
     info = xp.zeros((), dtype=xp.int32)
 
@@ -152,7 +153,7 @@ def prepare_sygvdx(xp, A, B, lo: int, hi: int):
     args = (h, EIG_TYPE_1, EIG_MODE_VECTOR, EIG_RANGE_I, FILL_MODE_LOWER, n, a.data.ptr, n, b.data.ptr, n,
             0.0, 0.0, lo + 1, hi + 1, ctypes.byref(meig), w.data.ptr)
     lwork = _workspace(lib.cusolverDnDsygvdx_bufferSize(*args, ctypes.byref(lw)), lw.value,
-                       "cusolverDnDsygvdx_bufferSize", n)
+                       "cusolverDnDsygvdx_bufferSize")
     work = xp.empty(lwork, dtype=xp.float64)
     info = xp.zeros((), dtype=xp.int32)
 
@@ -160,7 +161,9 @@ def prepare_sygvdx(xp, A, B, lo: int, hi: int):
         _ok(lib.cusolverDnDsygvdx(*args, work.data.ptr, lwork, info.data.ptr), "cusolverDnDsygvdx")
         if int(info):
             raise RuntimeError(f"cusolverDnDsygvdx: devInfo {int(info)}")
-        k = meig.value   # host value, set by the call
+        k = hi - lo + 1      # range I returns exactly these; meig (host) says so once the call is done
+        if meig.value != k:
+            raise RuntimeError(f"cusolverDnDsygvdx: {meig.value} eigenpairs for {lo + 1}..{hi + 1}")
         return w[:k], a[:, :k]
     run.workspace_bytes = 8 * lwork
     return run
