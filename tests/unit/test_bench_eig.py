@@ -15,6 +15,7 @@ import scipy.linalg as sl
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import cusolver_direct as cd
 import eig_measure as em
 import eig_vs_cusolver as evc
 
@@ -46,6 +47,18 @@ def test_bad_arguments_are_named(argv, named, capsys):
 def test_references_run_first():
     assert evc.ordered(["one-stage", "dsygvd", "two-stage-w", "anchor-w"]) == ["dsygvd", "anchor-w", "one-stage",
                                                                                 "two-stage-w"]
+
+
+def test_cusolver_workspace_limit():
+    """LAPACK's dsyevd minimum, 1 + 6n + 2n^2 doubles with vectors, first overflows the 32-bit
+    lwork at n = 32767; cuSOLVER is not called there (nor is CuPy needed to refuse)."""
+    assert cd.lapack_syevd_lwork(32766, True) <= cd.INT32_MAX < cd.lapack_syevd_lwork(32767, True)
+    assert cd.lapack_syevd_lwork(10**6, False) == 2 * 10**6 + 1
+    thin = np.empty((32768, 1))
+    with pytest.raises(cd.SizeLimit, match="32-bit"):
+        cd.prepare_sygvd(object(), thin, thin, True)       # any device module: refused before use
+    with pytest.raises(cd.SizeLimit, match="32-bit"):
+        cd.prepare_sygvdx(object(), thin, thin, 0, 9)
 
 
 def test_flop_model():
