@@ -306,8 +306,13 @@ def warm(dev: Device, cases, args, comm, BlockCyclic, rank: int = 0, nprocs: int
 def one_problem(dev: Device, res: dict, n: int, kind: str, cases, args, comm, desc, band: int, deadline) -> None:
     """Every case on one (n, problem), references first; a row per case as it ends."""
     t0 = time.perf_counter()
-    A, B, known = build_problem(dev, kind, n, args.seed, args.cond_b)
-    dev.sync()
+    try:
+        A, B, known = build_problem(dev, kind, n, args.seed, args.cond_b)
+        dev.sync()
+    except Exception as exc:  # noqa: BLE001 - memory, most likely: the next order may fit
+        dev.pool_reset()
+        skip(res, f"n={n} {kind}: every case (the problem was not built: {_why(exc)})")
+        return
     res["problems"].append({"n": n, "problem": kind, "build_seconds": time.perf_counter() - t0,
                             "fingerprint": fingerprint(dev, A, B)})
     refs, wref = {}, None        # output -> its reference row; the reference eigenvalues (host)
@@ -439,14 +444,23 @@ def ranks_problem(dev: Device, res, p1, n: int, kind: str, args, ctl, comm, desc
 
     rank, size = ctl.Get_rank(), ctl.Get_size()
     fp = known = A = B = None
+    why = None
     for r in range(size):              # in turn: one whole pair on the GPU at a time
         if r == rank:
-            A_all, B_all, known = build_problem(dev, kind, n, args.seed, args.cond_b)
-            fp = fingerprint(dev, A_all, B_all)
-            A, B = distribute(A_all, desc, rank), distribute(B_all, desc, rank)
-            del A_all, B_all
+            try:
+                A_all, B_all, known = build_problem(dev, kind, n, args.seed, args.cond_b)
+                fp = fingerprint(dev, A_all, B_all)
+                A, B = distribute(A_all, desc, rank), distribute(B_all, desc, rank)
+                del A_all, B_all
+            except Exception as exc:  # noqa: BLE001 - memory, most likely: said by every rank below
+                why = f"rank {rank}: {_why(exc)}"
             dev.pool_reset()
         ctl.Barrier()
+    whys = [w for w in ctl.allgather(why) if w]
+    if whys:
+        if rank == 0:
+            skip(res, f"n={n} {kind}: every case (the problem was not built: {'; '.join(whys)})")
+        return True
     fps = ctl.gather(fp, root=0)
     same_problem = None
     if rank == 0:

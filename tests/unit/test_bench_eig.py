@@ -211,3 +211,20 @@ def test_a_spent_budget_skips_every_case_by_name(tmp_path):
     res = json.loads((tmp_path / "eig-vs-cusolver-p1.json").read_text())
     assert res["rows"] == [] and res["complete"]
     assert res["skipped"] == [f"n={n} random: every case (--budget-s 0 passed)" for n in (20, 24)]
+
+
+def test_a_problem_that_cannot_be_built_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch):
+    real = evc.build_problem
+
+    def build(dev, kind, n, seed, cond_b):
+        if n == 21:
+            raise MemoryError("out of memory allocating 3,528 bytes")
+        return real(dev, kind, n, seed, cond_b)
+
+    monkeypatch.setattr(evc, "build_problem", build)
+    assert evc.main(["--host", "--n", "21,22", "--problems", "random", "--what", "dsygvd,one-stage",
+                     "--warmup-n", "0", "--calls", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "eig-vs-cusolver-p1.json").read_text())
+    assert res["skipped"] == ["n=21 random: every case (the problem was not built: MemoryError: out of memory "
+                              "allocating 3,528 bytes)"]
+    assert [(r["n"], r["what"], r["status"]) for r in res["rows"]] == [(22, "dsygvd", "ok"), (22, "one-stage", "ok")]
