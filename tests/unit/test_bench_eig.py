@@ -228,3 +228,24 @@ def test_a_problem_that_cannot_be_built_is_skipped_and_the_run_goes_on(tmp_path,
     assert res["skipped"] == ["n=21 random: every case (the problem was not built: MemoryError: out of memory "
                               "allocating 3,528 bytes)"]
     assert [(r["n"], r["what"], r["status"]) for r in res["rows"]] == [(22, "dsygvd", "ok"), (22, "one-stage", "ok")]
+
+
+def test_dsygvd_refused_the_anchor_is_the_reference(tmp_path, monkeypatch):
+    """As at n = 32768 on the GPU: dsygvd refused for size, the anchor (with vectors, and
+    eigvalsh without) measured in its place and every ratio and error taken against it."""
+    def refuse(xp, A, B, vectors):
+        raise cd.SizeLimit("dsygvd: LAPACK's minimal syevd workspace ... beyond the 32-bit lwork")
+
+    monkeypatch.setattr(cd, "prepare_sygvd", refuse)
+    assert evc.main(["--host", "--n", "26", "--problems", "known", "--what", "one-stage,dsygvd,dsygvd-w,two-stage-w",
+                     "--warmup-n", "0", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "eig-vs-cusolver-p1.json").read_text())["rows"]
+    assert [(r["what"], r["status"][:17], r.get("fallback")) for r in rows] == [
+        ("dsygvd", "failed: SizeLimit", "anchor"), ("anchor", "ok", None), ("dsygvd-w", "failed: SizeLimit", "anchor-w"),
+        ("anchor-w", "ok", None), ("one-stage", "ok", None), ("two-stage-w", "ok", None)]
+    anchor, anchor_w, one, two_w = rows[1], rows[3], rows[4], rows[5]
+    assert anchor["ratio"] == anchor_w["ratio"] == 1.0 and anchor["w_reference"] == "self"
+    assert one["ratio_to"] == "anchor" and two_w["ratio_to"] == "anchor-w"
+    assert one["error"] < 1e-12 and two_w["error"] < 1e-12 and anchor_w["error"] < 1e-12
+    assert set(anchor["phases"]) == {"potrf", "sygst", "syevd", "trsm"} and set(anchor_w["phases"]) == {
+        "potrf", "sygst", "syevd"}
