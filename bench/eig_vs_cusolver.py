@@ -166,10 +166,15 @@ def open_comm(args, dev: Device, mpi_comm):
 
 
 def close_comm(comm, dev: Device) -> None:
-    if dev.gpu:   # the one-stage reduction's fused transfers keep IPC-mapped memory per communicator
-        from hpccoll_eigensolver.linalg.sytrd_device import release_fused
-
-        release_fused(comm)
+    """Free the communicator, after the one-stage reduction's fused transfers' IPC-mapped memory
+    where the library keeps such (as the solve command does)."""
+    if dev.gpu:
+        try:
+            from hpccoll_eigensolver.linalg.sytrd_device import release_fused
+        except ImportError:
+            release_fused = None
+        if release_fused is not None:
+            release_fused(comm)
     comm.Free()
 
 
