@@ -1,6 +1,7 @@
 """What bench/eig_vs_cusolver.py measures and how it reports it: the cases, the flop and byte
-models, a phase clock, the speed of light (DGEMM rate, memory bandwidth), the problems, the
-accuracy metrics and the tables.  Imports without CuPy (the unit tests read it on the CPU)."""
+models, the tables, a phase clock, the speed of light (DGEMM rate, memory bandwidth), the
+machine record, the problems and the accuracy metrics.  Imports without CuPy (the unit tests
+read it on the CPU)."""
 from __future__ import annotations
 
 import argparse
@@ -296,6 +297,44 @@ def speed_of_light(dev: Device, sizes, gib: float, reps: int = 3) -> dict:
     out["dgemm_tflops"] = max(d["tflops"] for d in out["dgemm"]) if out["dgemm"] else None
     dev.pool_reset()
     return out
+
+
+# -- the run's facts ---------------------------------------------------------------------------
+def two_stage_band(nb: int) -> tuple[int, str]:
+    """The half-bandwidth b of the two-stage flop model, and where it came from."""
+    try:
+        from hpccoll_eigensolver.linalg.twostage import band_width
+
+        return band_width(nb), "hpccoll_eigensolver.linalg.twostage.band_width(nb)"
+    except Exception:  # noqa: BLE001 - the model only: the library's rule as it was written
+        return max(d for d in range(1, min(nb, 64) + 1) if nb % d == 0), "the largest divisor of nb <= 64"
+
+
+def machine(dev: Device) -> dict:
+    """hpccoll_eigensolver's machine record, with the GPU's properties, cuSOLVER's version, nvidia-smi
+    and the environment variables that steer CUDA libraries."""
+    import subprocess
+
+    from hpccoll_eigensolver.runinfo import machine_info
+
+    info = machine_info(dev.xp)
+    if dev.gpu:
+        props = dev.xp.cuda.runtime.getDeviceProperties(dev.xp.cuda.Device().id)
+        info["device_properties"] = {k: int(props[k]) for k in ("multiProcessorCount", "totalGlobalMem", "major",
+                                                                  "minor", "clockRate", "memoryClockRate",
+                                                                  "memoryBusWidth") if k in props}
+        from cusolver_direct import cusolver_version
+
+        info["cusolver"] = cusolver_version()
+        try:
+            info["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            info["nvidia_smi"] = f"unavailable: {exc}"
+    info["env"] = {k: v for k, v in sorted(os.environ.items())
+                   if k.startswith(("CUBLAS_", "CUPY_", "CUDA_", "NCCL_", "OMP_", "OPENBLAS_", "HPCCOLL_"))}
+    return info
 
 
 # -- problems and accuracy ---------------------------------------------------------------------

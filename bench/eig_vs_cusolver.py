@@ -28,10 +28,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cusolver_direct as cd
-from eig_measure import (CASES, COLUMNS, DEFAULT_WHAT, FLOP_MODEL, MPI_COLUMNS, MPI_WHAT, Device,
+from eig_measure import (CASES, COLUMNS, DEFAULT_WHAT, FLOP_MODEL, MPI_COLUMNS, MPI_WHAT, Device, machine,
                          PhaseClock, accuracy, build_problem, fingerprint, format_sol, int_list, mpi_cells,
                          parse_what, phase_lines, phase_rates, rel_error, report_md, row_cells, sha,
-                         speed_of_light, subset_k, table_line, useful_flops, vectors_of, write_outputs)
+                         speed_of_light, subset_k, table_line, two_stage_band, useful_flops, vectors_of,
+                         write_outputs)
 
 EPILOG = """one GPU, every step (bench/eig_vs_cusolver.sh runs them and tars the outputs):
   python bench/eig_vs_cusolver.py --n 8192,16384 --out OUT --budget-s 500
@@ -89,41 +90,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # -- what every run shares -----------------------------------------------------------------------
-def two_stage_band(nb: int) -> tuple[int, str]:
-    """The half-bandwidth b of the two-stage flop model, and where it came from."""
-    try:
-        from hpccoll_eigensolver.linalg.twostage import band_width
-
-        return band_width(nb), "hpccoll_eigensolver.linalg.twostage.band_width(nb)"
-    except Exception:  # noqa: BLE001 - the model only: the library's rule as it was written
-        return max(d for d in range(1, min(nb, 64) + 1) if nb % d == 0), "the largest divisor of nb <= 64"
-
-
-def machine(dev: Device) -> dict:
-    """hpccoll_eigensolver's machine record, with the GPU's properties, cuSOLVER's version, nvidia-smi
-    and the environment variables that steer CUDA libraries."""
-    import subprocess
-
-    from hpccoll_eigensolver.runinfo import machine_info
-
-    info = machine_info(dev.xp)
-    if dev.gpu:
-        props = dev.xp.cuda.runtime.getDeviceProperties(dev.xp.cuda.Device().id)
-        info["device_properties"] = {k: int(props[k]) for k in ("multiProcessorCount", "totalGlobalMem", "major",
-                                                                  "minor", "clockRate", "memoryClockRate",
-                                                                  "memoryBusWidth") if k in props}
-        info["cusolver"] = cd.cusolver_version()
-        try:
-            info["nvidia_smi"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit",
-                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as exc:
-            info["nvidia_smi"] = f"unavailable: {exc}"
-    info["env"] = {k: v for k, v in sorted(os.environ.items())
-                   if k.startswith(("CUBLAS_", "CUPY_", "CUDA_", "NCCL_", "OMP_", "OPENBLAS_", "HPCCOLL_"))}
-    return info
-
-
 def new_result(args, dev: Device, ranks: int) -> dict:
     from hpccoll.config import git_commit
 
