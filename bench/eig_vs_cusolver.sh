@@ -9,13 +9,14 @@
 # SIZES / MPI_SIZES: --n of P = 1 / of the ranks; WHAT / MPI_WHAT: their --what (empty: the
 # script's defaults); PROBLEMS: --problems; BUDGET / MPI_BUDGET: --budget-s of P = 1 / of each P
 # (default 300 / 90: with start-up, about 9 minutes in all); EXTRA: more arguments for every run;
-# GPU: the one GPU every rank uses (default 0).
+# RANKS: the rank counts after P = 1 (default "2 4"; "" for none); GPU: the one GPU every rank
+# uses (default 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hpccoll-eig-vs-cusolver}
 RES="$OUT/eig-vs-cusolver"
 mkdir -p "$RES"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUPY_ACCELERATORS=${CUPY_ACCELERATORS-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export CUDA_VISIBLE_DEVICES=${GPU:-0}    # one GPU, shared by every rank
 read -r -a MPIEXEC <<< "${MPIEXEC:-mpiexec --allow-run-as-root --oversubscribe --bind-to none}"
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
@@ -33,8 +34,9 @@ stop_mps() { if (( mps )); then echo quit | nvidia-cuda-mps-control; mps=0; fi; 
   timeout -k 10 $((BUDGET + 60)) "$PY" bench/eig_vs_cusolver.py --n "$SIZES" ${WHAT:+--what "$WHAT"} \
     ${PROBLEMS:+--problems "$PROBLEMS"} --budget-s "$BUDGET" --out "$RES" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
   echo "P = 1: exit $?"
-  mkdir -p /tmp/mps-pipe /tmp/mps-log && nvidia-cuda-mps-control -d && mps=1
-  for p in ${RANKS:-2 4}; do
+  RANKS=${RANKS-2 4}                     # RANKS="": P = 1 only
+  [[ -n ${RANKS// } ]] && mkdir -p /tmp/mps-pipe /tmp/mps-log && nvidia-cuda-mps-control -d && mps=1
+  for p in $RANKS; do
     timeout -k 10 $((MPI_BUDGET + 60)) "${MPIEXEC[@]}" -n "$p" "$PY" bench/eig_vs_cusolver.py --mpi --n "$MPI_SIZES" \
       ${MPI_WHAT:+--what "$MPI_WHAT"} ${PROBLEMS:+--problems "$PROBLEMS"} --budget-s "$MPI_BUDGET" --out "$RES" \
       ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
