@@ -21,17 +21,25 @@ from test_sb2st_schedule import permitted_order
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory):
+def build(folder):
+    """The emulation's shared library, built in `folder` with the C++ compiler found (None: none)."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        pytest.skip("no C++ compiler for the kernel's CPU emulation")
-    lib = tmp_path_factory.mktemp("sb2st") / "libsb2st_emu.so"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{_xp.HERE}",
-                    "-o", str(lib), str(HERE / "sb2st_emulation.cpp")], check=True)
+        return None
+    lib = Path(folder) / "libsb2st_emu.so"
+    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
+                    f"-I{_xp.HERE}", "-o", str(lib), str(HERE / "sb2st_emulation.cpp")], check=True)
     so = ctypes.CDLL(str(lib))
     P = ctypes.POINTER
     so.sb2st_emu_step.argtypes = [P(ctypes.c_double), P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 6
+    return so
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    so = build(tmp_path_factory.mktemp("sb2st"))
+    if so is None:
+        pytest.skip("no C++ compiler for the kernel's CPU emulation")
     return so
 
 
@@ -72,7 +80,7 @@ def test_constants_and_rule_are_the_host_ones(emu):
 
 
 @pytest.mark.parametrize("n,b,g", [(3, 2, 2), (4, 2, 1), (5, 3, 3), (17, 2, 2), (17, 16, 16), (67, 3, 3),
-                                   (67, 8, 5), (130, 64, 64), (101, 32, 7), (66, 64, 1), (90, 5, 1)])
+                                   (67, 8, 5), (130, 64, 64), (101, 32, 7), (66, 64, 1), (90, 5, 1), (10, 16, 16)])
 def test_the_kernel_step_computes_what_the_host_does(emu, n, b, g):
     band = _band(n, b, seed=n * 1000 + b)
     d, e, flat = emulate(emu, band, g)
@@ -85,7 +93,7 @@ def test_the_kernel_step_computes_what_the_host_does(emu, n, b, g):
     assert np.array_equal(flat == 0, hflat == 0)          # the same entries written
     # the spectrum of T is the band's
     B = np.zeros((n, n))
-    for dd in range(b + 1):
+    for dd in range(min(b, n - 1) + 1):
         idx = np.arange(n - dd)
         B[idx + dd, idx] = B[idx, idx + dd] = band[dd, :n - dd]
     T = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
@@ -133,3 +141,13 @@ def test_the_kernel_file_compiles_with_nvrtc():
             pytest.skip(str(exc))
         raise
     assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("n,b", [(3, 2), (10, 16), (67, 8), (130, 64)])
+def test_sb2st_device_starts_from_the_hosts_working_band(n, b):
+    from hpccoll_eigensolver.linalg.sb2st_device import working_band
+
+    band = _band(n, b, seed=n)
+    A = working_band(band, np)
+    host = S._SymmetricBand(band, 2 * b).buf
+    assert A.shape == (n * (4 * b + 1),) and np.array_equal(A, host[:A.size]) and not host[A.size:].any()

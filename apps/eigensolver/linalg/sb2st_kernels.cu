@@ -21,6 +21,9 @@
 //
 // Every sum runs in a fixed order (sums: four interleaved partials combined as
 // (p0 + p1) + (p2 + p3); tree_sum: a halving tree over 64 slots), so two runs give the same bits.
+// Every floating-point operation is one IEEE operation rounded to nearest (add, subtract, multiply,
+// divide, sqrt; never contracted into an FMA, hypot by its formula): the GPU gives the bits of the
+// CPU emulation, which the GPU tests compare.
 //
 // Compiled for the GPU by NVRTC (raw_module); with SB2ST_HOST defined it is plain C++ that the
 // CPU tests run (tests/unit/sb2st_emulation.cpp: every phase over all 256 thread indices in turn).
@@ -52,6 +55,28 @@ struct Smem {
 
 SB_FN int sb_min(int a, int b) { return a < b ? a : b; }
 
+#ifdef SB2ST_HOST  // compiled with -ffp-contract=off
+SB_FN double sb_add(double a, double b) { return a + b; }
+SB_FN double sb_sub(double a, double b) { return a - b; }
+SB_FN double sb_mul(double a, double b) { return a * b; }
+SB_FN double sb_div(double a, double b) { return a / b; }
+#else              // the _rn intrinsics are never contracted
+SB_FN double sb_add(double a, double b) { return __dadd_rn(a, b); }
+SB_FN double sb_sub(double a, double b) { return __dsub_rn(a, b); }
+SB_FN double sb_mul(double a, double b) { return __dmul_rn(a, b); }
+SB_FN double sb_div(double a, double b) { return __ddiv_rn(a, b); }
+#endif
+
+// sqrt(a^2 + b^2) without overflow (LAPACK dlapy2's formula; sqrt is correctly rounded on both)
+SB_FN double sb_hypot(double a, double b) {
+  a = fabs(a);
+  b = fabs(b);
+  const double big = a > b ? a : b, small = a > b ? b : a;
+  if (small == 0.0) return big;
+  const double q = sb_div(small, big);
+  return sb_mul(big, sqrt(sb_add(1.0, sb_mul(q, q))));
+}
+
 // sb2st.sweep_steps: the steps of sweep j (reflector length >= 2)
 SB_FN int sweep_steps(int n, int b, int j) { return j <= n - 3 ? (n - 3 - j) / b + 1 : 0; }
 
@@ -79,13 +104,13 @@ SB_FN void sums(const X& x, Smem& sm, int nout, int len, double* out, F a) {
     const int o = t % SB_BMAX, part = t / SB_BMAX;
     if (o < nout) {
       double acc = 0.0;
-      for (int i = part; i < len; i += SB_PARTS) acc += a(o, i);
+      for (int i = part; i < len; i += SB_PARTS) acc = sb_add(acc, a(o, i));
       sm.part[part][o] = acc;
     }
   });
   x.sync();
   x.each([&](int t) {
-    if (t < nout) out[t] = (sm.part[0][t] + sm.part[1][t]) + (sm.part[2][t] + sm.part[3][t]);
+    if (t < nout) out[t] = sb_add(sb_add(sm.part[0][t], sm.part[1][t]), sb_add(sm.part[2][t], sm.part[3][t]));
   });
   x.sync();
 }
@@ -94,7 +119,7 @@ SB_FN void sums(const X& x, Smem& sm, int nout, int len, double* out, F a) {
 template <class X>
 SB_FN void tree_sum(const X& x, Smem& sm) {
   for (int h = SB_BMAX / 2; h > 0; h /= 2) {
-    x.each([&](int t) { if (t < h) sm.red[t] += sm.red[t + h]; });
+    x.each([&](int t) { if (t < h) sm.red[t] = sb_add(sm.red[t], sm.red[t + h]); });
     x.sync();
   }
 }
@@ -127,7 +152,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   x.each([&](int t) {
     if (t < SB_BMAX) {
       const double xi = (t >= 1 && t < m) ? sm.M[t] : 0.0;
-      sm.red[t] = xi * xi;
+      sm.red[t] = sb_mul(xi, xi);
     }
   });
   x.sync();
@@ -137,10 +162,10 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
       const double alpha = sm.M[0], xn2 = sm.red[0];
       sm.skip = xn2 == 0.0;
       if (!sm.skip) {
-        const double beta = -copysign(hypot(alpha, sqrt(xn2)), alpha);
+        const double beta = -copysign(sb_hypot(alpha, sqrt(xn2)), alpha);
         sm.beta = beta;
-        sm.tau = (beta - alpha) / beta;
-        sm.scal = 1.0 / (alpha - beta);
+        sm.tau = sb_div(sb_sub(beta, alpha), beta);
+        sm.scal = sb_div(1.0, sb_sub(alpha, beta));
       }
     }
   });
@@ -152,9 +177,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   // v, tau v, and the reflector into flat (entries m .. b - 1 of v stay zero)
   x.each([&](int t) {
     if (t < m) {
-      const double vi = t == 0 ? 1.0 : sm.M[t] * sm.scal;
+      const double vi = t == 0 ? 1.0 : sb_mul(sm.M[t], sm.scal);
       sm.v[t] = vi;
-      sm.tv[t] = sm.tau * vi;
+      sm.tv[t] = sb_mul(sm.tau, vi);
       R[(long long)t * g] = vi;
     }
     if (t == 0) R[(long long)b * g] = sm.tau;
@@ -162,13 +187,13 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   x.sync();
   // from the left on the bulge L[:, 1:]: u = (tau v)^T L[:, 1:], L[:, 1:] -= v u^T; the pivot
   // column becomes (beta, 0, ...); L into both triangles of A
-  if (cl > 1) sums(x, sm, cl - 1, m, sm.u, [&](int o, int i) { return sm.tv[i] * sm.M[i + (o + 1) * SB_LDS]; });
+  if (cl > 1) sums(x, sm, cl - 1, m, sm.u, [&](int o, int i) { return sb_mul(sm.tv[i], sm.M[i + (o + 1) * SB_LDS]); });
   x.each([&](int t) {
     for (int idx = t; idx < m * cl; idx += SB_TPB) {
       const int r = idx % m, c = idx / m;
       double& a = sm.M[r + c * SB_LDS];
       if (c == 0) a = r == 0 ? sm.beta : 0.0;
-      else a -= sm.v[r] * sm.u[c - 1];
+      else a = sb_sub(a, sb_mul(sm.v[r], sm.u[c - 1]));
       A[at(s + r, lo + c, b)] = a;
       A[at(lo + c, s + r, b)] = a;
     }
@@ -183,18 +208,18 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     }
   });
   x.sync();
-  sums(x, sm, m, m, sm.p, [&](int o, int i) { return sm.M[o + i * SB_LDS] * sm.tv[i]; });
-  x.each([&](int t) { if (t < SB_BMAX) sm.red[t] = t < m ? sm.p[t] * sm.v[t] : 0.0; });
+  sums(x, sm, m, m, sm.p, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
+  x.each([&](int t) { if (t < SB_BMAX) sm.red[t] = t < m ? sb_mul(sm.p[t], sm.v[t]) : 0.0; });
   x.sync();
   tree_sum(x, sm);
-  x.each([&](int t) { if (t < m) sm.w[t] = sm.p[t] - (0.5 * sm.tau * sm.red[0]) * sm.v[t]; });
+  x.each([&](int t) { if (t < m) sm.w[t] = sb_sub(sm.p[t], sb_mul(sb_mul(sb_mul(0.5, sm.tau), sm.red[0]), sm.v[t])); });
   x.sync();
   x.each([&](int t) {
     for (int idx = t; idx < m * m; idx += SB_TPB) {
       const int r = idx % m, c = idx / m;
       double a = sm.M[r + c * SB_LDS];
-      a -= sm.v[r] * sm.w[c];
-      a -= sm.w[r] * sm.v[c];
+      a = sb_sub(a, sb_mul(sm.v[r], sm.w[c]));
+      a = sb_sub(a, sb_mul(sm.w[r], sm.v[c]));
       A[at(s + r, s + c, b)] = a;
     }
   });
@@ -209,11 +234,11 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     }
   });
   x.sync();
-  sums(x, sm, m2, m, sm.y, [&](int o, int i) { return sm.M[o + i * SB_LDS] * sm.tv[i]; });
+  sums(x, sm, m2, m, sm.y, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
   x.each([&](int t) {
     for (int idx = t; idx < m2 * m; idx += SB_TPB) {
       const int r = idx % m2, c = idx / m2;
-      const double a = sm.M[r + c * SB_LDS] - sm.y[r] * sm.v[c];
+      const double a = sb_sub(sm.M[r + c * SB_LDS], sb_mul(sm.y[r], sm.v[c]));
       A[at(e + r, s + c, b)] = a;
       A[at(s + c, e + r, b)] = a;
     }
