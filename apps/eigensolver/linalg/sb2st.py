@@ -10,11 +10,14 @@ down the band, step k = 0, 1, ... on the rows R = [s, e), s = j + 1 + k b, e = m
     s + 1 .. e - 1, and is applied from the left to the rest of the block A[R, lo:s];
   - then two-sided to the diagonal block A[R, R];
   - then from the right to the b rows below, A[e:e + b, R]: the fill there is the next bulge.
-Each step touches three blocks of at most b x b within 2b of the diagonal; every update is
-mirrored, so the band is held symmetric (both triangles, half-bandwidth 2b: room for the bulge).
-Sweep j + 1's step k overlaps sweep j's step k in b - 1 rows and its step k + 1 in one: steps
-of different sweeps run in a wavefront (sweep j + 1 may run step k once sweep j is past step
-k + 1), the parallelism a GPU version exploits (docs/eigensolver.md, How it works).
+Each step touches three blocks of at most b x b within 2b of the diagonal (step_blocks); every
+update is mirrored, so the band is held symmetric (both triangles, half-bandwidth 2b: room for
+the bulge).  Steps of different sweeps run in a wavefront: sweep j's step k may run once sweep
+j - 1 has finished its step k + LAG (steps_needed).  LAG = 2, not 1: step k of sweep j updates,
+in its block of rows below, the entry A[s + 2b - 1, s + b - 1] (s its first row), which is the
+pivot (alpha) of sweep j - 1's step k + 2.  The CPU tests check that this rule orders every
+pair of steps of different sweeps that touch a common entry (one writing it), and that
+interleavings it permits give the serial result bit for bit; sb2st_device's kernel waits by it.
 
 Reflectors are kept by groups of g consecutive sweeps: H_jk for j in [j0, j0 + g) act on the
 rows r0 + t .. r0 + t + b - 1 (t = j - j0, r0 = j0 + 1 + k b), a (b + g - 1) x g trapezoid, so
@@ -69,6 +72,60 @@ class _SymmetricBand:
         return full[:, self.w].copy(), full[:self.n - 1, self.w + 1].copy()
 
 
+LAG = 2   # sweep j's step k waits for sweep j - 1's step k + LAG (module doc)
+
+
+def steps_needed(n: int, b: int, j: int, k: int) -> int:
+    """How many steps of sweep j - 1 must be finished before step k of sweep j runs (the
+    wavefront rule; 0 for sweep 0): its steps 0 .. k + LAG, or all of them."""
+    return min(k + LAG + 1, sweep_steps(n, b, j - 1)) if j > 0 else 0
+
+
+def step_blocks(n: int, b: int, j: int, k: int):
+    """The rows of step k of sweep j: (s, e, lo, e2).  It reads and writes the lower blocks
+    L = A[s:e, lo:s] (the pivot column lo and the bulge), D = A[s:e, s:e] (both triangles) and
+    Y = A[e:e2, s:e] (the rows below), and writes the mirrors A[lo:s, s:e] and A[s:e, e:e2];
+    nothing else (a step whose pivot column is zero below the pivot writes none of them)."""
+    s = j + 1 + k * b
+    e = min(s + b, n)
+    lo = j if k == 0 else s - b
+    return s, e, lo, min(e + b, n)
+
+
+def chase_step(A: _SymmetricBand, refl, n: int, b: int, g: int, j: int, k: int) -> None:
+    """Step k of sweep j on the working band A; its reflector into refl[j // g][k, :, j % g]."""
+    Rq, t = refl[j // g], j % g
+    s, e, lo, e2 = step_blocks(n, b, j, k)
+    L = A.blk(s, e, lo, s)
+    x = L[:, 0]
+    alpha = float(x[0])
+    xn2 = float(x[1:] @ x[1:])
+    if xn2 == 0.0:                                     # nothing below the pivot: H = I
+        Rq[k, 0, t] = 1.0
+        return
+    beta = -math.copysign(math.hypot(alpha, math.sqrt(xn2)), alpha)
+    tau = (beta - alpha) / beta
+    v = x * (1.0 / (alpha - beta))
+    v[0] = 1.0
+    Rq[k, :e - s, t] = v
+    Rq[k, b, t] = tau
+    x[0] = beta
+    x[1:] = 0.0
+    if s - lo > 1:                                     # the rest of the bulge, from the left
+        Lr = L[:, 1:]
+        Lr -= np.outer(v, (tau * v) @ Lr)
+    A.blk(lo, s, s, e)[...] = L.T
+    D = A.blk(s, e, s, e)                              # two-sided on the diagonal block
+    p = D @ (tau * v)
+    w = p - (0.5 * tau * (p @ v)) * v
+    D -= np.outer(v, w)
+    D -= np.outer(w, v)
+    if e2 > e:                                         # from the right on the rows below: the next bulge
+        Y = A.blk(e, e2, s, e)
+        Y -= np.outer(Y @ (tau * v), v)
+        A.blk(s, e, e, e2)[...] = Y.T
+
+
 def sb2st(band, g: int | None = None):
     """Tridiagonalize the symmetric band given in lower band storage (band[d, c] = B[c + d, c],
     (b + 1) x n NumPy array): B = Q2 T Q2^T.  Returns (d, e, refl): T's diagonals and Q2's
@@ -83,43 +140,10 @@ def sb2st(band, g: int | None = None):
         e = np.array(band[1, :max(n - 1, 0)], dtype=np.float64) if b >= 1 else np.zeros(max(n - 1, 0))
         return d, e, [np.zeros((sweep_steps(n, max(b, 1), q * g), b + 1, g)) for q in range(_groups(n, g))]
     A = _SymmetricBand(band, 2 * b)
-    refl = [np.zeros((sweep_steps(n, b, q * g), b + 1, g)) for q in range(_groups(n, g))]
+    refl = [np.zeros(group_shape(n, b, g, q)) for q in range(_groups(n, g))]
     for j in range(n_sweeps(n)):
-        q, t = divmod(j, g)
-        Rq = refl[q]
         for k in range(sweep_steps(n, b, j)):
-            s = j + 1 + k * b
-            e = min(s + b, n)
-            lo = j if k == 0 else s - b
-            L = A.blk(s, e, lo, s)
-            x = L[:, 0]
-            alpha = float(x[0])
-            xn2 = float(x[1:] @ x[1:])
-            if xn2 == 0.0:                             # nothing below the pivot: H = I
-                Rq[k, 0, t] = 1.0
-                continue
-            beta = -math.copysign(math.hypot(alpha, math.sqrt(xn2)), alpha)
-            tau = (beta - alpha) / beta
-            v = x * (1.0 / (alpha - beta))
-            v[0] = 1.0
-            Rq[k, :e - s, t] = v
-            Rq[k, b, t] = tau
-            x[0] = beta
-            x[1:] = 0.0
-            if s - lo > 1:                             # the rest of the bulge, from the left
-                Lr = L[:, 1:]
-                Lr -= np.outer(v, (tau * v) @ Lr)
-            A.blk(lo, s, s, e)[...] = L.T
-            D = A.blk(s, e, s, e)                      # two-sided on the diagonal block
-            p = D @ (tau * v)
-            w = p - (0.5 * tau * (p @ v)) * v
-            D -= np.outer(v, w)
-            D -= np.outer(w, v)
-            e2 = min(e + b, n)
-            if e2 > e:                                 # from the right on the rows below: the next bulge
-                Y = A.blk(e, e2, s, e)
-                Y -= np.outer(Y @ (tau * v), v)
-                A.blk(s, e, e, e2)[...] = Y.T
+            chase_step(A, refl, n, b, g, j, k)
     d, e = A.diagonals()
     return d, e, refl
 
@@ -170,4 +194,5 @@ def apply_q2(refl_of, n: int, b: int, g: int, Z, xp):
     return Z
 
 
-__all__ = ["sb2st", "apply_q2", "group_shape", "group_offsets", "sweep_steps", "n_sweeps"]
+__all__ = ["sb2st", "apply_q2", "group_shape", "group_offsets", "sweep_steps", "n_sweeps", "steps_needed",
+           "step_blocks", "chase_step", "LAG"]

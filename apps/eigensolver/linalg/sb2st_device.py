@@ -1,0 +1,109 @@
+"""Stage two of the two-stage tridiagonalization on the GPU: sb2st.py's bulge chasing as one
+persistent kernel (sb2st_kernels.cu), its steps the host's arithmetic, its sweeps a wavefront.
+
+Block i of the grid runs sweeps i, i + grid, ... in order; before step k of sweep j it waits
+until sweep j - 1 has finished steps 0 .. k + sb2st.LAG (sb2st.steps_needed: the CPU tests show
+that this orders every pair of steps that touch a common entry).  A step waits only for a lower
+sweep and a block takes its sweeps in ascending order, so the lowest unfinished sweep never
+waits, provided that every block of the grid is on the GPU at once: the grid is at most
+resident_blocks().  About n / (3 b) sweeps can run at once (sweep j + 1 runs 3 steps behind
+sweep j), so a grid larger than that only waits.
+
+Every sum runs in a fixed order: two runs give the same bits."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ._xp import raw_module
+from .sb2st import group_offsets, n_sweeps, sweep_steps
+
+KERNELS = "sb2st_kernels.cu"
+_SRC = (Path(__file__).resolve().parent / KERNELS).read_text()
+TPB = int(re.search(r"#define SB_TPB (\d+)", _SRC).group(1))       # threads per block
+B_MAX = int(re.search(r"#define SB_BMAX (\d+)", _SRC).group(1))    # the largest half-bandwidth
+#: per SM at most this many of the kernel's blocks, however many fit: the rest of each SM is left
+#: to other work on the GPU (another rank's kernels under MPS), which could otherwise keep a
+#: block of the grid off the GPU while the blocks that wait for it spin
+BLOCKS_PER_SM = 2
+#: a wait for the previous sweep longer than this is an error (normal waits: microseconds to
+#: milliseconds, the time of a few steps of every sweep the grid runs)
+TIMEOUT_S = 60.0
+
+
+def resident_blocks(func) -> int:
+    """Blocks of sb2st_chase the current GPU holds at once, with BLOCKS_PER_SM at most per SM:
+    its SMs times min(BLOCKS_PER_SM, the occupancy calculator's blocks per SM), or one per SM
+    where the driver cannot say (a block that launches fits on an SM)."""
+    import cupy as cp
+
+    sms = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"])
+    try:
+        per = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, TPB, 0))
+    except Exception:  # noqa: BLE001 - a CuPy without the call
+        per = 1
+    return sms * max(1, min(BLOCKS_PER_SM, per))
+
+
+def working_band(band, xp):
+    """The kernel's working matrix for the (b + 1) x n lower band storage `band` (an array of xp):
+    n (4b + 1) doubles, A[r, c] at c (4b + 1) + r - c + 2b for |r - c| <= 2b, both triangles,
+    zero beyond b (the first n (4b + 1) of sb2st._SymmetricBand(band, 2b).buf)."""
+    b, n = band.shape[0] - 1, band.shape[1]
+    w = 2 * b
+    ld = 2 * w + 1
+    A = xp.zeros(n * ld)
+    full = A.reshape(n, ld)                            # row c: column c, rows c - w .. c + w
+    for d in range(min(b + 1, n)):
+        full[:n - d, w + d] = band[d, :n - d]          # A[c + d, c]
+        full[d:, w - d] = band[d, :n - d]              # A[c - d, c] = A[c, c - d]
+    return A
+
+
+def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, grid: int | None = None):
+    """Tridiagonalize the symmetric band in lower band storage (band[d, c] = B[c + d, c], a
+    (b + 1) x n CuPy array) on the GPU: B = Q2 T Q2^T.  Returns (d, e, flat), CuPy arrays: T's
+    diagonal (n) and subdiagonal (n - 1), and every group's reflectors in one array laid out by
+    sb2st.group_offsets(n, b, g) (group q's (K_q, b + 1, g) array, C order, at
+    flat[off[q]:off[q + 1]], what host sb2st returns as refl[q]).  g: sweeps per group (default
+    b, 1 for b = 0).  n < 3 or b < 2: already tridiagonal.  grid: blocks to launch (default and at most
+    resident_blocks()).  Raises RuntimeError where a wait timed out (after timeout_s)."""
+    import cupy as cp
+
+    b, n = band.shape[0] - 1, band.shape[1]
+    g = max(b, 1) if g is None else g
+    if b > B_MAX:
+        raise ValueError(f"sb2st_device: half-bandwidth b={b} is above {B_MAX} (the kernel's blocks are at most "
+                         f"{B_MAX} x {B_MAX}); use b <= {B_MAX} or the host sb2st")
+    if g < 1:
+        raise ValueError(f"sb2st_device: g={g} sweeps per group; use g >= 1")
+    band = cp.ascontiguousarray(cp.asarray(band, dtype=cp.float64))
+    if n < 3 or b < 2:                                 # already tridiagonal
+        d = band[0].copy()
+        e = band[1, :max(n - 1, 0)].copy() if b >= 1 else cp.zeros(max(n - 1, 0))
+        size = sum(sweep_steps(n, max(b, 1), q * g) for q in range(-(-n_sweeps(n) // g))) * (b + 1) * g
+        return d, e, cp.zeros(size)
+    A = working_band(band, cp)
+    w = 2 * b
+    full = A.reshape(n, 2 * w + 1)                     # row c: column c, rows c - w .. c + w
+    off = group_offsets(n, b, g)
+    flat = cp.zeros(off[-1])
+    goff = cp.asarray(np.array(off[:-1], dtype=np.int64))
+    progress = cp.zeros(n_sweeps(n), dtype=cp.int32)
+    err = cp.zeros(5, dtype=cp.int32)
+    func = raw_module(KERNELS).get_function("sb2st_chase")
+    most = resident_blocks(func)
+    blocks = min(n_sweeps(n), most if grid is None else max(1, min(grid, most)))
+    func((blocks,), (TPB,), (A, flat, goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
+                              np.uint64(int(timeout_s * 1e9))))
+    failed, j, k, seen, need = (int(v) for v in err.get())   # waits for the kernel
+    if failed:
+        raise RuntimeError(f"sb2st_device: sweep {j} waited {timeout_s} s before step {k} for sweep {j - 1}, "
+                           f"which had finished {seen} of the {need} steps it needs (n={n}, b={b}, {blocks} "
+                           f"blocks): a block of the grid never ran? pass a smaller grid=")
+    return full[:, w].copy(), full[:n - 1, w + 1].copy(), flat
+
+
+__all__ = ["sb2st_device", "working_band", "resident_blocks", "TPB", "B_MAX"]

@@ -1,0 +1,313 @@
+// Bulge chasing (band -> tridiagonal, sb2st.py's algorithm) in one persistent launch
+// (sb2st_device.py).
+//
+// Block i runs sweeps i, i + gridDim.x, ... in order, each sweep's steps k = 0, 1, ... in order;
+// a step is sb2st.chase_step's arithmetic on the working band A in global memory (both triangles,
+// column-major band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
+// sb2st._SymmetricBand), staged block by block in shared memory.
+//
+// The wavefront (sb2st.steps_needed, checked on the CPU by tests/unit/test_sb2st_schedule.py):
+// before step k of sweep j, sweep j - 1 has finished min(k + SB_LAG + 1, K_{j-1}) steps.
+// Progress: progress[j] = the steps sweep j has finished.  Release (after a step): every
+// thread's stores, __syncthreads, then thread 0 __threadfence and a volatile store of the count.
+// Acquire (before a step): thread 0 polls the count with volatile loads, __threadfence, then
+// __syncthreads; the band is then read with ld.global.cg (L2, never a stale L1 line).  Every poll
+// is bounded (timeout_ns, globaltimer): on expiry err[0..4] = 1, sweep, step, count seen, count
+// needed, and the block returns; blocks polling meanwhile see err[0] and return too.
+//
+// Deadlock freedom: a step waits only for a lower sweep, and a block runs its sweeps in
+// ascending order, so the lowest unfinished sweep never waits, provided that every block of the
+// grid is resident at once: the grid is at most the blocks the GPU holds (sb2st_device.py).
+//
+// Every sum runs in a fixed order (sums: four interleaved partials combined as
+// (p0 + p1) + (p2 + p3); tree_sum: a halving tree over 64 slots), so two runs give the same bits.
+// Every floating-point operation is one IEEE operation rounded to nearest (add, subtract, multiply,
+// divide, sqrt; never contracted into an FMA, hypot by its formula): the GPU gives the bits of the
+// CPU emulation, which the GPU tests compare.
+//
+// Compiled for the GPU by NVRTC (raw_module); with SB2ST_HOST defined it is plain C++ that the
+// CPU tests run (tests/unit/sb2st_emulation.cpp: every phase over all 256 thread indices in turn).
+
+#ifdef SB2ST_HOST
+#include <math.h>
+#define SB_FN inline
+#else
+#define SB_FN __device__ __forceinline__
+#endif
+
+#define SB_TPB 256            // threads per block: 4 per output of a matrix-vector product
+#define SB_BMAX 64            // the largest half-bandwidth b (the shared block is b x b)
+#define SB_LDS (SB_BMAX + 1)  // leading dimension of the shared block (odd: fewer bank conflicts)
+#define SB_PARTS (SB_TPB / SB_BMAX)
+#define SB_LAG 2              // sb2st.LAG
+
+static_assert(SB_PARTS == 4, "sums combines four partials per output");
+
+struct Smem {
+  double M[SB_BMAX * SB_LDS];         // the step's current block, M[r + c SB_LDS]
+  double v[SB_BMAX], tv[SB_BMAX];     // the reflector v (v[0] = 1) and tau v
+  double u[SB_BMAX], p[SB_BMAX], w[SB_BMAX], y[SB_BMAX];
+  double part[SB_PARTS][SB_BMAX];     // sums' partials
+  double red[SB_BMAX];                // tree_sum's slots
+  double beta, tau, scal;
+  int skip;                           // nothing below the pivot: H = I
+};
+
+SB_FN int sb_min(int a, int b) { return a < b ? a : b; }
+
+#ifdef SB2ST_HOST  // compiled with -ffp-contract=off
+SB_FN double sb_add(double a, double b) { return a + b; }
+SB_FN double sb_sub(double a, double b) { return a - b; }
+SB_FN double sb_mul(double a, double b) { return a * b; }
+SB_FN double sb_div(double a, double b) { return a / b; }
+#else              // the _rn intrinsics are never contracted
+SB_FN double sb_add(double a, double b) { return __dadd_rn(a, b); }
+SB_FN double sb_sub(double a, double b) { return __dsub_rn(a, b); }
+SB_FN double sb_mul(double a, double b) { return __dmul_rn(a, b); }
+SB_FN double sb_div(double a, double b) { return __ddiv_rn(a, b); }
+#endif
+
+// sqrt(a^2 + b^2) without overflow (LAPACK dlapy2's formula; sqrt is correctly rounded on both)
+SB_FN double sb_hypot(double a, double b) {
+  a = fabs(a);
+  b = fabs(b);
+  const double big = a > b ? a : b, small = a > b ? b : a;
+  if (small == 0.0) return big;
+  const double q = sb_div(small, big);
+  return sb_mul(big, sqrt(sb_add(1.0, sb_mul(q, q))));
+}
+
+// sb2st.sweep_steps: the steps of sweep j (reflector length >= 2)
+SB_FN int sweep_steps(int n, int b, int j) { return j <= n - 3 ? (n - 3 - j) / b + 1 : 0; }
+
+// sb2st.steps_needed: the steps of sweep j - 1 finished before step k of sweep j runs
+SB_FN int steps_needed(int n, int b, int j, int k) {
+  return j > 0 ? sb_min(k + SB_LAG + 1, sweep_steps(n, b, j - 1)) : 0;
+}
+
+// A(r, c) in the band storage; |r - c| <= 2b (every block a step touches is within 2b - 1)
+SB_FN long long at(int r, int c, int b) { return (long long)c * (4 * b + 1) + r - c + 2 * b; }
+
+SB_FN double ld_band(const double* p) {
+#ifdef SB2ST_HOST
+  return *p;
+#else
+  return __ldcg(p);  // from L2: another block's stores, published by the acquire above, are there
+#endif
+}
+
+// out[o] = sum_i a(o, i) for o < nout <= SB_BMAX, i < len: thread t sums output t % 64 over
+// i = t / 64, t / 64 + 4, ... in order; then (p0 + p1) + (p2 + p3).  Ends synchronized.
+template <class X, class F>
+SB_FN void sums(const X& x, Smem& sm, int nout, int len, double* out, F a) {
+  x.each([&](int t) {
+    const int o = t % SB_BMAX, part = t / SB_BMAX;
+    if (o < nout) {
+      double acc = 0.0;
+      for (int i = part; i < len; i += SB_PARTS) acc = sb_add(acc, a(o, i));
+      sm.part[part][o] = acc;
+    }
+  });
+  x.sync();
+  x.each([&](int t) {
+    if (t < nout) out[t] = sb_add(sb_add(sm.part[0][t], sm.part[1][t]), sb_add(sm.part[2][t], sm.part[3][t]));
+  });
+  x.sync();
+}
+
+// sm.red[0] = the sum of sm.red[0 .. 63] by a halving tree.  Ends synchronized.
+template <class X>
+SB_FN void tree_sum(const X& x, Smem& sm) {
+  for (int h = SB_BMAX / 2; h > 0; h /= 2) {
+    x.each([&](int t) { if (t < h) sm.red[t] = sb_add(sm.red[t], sm.red[t + h]); });
+    x.sync();
+  }
+}
+
+// Step k of sweep j (sb2st.chase_step).  x runs a phase on every thread index (each) and
+// separates phases (sync); state that crosses phases lives in sm.  Starts with no assumption on
+// sm; ends after a sync (or, on the H = I path, with sm no longer read).
+template <class X>
+SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long long* goff,
+                      int n, int b, int g, int j, int k) {
+  const int s = j + 1 + k * b;       // the rows [s, e) of the reflector
+  const int e = sb_min(s + b, n);
+  const int lo = k == 0 ? j : s - b; // the pivot column: sweep's column j, then the bulge's first
+  const int e2 = sb_min(e + b, n);   // the rows [e, e2) below
+  const int m = e - s;               // 2 <= m <= b (sweep_steps counts these steps only)
+  const int cl = s - lo;             // L = A[s:e, lo:s] has 1 column at k = 0, else b
+  const int m2 = e2 - e;             // Y = A[e:e2, s:e] has 0 .. b rows
+  // group j / g's (K, b + 1, g) array in C order: v[i] of this step at R[i g], tau at R[b g]
+  double* R = flat + goff[j / g] + (long long)k * (b + 1) * g + j % g;
+
+  // L into M
+  x.each([&](int t) {
+    for (int idx = t; idx < m * cl; idx += SB_TPB) {
+      const int r = idx % m, c = idx / m;
+      sm.M[r + c * SB_LDS] = ld_band(A + at(s + r, lo + c, b));
+    }
+  });
+  x.sync();
+  // the pivot column x = M[:, 0]: |x[1:]|^2, then beta, tau and 1 / (alpha - beta) as the host
+  x.each([&](int t) {
+    if (t < SB_BMAX) {
+      const double xi = (t >= 1 && t < m) ? sm.M[t] : 0.0;
+      sm.red[t] = sb_mul(xi, xi);
+    }
+  });
+  x.sync();
+  tree_sum(x, sm);
+  x.each([&](int t) {
+    if (t == 0) {
+      const double alpha = sm.M[0], xn2 = sm.red[0];
+      sm.skip = xn2 == 0.0;
+      if (!sm.skip) {
+        const double beta = -copysign(sb_hypot(alpha, sqrt(xn2)), alpha);
+        sm.beta = beta;
+        sm.tau = sb_div(sb_sub(beta, alpha), beta);
+        sm.scal = sb_div(1.0, sb_sub(alpha, beta));
+      }
+    }
+  });
+  x.sync();
+  if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged
+    x.each([&](int t) { if (t == 0) R[0] = 1.0; });
+    return;
+  }
+  // v, tau v, and the reflector into flat (entries m .. b - 1 of v stay zero)
+  x.each([&](int t) {
+    if (t < m) {
+      const double vi = t == 0 ? 1.0 : sb_mul(sm.M[t], sm.scal);
+      sm.v[t] = vi;
+      sm.tv[t] = sb_mul(sm.tau, vi);
+      R[(long long)t * g] = vi;
+    }
+    if (t == 0) R[(long long)b * g] = sm.tau;
+  });
+  x.sync();
+  // from the left on the bulge L[:, 1:]: u = (tau v)^T L[:, 1:], L[:, 1:] -= v u^T; the pivot
+  // column becomes (beta, 0, ...); L into both triangles of A
+  if (cl > 1) sums(x, sm, cl - 1, m, sm.u, [&](int o, int i) { return sb_mul(sm.tv[i], sm.M[i + (o + 1) * SB_LDS]); });
+  x.each([&](int t) {
+    for (int idx = t; idx < m * cl; idx += SB_TPB) {
+      const int r = idx % m, c = idx / m;
+      double& a = sm.M[r + c * SB_LDS];
+      if (c == 0) a = r == 0 ? sm.beta : 0.0;
+      else a = sb_sub(a, sb_mul(sm.v[r], sm.u[c - 1]));
+      A[at(s + r, lo + c, b)] = a;
+      A[at(lo + c, s + r, b)] = a;
+    }
+  });
+  x.sync();
+  // two-sided on the diagonal block D = A[s:e, s:e] (both triangles, as the host):
+  // p = D (tau v), w = p - (tau / 2)(p^T v) v, D -= v w^T, D -= w v^T
+  x.each([&](int t) {
+    for (int idx = t; idx < m * m; idx += SB_TPB) {
+      const int r = idx % m, c = idx / m;
+      sm.M[r + c * SB_LDS] = ld_band(A + at(s + r, s + c, b));
+    }
+  });
+  x.sync();
+  sums(x, sm, m, m, sm.p, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
+  x.each([&](int t) { if (t < SB_BMAX) sm.red[t] = t < m ? sb_mul(sm.p[t], sm.v[t]) : 0.0; });
+  x.sync();
+  tree_sum(x, sm);
+  x.each([&](int t) { if (t < m) sm.w[t] = sb_sub(sm.p[t], sb_mul(sb_mul(sb_mul(0.5, sm.tau), sm.red[0]), sm.v[t])); });
+  x.sync();
+  x.each([&](int t) {
+    for (int idx = t; idx < m * m; idx += SB_TPB) {
+      const int r = idx % m, c = idx / m;
+      double a = sm.M[r + c * SB_LDS];
+      a = sb_sub(a, sb_mul(sm.v[r], sm.w[c]));
+      a = sb_sub(a, sb_mul(sm.w[r], sm.v[c]));
+      A[at(s + r, s + c, b)] = a;
+    }
+  });
+  x.sync();
+  if (m2 == 0) return;
+  // from the right on the rows below, Y = A[e:e2, s:e]: y = Y (tau v), Y -= y v^T (the next
+  // bulge); Y into both triangles of A
+  x.each([&](int t) {
+    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
+      const int r = idx % m2, c = idx / m2;
+      sm.M[r + c * SB_LDS] = ld_band(A + at(e + r, s + c, b));
+    }
+  });
+  x.sync();
+  sums(x, sm, m2, m, sm.y, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
+  x.each([&](int t) {
+    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
+      const int r = idx % m2, c = idx / m2;
+      const double a = sb_sub(sm.M[r + c * SB_LDS], sb_mul(sm.y[r], sm.v[c]));
+      A[at(e + r, s + c, b)] = a;
+      A[at(s + c, e + r, b)] = a;
+    }
+  });
+  x.sync();
+}
+
+#ifndef SB2ST_HOST
+
+struct DeviceExec {  // every thread of the block runs a phase; __syncthreads between phases
+  template <class F>
+  __device__ __forceinline__ void each(F f) const { f((int)threadIdx.x); }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+__device__ __forceinline__ unsigned long long sb_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 waits until progress[j - 1] >= need (acquire), or for at most timeout_ns; the block
+// learns which.  Returns false (the block must return) on a timeout here or anywhere.
+__device__ bool wait_for(const int* progress, int* err, int j, int k, int need,
+                         unsigned long long timeout_ns, int* stop) {
+  if (threadIdx.x == 0) {
+    const volatile int* p = progress + (j - 1);
+    const volatile int* failed = err;
+    int bad = 0;
+    if (*p < need) {
+      const unsigned long long t0 = sb_globaltimer();
+      for (unsigned spin = 1; *p < need; ++spin) {
+        if ((spin & 255u) != 0) continue;
+        if (*failed) { bad = 1; break; }
+        if (sb_globaltimer() - t0 > timeout_ns) {
+          bad = 1;
+          if (atomicCAS(err, 0, 1) == 0) { err[1] = j; err[2] = k; err[3] = *p; err[4] = need; }
+          break;
+        }
+      }
+    }
+    __threadfence();  // acquire: the band's stores released before the count are visible
+    *stop = bad;
+  }
+  __syncthreads();
+  return !*stop;
+}
+
+// A: the working band (n (4b + 1) doubles, initialised from the band); flat: every group's
+// reflectors (zeroed; layout sb2st.group_offsets, goff[q] where group q starts); progress: n - 2
+// zeroed counts; err: 5 zeroed ints.  2 <= b <= SB_BMAX, g >= 1, n >= 3; blockDim.x = SB_TPB.
+extern "C" __global__ void __launch_bounds__(SB_TPB)
+sb2st_chase(double* A, double* flat, const long long* goff, int* progress, int* err,
+            int n, int b, int g, unsigned long long timeout_ns) {
+  __shared__ Smem sm;
+  __shared__ int stop;
+  const DeviceExec x;
+  for (int j = blockIdx.x; j < n - 2; j += gridDim.x) {
+    const int K = sweep_steps(n, b, j);
+    for (int k = 0; k < K; ++k) {
+      if (j > 0 && !wait_for(progress, err, j, k, steps_needed(n, b, j, k), timeout_ns, &stop)) return;
+      chase_step(x, sm, A, flat, goff, n, b, g, j, k);
+      __syncthreads();  // release: every thread's stores of the step ...
+      if (threadIdx.x == 0) {
+        __threadfence();  // ... ordered before the count
+        *(volatile int*)(progress + j) = k + 1;  // an aligned int: single-copy atomic
+      }
+    }
+  }
+}
+
+#endif  // SB2ST_HOST

@@ -1,0 +1,41 @@
+// sb2st_kernels.cu's step on the CPU (tests/unit/test_sb2st_emulation.py): the kernel's own
+// chase_step, compiled as C++ (SB2ST_HOST), every phase run over all SB_TPB thread indices in
+// turn, in an order chosen per call (ascending, descending, or shuffled: a phase whose threads
+// race on a slot gives different results under different orders), with the shared memory set to
+// NaN before every step (a slot read before a phase wrote it shows up in the results).
+#define SB2ST_HOST
+#include "sb2st_kernels.cu"
+
+#include <string.h>
+
+struct HostExec {
+  int perm[SB_TPB];  // the order in which a phase runs the thread indices
+  template <class F>
+  void each(F f) const { for (int i = 0; i < SB_TPB; ++i) f(perm[i]); }
+  void sync() const {}
+};
+
+static void order_threads(HostExec& x, int order) {
+  for (int i = 0; i < SB_TPB; ++i) x.perm[i] = order == 1 ? SB_TPB - 1 - i : i;
+  if (order < 2) return;
+  unsigned long long r = 0x9E3779B97F4A7C15ull * (unsigned long long)order;  // a shuffle of seed order
+  for (int i = SB_TPB - 1; i > 0; --i) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    const int k = (int)((r >> 33) % (unsigned long long)(i + 1));
+    const int t = x.perm[i]; x.perm[i] = x.perm[k]; x.perm[k] = t;
+  }
+}
+
+extern "C" int sb2st_emu_step(double* A, double* flat, const long long* goff, int n, int b, int g,
+                              int j, int k, int order) {
+  static Smem sm;
+  memset(&sm, 0xff, sizeof sm);  // every double a NaN
+  HostExec x;
+  order_threads(x, order);
+  chase_step(x, sm, A, flat, goff, n, b, g, j, k);
+  return 0;
+}
+
+extern "C" int sb2st_emu_steps_needed(int n, int b, int j, int k) { return steps_needed(n, b, j, k); }
+extern "C" int sb2st_emu_sweep_steps(int n, int b, int j) { return sweep_steps(n, b, j); }
+extern "C" int sb2st_emu_const(int which) { return which == 0 ? SB_TPB : which == 1 ? SB_BMAX : SB_LAG; }
