@@ -154,6 +154,9 @@ def _solve_runs(args, ctl, comm, xp, device, sytrd_mode) -> int:
               f"on {device}; built in {build_s:.2f} s; results {os.path.join(args.out, base)}_run*",
               flush=True)
         print(METRICS_LEGEND, flush=True)
+        if subset:
+            print(f"subset {subset[0]}:{subset[1]}: the metrics of its k = {x_desc.n} pairs (B-orth in units of k eps; "
+                  f"eig-err against the references' w[{subset[0]}..{subset[1]}], on the scale of all of w)", flush=True)
 
     meter = MemoryMeter(xp, trace=device == "cpu" and not args.no_trace_memory)
     refs = [None] * len(plan)   # rank 0: scipy's (eigenvalues, seconds, error) of each solve's pair
