@@ -20,24 +20,10 @@ WORLD = MPI.COMM_WORLD
 N, NB = 301, 32      # odd n, nb not dividing it
 
 
-@pytest.fixture
-def cli_main(monkeypatch):
-    """main(argv) on every rank; a hang ends the process after 300 s.  Returns the status."""
-    import faulthandler
-    import sys
-
-    from hpccoll_eigensolver.cli import main
-
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)   # main installs the job's abort hook
-
-    def run(argv):
-        faulthandler.dump_traceback_later(300, exit=True, file=sys.__stderr__)
-        try:
-            code = main([str(a) for a in argv])
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        assert WORLD.allgather(code) == [0] * WORLD.Get_size(), argv
-    return run
+def _solve(cli_main, argv):
+    """solve ARGV on every rank (a cold GPU compiles its kernels first: up to minutes)."""
+    code, _, err = cli_main(["solve", *argv], timeout=600)
+    assert WORLD.allgather(code) == [0] * WORLD.Get_size(), err
 
 
 def test_scf_operand_has_numpys_bits_on_the_gpu():
@@ -55,7 +41,7 @@ def test_scf_operand_has_numpys_bits_on_the_gpu():
 @pytest.mark.parametrize("extra", [(), ("--subset", "10:60")], ids=["all", "subset"])
 def test_scf_solves_are_bitwise_fresh_solves_on_the_gpu(cli_main, tmp_path_factory, extra):
     """--scf 3 against a plain solve (solve 0) and solves of A_j, B from .npy files (A_j and B
-    as the GPU builds them: CuPy's bits)."""
+    as the GPU builds them: CuPy's bits).  cli_main: tests/conftest.py."""
     import cupy as cp
 
     from hpccoll_eigensolver.problems import make_problem, scf_operand
@@ -63,8 +49,8 @@ def test_scf_solves_are_bitwise_fresh_solves_on_the_gpu(cli_main, tmp_path_facto
     rank = WORLD.Get_rank()
     out = WORLD.bcast(str(tmp_path_factory.mktemp("scf-gpu")) if rank == 0 else None, root=0)
     common = ["--n", N, "--nb", NB, "--comm", "sentinel", "--out", out, "--no-reference", *extra]
-    cli_main(["solve", *common, "--name", "loop", "--scf", 3])
-    cli_main(["solve", *common, "--name", "plain"])
+    _solve(cli_main, [*common, "--name", "loop", "--scf", 3])
+    _solve(cli_main, [*common, "--name", "plain"])
     prob = make_problem("known", N, xp=cp)
     scale = 1e-3 * float(cp.abs(prob.A).max())
     if rank == 0:
@@ -74,7 +60,7 @@ def test_scf_solves_are_bitwise_fresh_solves_on_the_gpu(cli_main, tmp_path_facto
     WORLD.Barrier()
     for j in (1, 2):
         files = f"file:{os.path.join(out, f'A{j}.npy')},{os.path.join(out, 'B.npy')}"
-        cli_main(["solve", *common[2:], "--problem", files, "--name", f"fresh{j}"])
+        _solve(cli_main, [*common[2:], "--problem", files, "--name", f"fresh{j}"])
     if rank != 0:
         return
     fresh = ["plain_run000", "fresh1_run000", "fresh2_run000"]

@@ -284,7 +284,7 @@ def test_sygvd_descriptors_that_differ_raise_the_same_valueerror_everywhere(comm
 
 
 # -- the command line's input errors: agreed before any solve, printed once, exit 2 everywhere --------
-# (the fixtures cli_main and agreed_error: tests/mpi/conftest.py)
+# (the fixtures cli_main and agreed_error: tests/conftest.py)
 @pytest.fixture(scope="module")
 def npy_pair(tmp_path_factory):
     folder = WORLD.bcast(str(tmp_path_factory.mktemp("cli")) if RANK == 0 else None, root=0)
