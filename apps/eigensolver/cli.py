@@ -2,6 +2,7 @@
 solve.py and compare.py.
 
   mpiexec -n P hpccoll-eigensolver solve --n 4096 --problem known --comm mpi --repeat 3 --out DIR
+  mpiexec -n P hpccoll-eigensolver solve --n 4096 --subset 0:99 --scf 5 --out DIR
   hpccoll-eigensolver compare --n 4096 --ranks 3 --repeat 5 --comm sentinel,ll128,nccl,mpi --out DIR
   hpccoll-eigensolver report DIR
 
@@ -21,7 +22,7 @@ import sys
 
 from .compare import cmd_compare
 from .runinfo import COMM_CHOICES, launcher_rank
-from .runs import DEFAULT_OUT, PROG, SCIPY_REFERENCE_MAX_N, CliError, check_stem
+from .runs import DEFAULT_OUT, DEFAULT_SCF_STEP, PROG, SCIPY_REFERENCE_MAX_N, CliError, check_stem
 from .solve import cmd_solve
 
 # -- argument types: every value checked at parse time -------------------------------------------
@@ -73,6 +74,36 @@ def _comm_list(text: str) -> list[str]:
     if not items or bad:
         raise argparse.ArgumentTypeError(f"{text!r}: use a comma list of {', '.join(COMM_CHOICES)}")
     return list(dict.fromkeys(items))
+
+
+def _subset(text: str) -> tuple[int, int]:
+    """--subset LO:HI: two integers, 0 <= LO <= HI (0-based, both inclusive: scipy.linalg.eigh's
+    subset_by_index); HI < n is checked once n is known (finish_args)."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LO:HI, two integers 0 <= LO <= HI (0-based, both "
+                                         "inclusive: 0:9 is the 10 lowest eigenpairs; one eigenpair i is i:i)") \
+            from None
+    if lo < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: LO = {lo} is negative: the eigenpairs are numbered from 0")
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: LO = {lo} > HI = {hi}: give LO:HI with LO <= HI "
+                                         "(both inclusive)")
+    return lo, hi
+
+
+def _positive_float(what: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what})") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text}: {what} must be a finite number > 0")
+        return value
+    return parse
 
 
 def _stem(text: str) -> str:
@@ -145,6 +176,15 @@ def finish_args(args) -> None:
             args.n = args.spec.n
     if getattr(args, "out", None) is not None and not args.out:
         raise CliError("--out '': give a directory")
+    subset = getattr(args, "subset", None)
+    if subset is not None and subset[1] >= args.n:
+        raise CliError(f"--subset {subset[0]}:{subset[1]}: HI = {subset[1]} is past the last eigenpair of the "
+                       f"n = {args.n} problem: pass 0 <= LO <= HI <= {args.n - 1}")
+    if getattr(args, "scf_step", None) is not None and getattr(args, "scf", None) is None:
+        raise CliError(f"--scf-step {args.scf_step:g} without --scf: pass --scf K (K solves with one B), or drop "
+                       "--scf-step")
+    if getattr(args, "scf", None) is not None and args.scf_step is None:
+        args.scf_step = DEFAULT_SCF_STEP
 
 
 def _input_fingerprint(args) -> dict:
@@ -152,7 +192,10 @@ def _input_fingerprint(args) -> dict:
     for file: problems, each file's shape, dtype, order and size (paths may differ by node)."""
     spec = args.spec
     fp = {"--n": args.n, "--nb": args.nb, "--repeat": args.repeat, "--comm": args.comm, "--stedc": args.stedc,
-          "--sytrd": args.sytrd, "--reduction": args.reduction, "--symmetry-tol": args.symmetry_tol}
+          "--sytrd": args.sytrd, "--reduction": args.reduction, "--symmetry-tol": args.symmetry_tol,
+          "--subset": args.subset, "--scf": args.scf, "--scf-step": args.scf_step,
+          "--eigvals-only": args.eigvals_only, "--save-vectors": args.save_vectors,
+          "--gather-vectors": args.gather_vectors}
     if spec.kind == "file":
         fp["--problem"] = "file:" + ",".join(
             f"{name} {'x'.join(map(str, shape))} {dtype} {'F' if fortran else 'C'} order {os.path.getsize(path)} B"
@@ -241,6 +284,17 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
                         "column's kernels and collectives replayed as CUDA graphs), eager (the same kernels "
                         "launched one by one), ops (array operations); auto (default): fused where it can run "
                         "and n <= sytrd_device.FUSED_MAX_N, else graph; host arrays always take ops")
+    p.add_argument("--subset", type=_subset, default=None, metavar="LO:HI",
+                   help="only eigenpairs LO..HI of the ascending spectrum (scipy.linalg.eigh's subset_by_index: "
+                        "0-based, both inclusive; 0:9 is the 10 lowest, one eigenpair i is i:i): k = HI - LO + 1 "
+                        "eigenvalues, an n x k STEM_runRRR_X.npy, metrics of those k pairs (default: all)")
+    p.add_argument("--scf", type=_int_at_least(1, "--scf (solves with one B)"), default=None, metavar="K",
+                   help="K solves with one B, factored once (GeneralizedSolver, as in an SCF loop): solve 0 of "
+                        "the problem's A, solve j >= 1 of A + step max|A| Z_j (Z_j symmetric, entries uniform in "
+                        "[-1, 1) from --seed and j); solve j writes STEM_runRRR_sJJJ.json, _w.npy and _X.npy")
+    p.add_argument("--scf-step", type=_positive_float("--scf-step (the perturbation of A, relative to max|A|)"),
+                   default=None, metavar="STEP",
+                   help=f"--scf: the size of each A's perturbation relative to max|A| (default {DEFAULT_SCF_STEP:g})")
     p.add_argument("--reduction", choices=REDUCTION_CHOICES, default="auto",
                    help="the tridiagonalization: one-stage (Householder, one column at a time: sytrd) or "
                         "two-stage (dense -> band by blocked Householder, band -> tridiagonal by bulge "

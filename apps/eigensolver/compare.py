@@ -48,8 +48,20 @@ def _problem_argv(args) -> list[str]:
     return argv
 
 
+def _solve_only_argv(args) -> list[str]:
+    """solve's options that the reference solvers (anchors) do not take: they solve every
+    eigenpair once."""
+    argv = []
+    if getattr(args, "subset", None) is not None:
+        argv += ["--subset", f"{args.subset[0]}:{args.subset[1]}"]
+    if getattr(args, "scf", None) is not None:
+        argv += ["--scf", str(args.scf), "--scf-step", repr(args.scf_step)]
+    return argv
+
+
 def failure_path(args, label: str) -> str:
-    opts = hashlib.sha256(json.dumps(_problem_argv(args) + [label, str(args.ranks), args.stedc]).encode())
+    opts = hashlib.sha256(json.dumps(_problem_argv(args) + _solve_only_argv(args) +
+                                     [label, str(args.ranks), args.stedc]).encode())
     return os.path.join(args.out, f"failed_{problem_tag(args.problem)}_n{args.n}_p{args.ranks}_{label}_"
                                   f"{opts.hexdigest()[:10]}.json")
 
@@ -142,7 +154,8 @@ def cmd_compare(args) -> int:
     solve_opts = ["--stedc", args.stedc, "--sytrd", args.sytrd, "--host-threads", str(args.host_threads)] + \
         (["--no-sync-collectives"] if args.no_sync_collectives else []) + \
         (["--no-trace-memory"] if args.no_trace_memory else []) + \
-        (["--reduction", args.reduction] if getattr(args, "reduction", "auto") != "auto" else [])
+        (["--reduction", args.reduction] if getattr(args, "reduction", "auto") != "auto" else []) + \
+        _solve_only_argv(args)
     failed = []
     with _mps_for(max(args.ranks)):
         for ranks, label in runs:

@@ -43,6 +43,12 @@ class CountingComm:
         if estimated:
             self.estimated.add(self.phase)
 
+    def restart(self) -> None:
+        """Forget the collectives counted so far (the next solve of a solver that holds this proxy
+        is counted alone)."""
+        self.records = []
+        self.estimated = set()
+
     # -- passthrough -----------------------------------------------------------
     def Get_rank(self) -> int:
         return self.comm.Get_rank()

@@ -10,6 +10,12 @@ random     A[i, j] = a standard normal drawn from (seed, min(i, j), max(i, j)), 
 file:A.npy,B.npy   matrices from .npy files (any real dtype, C or Fortran order); each rank
            reads only its own columns; spectrum unknown.
 
+scf_operand gives the A of an SCF loop's later solves (solve --scf): A_j = A + (step max|A|) Z_j
+for j >= 1, Z_j symmetric with entries uniform in [-1, 1) from a hash of (seed, j, min(r, c),
+max(r, c)), so that, like the problems, an entry's bits depend on neither the ranks nor the
+columns built with it (and are the same in NumPy and CuPy: integer hashing, then one exact
+scaling by a power of two, one multiplication and one addition).
+
 How the generated problems are built, and why.  U and Q are random *butterfly* orthogonal
 matrices (`Butterfly`): products of log2(n) + 2 layers of disjoint Givens rotations with
 seeded random angles, every output index depending on every input index.  They are not
@@ -38,6 +44,8 @@ from .linalg._xp import get_xp, is_device, to_host
 KINDS = ("known", "clustered", "wilkinson", "random")
 #: names this construction in problem digests: a change of formulas must change it
 GENERATOR = "butterfly-1"
+#: names scf_operand's perturbation in problem digests: a change of its formula must change it
+PERTURBATION = "scf-uniform-1"
 #: columns built at a time (bounds the temporaries: a few n x CHUNK arrays)
 HOST_CHUNK_BYTES = 4 * 2**20
 DEVICE_CHUNK_BYTES = 512 * 2**20
@@ -276,6 +284,40 @@ def _hash_normal(spec: ProblemSpec, cols, xp):
     f1 = ((u1 >> np.uint64(11)).astype(xp.float64) + 1.0) * scale     # (0, 1]
     f2 = (u2 >> np.uint64(11)).astype(xp.float64) * scale             # [0, 1)
     return xp.sqrt(-2.0 * xp.log(f1)) * xp.cos((2.0 * np.pi) * f2)
+
+
+def _uniform_symmetric(seed: int, index: int, n: int, cols, xp):
+    """n x len(cols) entries of Z_index (scf_operand): uniform in [-1, 1), Z[r, c] = Z[c, r]."""
+    r = xp.arange(n, dtype=xp.uint64)[:, None]
+    c = xp.asarray(np.asarray(cols, dtype=np.uint64))[None, :]
+    key = xp.minimum(r, c) * np.uint64(n) + xp.maximum(r, c)
+    base = np.uint64(_splitmix64_int(_splitmix64_int(seed ^ 0x5CF) ^ index))
+    u = _splitmix64(key ^ base)
+    # 53 bits as an integer-valued float (exact), times 2^-52 (exact): [0, 2); minus 1 (exact)
+    return (u >> np.uint64(11)).astype(xp.float64) * 2.0 ** -52 - 1.0
+
+
+def scf_operand(A, cols, index: int, scale: float, seed: int, xp=None):
+    """A new array A + scale Z_index for the columns `cols` of A (A[:, k] is column cols[k]; any
+    of them, e.g. a rank's), built a chunk of columns at a time; index 0: a copy of A.  solve
+    --scf passes scale = step max|A| (max over the whole A)."""
+    xp = get_xp(A) if xp is None else xp
+    out = xp.array(A, dtype=xp.float64, order="F", copy=True)
+    if index == 0:
+        return out
+    n, cols = A.shape[0], np.asarray(cols, dtype=np.int64)
+    c = _chunk_columns(n, xp)
+    for k in range(0, cols.size, c):
+        out[:, k:k + c] += scale * _uniform_symmetric(seed, index, n, cols[k:k + c], xp)
+    return out
+
+
+def scf_identity(identity: dict, index: int, step: float) -> dict:
+    """The problem identity of an SCF loop's solve `index` (A_index) from the problem's: solve 0
+    is the problem itself."""
+    if index == 0:
+        return identity
+    return {"problem": identity, "scf": {"index": int(index), "step": float(step), "perturbation": PERTURBATION}}
 
 
 # -- building columns --------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 build_report(DIR) reads every run JSON (schemas hpccoll-eigensolver/run/1 and /2) and failure
 JSON there and writes report.md, report.json and PNG plots (matplotlib, when installed).  Runs
 are grouped by configuration: the problem (its digest), n, ranks, comm and the options that
-change the bits (config_digest), so two problems of the same n never mix."""
+change the bits (config_digest: a subset of the eigenpairs among them), so two problems of the
+same n never mix.  The solves of an --scf loop are problems of their own (A_j's digest); its
+solve 0, the problem itself, shares a plain solve's configuration (the same bits)."""
 from __future__ import annotations
 
 import glob
@@ -119,6 +121,7 @@ def analyse_group(directory: str, recs: list[dict]) -> dict:
     mem = _memory(recs)
     return {
         "problem": r0["problem"], "n": r0["n"], "ranks": r0["ranks"], "comm": r0["comm"],
+        "subset": r0.get("subset"), "scf_index": (r0.get("scf") or {}).get("index") or None,
         "problem_digest": r0.get("problem_digest"), "config_digest": r0.get("config_digest"),
         "stedc": r0.get("stedc"), "sytrd_mode": r0.get("sytrd_mode"), "memory": mem,
         "blas": _blas_summary(r0),
@@ -202,8 +205,9 @@ def _cross_config(groups: list[dict]) -> list[dict]:
     out = []
     by_problem = defaultdict(list)
     for g in groups:
-        by_problem[(g["problem"], g["n"], g.get("problem_digest"))].append(g)
-    for (problem, n, _), gs in by_problem.items():
+        by_problem[_problem_key(g)].append(g)
+    for (problem, n, *_), gs in by_problem.items():
+        problem = _problem_label(gs[0])
         base = gs[0]
         for g in gs:
             d = metrics.ulp_distance(g["w0"], base["w0"]) if g["w0"].shape == base["w0"].shape else None
@@ -223,6 +227,18 @@ def _label(g: dict) -> str:
     return f"{g['comm']} ({g['ranks']} rank{'s' if g['ranks'] != 1 else ''})"
 
 
+def _problem_key(g: dict) -> tuple:
+    """What configurations must share to be compared: the problem (its digest, so an --scf
+    loop's solves apart), n and the subset of eigenpairs."""
+    return (g["problem"], g["n"], str(g.get("problem_digest")), str(g.get("subset")))
+
+
+def _problem_label(g: dict) -> str:
+    """The problem as the tables name it: with its subset (LO:HI) and --scf solve, if any."""
+    subset, j = g.get("subset"), g.get("scf_index")
+    return g["problem"] + (f" subset {subset[0]}:{subset[1]}" if subset else "") + (f" scf solve {j}" if j else "")
+
+
 def _comparisons(groups: list[dict]) -> dict:
     """Per problem and n, the numbers a reader compares (no verdicts): each configuration's
     median solve time and its ratio to the fastest baseline present (BASELINES; time over the
@@ -231,8 +247,9 @@ def _comparisons(groups: list[dict]) -> dict:
     time_rows, memory_rows = [], []
     by_problem = defaultdict(list)
     for g in groups:
-        by_problem[(g["problem"], g["n"], g.get("problem_digest"))].append(g)
-    for (problem, n, _), gs in sorted(by_problem.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        by_problem[_problem_key(g)].append(g)
+    for (problem, n, *_), gs in sorted(by_problem.items(), key=lambda kv: kv[0]):
+        problem = _problem_label(gs[0])
         timed = [g for g in gs if g["median_solve_seconds"]]
         bases = [g for g in timed if g["comm"] in BASELINES]
         base = min(bases, key=lambda g: g["median_solve_seconds"]) if bases else None
@@ -287,7 +304,8 @@ def _plots(directory: str, groups: list[dict]) -> list[str]:
     except ImportError:
         return []
     paths = []
-    labels = [f"{g['comm']}\n{g['ranks']}r n={g['n']}" for g in groups]
+    labels = [f"{g['comm']}\n{g['ranks']}r n={g['n']}" + (f"\n{_problem_label(g)}" if g.get("subset") or
+                                                          g.get("scf_index") else "") for g in groups]
     phase_names = []
     for g in groups:
         for k in g["median_phase_seconds"]:
@@ -354,7 +372,7 @@ def build_report(directory: str) -> list[str]:
            "ranks agree on w | max ULP to run 0 | median ULP to run 0 | max eigvec diff | max cluster angle (rad) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in groups:
-        md.append(f"| {g['problem']} | {g['n']} | {g['ranks']} | {g['comm']} | {g['backend']} | "
+        md.append(f"| {_problem_label(g)} | {g['n']} | {g['ranks']} | {g['comm']} | {g['backend']} | "
                   f"{(g.get('config_digest') or '–')[:10]} | {g['runs']} | "
                   f"{g['distinct_eigenvalue_digests']} | {g['distinct_eigenvector_digests']} | "
                   f"{'yes' if g['ranks_agree_on_eigenvalues_all_runs'] else 'NO'} | {_fmt(g['max_ulp_to_run0'], 'g')} | "
@@ -365,7 +383,7 @@ def build_report(directory: str) -> list[str]:
            f"(neighbours closer than {CLUSTER_RTOL:g}·max|λ|). '–': eigenvectors not saved or no clusters.", ""]
     md += ["### Digests per run and rank", ""]
     for g in groups:
-        md += [f"**{g['comm']}, {g['ranks']} ranks, {g['problem']} n={g['n']}** "
+        md += [f"**{g['comm']}, {g['ranks']} ranks, {_problem_label(g)} n={g['n']}** "
                f"(distinct local-block digests per rank: {g['distinct_local_block_digests_per_rank']})", "",
                "| run | SHA-256 w | SHA-256 X | per-rank SHA-256 w | per-rank SHA-256 local X |", "|---|---|---|---|---|"]
         for e in g["per_run"]:
@@ -386,13 +404,15 @@ def build_report(directory: str) -> list[str]:
         for k in g["median_phase_seconds"]:
             if k not in phase_names:
                 phase_names.append(k)
-    time_cols = ["comm", "ranks", "n", *phase_names, "solve", "in collectives", "share", "collectives", "bytes"]
+    time_cols = ["problem", "comm", "ranks", "n", *phase_names, "solve", "in collectives", "share", "collectives",
+                 "bytes"]
     md += ["## Time (median over runs, seconds)", "",
            "| " + " | ".join(time_cols) + " |", "|---" * len(time_cols) + "|"]
     for g in groups:
         ph = " | ".join(_fmt(g["median_phase_seconds"].get(k), ".4f") for k in phase_names)
         share = g["median_collective_share"]
-        md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {ph} | {_fmt(g['median_solve_seconds'], '.4f')} | "
+        md.append(f"| {_problem_label(g)} | {g['comm']} | {g['ranks']} | {g['n']} | {ph} | "
+                  f"{_fmt(g['median_solve_seconds'], '.4f')} | "
                   f"{_fmt(g['median_collective_seconds'], '.4f')} | "
                   f"{'–' if share is None else f'{100 * share:.1f}%'} | {_fmt(g['collective_count'])} | "
                   f"{_fmt(g['collective_bytes'])} |")
@@ -400,7 +420,8 @@ def build_report(directory: str) -> list[str]:
     for g in groups:
         names = ", ".join(f"{k} {v['count']}× ({v['min_bytes']}–{v['max_bytes']} B)"
                           for k, v in (g["collectives_by_name"] or {}).items())
-        md.append(f"- {g['comm']} {g['ranks']}r: {names}; per phase {g['collectives_by_phase']}; "
+        md.append(f"- {g['comm']} {g['ranks']}r, {_problem_label(g)}: {names}; "
+                  f"per phase {g['collectives_by_phase']}; "
                   f"sizes {g['collective_sizes']}")
     md += ["", "## Memory (per rank, max over runs, MiB)", "",
            "Host: peak RSS of the process during the solve and its metrics; NumPy data: peak of the NumPy "
@@ -409,9 +430,9 @@ def build_report(directory: str) -> list[str]:
            "mark when the solve returned and at the end of its metrics, and nvidia-smi's per-process figure. "
            "rank 0 / other ranks shown apart: rank 0 also held the gathered A and B for the scipy reference "
            "(small n only).", "",
-           "| comm | ranks | n | peak RSS rank 0 | peak RSS others | NumPy data max | device pool max, solve | "
-           "device pool max, with metrics | nvidia-smi max |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| problem | comm | ranks | n | peak RSS rank 0 | peak RSS others | NumPy data max | "
+           "device pool max, solve | device pool max, with metrics | nvidia-smi max |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
 
     def mib(d, part="max"):
         v = (d or {}).get(part)
@@ -419,7 +440,8 @@ def build_report(directory: str) -> list[str]:
 
     for g in groups:
         m = g["memory"]
-        md.append(f"| {g['comm']} | {g['ranks']} | {g['n']} | {mib(m.get('peak_rss_bytes'), 'rank0')} | "
+        md.append(f"| {_problem_label(g)} | {g['comm']} | {g['ranks']} | {g['n']} | "
+                  f"{mib(m.get('peak_rss_bytes'), 'rank0')} | "
                   f"{mib(m.get('peak_rss_bytes'), 'others')} | {_numpy_peak(m, mib)} | "
                   f"{mib(m.get('device_pool_solve_peak_bytes'))} | {mib(m.get('device_pool_peak_bytes'))} | "
                   f"{mib(m.get('nvidia_smi_used_bytes'))} |")
@@ -428,7 +450,10 @@ def build_report(directory: str) -> list[str]:
            f"(ε = 2⁻⁵²; O(1) is a correct solve), computed from the ranks' column blocks; eigenvalue error = "
            f"{metrics.EIGENVALUE_ERROR_DEFINITION} against the constructed spectrum (known/clustered/wilkinson; "
            "its rounding when forming A and B contributes O(ε·cond(B))) and against scipy.linalg.eigh(A, B) "
-           "(on rank 0, A and B gathered there, small n only). Max over runs.", "",
+           "(on rank 0, A and B gathered there, small n only). Max over runs."
+           + (f" With a subset LO:HI of the eigenpairs X is n x k, B-orth in units of k ε, and the eigenvalue "
+              f"error {metrics.SUBSET_EIGENVALUE_ERROR_DEFINITION}." if any(g.get("subset") for g in groups) else ""),
+           "",
            "| problem | n | comm | ranks | residual | B-orth | eig. error (known) | eig. error (scipy) |",
            "|---|---|---|---|---|---|---|---|"]
 
@@ -437,7 +462,7 @@ def build_report(directory: str) -> list[str]:
         return max(xs) if xs else None
 
     for g in groups:
-        md.append(f"| {g['problem']} | {g['n']} | {g['comm']} | {g['ranks']} | {_fmt(mx(g['residual']))} | "
+        md.append(f"| {_problem_label(g)} | {g['n']} | {g['comm']} | {g['ranks']} | {_fmt(mx(g['residual']))} | "
                   f"{_fmt(mx(g['b_orthogonality']))} | {_fmt(mx(g['eigenvalue_error']))} | "
                   f"{_fmt(mx(g['eigenvalue_error_vs_scipy']))} |")
     comparisons = _comparisons(groups)

@@ -7,7 +7,9 @@ cusolvermp.py).
 
 Per run r of a stem STEM, in the output directory: STEM_runRRR.json (the record),
 STEM_runRRR_w.npy (the eigenvalues, 1-D float64 ascending) and, unless vectors are off,
-STEM_runRRR_X.npy (n x n float64, Fortran order, column j the B-normalized eigenvector of w[j])."""
+STEM_runRRR_X.npy (n x n float64, Fortran order, column j the B-normalized eigenvector of w[j];
+n x k with a subset of k eigenpairs).  With --scf K, solve j of run r writes the same three
+files under the stem STEM_runRRR_sJJJ."""
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +31,8 @@ FAILURE_SCHEMA = "hpccoll-eigensolver/failure/2"
 DEFAULT_OUT = "hpccoll-eigensolver-runs"
 EXIT_ERROR = 2   # arguments, input or output directory rejected (argparse's status too)
 EXIT_FAILED = 1  # a solve that ran and failed (NaN or Inf in its result), or a failed compare configuration
+#: --scf's perturbation of A, relative to max|A|, unless --scf-step is given
+DEFAULT_SCF_STEP = 1e-3
 
 class CliError(Exception):
     """An error every rank (or the driver) sees alike: printed once, exit status `code`."""
@@ -64,6 +68,8 @@ def config_identity(args, problem_digest: str, ranks: int, comm: str, device: st
                 "stedc": getattr(args, "stedc", None), "device": device}
     if getattr(args, "reduction", "auto") == "two-stage":   # (one-stage: the digests runs had before)
         identity["reduction"] = "two-stage"
+    if getattr(args, "subset", None) is not None:           # (all eigenpairs: the digests runs had before)
+        identity["subset"] = list(args.subset)
     return identity
 
 
@@ -90,9 +96,10 @@ def base_stem(args, n: int, ranks: int, comm: str, digest: str) -> str:
     return getattr(args, "name", None) or f"{problem_tag(args.problem)}_n{n}_p{ranks}_{comm}_{digest[:10]}"
 
 
-def run_stem(args, n: int, ranks: int, comm: str, r: int, digest: str) -> str:
-    """The stem of run r's files: base_stem + _runRRR."""
-    return f"{base_stem(args, n, ranks, comm, digest)}_run{r:03d}"
+def run_stem(args, n: int, ranks: int, comm: str, r: int, digest: str, solve: int | None = None) -> str:
+    """The stem of run r's files: base_stem + _runRRR; of its solve j with --scf: + _sJJJ."""
+    stem = f"{base_stem(args, n, ranks, comm, digest)}_run{r:03d}"
+    return stem if solve is None else f"{stem}_s{solve:03d}"
 
 
 def refuse_overwrite(out: str | None, stems: list[str], overwrite: bool) -> None:
@@ -147,7 +154,10 @@ def print_run(rec: dict) -> None:
     keys = DEVICE_PEAK_KEYS if rec.get("device") == "gpu" else ("peak_rss_bytes",)
     peaks = [next((m[k] for k in keys if m.get(k) is not None), None) for m in mem]
     peaks = [p for p in peaks if p is not None]
-    print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}] n={rec['n']} solve {rec['solve_seconds']:.3f}s "
+    subset, scf = rec.get("subset"), rec.get("scf")
+    what = (f" solve {scf['index']}" if scf else "") + (f" subset {subset[0]}:{subset[1]}" if subset else "")
+    print(f"[{rec['comm']} {rec['ranks']}r run {rec['repeat_index']}{what}] n={rec['n']} "
+          f"solve {rec['solve_seconds']:.3f}s "
           f"({ph}); collectives {coll.get('count', 0)} calls {coll.get('bytes', 0) / 2**20:.1f} MiB "
           f"{100 * (coll.get('share_of_solve') or 0):.1f}% of time; residual {_fmt(rec['residual'])} n·eps "
           f"B-orth {_fmt(rec['b_orthogonality'])} n·eps eig-err(known) {_fmt(rec.get('eigenvalue_error'))} "
@@ -198,17 +208,18 @@ def fail_together(ctl, message: str, timeout: float = 30.0):
 
 
 # -- X on disk, by columns ---------------------------------------------------------------------------
-def _npy_create(path: str, n: int) -> int:
-    """An n x n float64 Fortran-order .npy of zeros' size (sparse); returns the data offset."""
+def _npy_create(path: str, m: int, n: int) -> int:
+    """An m x n float64 Fortran-order .npy of zeros' size (sparse); returns the data offset."""
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": True, "shape": (n, n)})
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": True, "shape": (m, n)})
         offset = f.tell()
-        f.truncate(offset + 8 * n * n)
+        f.truncate(offset + 8 * m * n)
     return offset
 
 
 def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> None:
-    """X as an n x n float64 .npy (Fortran order) at path, never whole in one process's memory.
+    """X, an m x n matrix in desc's layout (n x n; n x k for a subset of k eigenpairs), as a
+    float64 .npy (Fortran order) at path, never whole in one process's memory.
 
     By default every rank writes its own columns into the file rank 0 created (the directory
     must be shared); gather_to_root: the columns travel to rank 0 block by block and it writes
@@ -216,17 +227,17 @@ def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> 
     from .linalg._xp import to_host
     from .problems import _runs
 
-    rank, size, n = ctl.Get_rank(), ctl.Get_size(), desc.n
+    rank, size, m = ctl.Get_rank(), ctl.Get_size(), desc.m
     tmp = f"{path}.part"
-    offset = agree(ctl, lambda: _npy_create(tmp, n) if rank == 0 else None, f"writing {path}", False)
+    offset = agree(ctl, lambda: _npy_create(tmp, m, desc.n) if rank == 0 else None, f"writing {path}", False)
     offset = ctl.bcast(offset, root=0)
 
     def put(fd, cols, block):
         for pos, c0, length in _runs(cols):
             data = np.asfortranarray(block[:, pos:pos + length], dtype="<f8").tobytes(order="F")
-            os.pwrite(fd, data, offset + 8 * n * c0)
+            os.pwrite(fd, data, offset + 8 * m * c0)
 
-    step = max(1, (32 * 2**20) // (8 * max(1, n)))
+    step = max(1, (32 * 2**20) // (8 * max(1, m)))
 
     def mine():
         cols = desc.local_cols(rank)
@@ -243,15 +254,15 @@ def write_vectors(path: str, X_loc, desc, ctl, gather_to_root: bool = False) -> 
             for q in range(size):
                 cols = desc.local_cols(q)
                 for k in range(0, cols.size, step):
-                    m = min(step, cols.size - k)
+                    c = min(step, cols.size - k)
                     if q == rank == 0:
-                        put(fd, cols[k:k + m], to_host(X_loc[:, k:k + m]))
+                        put(fd, cols[k:k + c], to_host(X_loc[:, k:k + c]))
                     elif rank == q:
-                        ctl.Send(np.asfortranarray(to_host(X_loc[:, k:k + m])), dest=0, tag=29)
+                        ctl.Send(np.asfortranarray(to_host(X_loc[:, k:k + c])), dest=0, tag=29)
                     elif rank == 0:
-                        buf = np.empty((n, m), order="F")
+                        buf = np.empty((m, c), order="F")
                         ctl.Recv(buf, source=q, tag=29)
-                        put(fd, cols[k:k + m], buf)
+                        put(fd, cols[k:k + c], buf)
         finally:
             if fd is not None:
                 os.close(fd)

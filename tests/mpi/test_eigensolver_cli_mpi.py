@@ -284,29 +284,7 @@ def test_sygvd_descriptors_that_differ_raise_the_same_valueerror_everywhere(comm
 
 
 # -- the command line's input errors: agreed before any solve, printed once, exit 2 everywhere --------
-@pytest.fixture
-def cli_main(monkeypatch, capsys):
-    """main(argv) of hpccoll-eigensolver in this process on every rank; a hang ends the process
-    (and so the job) after 120 s instead of blocking the suite.  Returns (status, stdout, stderr)."""
-    import faulthandler
-    import sys
-
-    from hpccoll_eigensolver.cli import main
-
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)   # main installs the job's abort hook
-
-    def run(argv):
-        capsys.readouterr()
-        faulthandler.dump_traceback_later(120, exit=True, file=sys.__stderr__)
-        try:
-            code = main([str(a) for a in argv])
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        out = capsys.readouterr()
-        return code, out.out, out.err
-    return run
-
-
+# (the fixtures cli_main and agreed_error: tests/conftest.py)
 @pytest.fixture(scope="module")
 def npy_pair(tmp_path_factory):
     folder = WORLD.bcast(str(tmp_path_factory.mktemp("cli")) if RANK == 0 else None, root=0)
@@ -322,20 +300,10 @@ def npy_pair(tmp_path_factory):
     return folder
 
 
-def _agreed_error(code, err, needles):
-    """Status 2 on every rank; one error line, on rank 0, holding every needle."""
-    codes = WORLD.allgather(code)
-    lines = WORLD.gather([ln for ln in err.splitlines() if "error:" in ln], root=0)
-    assert codes == [2] * SIZE, codes
-    if RANK == 0:
-        assert len(lines[0]) == 1 and not any(lines[1:]), lines
-        for needle in needles:
-            assert needle in lines[0][0], (needle, lines[0][0])
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("bad", ["missing", "truncated"])
-def test_cli_a_file_bad_on_one_rank_only_fails_every_rank_once(cli_main, npy_pair, tmp_path_factory, bad):
+def test_cli_a_file_bad_on_one_rank_only_fails_every_rank_once(cli_main, agreed_error, npy_pair, tmp_path_factory,
+                                                              bad):
     """A path not mounted on the last rank's node, or a truncated copy there: every rank exits 2
     before any solve, and rank 0 prints one error naming that rank and the file."""
     last = SIZE - 1
@@ -346,29 +314,29 @@ def test_cli_a_file_bad_on_one_rank_only_fails_every_rank_once(cli_main, npy_pai
     out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
     code, _, err = cli_main(["solve", "--problem", f"file:{a},{os.path.join(npy_pair, 'B.npy')}", "--nb", 8,
                              "--comm", "mpi", "--out", out])
-    _agreed_error(code, err, [f"rank {last}", os.path.basename(os.path.dirname(a)) if bad == "missing" else
+    agreed_error(code, err, [f"rank {last}", os.path.basename(os.path.dirname(a)) if bad == "missing" else
                               "A_truncated.npy", "does not exist" if bad == "missing" else "truncated"])
     assert not [f for f in os.listdir(out) if f.endswith(".json")]
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("flag", ["--n", "--nb"])
-def test_cli_arguments_that_differ_between_ranks_fail_every_rank_once(cli_main, tmp_path_factory, flag):
+def test_cli_arguments_that_differ_between_ranks_fail_every_rank_once(cli_main, agreed_error, tmp_path_factory, flag):
     base = {"--n": 40, "--nb": 8}[flag]
     value = base + (4 if RANK == SIZE - 1 else 0)
     out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
     argv = ["solve", "--n", 40, "--nb", 8, "--comm", "mpi", "--out", out, flag, value]
     code, _, err = cli_main(argv)
-    _agreed_error(code, err, ["different inputs", f"{flag}: rank 0 {base}", f"rank {SIZE - 1} {base + 4}"])
+    agreed_error(code, err, ["different inputs", f"{flag}: rank 0 {base}", f"rank {SIZE - 1} {base + 4}"])
 
 
-def test_cli_a_truncated_file_is_named(cli_main, npy_pair, tmp_path_factory):
+def test_cli_a_truncated_file_is_named(cli_main, agreed_error, npy_pair, tmp_path_factory):
     """On every rank alike (and on one rank): the file and what is missing, not a reshape error."""
     out = WORLD.bcast(str(tmp_path_factory.mktemp("out")) if RANK == 0 else None, root=0)
     a = os.path.join(npy_pair, "A_truncated.npy")
     code, _, err = cli_main(["solve", "--problem", f"file:{a},{os.path.join(npy_pair, 'B.npy')}", "--comm", "mpi",
                              "--out", out])
-    _agreed_error(code, err, ["A_truncated.npy", "is truncated", "needs 12800"])
+    agreed_error(code, err, ["A_truncated.npy", "is truncated", "needs 12800"])
     assert "reshape" not in err
 
 

@@ -73,6 +73,12 @@ def run_cli(*args, ranks: int | None = None, cwd=None, timeout: float = HANG_TIM
     (["compare", "--host-threads", "-2"], "--host-threads"), (["compare", "--ranks", "2,x"], "--ranks"),
     (["compare", "--ranks", "2,0"], "--ranks"), (["compare", "--ranks", ","], "--ranks"),
     (["compare", "--config-timeout", "0"], "--config-timeout"), (["compare", "--config-timeout", "inf"], "--config-timeout"),
+    (["solve", "--subset", "5:2"], "LO = 5 > HI = 2"), (["solve", "--subset=-1:3"], "negative"),
+    (["solve", "--subset", "3"], "one eigenpair i is i:i"), (["solve", "--subset", "a:b"], "--subset"),
+    (["solve", "--subset", "1:2:3"], "give LO:HI"), (["solve", "--subset", "1.0:2"], "give LO:HI"),
+    (["compare", "--subset", "2:1"], "--subset"), (["solve", "--scf", "0"], "--scf"),
+    (["solve", "--scf-step", "0"], "--scf-step"), (["solve", "--scf-step", "nan"], "--scf-step"),
+    (["solve", "--scf-step", "-1e-3"], "--scf-step"), (["compare", "--scf", "x"], "--scf"),
 ])
 def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -81,10 +87,18 @@ def test_bad_arguments_are_refused_when_parsed(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+def test_subset_and_scf_parse_to_their_values():
+    args = build_parser().parse_args(["solve", "--subset", "0:9", "--scf", "4"])
+    assert args.subset == (0, 9) and args.scf == 4 and args.scf_step is None   # finish_args sets the default
+    assert build_parser().parse_args(["compare", "--subset", "7:7", "--scf-step", "0.5"]).subset == (7, 7)
+    assert build_parser().parse_args(["solve"]).subset is None
+
+
 def test_help_lists_the_new_options():
     for cmd, opts in (("solve", ("--overwrite", "--gather-vectors", "--symmetry-tol", "--no-trace-memory", "--name",
-                                 "--eigvals-only", "auto is accepted and means yes")),
-                      ("compare", ("--overwrite", "--ranks"))):
+                                 "--eigvals-only", "auto is accepted and means yes", "--subset LO:HI", "--scf K",
+                                 "--scf-step STEP", "STEM_runRRR_sJJJ")),
+                      ("compare", ("--overwrite", "--ranks", "--subset", "--scf"))):
         text = " ".join(build_parser()._subparsers._group_actions[0].choices[cmd].format_help().split())
         assert all(o in text for o in opts), cmd
 
@@ -594,6 +608,21 @@ def test_compare_exits_1_when_a_configuration_failed_and_refuses_stale_failures(
     assert proc.returncode == 1 and "configurations failed (nccl)" in proc.stderr, proc.stdout + proc.stderr
     again = run_cli(*args)
     assert again.returncode == 2 and "--overwrite" in again.stderr, again.stdout + again.stderr
+
+
+def test_compare_passes_subset_and_scf_to_its_solves(tmp_path):
+    """compare --subset --scf: every solve of every configuration solves that subset, K times
+    with one B; the report names the subset and the loop's solves."""
+    out = tmp_path / "cmp"
+    proc = run_cli("compare", "--n", 41, "--nb", 7, "--comm", "mpi", "--ranks", "1,2", "--subset", "2:9",
+                   "--scf", 2, "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = [json.loads(p.read_text()) for p in out.glob("*_run000_s00[0-9].json")]
+    assert len(recs) == 4
+    assert all(r["subset"] == [2, 9] and len(r["eigenvalues"]) == 8 for r in recs)
+    assert sorted((r["ranks"], r["scf"]["index"]) for r in recs) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    md = (out / "report.md").read_text()
+    assert "known subset 2:9 scf solve 1" in md and "known subset 2:9 |" in md
 
 
 def test_compare_runs_every_configuration_at_each_rank_count(tmp_path):
