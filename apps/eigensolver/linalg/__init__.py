@@ -7,6 +7,9 @@ for, and a driver that composes them.  It imports nothing of the app around it.
   sygst.py         C = L^-1 A L^-T
   sytrd.py         Householder tridiagonalization (array operations; householder.py: dlarfg)
   sytrd_device.py  its GPU column step: sytrd_step.cu, constants in sytrd_abi.h
+  twostage.py      the two-stage tridiagonalization: sy2sb.py (dense -> band, BLAS-3), sb2st.py
+                   (band -> tridiagonal by bulge chasing; on GPUs sb2st_device.py + sb2st_kernels.cu),
+                   Q2's back-transformation (on GPUs q2_device.py + q2_kernels.cu)
   stedc/           the tridiagonal eigensolver by divide and conquer (dlaed0-dlaed4's steps)
   stein.py         a subset of the tridiagonal eigenpairs: bisection (dstebz), inverse iteration (dstein)
   ormtr.py         back-transformation Q Z by the reflectors
