@@ -1,0 +1,216 @@
+"""The GPU tridiagonal subset's algorithm (linalg/stein_device.py), checked on the host through
+its NumPy twin (stein_twin.TwinOps, the kernels' arithmetic statement for statement): the
+eigenvalues against LAPACK's dstebz and SciPy's eigh_tridiagonal, the vectors' residual and
+orthogonality against the host path's (stein.py: LAPACK dstein), on hard tridiagonals with
+fresh random data; the index logic, the splitting, batching, the QR path, non-convergence and
+non-finite input; and stein_kernels.cu compiling with NVRTC."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.linalg import eigh_tridiagonal
+from scipy.linalg.lapack import dstebz
+
+from hpccoll_eigensolver.linalg import stein_device as sd
+from hpccoll_eigensolver.linalg.stein import stein_subset
+from conftest import TRIDIAGONAL_CASES as CASES
+from conftest import dense_tridiagonal as dense
+from conftest import hard_tridiagonal as tridiagonal
+from hpccoll_eigensolver.linalg.stein_twin import TwinOps, start_values
+
+ULP = 2.0 ** -52
+OPS = TwinOps()
+def _pick(rng, n):
+    lo = int(rng.integers(0, n))
+    return lo, int(rng.integers(lo, n))
+
+
+class _OneRank:
+    """The communicator stein.stein_subset needs on one rank."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Bcast(self, buf, root=0):
+        pass
+
+
+# -- eigenvalues ------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_bisect_matches_lapack(case):
+    """w[lo..hi] ascending, within 2 ulp ||T||_1 of LAPACK dstebz (ABSTOL = 0: both within about
+    one of the exact values) and 16 ulp ||T||_1 of SciPy's eigh_tridiagonal (sterf, whose own
+    error reaches ~10); the full range's values at those indices."""
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    d, e = tridiagonal(case, rng)
+    n = d.shape[0]
+    lo, hi = _pick(rng, n)
+    w, first, end = sd.bisect_blocks(OPS, d, e, lo, hi)
+    what = f"{case} n={n} ({lo}, {hi}) seed={seed}"
+    assert w.shape == (hi - lo + 1,) and np.all(np.diff(w) >= 0), what
+    norm = np.abs(dense(d, e)).sum(axis=0).max()
+    if n > 1:
+        m, wl, *_ = dstebz(d, e, 3, 0.0, 0.0, lo + 1, hi + 1, 0.0, "E")
+        assert m == hi - lo + 1
+        assert np.abs(w - wl[:m]).max() <= 2 * ULP * norm, what
+        assert np.abs(w - eigh_tridiagonal(d, e, eigvals_only=True)[lo:hi + 1]).max() <= 16 * ULP * norm, what
+    whole = sd.bisect_blocks(OPS, d, e, 0, n - 1)[0][lo:hi + 1]
+    if case == "graded_wide":   # eigenvalues below ulp ||T|| ~ 1e284: their order is only defined to that
+        assert np.abs(w - whole).max() <= 2 * ULP * norm, what
+    else:                       # each thread's bits depend on its index alone
+        assert np.array_equal(w, whole), what
+    assert np.all((0 <= first) & (first < end) & (end <= n)), what
+
+
+@pytest.mark.parametrize("case", ["tiny_e", "zero_e", "glued", "graded_wide"])
+def test_bisect_finds_each_blocks_eigenvalues_to_its_own_scale(case):
+    """With T split (dstebz's test), each eigenvalue's rows [first, end) are an unreduced block
+    of it, every block gets as many eigenvalues as it has rows, and each is within 2 ulp
+    ||T_block||_1 of the block's own (LAPACK dstebz on the block; a small block split off a
+    large T too), exactly its d for a block of one row."""
+    seed = np.random.SeedSequence().entropy
+    d, e = tridiagonal(case, np.random.default_rng(seed))
+    n = d.shape[0]
+    w, first, end = sd.bisect_blocks(OPS, d, e, 0, n - 1)
+    for r0, r1 in sorted(set(zip(first.tolist(), end.tolist()))):
+        mine = np.sort(w[(first == r0) & (end == r1)])
+        assert mine.shape[0] == r1 - r0, f"{case} block [{r0}, {r1}) seed={seed}"
+        if r1 - r0 > 1:
+            m, wl, *_ = dstebz(d[r0:r1], e[r0:r1 - 1], 3, 0.0, 0.0, 1, r1 - r0, 0.0, "E")
+            norm = np.abs(dense(d[r0:r1], e[r0:r1 - 1])).sum(axis=0).max()
+            assert np.abs(mine - wl[:m]).max() <= 2 * ULP * norm, f"{case} block [{r0}, {r1}) seed={seed}"
+        else:
+            assert mine[0] == d[r0]
+    assert end.max() == n and first.min() == 0
+
+
+def test_bisect_keeps_multiple_eigenvalues():
+    """A diagonal with repeated values: each value as often as it occurs, exactly."""
+    rng = np.random.default_rng()
+    d = rng.choice([-2.0, 0.5, 3.0], 31)
+    w = sd.bisect_blocks(OPS, d, np.zeros(30), 0, 30)[0]
+    assert np.array_equal(w, np.sort(d))
+
+
+def test_bisect_of_non_finite_t_is_nan_and_bad_ranges_are_refused():
+    d, e = np.ones(5), np.ones(4)
+    d[2] = np.nan
+    assert np.isnan(sd.bisect_blocks(OPS, d, e, 1, 3)[0]).all()
+    for lo, hi in ((-1, 2), (3, 2), (0, 5)):
+        with pytest.raises(ValueError, match="0 <= lo <= hi <= n - 1"):
+            sd.bisect_blocks(OPS, np.ones(5), np.ones(4), lo, hi)
+
+
+# -- vectors ----------------------------------------------------------------------------------
+def _quality(d, e, w, Z):
+    """Residual ||T Z - Z diag(w)||_F / (n ulp ||T||_1) and ||Z^T Z - I||_F / (n ulp)."""
+    n = d.shape[0]
+    T = dense(d, e)
+    norm = max(np.abs(T).sum(axis=0).max(), np.finfo(float).tiny)
+    return (np.linalg.norm(T @ Z - Z * w) / (n * ULP * norm),
+            np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])) / (n * ULP))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vectors_as_accurate_as_lapack(case):
+    """Residual and orthogonality at most 8 n ulp (||T||_1) -- as LAPACK's dstein on the same
+    subset (the host path) reaches ~2 -- and the same eigenvalues as bisect_blocks."""
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    d, e = tridiagonal(case, rng)
+    lo, hi = _pick(rng, d.shape[0])
+    w, Z = sd.stein_subset_device(d, e, lo, hi, ops=OPS)
+    assert Z.shape == (d.shape[0], hi - lo + 1) and Z.flags.f_contiguous
+    assert np.array_equal(w, sd.bisect_blocks(OPS, d, e, lo, hi)[0])
+    res, orth = _quality(d, e, w, Z)
+    host = _quality(d, e, *stein_subset(d, e, lo, hi, 1, _OneRank(), np))
+    assert res <= 8 and orth <= 8, f"{case} ({lo}, {hi}) seed={seed}: ours {res:.3g}, {orth:.3g}; host {host}"
+
+
+@pytest.mark.parametrize("qr_from", [2, 5])
+def test_householder_path_as_accurate_as_gram_schmidt(qr_from):
+    """Clusters of at least qr_from vectors through the QR step: as accurate as MGS."""
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    for case in ("cluster", "glued", "random"):
+        d, e = tridiagonal(case, rng)
+        w, Z = sd.stein_subset_device(d, e, 0, d.shape[0] - 1, ops=OPS, qr_from=qr_from)
+        res, orth = _quality(d, e, w, Z)
+        assert res <= 8 and orth <= 8, f"{case} seed={seed}: {res:.3g}, {orth:.3g}"
+
+
+def test_results_do_not_depend_on_batches_or_runs():
+    """Bitwise: two runs, and batches of a few clusters (work_bytes) against one batch."""
+    d, e = tridiagonal("glued", np.random.default_rng())
+    n = d.shape[0]
+    w1, Z1 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS)
+    w2, Z2 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS)
+    w3, Z3 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS, work_bytes=33 * n * 5)
+    assert np.array_equal(w1, w2) and np.array_equal(Z1, Z2) and np.array_equal(Z1, Z3)
+
+
+def test_a_vector_that_does_not_converge_is_nan(monkeypatch):
+    """Past MAXITS solves without EXTRA + 1 passed growth tests: NaN columns (the driver then
+    reports NonFiniteResult), blocks of one row excepted (their vector is exact)."""
+    d, e = tridiagonal("tiny_e", np.random.default_rng())
+    e[:3] = 0.0                                   # rows 0..2: blocks of one row
+    monkeypatch.setattr(sd, "MAXITS", 2)
+    w, Z = sd.stein_subset_device(d, e, 0, d.shape[0] - 1, ops=OPS)
+    _, first, end = sd.bisect_blocks(OPS, d, e, 0, d.shape[0] - 1)
+    one_row = end - first == 1
+    assert one_row.sum() >= 3
+    assert np.isnan(Z[:, ~one_row]).any(axis=0).all() and np.isfinite(Z[:, one_row]).all()
+
+
+def test_non_finite_t_gives_nan_vectors():
+    d, e = np.ones(7), np.full(6, 0.5)
+    e[3] = np.inf
+    w, Z = sd.stein_subset_device(d, e, 2, 4, ops=OPS)
+    assert np.isnan(w).all() and np.isnan(Z).all() and Z.shape == (7, 3)
+
+
+def test_start_vectors_are_fixed_uniforms():
+    """start_values: in [-1, 1), a function of (index, row) only, not of the batch."""
+    v = start_values(np.array([5, 9]), 1000)
+    assert v.min() >= -1 and v.max() < 1 and abs(v.mean()) < 0.1
+    assert np.array_equal(start_values(np.array([9]), 1000)[:, 0], v[:, 1])
+    assert np.array_equal(start_values(np.array([5]), 10)[:, 0], v[:10, 0])
+
+
+def test_plan_clusters_and_shifts_follow_dstein():
+    """Clusters break where neighbours in a block are more than 1e-3 ||T_block||_1 apart or the
+    block changes; equal eigenvalues get dstein's 10 ulp |x| steps."""
+    d = np.array([1.0, 1.0, 1.0, 5.0, 7.0])
+    e = np.array([0.0, 0.0, 1e-3, 0.0])           # blocks [0], [1], [2, 3], [4]
+    w, first, end = sd.bisect_blocks(OPS, d, e, 0, 4)
+    plan = sd.make_plan(d, e, w, first, end, 0)
+    assert [(int(a), int(b)) for a, b in zip(plan.first, plan.end)] == [(0, 1), (1, 2), (2, 4), (2, 4), (4, 5)]
+    assert list(plan.cstart) == [0, 1, 2, 3, 4]
+    d2, e2 = np.full(6, 2.0), np.full(5, 1e-9)    # one block, eigenvalues 2 +- O(1e-9): one cluster
+    w2, f2, n2 = sd.bisect_blocks(OPS, d2, e2, 0, 5)
+    plan2 = sd.make_plan(d2, e2, w2, f2, n2, 0)
+    assert list(plan2.cstart) == [0] and np.all(np.diff(plan2.shift) > 0)
+    same = sd.make_plan(np.ones(3), np.ones(2), np.full(3, 4.0), np.zeros(3, np.int64), np.full(3, 3), 0)
+    assert np.array_equal(same.shift, 4.0 + np.array([0, 1, 2]) * 10 * abs(ULP * 4.0))
+
+
+def test_kernels_compile():
+    """stein_kernels.cu compiles with NVRTC for sm_90 (raw_module's options)."""
+    from pathlib import Path
+
+    import hpccoll.ext
+    from hpccoll import HpccollError
+
+    from hpccoll_eigensolver.linalg import _xp
+
+    try:
+        cubin = hpccoll.ext.compile_cubin(Path(_xp.HERE) / "stein_kernels.cu", _xp.module_options())
+    except HpccollError as exc:
+        if "NVRTC not found" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    assert cubin[:4] == b"\x7fELF"
