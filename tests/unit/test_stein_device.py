@@ -149,7 +149,7 @@ def test_results_do_not_depend_on_batches_or_runs():
     n = d.shape[0]
     w1, Z1 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS)
     w2, Z2 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS)
-    w3, Z3 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS, work_bytes=33 * n * 5)
+    _, Z3 = sd.stein_subset_device(d, e, 3, n - 4, ops=OPS, work_bytes=33 * n * 5)
     assert np.array_equal(w1, w2) and np.array_equal(Z1, Z2) and np.array_equal(Z1, Z3)
 
 
@@ -159,7 +159,7 @@ def test_a_vector_that_does_not_converge_is_nan(monkeypatch):
     d, e = tridiagonal("tiny_e", np.random.default_rng())
     e[:3] = 0.0                                   # rows 0..2: blocks of one row
     monkeypatch.setattr(sd, "MAXITS", 2)
-    w, Z = sd.stein_subset_device(d, e, 0, d.shape[0] - 1, ops=OPS)
+    _, Z = sd.stein_subset_device(d, e, 0, d.shape[0] - 1, ops=OPS)
     _, first, end = sd.bisect_blocks(OPS, d, e, 0, d.shape[0] - 1)
     one_row = end - first == 1
     assert one_row.sum() >= 3
@@ -214,3 +214,82 @@ def test_kernels_compile():
             pytest.skip(str(exc))
         raise
     assert cubin[:4] == b"\x7fELF"
+
+
+# -- the launches: DeviceOps' arguments against the kernels' signatures --------------------------
+_C_TYPES = {"double*": np.float64, "long long*": np.int64, "int*": np.int32, "signed char*": np.int8,
+            "double": np.float64, "long long": np.int64, "int": np.int32}
+
+
+def _signatures() -> dict:
+    """{kernel: [C type of each parameter]} of stein_kernels.cu's extern "C" kernels."""
+    import re
+    from pathlib import Path
+
+    from hpccoll_eigensolver.linalg import _xp
+
+    src = (Path(_xp.HERE) / "stein_kernels.cu").read_text()
+    out = {}
+    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src):
+        out[name] = [re.sub(r"\s+", " ", p.replace("const ", "").rsplit(" ", 1)[0].strip()).replace(" *", "*")
+                     + ("*" if "*" in p.rsplit(" ", 1)[1] else "") for p in params.split(",")]
+    return out
+
+
+class _Launch:
+    """A kernel standing in for the GPU's: checks the grid, block and every argument's C type."""
+
+    def __init__(self, name, types, seen):
+        self.name, self.types, self.seen = name, types, seen
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        assert len(args) == len(self.types), f"{self.name}: {len(args)} arguments for {len(self.types)} parameters"
+        for i, (a, t) in enumerate(zip(args, self.types)):
+            want = _C_TYPES[t]
+            got = a.dtype if isinstance(a, np.ndarray) else type(a)
+            assert got == want, f"{self.name} argument {i}: {got} for {t}"
+            assert isinstance(a, np.ndarray) == t.endswith("*"), f"{self.name} argument {i}: array/scalar for {t}"
+        assert len(grid) == 1 and len(block) == 1 and grid[0] >= 1
+        if self.name == "stein_orth":
+            assert block[0] == sd.TPB and shared_mem == 8 * sd.TPB
+        self.seen.add(self.name)
+
+
+class _CheckedOps(sd.DeviceOps):
+    """DeviceOps on host arrays with _Launch kernels (each launch checked), the twin's results."""
+
+    def __init__(self):
+        self.xp, self.twin, self.seen = np, TwinOps(), set()
+        sigs = _signatures()
+        self.mod = type("Module", (), {"get_function": lambda _, name: _Launch(name, sigs[name], self.seen)})()
+
+    def bisect(self, d, e, st, lo, k):
+        super().bisect(d, e, st, lo, k)
+        return self.twin.bisect(d, e, st, lo, k)
+
+    def factor(self, d, e, put, Y):
+        self.lu = super().factor(d, e, put, Y.copy())
+        return self.twin.factor(d, e, put, Y)
+
+    def solve(self, put, lu, Y, active):
+        super().solve(put, self.lu, Y.copy(), active)
+        return self.twin.solve(put, lu, Y, active)
+
+    def orth(self, put, active, qr_from, expo, nrmchk, Y):
+        super().orth(put, active, qr_from, expo, nrmchk.copy(), Y.copy())
+        self.twin.orth(put, active, qr_from, expo, nrmchk, Y)
+
+    def finish(self, put, nrmchk, Y):
+        super().finish(put, nrmchk, Y.copy())
+        self.twin.finish(put, nrmchk, Y)
+
+
+def test_device_launches_match_the_kernel_signatures():
+    """Every kernel launch of DeviceOps passes as many arguments as the kernel has parameters,
+    each of the parameter's type (arrays of its element type, NumPy scalars of its width)."""
+    assert set(_signatures()) == {"stein_bisect", "stein_factor", "stein_solve", "stein_orth", "stein_finish"}
+    d, e = tridiagonal("glued", np.random.default_rng())
+    ops = _CheckedOps()
+    w, Z = sd.stein_subset_device(d, e, 2, d.shape[0] - 3, ops=ops)
+    assert ops.seen == set(_signatures())
+    assert np.array_equal(Z, sd.stein_subset_device(d, e, 2, d.shape[0] - 3, ops=OPS)[1])
