@@ -131,6 +131,19 @@ def test_vectors_as_accurate_as_lapack(case):
     assert res <= 8 and orth <= 8, f"{case} ({lo}, {hi}) seed={seed}: ours {res:.3g}, {orth:.3g}; host {host}"
 
 
+@pytest.mark.parametrize("case", ["tiny_e", "zero_e", "graded_wide"])
+def test_vectors_of_a_split_t_are_zero_outside_their_block(case):
+    """T split (dstebz's test): each vector is exactly zero outside its block's rows, as dstein
+    leaves it, and eigenvectors() on bisect_blocks' output is stein_subset_device's result."""
+    d, e = tridiagonal(case, np.random.default_rng())
+    n = d.shape[0]
+    w, first, end = sd.bisect_blocks(OPS, d, e, 0, n - 1)
+    Z = sd.eigenvectors(OPS, d, e, w, first, end, 0)
+    rows = np.arange(n)[:, None]
+    assert np.all(Z[(rows < first) | (rows >= end)] == 0.0)
+    assert np.array_equal(Z, sd.stein_subset_device(d, e, 0, n - 1, ops=OPS)[1])
+
+
 @pytest.mark.parametrize("qr_from", [2, 5])
 def test_householder_path_as_accurate_as_gram_schmidt(qr_from):
     """Clusters of at least qr_from vectors through the QR step: as accurate as MGS."""

@@ -5,13 +5,17 @@ kernels in stein_kernels.cu, their NumPy twin in stein_twin.py.
 Eigenvalues (bisect_device): one thread per wanted eigenvalue j bisects (a, b], count(a) <= j <
 count(b), where count(x) is the number of negative pivots of T' - x I (T' is T with dstebz's
 negligible e_i, e_i^2 < |d_i d_i+1| ulp^2 + safemin, set to zero; pivots within pivmin =
-safemin max(1, max e_i^2) of zero count as negative).  The start is T's Gershgorin interval
-widened as dstebz widens it; the interval is accepted as dlaebz accepts it, at width
-    b - a < max(ulp max(|gl|, |gu|), pivmin, 2 ulp max(|a|, |b|))
-(dstebz's ABSTOL = 0 criterion, with the whole matrix's Gershgorin bound gl, gu where dstebz
-takes each block's), and w_j = (a + b) / 2: an absolute error of a few ulp ||T||.  Equal
+safemin max(1, max e_i^2) of zero count as negative).  It starts from T's Gershgorin interval
+widened as dstebz widens it and accepts an interval as dlaebz does, at width
+    b - a < max(abstol, pivmin, 2 ulp max(|a|, |b|)),   abstol = ulp max(|gl|, |gu|)
+(dstebz's ABSTOL = 0 criterion).  The counts in (a, b] block by block then name the unreduced
+block the eigenvalue belongs to, and a second bisection on that block alone brings it to the
+block's own tolerance (gl, gu the block's Gershgorin bounds), as dstebz bisects block by
+block: a small block split off a large T gets its eigenvalues to its own scale, which its
+vectors need.  w_j = (a + b) / 2, an absolute error of about one ulp ||T_block||.  Equal
 eigenvalues come out right because the bisection is by index: each thread keeps the interval
-holding its own index.  The threads' intervals are disjoint or equal, so w is ascending.
+holding its own index.  Values of different blocks closer than the whole matrix's tolerance
+may come out of order and are sorted (stably).
 
 Vectors (stein_device): as dstein per unreduced block of T' (the vectors zero outside it), with
 dstein's clusters (neighbours in a block closer than 1e-3 ||T_block||_1, stein.ORTHO_TOL) and
@@ -24,8 +28,8 @@ each followed by the Gram-Schmidt of the cluster, accepted when the growth test
 Where it departs from dstein: dstein runs a cluster's vectors one after another (vector j
 iterates against the final vectors before it), a chain of ~3 c sequential tridiagonal solves for
 a cluster of c.  Clusters are large in practice (n = 16384: the lowest tenth of a random
-tridiagonal's spectrum holds clusters of hundreds; a spectrum spread over [-1, 1] is one
-cluster) and a GPU thread runs a sequential solve far slower than a CPU core.  Here the
+tridiagonal's spectrum holds clusters of hundreds of vectors, that of problems.spread_spectrum
+is one cluster) and a GPU thread runs a sequential solve far slower than a CPU core.  Here the
 vectors of a cluster iterate together: each step solves all of them at once (one thread per
 vector), then orthonormalizes the cluster's iterates in order -- the same Gram-Schmidt of each
 iterate against the cluster's earlier vectors, now this step's -- modified Gram-Schmidt in one
@@ -71,8 +75,7 @@ THREADS = 128             # the one-thread-per-item kernels' block
 # -- the setup both the kernels and the twin use ----------------------------------------------
 @dataclass
 class Sturm:
-    """T' for the Sturm counts: e2 (e_i^2, 0 at dstebz's splits; length max(n - 1, 1)) and the
-    bisection's scalars."""
+    """T' for the Sturm counts: e2 (e_i^2, 0 at dstebz's splits) and the bisection's scalars."""
 
     e2: object
     gl: float
@@ -101,7 +104,8 @@ def sturm_setup(xp, d, e) -> Sturm | None:
     tnorm = max(abs(gl), abs(gu))
     gl = gl - FUDGE * tnorm * ULP * n - FUDGE * 2.0 * pivmin            # dstebz's widening
     gu = gu + FUDGE * tnorm * ULP * n + FUDGE * pivmin
-    itmax = int((math.log(gu - gl + pivmin) - math.log(pivmin)) / math.log(2.0)) + 2
+    span = gu - gl + pivmin                       # halvings to below pivmin (2100: any finite span)
+    itmax = (int((math.log(span) - math.log(pivmin)) / math.log(2.0)) if math.isfinite(span) else 2100) + 2
     return Sturm(e2, gl, gu, pivmin, ULP * max(abs(gl), abs(gu)), ULP * RELFAC, itmax)
 
 
