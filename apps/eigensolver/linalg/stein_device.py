@@ -66,7 +66,8 @@ ODM1 = 0.1                # dstein's growth threshold is sqrt(ODM1 / m)
 # of one thread block's modified Gram-Schmidt (O(c^2 m) work on one multiprocessor).
 QR_FROM = 32
 # The LU factors of the vectors in flight take 33 n bytes each (four n x K doubles, the pivots);
-# vectors go in batches of whole clusters within this budget (a larger cluster alone).
+# vectors go in batches of whole clusters within this budget; a larger cluster goes alone, its
+# factors made again at each step for a budget's worth of vectors at a time.
 WORK_BYTES = 1 << 30
 TPB = 256                 # stein_orth's block (a power of two: its reduction tree)
 THREADS = 128             # the one-thread-per-item kernels' block
@@ -167,26 +168,36 @@ def make_plan(d, e, w, first, end, lo: int) -> Plan:
 
 
 # -- the iteration, on either the kernels or the twin ----------------------------------------
-def run_clusters(ops, d, e, plan: Plan, clusters, Y, qr_from: int = QR_FROM) -> None:
+def run_clusters(ops, d, e, plan: Plan, clusters, Y, qr_from: int = QR_FROM, cap: int | None = None) -> None:
     """The vectors of the clusters `clusters` (indices into plan's, consecutive positions) into
     Y's columns (n x K, F order, zeros; K their vectors, in block order), with ops the kernels
-    (DeviceOps) or their twin."""
+    (DeviceOps) or their twin.  The LU factors of at most `cap` vectors are held at a time: with
+    more (one cluster larger than cap), each step factors and solves cap vectors at a time."""
     xp = ops.xp
     c0, c1 = plan.cstart[clusters[0]], plan.cend[clusters[-1]]
     sl = slice(c0, c1)
     cs, ce = plan.cstart[clusters] - c0, plan.cend[clusters] - c0
     first, end = plan.first[sl], plan.end[sl]
+    K = int(c1 - c0)
     put = {name: xp.asarray(getattr(plan, name)[sl]) for name in ("first", "end", "shift", "index", "onenrm",
                                                                    "dtpcrt")}
+    chunks = [(a, min(a + (cap or K), K)) for a in range(0, K, cap or K)]
+    lu = ops.factor(d, e, put, Y, True) if len(chunks) == 1 else None
     put["cstart"], put["cend"] = xp.asarray(cs), xp.asarray(ce)
-    lu = ops.factor(d, e, put, Y)
     nrmchk = xp.asarray(np.where(end - first == 1, DONE, 0).astype(np.int32))
     active = end[cs] - first[cs] > 1                 # a block of one row: its vector is e_r0 already
     sizes = ce - cs
-    for _ in range(MAXITS):
+    for step in range(MAXITS):
         if not active.any():
             break
-        expo = ops.solve(put, lu, Y, xp.asarray(np.repeat(active, sizes).astype(np.int32)))
+        on = xp.asarray(np.repeat(active, sizes).astype(np.int32))
+        if lu is not None:
+            expo = ops.solve(put, lu, Y, on)
+        else:                                        # factors of one chunk at a time, made again each step
+            expo = xp.zeros(K, dtype=xp.int32)
+            for a, b in chunks:
+                part = {name: put[name][a:b] for name in ("first", "end", "shift", "index", "onenrm")}
+                expo[a:b] = ops.solve(part, ops.factor(d, e, part, Y[:, a:b], step == 0), Y[:, a:b], on[a:b])
         ops.orth(put, xp.asarray(active.astype(np.int32)), qr_from, expo, nrmchk, Y)
         for c in np.flatnonzero(active & (sizes >= qr_from)):
             _qr_cluster(xp, Y, int(first[cs[c]]), int(end[cs[c]]), int(cs[c]), int(ce[c]), put["dtpcrt"], expo,
@@ -231,7 +242,7 @@ class DeviceOps:
                              np.float64(ULP), np.float64(FUDGE), np.int32(st.itmax), w, first, end, flag))
         return w, first, end, flag
 
-    def factor(self, d, e, put, Y):
+    def factor(self, d, e, put, Y, start: bool):
         cp = self.xp
         n, K = d.shape[0], put["first"].shape[0]
         lu = {name: cp.empty(n * K) for name in ("A", "B", "C", "DD")}
@@ -239,8 +250,8 @@ class DeviceOps:
         lu["tol"], lu["ulast"] = cp.empty(K), cp.empty(K)
         self.mod.get_function("stein_factor")(
             *self._grid(K), (d, e, np.int64(n), np.int64(K), put["first"], put["end"], put["shift"], put["index"],
-                             np.float64(EPS), lu["A"], lu["B"], lu["C"], lu["DD"], lu["piv"], lu["tol"], lu["ulast"],
-                             Y))
+                             np.int32(start), np.float64(EPS), lu["A"], lu["B"], lu["C"], lu["DD"], lu["piv"],
+                             lu["tol"], lu["ulast"], Y))
         return lu
 
     def solve(self, put, lu, Y, active):
@@ -328,7 +339,8 @@ def _ascending(xp, Z, pos):
 
 def _run_batches(ops, d, e, plan: Plan, clusters, work_bytes: int, qr_from: int):
     """The vectors of `clusters` (consecutive), n x (their vectors) in block order, in batches
-    of whole clusters of at most work_bytes // (33 n) vectors (a larger cluster alone)."""
+    of whole clusters of at most work_bytes // (33 n) vectors (a larger cluster alone, its
+    factors made in chunks of that many)."""
     xp, n = ops.xp, d.shape[0]
     count = int(plan.cend[clusters].sum() - plan.cstart[clusters].sum()) if len(clusters) else 0
     Z = xp.zeros((n, count), order="F")
@@ -338,7 +350,7 @@ def _run_batches(ops, d, e, plan: Plan, clusters, work_bytes: int, qr_from: int)
         while j < len(clusters) and plan.cend[clusters[j]] - plan.cstart[clusters[i]] <= cap:
             j += 1
         size = int(plan.cend[clusters[j - 1]] - plan.cstart[clusters[i]])
-        run_clusters(ops, d, e, plan, clusters[i:j], Z[:, at:at + size], qr_from)
+        run_clusters(ops, d, e, plan, clusters[i:j], Z[:, at:at + size], qr_from, cap)
         at, i = at + size, j
     return Z
 

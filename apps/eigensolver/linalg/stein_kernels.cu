@@ -162,11 +162,13 @@ __device__ __forceinline__ double startValue(long long g, long long i) {
 // Row k is interchanged with k+1 when |c_k| / scale2 > |a_k| / scale1 (dlagtf's scaled pivot test;
 // scale1, scale2: the 1-norms of the two rows).  Also: tol_j = eps max(|a|, |b|, |dd|) (dlagts'
 // perturbation for JOB = -1; eps where that is 0), ulast_j = |a_{m-1}| (dstein's scale of the
-// right-hand side), and the start vector in Y's column j (1 at row r0 for a block of one row).
+// right-hand side), and with start the start vector in Y's column j (1 at row r0 for a block of
+// one row).
 extern "C" __global__ void stein_factor(const double* d, const double* e, long long n, long long K,
                                         const long long* rowFirst, const long long* rowEnd, const double* shift,
-                                        const long long* index, double eps, double* A, double* B, double* C,
-                                        double* DD, signed char* piv, double* tolOut, double* ulast, double* Y) {
+                                        const long long* index, int start, double eps, double* A, double* B,
+                                        double* C, double* DD, signed char* piv, double* tolOut, double* ulast,
+                                        double* Y) {
   const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= K) return;
   const long long r0 = rowFirst[j], m = rowEnd[j] - r0;
@@ -175,7 +177,8 @@ extern "C" __global__ void stein_factor(const double* d, const double* e, long l
     y[0] = 1.0;
     return;
   }
-  for (long long k = 0; k < m; ++k) y[k] = startValue(index[j], k);
+  if (start)
+    for (long long k = 0; k < m; ++k) y[k] = startValue(index[j], k);
   const double lam = shift[j];
   double ak = SUB(d[r0], lam);  // a_k as eliminated so far
   double bk = e[r0];            // b_k as eliminated so far

@@ -139,7 +139,7 @@ class TwinOps:
             w[ln] = 0.5 * (a2 + b2)
         return w, first, end, flag
 
-    def factor(self, d, e, put, Y):
+    def factor(self, d, e, put, Y, start: bool):
         n, K = Y.shape
         first, end, shift, index = put["first"], put["end"], put["shift"], put["index"]
         lu = {name: np.zeros((n, K)) for name in ("A", "B", "C", "DD")}
@@ -150,7 +150,8 @@ class TwinOps:
             if m == 1:
                 Y[r0, ln] = 1.0
                 continue
-            Y[r0:r0 + m, ln] = start_values(index[ln], m)
+            if start:
+                Y[r0:r0 + m, ln] = start_values(index[ln], m)
             lam = shift[ln]
             ak = d[r0] - lam
             bk = np.full(ln.shape, e[r0])
