@@ -83,6 +83,23 @@ def test_vector_kernels_give_the_twins_bits(case):
     assert res <= 8 and orth <= 8, f"{what}: {res:.3g}, {orth:.3g}"
 
 
+def test_unconverged_vectors_are_nan_as_in_the_twin(monkeypatch):
+    """MAXITS = 2 (no vector passes the growth test EXTRA + 1 times): stein_finish's NaN columns
+    (blocks of one row excepted) are the twin's."""
+    import cupy as cp
+
+    from hpccoll_eigensolver.linalg import stein_device as sd
+
+    d, e = hard_tridiagonal("tiny_e", np.random.default_rng())
+    e[:2] = 0.0
+    n = d.shape[0]
+    monkeypatch.setattr(sd, "MAXITS", 2)
+    device, twin = _ops()
+    Z = sd.stein_subset_device(cp.asarray(d), cp.asarray(e), 0, n - 1, ops=device)[1]
+    Zt = sd.stein_subset_device(d, e, 0, n - 1, ops=twin)[1]
+    assert np.isnan(Zt).any() and np.array_equal(cp.asnumpy(Z), Zt, equal_nan=True)
+
+
 @pytest.mark.parametrize("case", ["cluster", "glued", "wilkinson", "random"])
 def test_householder_path_is_accurate_and_repeatable(case):
     """Clusters of at least qr_from = 2 vectors orthonormalized by cuSOLVER's QR: accurate,
