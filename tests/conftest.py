@@ -220,3 +220,43 @@ def agreed_error():
             for needle in needles:
                 assert needle in lines[0][0], (needle, lines[0][0])
     return check
+
+
+# -- hard symmetric tridiagonals: the same cases for the host twin and the GPU kernels ------------
+TRIDIAGONAL_CASES = ("random", "odd", "wilkinson", "glued", "tiny_e", "zero_e", "graded", "graded_wide", "cluster",
+                     "one", "two", "three")
+
+
+def hard_tridiagonal(case: str, rng, n: int | None = None):
+    """(d, e) of one of TRIDIAGONAL_CASES, fresh random data where it has any; n: odd, 41..89
+    unless given (one, two, three: n = 1, 2, 3; wilkinson and glued: their own)."""
+    fixed = {"one": 1, "two": 2, "three": 3}
+    n = fixed.get(case, n if n is not None else int(rng.integers(40, 90)) | 1)
+    d, e = rng.standard_normal(n), rng.standard_normal(n - 1)
+    if case == "odd":                             # large diagonal, small couplings
+        d, e = rng.uniform(-1, 1, n) * 1e3, rng.uniform(-1, 1, n - 1) * 1e-2
+    elif case == "wilkinson":                     # W21+ and larger: pairs agreeing to many digits
+        n = 21 + 2 * int(rng.integers(0, 10))
+        d, e = np.abs(np.arange(n) - (n - 1) / 2.0), np.ones(n - 1)
+    elif case == "glued":                         # W21+ copies glued by tiny off-diagonals
+        copies = int(rng.integers(3, 6))
+        d = np.tile(np.abs(np.arange(21) - 10.0), copies)
+        e = np.ones(21 * copies - 1)
+        e[20::21] = 10.0 ** rng.uniform(-14, -8)
+    elif case == "tiny_e":                        # splits (LAPACK dstebz's test) among normal couplings
+        e[rng.choice(n - 1, 4, replace=False)] = 10.0 ** rng.uniform(-300, -20, 4)
+    elif case == "zero_e":
+        e[:] = 0.0
+        d[rng.integers(0, n, 3)] = d[0]           # equal eigenvalues in different blocks
+    elif case == "graded":
+        d = np.geomspace(1e-8, 1e8, n) * rng.choice([-1.0, 1.0], n)
+    elif case == "graded_wide":                   # the large end splits off in blocks of one row
+        d = np.geomspace(1e-300, 1e300, n) * rng.choice([-1.0, 1.0], n)
+    elif case == "cluster":                       # spacing ~1e-14: one tight cluster
+        d = 1.0 + 1e-14 * np.arange(n) + 1e-15 * rng.standard_normal(n)
+        e = 1e-15 * rng.standard_normal(n - 1)
+    return d, e
+
+
+def dense_tridiagonal(d, e):
+    return np.diag(d) + np.diag(e, 1) + np.diag(e, -1)

@@ -40,7 +40,7 @@ import numbers
 
 import numpy as np
 
-from ._xp import to_host
+from ._xp import get_xp, to_host
 from .layout import BlockCyclic
 
 ORTHO_TOL = 1e-3   # dstein's ODM3: eigenvalues closer than this times ||T_block||_1 form a cluster
@@ -172,8 +172,10 @@ def _stein_block(d, e, w) -> np.ndarray:
 def _to_block_cyclic(Zmine, order, maker, n: int, k: int, nb: int, comm, xp):
     """The rank's columns of the n x k matrix in BlockCyclic(n, k, nb, P) from the columns each
     rank computed: Zmine holds, in block order, the vectors i with maker[i] == rank; column j of
-    the result is vector order[j].  One Alltoallv (none on one rank)."""
+    the result is vector order[j].  One Alltoallv (none on one rank).  Zmine may be a host or a
+    device array (stein_device computes it on the GPU)."""
     rank, P = comm.Get_rank(), comm.Get_size()
+    zx = get_xp(Zmine)
     desc = BlockCyclic(n, k, nb, P)
     where = np.empty(k, dtype=np.int64)            # vector i (block order) -> its column in Zmine
     for r in range(P):
@@ -181,10 +183,10 @@ def _to_block_cyclic(Zmine, order, maker, n: int, k: int, nb: int, comm, xp):
         where[ids] = np.arange(ids.size)
     src = maker[order]                              # column j's maker
     if P == 1:
-        return xp.asarray(np.asfortranarray(Zmine[:, where[order]]))
+        return xp.asarray(zx.asfortranarray(Zmine[:, zx.asarray(where[order])]))
     # to rank q: the columns q owns that this rank made, ascending j
     sends = [order[desc.local_cols(q)[src[desc.local_cols(q)] == rank]] for q in range(P)]
-    send = np.asfortranarray(np.concatenate([Zmine[:, where[s]] for s in sends], axis=1)) if k else Zmine
+    send = zx.asfortranarray(zx.concatenate([Zmine[:, zx.asarray(where[s])] for s in sends], axis=1)) if k else Zmine
     mycols = desc.local_cols(rank)
     recv_from = [np.flatnonzero(src[mycols] == r) for r in range(P)]   # my local positions, by maker
     sbuf = xp.asarray(send.reshape(-1, order="F"))
