@@ -26,6 +26,9 @@ the memory model).  Steps and their collectives (P ranks, n columns, block nb):
           columns.  "host" (LAPACK dstevd) or "gpu" (cuSOLVER syevd of the dense tridiagonal):
           on rank 0, which then holds n x n eigenvectors for a moment; one Bcast of w and one
           Alltoallv deal the columns.
+  subset  with subset_by_index, instead of stedc: bisection and inverse iteration (stein.py on
+          the host, stein_device.py on GPUs); eigvals_only: T's eigenvalues on rank 0 (LAPACK
+          on the host, bisection on the GPU), one Bcast.
   ormtr   back-transformation Q Z with compact-WY blocks; one Bcast per panel of reflectors
           (ormtr.py).
   trsm    X = L^-T (Q Z), backward substitution; one Bcast per panel of L (potrf.py).
@@ -51,6 +54,7 @@ from .ormtr import ormtr
 from .potrf import NotPositiveDefinite, back_transform, panel_desc, potrf
 from .stedc import Early, tridiagonal_eigh, tridiagonal_matrix
 from .stein import stein_subset, subset_problem, subset_record
+from .stein_device import bisect_device, stein_subset_device
 from .sygst import sygst, sygst_desc
 from .sytrd import sytrd as householder_sytrd
 from .sytrd_device import MODES
@@ -160,7 +164,8 @@ class GeneralizedSolver:
             if subset is None:
                 w, Z = _stedc(d, e, desc, comm, xp, vectors, self.where, early.solved if early else None)
             else:
-                w, Z = stein_subset(d, e, *subset, desc.nb, comm, xp, vectors)
+                subset_solver = stein_subset_device if is_device(xp) else stein_subset
+                w, Z = subset_solver(d, e, *subset, desc.nb, comm, xp, vectors)
         if b_exp != a_exp:                                 # lambda = (tau / sigma) lambda'
             w = xp.array(w, copy=True)
             scaling.scale(w, b_exp - a_exp)
@@ -382,13 +387,15 @@ def _stedc(d, e, desc: BlockCyclic, comm, xp, vectors: bool, where: str, early=N
     T = Z diag(w) Z^T, T = (d, e) replicated; early: the divide and conquer's subtrees solved
     already (stedc.Early.solved)."""
     n, rank = desc.n, comm.Get_rank()
-    if not vectors:   # LAPACK on rank 0 (O(n^2), no vectors), one Bcast
+    if not vectors:   # rank 0 (no vectors): LAPACK on the host, bisection on the GPU; one Bcast
         w = xp.empty(n, dtype=xp.float64)
         if rank == 0:
-            from scipy.linalg import eigh_tridiagonal
+            if is_device(xp):
+                w[...] = bisect_device(d, e, 0, n - 1)
+            else:
+                from scipy.linalg import eigh_tridiagonal
 
-            dh, eh = to_host(d), to_host(e)
-            w[...] = xp.asarray(eigh_tridiagonal(dh, eh, eigvals_only=True) if n > 1 else dh)
+                w[...] = eigh_tridiagonal(d, e, eigvals_only=True) if n > 1 else d
         comm.Bcast(w, root=0)
         return w, None
     place = np.empty(n, dtype=np.int64)

@@ -31,8 +31,9 @@ Distribution (P ranks, T = (d, e) replicated, the same bits on every rank):
   3. the eigenpairs are sorted ascending (stable) and one Alltoallv puts the k vectors into
      the owned columns of the n x k matrix in BlockCyclic(n, k, nb, P) -- the layout of the
      first k columns of the full solve's X.
-On GPUs d and e come to the host (O(n)), the subset is solved there, and the rank's vectors go
-to the device before the Alltoallv.  A vector that dstein does not converge (5 iterations) is
+This is the host path; on GPUs stein_device.stein_subset_device does the same steps with
+device kernels (bisection, and inverse iteration with each cluster's vectors iterated together)
+and the same dealing of clusters to ranks.  A vector that dstein does not converge (5 iterations) is
 returned as NaN, which the driver's finiteness check reports on every rank."""
 from __future__ import annotations
 
