@@ -20,7 +20,7 @@ def local_comm():
 def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     """Build and solve a small known problem on this rank's GPU the way `solve` does: problem
     columns, symmetrization, input checks, sygvd, the distributed metrics and the column
-    digests.  n is large enough for the branches a large one-rank solve takes, each of which
+    digests, and the two-stage reduction, a subset and eigenvalues only.  n is large enough for the branches a large one-rank solve takes, each of which
     compiles kernels of its own: sygst's panel loop past its first 1024-column panel, and for
     the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one, solved once
     more as one whole tree (a batch of equal leaves, more than 8 rows gathered at once: CuPy's
@@ -49,6 +49,12 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     with local_comm() as comm:
         w, X = sygvd(A, B, desc, comm, stedc=stedc)
         metrics.distributed_accuracy(A, B, X, w, desc, comm)
+        # the two-stage reduction's, the subset's and the eigenvalues-only kernels (bulge
+        # chasing, Q2 by levels, bisection and inverse iteration: their own CUDA sources)
+        sygvd(A, B, desc, comm, stedc=stedc, reduction="two-stage")
+        sygvd(A, B, desc, comm, stedc=stedc, reduction="two-stage", eigvals_only=True, subset_by_index=(0, 9))
+        sygvd(A, B, desc, comm, stedc=stedc, subset_by_index=(0, 9))
+        sygvd(A, B, desc, comm, stedc=stedc, eigvals_only=True)
     metrics.column_digests(X)
     metrics.sha256(w)
     if stedc == "dc":

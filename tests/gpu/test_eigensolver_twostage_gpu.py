@@ -20,6 +20,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 WORLD = MPI.COMM_WORLD
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """CuPy's kernels and the solver's CUDA sources compiled before any communicator opens (as
+    the CLI does: a process with hpccoll's CUDA communicator open has read source files back
+    corrupted on the GPU machines, tests/gpu/_gpu_checks.py)."""
+    from hpccoll_eigensolver.warmup import warm_up
+
+    warm_up()
+
+
 @pytest.fixture(scope="module")
 def gpu_comm():
     c = hpccoll.Communicator(backend="cuda", deterministic=True)
