@@ -13,8 +13,8 @@ The choice of b: the band reduction's GEMMs have inner dimension b (larger is fa
 chasing's steps number about n^2 / (2 b) with O(b^2) work each, and Q2's blocks cost (b + g) / b
 times the flops of Q2 applied alone.  On the host, b = 64 gave the shortest reduction plus
 back-transformation of 16, 32 and 64 at n = 1500 (bench/host_solver.py --sweep-band;
-bench/results/2026-12-05-cpu2-152c23d-host-solver.txt): TWO_STAGE_BAND.  The GPU's b is to
-be measured the same way."""
+bench/results/2026-12-05-cpu2-152c23d-host-solver.txt): TWO_STAGE_BAND.  The GPU's:
+TWO_STAGE_BAND_DEVICE."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +28,9 @@ from .sy2sb import check_band, gather_band, sy2sb
 #: the largest half-bandwidth the two-stage reduction uses: b is the largest divisor of the
 #: layout's nb not above it (sy2sb needs b | nb)
 TWO_STAGE_BAND = 64
-#: the GPU's: TODO measured
+#: the GPU's: Q2's application (g = b) on n x n eigenvectors at n = 16384 took 1.13 s at b = 64
+#: and 1.80 s at b = 32 on an H100 (fewer, larger levels; docs/performance.md);
+#: bench/twostage_parts.py times every part per b
 TWO_STAGE_BAND_DEVICE = 64
 
 
