@@ -79,11 +79,11 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
     with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
     hold Q1's reflectors.  On the GPU the bulge chasing runs on rank 0's device
-    (sb2st_device.py) with g = b, and with vectors one Bcast gives every rank Q2's reflectors."""
+    (sb2st_device.py), and with vectors one Bcast gives every rank Q2's reflectors."""
     device = is_device(xp)
     b = band_width(desc.nb, TWO_STAGE_BAND_DEVICE if device else TWO_STAGE_BAND) if b is None else b
     check_band(desc, b)
-    g = b if g is None or device else g                 # the GPU's Q2 application batches g = b
+    g = b if g is None else g
     band, tau1 = sy2sb(C, desc, comm, xp, b)
     full = gather_band(band, desc, comm, xp)
     del band
