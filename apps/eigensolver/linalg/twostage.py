@@ -87,33 +87,25 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     band, tau1 = sy2sb(C, desc, comm, xp, b)
     full = gather_band(band, desc, comm, xp)
     del band
-    n = desc.n
+    n, root = desc.n, comm.Get_rank() == 0
     de = xp.empty(2 * n, dtype=xp.float64)
     refl = None
-    if device:
-        from .sb2st_device import sb2st_device
+    if root:   # the bulge chasing: the GPU kernel, or NumPy on the host
+        if device:
+            from .sb2st_device import sb2st_device
 
-        total = group_offsets(n, b, g)[-1]
-        if comm.Get_rank() == 0:
             d, e, refl = sb2st_device(full, g)
-            de[:n], de[n:2 * n - 1] = d, e
-            de[2 * n - 1:] = 0.0
-            del d, e
-        elif vectors:
-            refl = xp.empty(total, dtype=xp.float64)
-        del full
-        comm.Bcast(de, root=0)
-        if not vectors:
-            refl = None
-        elif comm.Get_size() > 1:
-            comm.Bcast(refl, root=0)
-    else:
-        if comm.Get_rank() == 0:
+        else:
             d, e, refl = sb2st(np.ascontiguousarray(to_host(full)), g)
-            de[:n] = xp.asarray(d)
-            de[n:2 * n - 1] = xp.asarray(e)
-            de[2 * n - 1:] = 0.0
-        comm.Bcast(de, root=0)
+        de[:n], de[n:2 * n - 1] = xp.asarray(d), xp.asarray(e)
+        de[2 * n - 1:] = 0.0
+        del d, e
+    del full
+    comm.Bcast(de, root=0)
+    if device and vectors and comm.Get_size() > 1:   # every rank's copy of Q2's reflectors
+        if not root:
+            refl = xp.empty(group_offsets(n, b, g)[-1], dtype=xp.float64)
+        comm.Bcast(refl, root=0)
     Q = TwoStageQ(C, tau1, b, g, refl, desc, comm, xp) if vectors else None
     return de[:n], de[n:2 * n - 1], Q
 
