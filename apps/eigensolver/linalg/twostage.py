@@ -12,9 +12,8 @@
 The choice of b: the band reduction's GEMMs have inner dimension b (larger is faster), the bulge
 chasing's steps number about n^2 / (2 b) with O(b^2) work each, and Q2's blocks cost (b + g) / b
 times the flops of Q2 applied alone.  On the host, b = 64 gave the shortest reduction plus
-back-transformation of 16, 32 and 64 at n = 1500 (bench/host_solver.py --sweep-band;
-bench/results/2026-12-05-cpu2-152c23d-host-solver.txt): TWO_STAGE_BAND.  The GPU's:
-TWO_STAGE_BAND_DEVICE."""
+back-transformation of 16, 32 and 64 at n = 1500 on a 2-core host (bench/host_solver.py
+--sweep-band re-runs it): TWO_STAGE_BAND.  The GPU's: TWO_STAGE_BAND_DEVICE."""
 from __future__ import annotations
 
 import numpy as np
