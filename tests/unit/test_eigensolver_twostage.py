@@ -104,3 +104,40 @@ def test_two_stage_on_cupy_matches_the_host():
         assert np.abs(Zh @ T @ Zh.T - A).max() < 1e-12 * n * np.abs(A).max()
     finally:
         c.Free()
+
+
+@pytest.mark.parametrize("n,b", [(50, 8), (37, 4), (9, 8), (65, 32), (130, 64)])
+def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
+    """sy2sb's one-GPU loop (in-place geqrf, symm, syr2k on C22's lower triangle) run with NumPy
+    stand-ins for those three calls gives the band and reflectors of the 1 x P loop at P = 1."""
+    from scipy.linalg.lapack import dgeqrf
+
+    from hpccoll_eigensolver.linalg import sy2sb as S
+
+    def geqrf_in_place(xp, a, tau, work=None):
+        qr, t, _, info = dgeqrf(a)
+        assert info == 0
+        a[...] = qr
+        tau[:t.size] = t
+
+    def symm_lower(xp, C, V, out):
+        out[...] = (np.tril(C) + np.tril(C, -1).T) @ V
+
+    def syr2k_lower(xp, C, V, W):
+        C -= np.tril(V @ W.T + W @ V.T)
+
+    for name, fn in [("geqrf_in_place", geqrf_in_place), ("symm_lower", symm_lower), ("syr2k_lower", syr2k_lower),
+                     ("geqrf_work", lambda shape: 1)]:
+        monkeypatch.setattr(S, name, fn)
+    A = _symmetric(n, n + b)
+    desc = BlockCyclic(n, n, 64, 1)
+    C1 = np.asfortranarray(np.tril(A))
+    band1, tau1 = sy2sb(C1, desc, comm, np, b)
+    C2 = np.asfortranarray(np.tril(A))
+    tau2 = np.zeros(n)
+    S._sy2sb_one_device(C2, n, b, np, tau2)
+    band2 = S._band_and_reflectors_one_device(C2, n, b, np)
+    scale = np.abs(A).max() * n
+    assert np.abs(band1 - band2).max() < 1e-12 * scale
+    assert np.abs(tau1 - tau2).max() < 1e-12 and np.array_equal(tau1 == 0, tau2 == 0)
+    assert np.abs(C1 - C2).max() < 1e-11 and np.array_equal(C1 == 0, C2 == 0)

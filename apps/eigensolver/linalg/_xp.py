@@ -352,6 +352,40 @@ def _blas_operand(xp, x):
     return cublas.CUBLAS_OP_N, _leading_dim(x), x
 
 
+def geqrf_in_place(xp, a, tau, work=None):
+    """LAPACK geqrf of the column-major device matrix a (m x k, a block of a Fortran-order array)
+    on a's own memory: R on and above its diagonal, the Householder vectors below; tau (a
+    contiguous float64 device array of at least min(m, k)) gets their scalars.  One cuSOLVER
+    dgeqrf, queued (no host sync, no copy); work: a float64 device workspace of at least
+    geqrf_work(a.shape) entries, or None (allocated here).  Returns the device info flag (nonzero
+    only for an argument cuSOLVER rejects)."""
+    from cupy_backends.cuda.libs import cusolver
+
+    if not _unit_rows(a):
+        raise ValueError("geqrf_in_place: `a` must be column-major (a Fortran-order array or a block of one)")
+    m, k = a.shape
+    if tau.size < min(m, k) or not tau.flags.c_contiguous or tau.dtype != xp.float64:
+        raise ValueError(f"geqrf_in_place: `tau` must be a contiguous float64 array of at least {min(m, k)}")
+    info = xp.zeros((), dtype=xp.int32)
+    if not m or not k:
+        return info
+    handle = _solver_handle()
+    lwork = geqrf_work(a.shape)
+    if work is None or work.size < lwork:
+        work = xp.empty(max(1, lwork), dtype=xp.float64)
+    cusolver.dgeqrf(handle, m, k, a.data.ptr, _leading_dim(a), tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    return info
+
+
+def geqrf_work(shape) -> int:
+    """cuSOLVER dgeqrf's workspace (doubles) for an m x k matrix, its leading dimension m (the
+    query does not depend on the matrix's contents or leading dimension)."""
+    from cupy_backends.cuda.libs import cusolver
+
+    m, k = shape
+    return int(cusolver.dgeqrf_bufferSize(_solver_handle(), m, k, 0, max(1, m))) if m and k else 1
+
+
 def geqrf(xp, a):
     """LAPACK geqrf of the 2-D array a: (qr, tau), qr F-order m x k holding R on and above its
     diagonal and the Householder vectors (unit diagonal implied) below, tau of length min(m, k).

@@ -22,7 +22,7 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
-from ._xp import geqrf, is_device, symm_lower, syr2k_lower, trsm
+from ._xp import geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, syr2k_lower, trsm
 from .layout import BlockCyclic
 
 #: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
@@ -89,8 +89,10 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
     in C's column c from row c + b (the module doc); tau[c] = 0 where there is none."""
     check_band(desc, b)
     n, rank = desc.n, comm.Get_rank()
-    one_device = is_device(xp) and desc.nprocs == 1
     tau = xp.zeros(n, dtype=xp.float64)
+    if is_device(xp) and desc.nprocs == 1:
+        _sy2sb_one_device(C, n, b, xp, tau)
+        return _band_and_reflectors_one_device(C, n, b, xp), tau
     for p0 in range(0, max(n - b - 1, 0), b):           # a panel has entries below its band
         p1 = p0 + b
         m = n - p1
@@ -112,14 +114,6 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
         V = buf[:, :m].T
         T = buf[:, m:m + b].T
         tau[p0:p1] = buf[:, m + b]
-        if one_device:                                   # every column here: two cuBLAS calls
-            C22 = C[p1:, p1:]
-            Y = xp.empty((m, b), dtype=xp.float64, order="F")
-            symm_lower(xp, C22, V, Y)                    # V = buf's rows transposed: column-major
-            X = Y @ T
-            W = xp.asfortranarray(X - 0.5 * (V @ (T.T @ (V.T @ X))))
-            syr2k_lower(xp, C22, V, W)
-            continue
         # Y = C22 V: this rank's columns' share, then one Allreduce
         Y = xp.zeros((m, b), dtype=xp.float64, order="F")
         runs = list(trailing_runs(desc, rank, p1))
@@ -141,6 +135,29 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
     return _band_and_reflectors(C, desc, rank, b, xp), tau
 
 
+def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
+    """sy2sb's panels on one GPU, every column local: per panel one cuSOLVER geqrf in the panel's
+    own columns (no copy, no host sync), T, then Y = C22 V as one cuBLAS symm and the update as
+    one syr2k on C22's lower triangle.  The work queues on the stream: no host sync per panel."""
+    work = xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
+    for p0 in range(0, max(n - b - 1, 0), b):
+        p1 = p0 + b
+        m = n - p1
+        panel = C[p1:, p0:p1]
+        geqrf_in_place(xp, panel, tau[p0:p1], work)
+        k = min(m, b)                                    # tau[p0 + k:p1] stays 0: no reflector
+        V = panel.copy(order="F")                        # unit lower trapezoidal, column-major
+        V[:k] = xp.tril(V[:k], -1)
+        V[xp.arange(k), xp.arange(k)] = 1.0
+        T = block_reflector(xp, V, tau[p0:p1])
+        C22 = C[p1:, p1:]
+        Y = xp.empty((m, b), dtype=xp.float64, order="F")
+        symm_lower(xp, C22, V, Y)
+        X = Y @ T
+        W = xp.asfortranarray(X - 0.5 * (V @ (T.T @ (V.T @ X))))
+        syr2k_lower(xp, C22, V, W)
+
+
 def _band_and_reflectors(C, desc: BlockCyclic, rank: int, b: int, xp):
     """Copy the band out of the owned columns of C, then leave each column c as reflector v_c
     (zero above row c + b, 1 at row c + b; columns without one hold zeros and a 1 that their
@@ -156,6 +173,20 @@ def _band_and_reflectors(C, desc: BlockCyclic, rank: int, b: int, xp):
         k = min(g1, n - b) - g0                        # columns whose row c + b exists
         if k > 0:
             C[g0 + b + xp.arange(k), l0 + xp.arange(k)] = 1.0
+    return band
+
+
+def _band_and_reflectors_one_device(C, n: int, b: int, xp):
+    """_band_and_reflectors for one rank holding every column, by index arrays: one gather of
+    the band, one scatter of zeros over its rows c .. c + b - 1 of column c (the strict upper
+    triangle is zero already: sy2sb never writes it) and one of the 1 at row c + b."""
+    c = xp.broadcast_to(xp.arange(n), (b + 1, n))
+    r = c + xp.arange(b + 1)[:, None]
+    rr = xp.minimum(r, n - 1)                      # past row n - 1: a band entry of the same column
+    band = xp.where(r < n, C[rr, c], 0.0)
+    C[rr[:b], c[:b]] = 0.0
+    k = max(n - b, 0)
+    C[xp.arange(k) + b, xp.arange(k)] = 1.0
     return band
 
 
