@@ -175,9 +175,10 @@ def test_an_expired_wait_raises(cp):
 
 def test_print_the_time(cp, capsys):
     M = importlib.import_module("hpccoll_eigensolver.linalg.sb2st_device")
-    func = M.raw_module(M.KERNELS).get_function("sb2st_chase")
+    func, smem = M.chase_kernel()
+    most = M.resident_blocks(func, smem)
     lines = [f"sb2st_device on {cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)['name'].decode()}, "
-             f"{M.resident_blocks(func)} resident blocks of {M.TPB} threads"]
+             f"{most} resident blocks of {M.TPB} threads, {smem} bytes of shared memory each"]
     for n in (4096, 8192):
         for b in (32, 64):
             band = cp.random.default_rng(n + b).standard_normal((b + 1, n))
@@ -187,6 +188,6 @@ def test_print_the_time(cp, capsys):
             M.sb2st_device(band)
             cp.cuda.Device().synchronize()
             lines.append(f"  n={n} b={b}: {1e3 * (time.perf_counter() - t0):.1f} ms "
-                         f"({min(S.n_sweeps(n), M.resident_blocks(func))} blocks)")
+                         f"({min(S.n_sweeps(n), most)} blocks)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))

@@ -254,3 +254,29 @@ def test_steps_needed_is_lag_steps_ahead_or_all():
         K = S.sweep_steps(n, b, j - 1)
         for k in range(S.sweep_steps(n, b, j)):
             assert S.steps_needed(n, b, j, k) == min(k + S.LAG + 1, K)
+
+
+@pytest.mark.parametrize("n,b", [(40, 2), (40, 5), (57, 8), (101, 16), (67, 3)])
+def test_no_other_sweep_writes_the_pivot_block_a_step_keeps(n, b):
+    """The kernel keeps step k - 1's updated Y in shared memory as step k's pivot block
+    L = A[s:e, lo:s] instead of reading it again: under the rule, every step of another sweep
+    that writes an entry of L either finished before step k - 1 started (a lower sweep) or starts
+    after step k finished (a higher one)."""
+    done = _done_before(n, b, S.steps_needed)
+    writes = {jk: set(_entries(n, b, *jk)[1].tolist()) for jk in _steps(n, b)}
+    checked = 0
+    for j, k in _steps(n, b):
+        if k == 0:
+            continue
+        s, e, lo, _ = S.step_blocks(n, b, j, k)
+        r, c = np.meshgrid(np.arange(s, e), np.arange(lo, s), indexing="ij")
+        L = set((r * n + c).ravel().tolist())
+        for (i, x), w in writes.items():
+            if i == j or not (w & L):
+                continue
+            checked += 1
+            if i < j:
+                assert x < done[(j, k - 1)][i], f"sweep {i} step {x} may write step ({j}, {k})'s kept block"
+            else:
+                assert k < done[(i, x)][j], f"sweep {i} step {x} may write step ({j}, {k})'s kept block"
+    assert checked > 0

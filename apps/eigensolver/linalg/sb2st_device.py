@@ -33,18 +33,39 @@ BLOCKS_PER_SM = 2
 TIMEOUT_S = 60.0
 
 
-def resident_blocks(func) -> int:
-    """Blocks of sb2st_chase the current GPU holds at once, with BLOCKS_PER_SM at most per SM:
-    its SMs times min(BLOCKS_PER_SM, the occupancy calculator's blocks per SM), or one per SM
-    where the driver cannot say (a block that launches fits on an SM)."""
+def resident_blocks(func, smem: int = 0) -> int:
+    """Blocks of sb2st_chase (smem bytes of dynamic shared memory each) the current GPU holds at
+    once, with BLOCKS_PER_SM at most per SM: its SMs times min(BLOCKS_PER_SM, the occupancy
+    calculator's blocks per SM), or one per SM where the driver cannot say (a block that
+    launches fits on an SM)."""
     import cupy as cp
 
     sms = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"])
     try:
-        per = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, TPB, 0))
+        per = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, TPB, smem))
     except Exception:  # noqa: BLE001 - a CuPy without the call
         per = 1
     return sms * max(1, min(BLOCKS_PER_SM, per))
+
+
+_chase: dict = {}   # CUDA device -> (sb2st_chase, its dynamic shared memory in bytes)
+
+
+def chase_kernel():
+    """sb2st_chase on the current device and the dynamic shared memory each block takes
+    (sizeof(Smem), asked of the kernel file once; the function's limit raised to it)."""
+    import cupy as cp
+
+    dev = cp.cuda.Device().id
+    if dev not in _chase:
+        mod = raw_module(KERNELS)
+        out = cp.zeros(1, dtype=cp.int64)
+        mod.get_function("sb2st_smem_bytes")((1,), (1,), (out,))
+        smem = int(out.get()[0])
+        func = mod.get_function("sb2st_chase")
+        func.max_dynamic_shared_size_bytes = smem
+        _chase[dev] = (func, smem)
+    return _chase[dev]
 
 
 def working_band(band, xp):
@@ -93,11 +114,11 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     goff = cp.asarray(np.array(off[:-1], dtype=np.int64))
     progress = cp.zeros(n_sweeps(n), dtype=cp.int32)
     err = cp.zeros(5, dtype=cp.int32)
-    func = raw_module(KERNELS).get_function("sb2st_chase")
-    most = resident_blocks(func)
+    func, smem = chase_kernel()
+    most = resident_blocks(func, smem)
     blocks = min(n_sweeps(n), most if grid is None else max(1, min(grid, most)))
     func((blocks,), (TPB,), (A, flat, goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
-                              np.uint64(int(timeout_s * 1e9))))
+                              np.uint64(int(timeout_s * 1e9))), shared_mem=smem)
     failed, j, k, seen, need = (int(v) for v in err.get())   # waits for the kernel
     if failed:
         raise RuntimeError(f"sb2st_device: sweep {j} waited {timeout_s} s before step {k} for sweep {j - 1}, "
@@ -106,4 +127,4 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     return full[:, w].copy(), full[:n - 1, w + 1].copy(), flat
 
 
-__all__ = ["sb2st_device", "working_band", "resident_blocks", "TPB", "B_MAX"]
+__all__ = ["sb2st_device", "working_band", "resident_blocks", "chase_kernel", "TPB", "B_MAX"]

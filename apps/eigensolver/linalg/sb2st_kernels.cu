@@ -4,7 +4,8 @@
 // Block i runs sweeps i, i + gridDim.x, ... in order, each sweep's steps k = 0, 1, ... in order;
 // a step is sb2st.chase_step's arithmetic on the working band A in global memory (both triangles,
 // column-major band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
-// sb2st._SymmetricBand), staged block by block in shared memory.
+// sb2st._SymmetricBand), staged in shared memory: each step loads the blocks it reads in one
+// round at its start, and keeps the block that the sweep's next step pivots on.
 //
 // The wavefront (sb2st.steps_needed, checked on the CPU by tests/unit/test_sb2st_schedule.py):
 // before step k of sweep j, sweep j - 1 has finished min(k + SB_LAG + 1, K_{j-1}) steps.
@@ -19,14 +20,15 @@
 // ascending order, so the lowest unfinished sweep never waits, provided that every block of the
 // grid is resident at once: the grid is at most the blocks the GPU holds (sb2st_device.py).
 //
-// Every sum runs in a fixed order (sums: four interleaved partials combined as
+// Every sum runs in a fixed order (the products: four interleaved partials combined as
 // (p0 + p1) + (p2 + p3); tree_sum: a halving tree over 64 slots), so two runs give the same bits.
 // Every floating-point operation is one IEEE operation rounded to nearest (add, subtract, multiply,
 // divide, sqrt; never contracted into an FMA, hypot by its formula): the GPU gives the bits of the
 // CPU emulation, which the GPU tests compare.
 //
 // Compiled for the GPU by NVRTC (raw_module); with SB2ST_HOST defined it is plain C++ that the
-// CPU tests run (tests/unit/sb2st_emulation.cpp: every phase over all 256 thread indices in turn).
+// CPU tests run (tests/unit/sb2st_emulation.cpp: every phase over all 256 thread indices in turn,
+// each sweep's shared memory kept from step to step as a block keeps it).
 
 #ifdef SB2ST_HOST
 #include <math.h>
@@ -36,23 +38,25 @@
 #endif
 
 #define SB_TPB 256            // threads per block: 4 per output of a matrix-vector product
-#define SB_BMAX 64            // the largest half-bandwidth b (the shared block is b x b)
-#define SB_LDS (SB_BMAX + 1)  // leading dimension of the shared block (odd: fewer bank conflicts)
+#define SB_BMAX 64            // the largest half-bandwidth b (the blocks are at most b x b)
+#define SB_LDS (SB_BMAX + 1)  // leading dimension of the pivot block L (odd: fewer bank conflicts)
+#define SB_LDP (2 * SB_BMAX + 1)  // of the panel: D's rows, then Y's
 #define SB_PARTS (SB_TPB / SB_BMAX)
 #define SB_LAG 2              // sb2st.LAG
 
-static_assert(SB_PARTS == 4, "sums combines four partials per output");
+static_assert(SB_PARTS == 4, "the products combine four partials per output");
 
 struct Smem {
-  double M[SB_BMAX * SB_LDS];         // the step's current block, M[r + c SB_LDS]
+  double P[SB_BMAX * SB_LDP];         // the panel A[s:e2, s:e] = [D; Y], P[r + c SB_LDP]
+  double L[SB_BMAX * SB_LDS];         // the pivot block A[s:e, lo:s], L[r + c SB_LDS]; after the
+                                      // step the updated Y: the next step's pivot block
   double v[SB_BMAX], tv[SB_BMAX];     // the reflector v (v[0] = 1) and tau v
   double u[SB_BMAX], p[SB_BMAX], w[SB_BMAX], y[SB_BMAX];
-  double part[SB_PARTS][SB_BMAX];     // sums' partials
+  double part[3][SB_PARTS][SB_BMAX];  // the products' partials (u, p, y)
   double red[SB_BMAX];                // tree_sum's slots
   double beta, tau, scal;
   int skip;                           // nothing below the pivot: H = I
 };
-
 SB_FN int sb_min(int a, int b) { return a < b ? a : b; }
 
 #ifdef SB2ST_HOST  // compiled with -ffp-contract=off
@@ -96,37 +100,31 @@ SB_FN double ld_band(const double* p) {
 #endif
 }
 
-// out[o] = sum_i a(o, i) for o < nout <= SB_BMAX, i < len: thread t sums output t % 64 over
-// i = t / 64, t / 64 + 4, ... in order; then (p0 + p1) + (p2 + p3).  Ends synchronized.
-template <class X, class F>
-SB_FN void sums(const X& x, Smem& sm, int nout, int len, double* out, F a) {
-  x.each([&](int t) {
-    const int o = t % SB_BMAX, part = t / SB_BMAX;
-    if (o < nout) {
-      double acc = 0.0;
-      for (int i = part; i < len; i += SB_PARTS) acc = sb_add(acc, a(o, i));
-      sm.part[part][o] = acc;
-    }
-  });
-  x.sync();
-  x.each([&](int t) {
-    if (t < nout) out[t] = sb_add(sb_add(sm.part[0][t], sm.part[1][t]), sb_add(sm.part[2][t], sm.part[3][t]));
-  });
-  x.sync();
-}
-
-// sm.red[0] = the sum of sm.red[0 .. 63] by a halving tree.  Ends synchronized.
+// sm.red[0] = the sum of sm.red[0 .. 63] by a halving tree, run by the first warp alone
+// (x.warp: its 32 threads, a warp barrier after each level).  Ends synchronized.
 template <class X>
 SB_FN void tree_sum(const X& x, Smem& sm) {
-  for (int h = SB_BMAX / 2; h > 0; h /= 2) {
-    x.each([&](int t) { if (t < h) sm.red[t] = sb_add(sm.red[t], sm.red[t + h]); });
-    x.sync();
-  }
+  for (int h = SB_BMAX / 2; h > 0; h /= 2)
+    x.warp([&](int t) { if (t < h) sm.red[t] = sb_add(sm.red[t], sm.red[t + h]); });
+  x.sync();
 }
 
-// Step k of sweep j (sb2st.chase_step).  x runs a phase on every thread index (each) and
-// separates phases (sync); state that crosses phases lives in sm.  Starts with no assumption on
-// sm; ends after a sync (or, on the H = I path, with sm no longer read).
+// four partials (interleaved over i) combined as (p0 + p1) + (p2 + p3)
+SB_FN double combine(const double (&part)[SB_PARTS][SB_BMAX], int o) {
+  return sb_add(sb_add(part[0][o], part[1][o]), sb_add(part[2][o], part[3][o]));
+}
+
+// Step k of sweep j (sb2st.chase_step).  x runs a phase on every thread index (each), on the
+// first warp's (warp), and separates phases (sync); state that crosses phases lives in sm.  At
+// k = 0 nothing is assumed of sm; at k >= 1 sm.L holds what step k - 1 of the same sweep left
+// there (its updated Y, which is this step's pivot block A[s:e, lo:s]: no step of another sweep
+// writes it in between, tests/unit/test_sb2st_schedule.py).  Ends after a sync.
+//
+// Every block the step reads is loaded at its start, in one round: the panel [D; Y] =
+// A[s:e2, s:e] (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
+// three products with tau v in one phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v);
+// L -= v u^T and Y -= y v^T (stored to both triangles of A); w = p - (tau / 2)(p^T v) v;
+// D -= v w^T + w v^T (stored), Y kept in sm.L for the next step.
 template <class X>
 SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long long* goff,
                       int n, int b, int g, int j, int k) {
@@ -137,21 +135,22 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   const int m = e - s;               // 2 <= m <= b (sweep_steps counts these steps only)
   const int cl = s - lo;             // L = A[s:e, lo:s] has 1 column at k = 0, else b
   const int m2 = e2 - e;             // Y = A[e:e2, s:e] has 0 .. b rows
+  const int mp = m + m2;             // the panel's rows
   // group j / g's (K, b + 1, g) array in C order: v[i] of this step at R[i g], tau at R[b g]
   double* R = flat + goff[j / g] + (long long)k * (b + 1) * g + j % g;
 
-  // L into M
   x.each([&](int t) {
-    for (int idx = t; idx < m * cl; idx += SB_TPB) {
-      const int r = idx % m, c = idx / m;
-      sm.M[r + c * SB_LDS] = ld_band(A + at(s + r, lo + c, b));
+    for (int idx = t; idx < mp * m; idx += SB_TPB) {
+      const int r = idx % mp, c = idx / mp;
+      sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b));
     }
+    if (k == 0 && t < m) sm.L[t] = ld_band(A + at(s + t, j, b));
   });
   x.sync();
-  // the pivot column x = M[:, 0]: |x[1:]|^2, then beta, tau and 1 / (alpha - beta) as the host
+  // the pivot column x = L[:, 0]: |x[1:]|^2, then beta, tau and 1 / (alpha - beta) as the host
   x.each([&](int t) {
     if (t < SB_BMAX) {
-      const double xi = (t >= 1 && t < m) ? sm.M[t] : 0.0;
+      const double xi = (t >= 1 && t < m) ? sm.L[t] : 0.0;
       sm.red[t] = sb_mul(xi, xi);
     }
   });
@@ -159,7 +158,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   tree_sum(x, sm);
   x.each([&](int t) {
     if (t == 0) {
-      const double alpha = sm.M[0], xn2 = sm.red[0];
+      const double alpha = sm.L[0], xn2 = sm.red[0];
       sm.skip = xn2 == 0.0;
       if (!sm.skip) {
         const double beta = -copysign(sb_hypot(alpha, sqrt(xn2)), alpha);
@@ -170,14 +169,21 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     }
   });
   x.sync();
-  if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged
-    x.each([&](int t) { if (t == 0) R[0] = 1.0; });
+  if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged;
+    x.each([&](int t) {              // Y as loaded is the next pivot block
+      if (t == 0) R[0] = 1.0;
+      for (int idx = t; idx < m2 * m; idx += SB_TPB) {
+        const int r = idx % m2, c = idx / m2;
+        sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP];
+      }
+    });
+    x.sync();
     return;
   }
   // v, tau v, and the reflector into flat (entries m .. b - 1 of v stay zero)
   x.each([&](int t) {
     if (t < m) {
-      const double vi = t == 0 ? 1.0 : sb_mul(sm.M[t], sm.scal);
+      const double vi = t == 0 ? 1.0 : sb_mul(sm.L[t], sm.scal);
       sm.v[t] = vi;
       sm.tv[t] = sb_mul(sm.tau, vi);
       R[(long long)t * g] = vi;
@@ -185,62 +191,64 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     if (t == 0) R[(long long)b * g] = sm.tau;
   });
   x.sync();
-  // from the left on the bulge L[:, 1:]: u = (tau v)^T L[:, 1:], L[:, 1:] -= v u^T; the pivot
-  // column becomes (beta, 0, ...); L into both triangles of A
-  if (cl > 1) sums(x, sm, cl - 1, m, sm.u, [&](int o, int i) { return sb_mul(sm.tv[i], sm.M[i + (o + 1) * SB_LDS]); });
+  // the three products: thread t sums output t % 64 over i = t / 64, t / 64 + 4, ... in order
+  x.each([&](int t) {
+    const int o = t % SB_BMAX, part = t / SB_BMAX;
+    double au = 0.0, ap = 0.0, ay = 0.0;
+    for (int i = part; i < m; i += SB_PARTS) {
+      const double ti = sm.tv[i];
+      if (o < cl - 1) au = sb_add(au, sb_mul(ti, sm.L[i + (o + 1) * SB_LDS]));
+      if (o < m) ap = sb_add(ap, sb_mul(sm.P[o + i * SB_LDP], ti));
+      if (o < m2) ay = sb_add(ay, sb_mul(sm.P[m + o + i * SB_LDP], ti));
+    }
+    sm.part[0][part][o] = au;
+    sm.part[1][part][o] = ap;
+    sm.part[2][part][o] = ay;
+  });
+  x.sync();
+  x.each([&](int t) {
+    if (t < SB_BMAX) {
+      sm.u[t] = combine(sm.part[0], t);
+      sm.y[t] = combine(sm.part[2], t);
+      const double pt = combine(sm.part[1], t);
+      sm.p[t] = pt;
+      sm.red[t] = t < m ? sb_mul(pt, sm.v[t]) : 0.0;
+    }
+  });
+  x.sync();
+  // from the left on L: the pivot column becomes (beta, 0, ...), L[:, 1:] -= v u^T; from the
+  // right on Y (the next bulge): Y -= y v^T; both into both triangles of A.  Then p^T v.
   x.each([&](int t) {
     for (int idx = t; idx < m * cl; idx += SB_TPB) {
       const int r = idx % m, c = idx / m;
-      double& a = sm.M[r + c * SB_LDS];
-      if (c == 0) a = r == 0 ? sm.beta : 0.0;
-      else a = sb_sub(a, sb_mul(sm.v[r], sm.u[c - 1]));
+      const double a = c == 0 ? (r == 0 ? sm.beta : 0.0) : sb_sub(sm.L[r + c * SB_LDS], sb_mul(sm.v[r], sm.u[c - 1]));
       A[at(s + r, lo + c, b)] = a;
       A[at(lo + c, s + r, b)] = a;
     }
-  });
-  x.sync();
-  // two-sided on the diagonal block D = A[s:e, s:e] (both triangles, as the host):
-  // p = D (tau v), w = p - (tau / 2)(p^T v) v, D -= v w^T, D -= w v^T
-  x.each([&](int t) {
-    for (int idx = t; idx < m * m; idx += SB_TPB) {
-      const int r = idx % m, c = idx / m;
-      sm.M[r + c * SB_LDS] = ld_band(A + at(s + r, s + c, b));
+    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
+      const int r = idx % m2, c = idx / m2;
+      double& a = sm.P[m + r + c * SB_LDP];
+      a = sb_sub(a, sb_mul(sm.y[r], sm.v[c]));
+      A[at(e + r, s + c, b)] = a;
+      A[at(s + c, e + r, b)] = a;
     }
   });
-  x.sync();
-  sums(x, sm, m, m, sm.p, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
-  x.each([&](int t) { if (t < SB_BMAX) sm.red[t] = t < m ? sb_mul(sm.p[t], sm.v[t]) : 0.0; });
-  x.sync();
   tree_sum(x, sm);
+  // two-sided on the diagonal block D (both triangles, as the host): w = p - (tau / 2)(p^T v) v,
+  // D -= v w^T, D -= w v^T; Y into sm.L
   x.each([&](int t) { if (t < m) sm.w[t] = sb_sub(sm.p[t], sb_mul(sb_mul(sb_mul(0.5, sm.tau), sm.red[0]), sm.v[t])); });
   x.sync();
   x.each([&](int t) {
     for (int idx = t; idx < m * m; idx += SB_TPB) {
       const int r = idx % m, c = idx / m;
-      double a = sm.M[r + c * SB_LDS];
+      double a = sm.P[r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.v[r], sm.w[c]));
       a = sb_sub(a, sb_mul(sm.w[r], sm.v[c]));
       A[at(s + r, s + c, b)] = a;
     }
-  });
-  x.sync();
-  if (m2 == 0) return;
-  // from the right on the rows below, Y = A[e:e2, s:e]: y = Y (tau v), Y -= y v^T (the next
-  // bulge); Y into both triangles of A
-  x.each([&](int t) {
     for (int idx = t; idx < m2 * m; idx += SB_TPB) {
       const int r = idx % m2, c = idx / m2;
-      sm.M[r + c * SB_LDS] = ld_band(A + at(e + r, s + c, b));
-    }
-  });
-  x.sync();
-  sums(x, sm, m2, m, sm.y, [&](int o, int i) { return sb_mul(sm.M[o + i * SB_LDS], sm.tv[i]); });
-  x.each([&](int t) {
-    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
-      const int r = idx % m2, c = idx / m2;
-      const double a = sb_sub(sm.M[r + c * SB_LDS], sb_mul(sm.y[r], sm.v[c]));
-      A[at(e + r, s + c, b)] = a;
-      A[at(s + c, e + r, b)] = a;
+      sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP];
     }
   });
   x.sync();
@@ -251,8 +259,15 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
 struct DeviceExec {  // every thread of the block runs a phase; __syncthreads between phases
   template <class F>
   __device__ __forceinline__ void each(F f) const { f((int)threadIdx.x); }
+  template <class F>   // the first warp runs a phase, then a warp barrier; the others go on
+  __device__ __forceinline__ void warp(F f) const {
+    if (threadIdx.x < 32) { f((int)threadIdx.x); __syncwarp(); }
+  }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
 };
+
+// the kernel's dynamic shared memory: sizeof(Smem), more than the 48 KiB of static shared memory
+extern "C" __global__ void sb2st_smem_bytes(long long* out) { *out = (long long)sizeof(Smem); }
 
 __device__ __forceinline__ unsigned long long sb_globaltimer() {
   unsigned long long t;
@@ -289,11 +304,13 @@ __device__ bool wait_for(const int* progress, int* err, int j, int k, int need,
 
 // A: the working band (n (4b + 1) doubles, initialised from the band); flat: every group's
 // reflectors (zeroed; layout sb2st.group_offsets, goff[q] where group q starts); progress: n - 2
-// zeroed counts; err: 5 zeroed ints.  2 <= b <= SB_BMAX, g >= 1, n >= 3; blockDim.x = SB_TPB.
+// zeroed counts; err: 5 zeroed ints.  2 <= b <= SB_BMAX, g >= 1, n >= 3; blockDim.x = SB_TPB;
+// dynamic shared memory sizeof(Smem) (sb2st_smem_bytes).
 extern "C" __global__ void __launch_bounds__(SB_TPB)
 sb2st_chase(double* A, double* flat, const long long* goff, int* progress, int* err,
             int n, int b, int g, unsigned long long timeout_ns) {
-  __shared__ Smem sm;
+  extern __shared__ __align__(16) unsigned char sb_dynamic[];
+  Smem& sm = *reinterpret_cast<Smem*>(sb_dynamic);
   __shared__ int stop;
   const DeviceExec x;
   for (int j = blockIdx.x; j < n - 2; j += gridDim.x) {
