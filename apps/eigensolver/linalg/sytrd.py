@@ -6,7 +6,8 @@ replicated, so V^T v and W^T v are local; trailing updates are local GEMMs.  C i
 lower triangle with the strict upper triangle zero (as sygst leaves it), so C v is two local
 GEMVs per rank - the rows of the lower part and, transposed, its columns - and C is exactly
 symmetric.  On the GPU the column step runs as device kernels (sytrd_device.py, the same math);
-here, and for sytrd="ops" on the GPU, as array operations.
+here, and for sytrd="ops" on the GPU, as array operations; one host rank calls LAPACK's dsytrd
+(sytrd_lapack).
 
 When a panel is done its owner stores V's columns in the panel's own columns of C (column j
 holds v_j: zeros above row j + 1, 1 there): the reflectors stay distributed, n^2 / P values
@@ -33,10 +34,41 @@ def sytrd(C, desc: BlockCyclic, comm, xp, mode: str = "auto", notify=()):
         mode = sytrd_device.mode_for(comm, desc.n, mode)
         if mode != "ops":
             return sytrd_device.sytrd_device(C, desc, comm, mode, notify=notify)
-    d, e, tau = sytrd_ops(C, desc, comm, xp)
+        d, e, tau = sytrd_ops(C, desc, comm, xp)
+    elif desc.nprocs == 1:
+        d, e, tau = sytrd_lapack(C)
+    else:
+        d, e, tau = sytrd_ops(C, desc, comm, xp)
     for _, fn in sorted(notify, key=lambda hook: hook[0]):
         fn(d, e)
     return d, e, tau
+
+
+def sytrd_lapack(C):
+    """sytrd on one host rank (every column local): LAPACK dsytrd (lower, blocked: half its
+    flops in GEMMs) on C's own memory, its output then put in this module's storage: column j
+    holds v_j with zeros above row j + 1 and 1 there (LAPACK keeps e_j there and d on the
+    diagonal); tau padded to n.  C: NumPy, Fortran order, lower triangle (strict upper zero)."""
+    from scipy.linalg.lapack import dsytrd, dsytrd_lwork
+
+    n = C.shape[0]
+    if not C.flags.f_contiguous or C.dtype != np.float64:
+        raise ValueError("sytrd_lapack: `C` must be a Fortran-order float64 array (dsytrd works in place)")
+    d, e, tau = np.zeros(n), np.zeros(max(n - 1, 0)), np.zeros(n)
+    if n == 0:
+        return d, e, tau
+    work, info = dsytrd_lwork(n, lower=1)
+    if info != 0:
+        raise RuntimeError(f"dsytrd_lwork: argument {-int(info)} was rejected")
+    c, d, e[:], tau[:n - 1], info = dsytrd(C, lower=1, lwork=max(1, int(work)), overwrite_a=1)
+    if info != 0:
+        raise RuntimeError(f"dsytrd: argument {-int(info)} was rejected")
+    if c is not C:                                   # (not expected: C is Fortran-order float64)
+        C[...] = c
+    idx = np.arange(n)
+    C[idx, idx] = 0.0
+    C[idx[:-1] + 1, idx[:-1]] = 1.0
+    return np.asarray(d, dtype=np.float64), e, tau
 
 
 def sytrd_ops(C, desc: BlockCyclic, comm, xp):
