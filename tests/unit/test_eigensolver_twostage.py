@@ -141,3 +141,10 @@ def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
     assert np.abs(band1 - band2).max() < 1e-12 * scale
     assert np.abs(tau1 - tau2).max() < 1e-12 and np.array_equal(tau1 == 0, tau2 == 0)
     assert np.abs(C1 - C2).max() < 1e-11 and np.array_equal(C1 == 0, C2 == 0)
+
+
+def test_the_gpu_band_depends_on_the_eigenvector_columns():
+    from hpccoll_eigensolver.linalg.twostage import device_band
+
+    assert device_band(64, 1000, 0) == 32 and device_band(64, 1000, 500) == 32 and device_band(64, 1000, 501) == 64
+    assert device_band(64, 1000, 1000) == 64 and device_band(48, 1000, 0) == 24 and device_band(48, 1000, 1000) == 48

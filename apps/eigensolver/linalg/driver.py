@@ -159,7 +159,8 @@ class GeneralizedSolver:
                  else None)
         d, e, tau, V, L = tridiagonalize(A_local, None, desc, comm, xp, timer, self.sytrd,
                                          early.hooks if early else (), scale_exponents=(a_exp, b_exp), L=self.L,
-                                         reduction=self.reduction, vectors=vectors)
+                                         reduction=self.reduction, vectors=vectors,
+                                         columns=None if subset is None else subset[1] - subset[0] + 1)
         with timer.phase("stedc"):
             if subset is None:
                 w, Z = _stedc(d, e, desc, comm, xp, vectors, self.where, early.solved if early else None)
@@ -333,7 +334,8 @@ def _check_finite(w, X, comm, xp, w_exp: int, who: str = "sygvd") -> None:
 
 
 def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
-                   notify=(), scale_exponents=(0, 0), L=None, reduction: str = "auto", vectors: bool = True):
+                   notify=(), scale_exponents=(0, 0), L=None, reduction: str = "auto", vectors: bool = True,
+                   columns: int | None = None):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
     scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
     T's diagonals and the reflectors' scalars (replicated), the local columns holding the
@@ -341,7 +343,9 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     once T's first `rows` rows are final (sytrd.sytrd).  L: B's factor from cholesky (of B
     scaled by 2^b) when the caller holds it (GeneralizedSolver): no potrf, B_local unused.
     reduction "two-stage": (d, e, None, Q, L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z
-    for any n x k columns Z, None with vectors=False; notify's functions called at the end)."""
+    for any n x k columns Z, None with vectors=False; notify's functions called at the end);
+    columns: the eigenvector columns Q will be applied to (None: n; the GPU's band width
+    depends on it, twostage.device_band)."""
     a_exp, b_exp = scale_exponents
     if L is None:
         L = cholesky(B_local, desc, comm, xp, timer, b_exp)
@@ -351,7 +355,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
         if reduction == "two-stage":
-            d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
+            d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors, columns=columns)
             for _, fn in sorted(notify, key=lambda hook: hook[0]):
                 fn(d, e)
             return d, e, None, Q, L
