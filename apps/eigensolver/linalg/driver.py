@@ -98,8 +98,9 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     on hpccoll's deterministic sentinel communicator up to sytrd_device.FUSED_MAX_N, else
     collectives replayed in CUDA graphs), "fused", "graph", "eager" or "ops" (CuPy operations);
     the host always runs the array operations.
-    reduction: the tridiagonalization, "one-stage" (sytrd; "auto" means it) or "two-stage"
-    (dense -> band -> tridiagonal, twostage.py; sytrd= does not apply to it).
+    reduction: the tridiagonalization, "one-stage" (sytrd) or "two-stage" (dense -> band ->
+    tridiagonal, twostage.py; sytrd= does not apply to it); "auto": reduction_for's choice
+    (two-stage on one GPU rank from n = AUTO_TWO_STAGE_MIN_N, else one-stage).
 
     sygvd(A, B, ...) is GeneralizedSolver(B, ...).solve(A, ...): the same code, the same bits.
     A and B are scaled by powers of two into a safe range first and the results scaled back
@@ -133,10 +134,10 @@ class GeneralizedSolver:
     def __init__(self, B_local, desc: BlockCyclic, comm, *, stedc: str = "auto", sytrd: str = "auto",
                  reduction: str = "auto", timer: Timer | None = None, name: str = "GeneralizedSolver"):
         self.desc, self.comm, self.stedc, self.sytrd, self.name = desc, comm, stedc, sytrd, name
-        self.reduction = reduction
         self.xp = get_xp(B_local)
         self.timer = timer if timer is not None else NoTimer()
         self.b_exp = agree_factor(B_local, desc, comm, self.xp, stedc, sytrd, name, reduction)
+        self.reduction = reduction_for(reduction, desc, is_device(self.xp))
         self.where = stedc_choice(stedc, is_device(self.xp))
         self.L = cholesky(B_local, desc, comm, self.xp, self.timer, self.b_exp)
 
@@ -192,6 +193,22 @@ class GeneralizedSolver:
 
     def __exit__(self, *exc):
         self.free()
+
+
+#: reduction="auto" takes the two-stage path on one GPU rank from this n on: on one H100 at
+#: n = 16384 it took the one-stage solve's time with all eigenvectors, 0.62x with eigenvalues
+#: only and 0.72x for the lowest n/10; at 32768 0.83x with all eigenvectors; at 8192 longer in
+#: each (docs/performance.md).  Ranks sharing a GPU and the host take one stage (rank 0's bulge
+#: chasing, the host's NumPy steps).
+AUTO_TWO_STAGE_MIN_N = 16384
+
+
+def reduction_for(reduction: str, desc: BlockCyclic, device: bool) -> str:
+    """The tridiagonalization sygvd runs for `reduction` ("auto": two-stage on one GPU rank with
+    n >= AUTO_TWO_STAGE_MIN_N, else one-stage); the same on every rank."""
+    if reduction != "auto":
+        return reduction
+    return "two-stage" if device and desc.nprocs == 1 and desc.n >= AUTO_TWO_STAGE_MIN_N else "one-stage"
 
 
 def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str) -> bool:
@@ -449,5 +466,5 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: b
 
 
 __all__ = ["sygvd", "GeneralizedSolver", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES",
-           "SYTRD_CHOICES", "REDUCTION_CHOICES",
+           "SYTRD_CHOICES", "REDUCTION_CHOICES", "AUTO_TWO_STAGE_MIN_N", "reduction_for",
            "NotPositiveDefinite", "NonFiniteResult", "InputError", "sync"]
