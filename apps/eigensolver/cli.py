@@ -298,8 +298,8 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", choices=REDUCTION_CHOICES, default="auto",
                    help="the tridiagonalization: one-stage (Householder, one column at a time: sytrd) or "
                         "two-stage (dense -> band by blocked Householder, band -> tridiagonal by bulge "
-                        "chasing; --sytrd does not apply); auto (default): two-stage on one GPU rank from n = 16384, "
-                        "else one-stage")
+                        "chasing; --sytrd does not apply); auto (default): two-stage on one GPU rank from n = 16384 "
+                        "with --eigvals-only or a --subset of at most n/2, else one-stage")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -191,3 +191,15 @@ def test_print_the_time(cp, capsys):
                          f"({min(S.n_sweeps(n), most)} blocks)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("n,b", [(300, 32), (1001, 8), (130, 64)])
+def test_without_reflectors_the_same_diagonals(cp, n, b):
+    """reflectors=False (eigenvalues only): no reflector array, d and e bit for bit as with it."""
+    from hpccoll_eigensolver.linalg.sb2st_device import sb2st_device
+
+    band = cp.asarray(_band(n, b))
+    d, e, flat = sb2st_device(band)
+    d2, e2, none = sb2st_device(band, reflectors=False)
+    assert none is None and flat is not None
+    assert d.get().tobytes() == d2.get().tobytes() and e.get().tobytes() == e2.get().tobytes()

@@ -150,12 +150,14 @@ def test_the_gpu_band_depends_on_the_eigenvector_columns():
     assert device_band(64, 1000, 1000) == 64 and device_band(48, 1000, 0) == 24 and device_band(48, 1000, 1000) == 48
 
 
-def test_auto_takes_two_stages_on_one_gpu_rank_from_16384():
+def test_auto_takes_two_stages_on_one_gpu_rank_from_16384_with_few_vectors():
     from hpccoll_eigensolver.linalg.driver import AUTO_TWO_STAGE_MIN_N, reduction_for
 
-    big, small = BlockCyclic(AUTO_TWO_STAGE_MIN_N, AUTO_TWO_STAGE_MIN_N, 64, 1), BlockCyclic(8192, 8192, 64, 1)
-    assert reduction_for("auto", big, True) == "two-stage"
-    assert reduction_for("auto", small, True) == "one-stage"
-    assert reduction_for("auto", big, False) == "one-stage"                          # the host
-    assert reduction_for("auto", BlockCyclic(32768, 32768, 64, 2), True) == "one-stage"  # ranks sharing GPUs
-    assert reduction_for("one-stage", big, True) == "one-stage" and reduction_for("two-stage", small, False) == "two-stage"
+    n = AUTO_TWO_STAGE_MIN_N
+    big, small = BlockCyclic(n, n, 64, 1), BlockCyclic(8192, 8192, 64, 1)
+    assert reduction_for("auto", big, True, 0) == "two-stage" and reduction_for("auto", big, True, n // 2) == "two-stage"
+    assert reduction_for("auto", big, True, n // 2 + 1) == "one-stage" and reduction_for("auto", big, True) == "one-stage"
+    assert reduction_for("auto", small, True, 0) == "one-stage"
+    assert reduction_for("auto", big, False, 0) == "one-stage"                              # the host
+    assert reduction_for("auto", BlockCyclic(32768, 32768, 64, 2), True, 0) == "one-stage"  # ranks sharing GPUs
+    assert reduction_for("one-stage", big, True, 0) == "one-stage" and reduction_for("two-stage", small, False) == "two-stage"

@@ -100,7 +100,8 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     the host always runs the array operations.
     reduction: the tridiagonalization, "one-stage" (sytrd) or "two-stage" (dense -> band ->
     tridiagonal, twostage.py; sytrd= does not apply to it); "auto": reduction_for's choice
-    (two-stage on one GPU rank from n = AUTO_TWO_STAGE_MIN_N, else one-stage).
+    (two-stage on one GPU rank from n = AUTO_TWO_STAGE_MIN_N with eigenvalues only or at most n/2
+    eigenvectors, else one-stage).
 
     sygvd(A, B, ...) is GeneralizedSolver(B, ...).solve(A, ...): the same code, the same bits.
     A and B are scaled by powers of two into a safe range first and the results scaled back
@@ -137,7 +138,7 @@ class GeneralizedSolver:
         self.xp = get_xp(B_local)
         self.timer = timer if timer is not None else NoTimer()
         self.b_exp = agree_factor(B_local, desc, comm, self.xp, stedc, sytrd, name, reduction)
-        self.reduction = reduction_for(reduction, desc, is_device(self.xp))
+        self.reduction = reduction
         self.where = stedc_choice(stedc, is_device(self.xp))
         self.L = cholesky(B_local, desc, comm, self.xp, self.timer, self.b_exp)
 
@@ -158,10 +159,11 @@ class GeneralizedSolver:
         # it reduces the rest (stedc.Early; on the GPU they overlap sytrd's last columns)
         early = (Early(desc.n, xp) if subset is None and solves_early(self.where, vectors, comm.Get_size())
                  else None)
+        columns = 0 if not vectors else desc.n if subset is None else subset[1] - subset[0] + 1
         d, e, tau, V, L = tridiagonalize(A_local, None, desc, comm, xp, timer, self.sytrd,
                                          early.hooks if early else (), scale_exponents=(a_exp, b_exp), L=self.L,
-                                         reduction=self.reduction, vectors=vectors,
-                                         columns=None if subset is None else subset[1] - subset[0] + 1)
+                                         reduction=reduction_for(self.reduction, desc, is_device(xp), columns),
+                                         vectors=vectors, columns=columns)
         with timer.phase("stedc"):
             if subset is None:
                 w, Z = _stedc(d, e, desc, comm, xp, vectors, self.where, early.solved if early else None)
@@ -195,20 +197,24 @@ class GeneralizedSolver:
         self.free()
 
 
-#: reduction="auto" takes the two-stage path on one GPU rank from this n on: on one H100 at
-#: n = 16384 it took the one-stage solve's time with all eigenvectors, 0.62x with eigenvalues
-#: only and 0.72x for the lowest n/10; at 32768 0.83x with all eigenvectors; at 8192 longer in
-#: each (docs/performance.md).  Ranks sharing a GPU and the host take one stage (rank 0's bulge
-#: chasing, the host's NumPy steps).
+#: reduction="auto" takes the two-stage path on one GPU rank from this n on, with eigenvalues
+#: only or at most n/2 eigenvectors: on one H100 at n = 16384 it took 0.62x the one-stage solve's
+#: time with eigenvalues only and 0.72x for the lowest n/10 (at 8192 longer).  With more
+#: eigenvectors one stage: two stages took the same time at 16384 (0.83x at 32768) and keep Q2's
+#: n^2/2 reflectors beside Q1's (1 GiB more at 16384, 4.5 GiB at 32768; docs/performance.md).
+#: Ranks sharing a GPU and the host take one stage (rank 0's bulge chasing, the host's NumPy steps).
 AUTO_TWO_STAGE_MIN_N = 16384
 
 
-def reduction_for(reduction: str, desc: BlockCyclic, device: bool) -> str:
-    """The tridiagonalization sygvd runs for `reduction` ("auto": two-stage on one GPU rank with
-    n >= AUTO_TWO_STAGE_MIN_N, else one-stage); the same on every rank."""
+def reduction_for(reduction: str, desc: BlockCyclic, device: bool, columns: int | None = None) -> str:
+    """The tridiagonalization sygvd runs for `reduction` when `columns` eigenvectors are wanted
+    (0: eigenvalues only; None: all n): "auto" is two-stage on one GPU rank with
+    n >= AUTO_TWO_STAGE_MIN_N and columns <= n / 2, else one-stage.  The same on every rank."""
     if reduction != "auto":
         return reduction
-    return "two-stage" if device and desc.nprocs == 1 and desc.n >= AUTO_TWO_STAGE_MIN_N else "one-stage"
+    columns = desc.n if columns is None else columns
+    two = device and desc.nprocs == 1 and desc.n >= AUTO_TWO_STAGE_MIN_N and 2 * columns <= desc.n
+    return "two-stage" if two else "one-stage"
 
 
 def eigvals_only_from(eigvals_only: bool | None, eigvecs: bool | None, who: str) -> bool:

@@ -83,14 +83,17 @@ def working_band(band, xp):
     return A
 
 
-def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, grid: int | None = None):
+def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, grid: int | None = None,
+                 reflectors: bool = True):
     """Tridiagonalize the symmetric band in lower band storage (band[d, c] = B[c + d, c], a
     (b + 1) x n CuPy array) on the GPU: B = Q2 T Q2^T.  Returns (d, e, flat), CuPy arrays: T's
     diagonal (n) and subdiagonal (n - 1), and every group's reflectors in one array laid out by
     sb2st.group_offsets(n, b, g) (group q's (K_q, b + 1, g) array, C order, at
     flat[off[q]:off[q + 1]], what host sb2st returns as refl[q]).  g: sweeps per group (default
     b, 1 for b = 0).  n < 3 or b < 2: already tridiagonal.  grid: blocks to launch (default and at most
-    resident_blocks()).  Raises RuntimeError where a wait timed out (after timeout_s)."""
+    resident_blocks()).  reflectors=False: the reflectors are not kept (eigenvalues only: flat is
+    None, n^2 / 2 doubles fewer allocated).  Raises RuntimeError where a wait timed out (after
+    timeout_s)."""
     import cupy as cp
 
     b, n = band.shape[0] - 1, band.shape[1]
@@ -105,19 +108,19 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
         d = band[0].copy()
         e = band[1, :max(n - 1, 0)].copy() if b >= 1 else cp.zeros(max(n - 1, 0))
         size = sum(sweep_steps(n, max(b, 1), q * g) for q in range(-(-n_sweeps(n) // g))) * (b + 1) * g
-        return d, e, cp.zeros(size)
+        return d, e, cp.zeros(size) if reflectors else None
     A = working_band(band, cp)
     w = 2 * b
     full = A.reshape(n, 2 * w + 1)                     # row c: column c, rows c - w .. c + w
     off = group_offsets(n, b, g)
-    flat = cp.zeros(off[-1])
+    flat = cp.zeros(off[-1]) if reflectors else None
     goff = cp.asarray(np.array(off[:-1], dtype=np.int64))
     progress = cp.zeros(n_sweeps(n), dtype=cp.int32)
     err = cp.zeros(5, dtype=cp.int32)
     func, smem = chase_kernel()
     most = resident_blocks(func, smem)
     blocks = min(n_sweeps(n), most if grid is None else max(1, min(grid, most)))
-    func((blocks,), (TPB,), (A, flat, goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
+    func((blocks,), (TPB,), (A, flat if reflectors else np.uint64(0), goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
                               np.uint64(int(timeout_s * 1e9))), shared_mem=smem)
     failed, j, k, seen, need = (int(v) for v in err.get())   # waits for the kernel
     if failed:

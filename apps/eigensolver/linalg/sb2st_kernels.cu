@@ -136,8 +136,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   const int cl = s - lo;             // L = A[s:e, lo:s] has 1 column at k = 0, else b
   const int m2 = e2 - e;             // Y = A[e:e2, s:e] has 0 .. b rows
   const int mp = m + m2;             // the panel's rows
-  // group j / g's (K, b + 1, g) array in C order: v[i] of this step at R[i g], tau at R[b g]
-  double* R = flat + goff[j / g] + (long long)k * (b + 1) * g + j % g;
+  // group j / g's (K, b + 1, g) array in C order: v[i] of this step at R[i g], tau at R[b g];
+  // flat null: the reflectors are not kept (eigenvalues only)
+  double* R = flat ? flat + goff[j / g] + (long long)k * (b + 1) * g + j % g : nullptr;
 
   x.each([&](int t) {
     for (int idx = t; idx < mp * m; idx += SB_TPB) {
@@ -171,7 +172,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   x.sync();
   if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged;
     x.each([&](int t) {              // Y as loaded is the next pivot block
-      if (t == 0) R[0] = 1.0;
+      if (t == 0 && R) R[0] = 1.0;
       for (int idx = t; idx < m2 * m; idx += SB_TPB) {
         const int r = idx % m2, c = idx / m2;
         sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP];
@@ -186,9 +187,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
       const double vi = t == 0 ? 1.0 : sb_mul(sm.L[t], sm.scal);
       sm.v[t] = vi;
       sm.tv[t] = sb_mul(sm.tau, vi);
-      R[(long long)t * g] = vi;
+      if (R) R[(long long)t * g] = vi;
     }
-    if (t == 0) R[(long long)b * g] = sm.tau;
+    if (t == 0 && R) R[(long long)b * g] = sm.tau;
   });
   x.sync();
   // the three products: thread t sums output t % 64 over i = t / 64, t / 64 + 4, ... in order
@@ -303,7 +304,7 @@ __device__ bool wait_for(const int* progress, int* err, int j, int k, int need,
 }
 
 // A: the working band (n (4b + 1) doubles, initialised from the band); flat: every group's
-// reflectors (zeroed; layout sb2st.group_offsets, goff[q] where group q starts); progress: n - 2
+// reflectors (zeroed; layout sb2st.group_offsets, goff[q] where group q starts), or null; progress: n - 2
 // zeroed counts; err: 5 zeroed ints.  2 <= b <= SB_BMAX, g >= 1, n >= 3; blockDim.x = SB_TPB;
 // dynamic shared memory sizeof(Smem) (sb2st_smem_bytes).
 extern "C" __global__ void __launch_bounds__(SB_TPB)

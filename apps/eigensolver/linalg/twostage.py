@@ -112,7 +112,7 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
         if device:
             from .sb2st_device import sb2st_device
 
-            d, e, refl = sb2st_device(full, g)
+            d, e, refl = sb2st_device(full, g, reflectors=vectors)
         else:
             d, e, refl = sb2st(np.ascontiguousarray(to_host(full)), g)
         de[:n], de[n:2 * n - 1] = xp.asarray(d), xp.asarray(e)
