@@ -32,8 +32,9 @@ TWO_STAGE_BAND = 64
 #: reduction saves at b = 32 (docs/performance.md); bench/twostage_parts.py times every part per b
 TWO_STAGE_BAND_DEVICE = 64
 #: the GPU's with eigenvalues only or at most half of the eigenvectors: the bulge chasing took
-#: 0.38 s at b = 32 against 0.97 s at b = 64 (n = 16384, H100), and Q2 on k columns costs k / n of
-#: its n x n time
+#: 0.38 s at b = 32 against 0.97 s at b = 64 (n = 16384, H100) and the whole reduction 1.22 s
+#: against 1.45 (the band reduction's panels cost more at b = 32); Q2 on k columns costs k / n
+#: of its n x n time
 TWO_STAGE_BAND_DEVICE_FEW = 32
 
 
