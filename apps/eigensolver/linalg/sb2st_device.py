@@ -120,7 +120,8 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     func, smem = chase_kernel()
     most = resident_blocks(func, smem)
     blocks = min(n_sweeps(n), most if grid is None else max(1, min(grid, most)))
-    func((blocks,), (TPB,), (A, flat if reflectors else np.uint64(0), goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
+    keep = flat if reflectors else np.uint64(0)      # a null pointer: the kernel stores no reflector
+    func((blocks,), (TPB,), (A, keep, goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
                               np.uint64(int(timeout_s * 1e9))), shared_mem=smem)
     failed, j, k, seen, need = (int(v) for v in err.get())   # waits for the kernel
     if failed:

@@ -192,7 +192,9 @@ def _band_and_reflectors_one_device(C, n: int, b: int, xp):
 
 def gather_band(band, desc: BlockCyclic, comm, xp):
     """The whole (b + 1) x n band on every rank from the ranks' columns (one Allgather, blocks
-    padded to the largest local width)."""
+    padded to the largest local width); one rank's band is already whole (returned as is)."""
+    if desc.nprocs == 1:
+        return band
     nb1 = band.shape[0]
     w = desc.max_local_n
     send = xp.zeros((w, nb1), dtype=xp.float64)
