@@ -2,9 +2,11 @@
 // (sb2st_device.py).
 //
 // Block i runs sweeps i, i + gridDim.x, ... in order, each sweep's steps k = 0, 1, ... in order;
-// a step is sb2st.chase_step's arithmetic on the working band A in global memory (both triangles,
-// column-major band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
-// sb2st._SymmetricBand), staged in shared memory: each step loads the blocks it reads in one
+// a step is sb2st.chase_step's arithmetic on the working band A in global memory (column-major
+// band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
+// sb2st._SymmetricBand, of which the kernel reads and writes the lower triangle only: the
+// diagonal block's upper part is its lower part's mirror image, where the host updates both
+// triangles and they part by rounding), staged in shared memory: each step loads the blocks it reads in one
 // round at its start, and keeps the block that the sweep's next step pivots on.
 //
 // The wavefront (sb2st.steps_needed, checked on the CPU by tests/unit/test_sb2st_schedule.py):
@@ -132,10 +134,10 @@ SB_FN double combine(const double (&part)[SB_PARTS][SB_BMAX], int o) {
 // writes it in between, tests/unit/test_sb2st_schedule.py).  Ends after a sync.
 //
 // Every block the step reads is loaded at its start, in one round: the panel [D; Y] =
-// A[s:e2, s:e] (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
+// A[s:e2, s:e], D's lower triangle (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
 // three products with tau v in one phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v);
-// L -= v u^T and Y -= y v^T (stored to both triangles of A); w = p - (tau / 2)(p^T v) v;
-// D -= v w^T + w v^T (stored), Y kept in sm.L for the next step.
+// L -= v u^T and Y -= y v^T (stored); w = p - (tau / 2)(p^T v) v; D -= v w^T + w v^T on D's
+// lower triangle (stored), Y kept in sm.L for the next step.
 template <class X>
 SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long long* goff,
                       int n, int b, int g, int j, int k) {
@@ -152,7 +154,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   double* R = flat ? flat + goff[j / g] + (long long)k * (b + 1) * g + j % g : nullptr;
 
   x.each([&](int t) {
-    over_block<2 * SB_BMAX>(t, mp, m, [&](int r, int c) { sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b)); });
+    over_block<2 * SB_BMAX>(t, mp, m, [&](int r, int c) {   // D's lower triangle and Y
+      if (r >= c) sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b));
+    });
     if (k == 0 && t < m) sm.L[t] = ld_band(A + at(s + t, j, b));
   });
   x.sync();
@@ -204,7 +208,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     for (int i = part; i < m; i += SB_PARTS) {
       const double ti = sm.tv[i];
       if (o < cl - 1) au = sb_add(au, sb_mul(ti, sm.L[i + (o + 1) * SB_LDS]));
-      if (o < m) ap = sb_add(ap, sb_mul(sm.P[o + i * SB_LDP], ti));
+      if (o < m) ap = sb_add(ap, sb_mul(sm.P[o >= i ? o + i * SB_LDP : i + o * SB_LDP], ti));  // D(o, i)
       if (o < m2) ay = sb_add(ay, sb_mul(sm.P[m + o + i * SB_LDP], ti));
     }
     sm.part[0][part][o] = au;
@@ -223,27 +227,26 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   });
   x.sync();
   // from the left on L: the pivot column becomes (beta, 0, ...), L[:, 1:] -= v u^T; from the
-  // right on Y (the next bulge): Y -= y v^T; both into both triangles of A.  Then p^T v.
+  // right on Y (the next bulge): Y -= y v^T; both into A (lower triangle).  Then p^T v.
   x.each([&](int t) {
     over_block<SB_BMAX>(t, m, cl, [&](int r, int c) {
       const double a = c == 0 ? (r == 0 ? sm.beta : 0.0) : sb_sub(sm.L[r + c * SB_LDS], sb_mul(sm.v[r], sm.u[c - 1]));
       A[at(s + r, lo + c, b)] = a;
-      A[at(lo + c, s + r, b)] = a;
     });
     over_block<SB_BMAX>(t, m2, m, [&](int r, int c) {
       double& a = sm.P[m + r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.y[r], sm.v[c]));
       A[at(e + r, s + c, b)] = a;
-      A[at(s + c, e + r, b)] = a;
     });
   });
   tree_sum(x, sm);
-  // two-sided on the diagonal block D (both triangles, as the host): w = p - (tau / 2)(p^T v) v,
+  // two-sided on the diagonal block D (its lower triangle): w = p - (tau / 2)(p^T v) v,
   // D -= v w^T, D -= w v^T; Y into sm.L
   x.each([&](int t) { if (t < m) sm.w[t] = sb_sub(sm.p[t], sb_mul(sb_mul(sb_mul(0.5, sm.tau), sm.red[0]), sm.v[t])); });
   x.sync();
   x.each([&](int t) {
     over_block<SB_BMAX>(t, m, m, [&](int r, int c) {
+      if (r < c) return;
       double a = sm.P[r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.v[r], sm.w[c]));
       a = sb_sub(a, sb_mul(sm.w[r], sm.v[c]));
