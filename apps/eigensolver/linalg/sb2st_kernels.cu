@@ -2,9 +2,11 @@
 // (sb2st_device.py).
 //
 // Block i runs sweeps i, i + gridDim.x, ... in order, each sweep's steps k = 0, 1, ... in order;
-// a step is sb2st.chase_step's arithmetic on the working band A in global memory (both triangles,
-// column-major band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
-// sb2st._SymmetricBand), staged in shared memory: each step loads the blocks it reads in one
+// a step is sb2st.chase_step's arithmetic on the working band A in global memory (column-major
+// band storage of half-bandwidth w = 2b: A(r, c) at c (4b + 1) + r - c + 2b, as
+// sb2st._SymmetricBand, of which the kernel reads and writes the lower triangle only: the
+// diagonal block's upper part is its lower part's mirror image, where the host updates both
+// triangles and they part by rounding), staged in shared memory: each step loads the blocks it reads in one
 // round at its start, and keeps the block that the sweep's next step pivots on.
 //
 // The wavefront (sb2st.steps_needed, checked on the CPU by tests/unit/test_sb2st_schedule.py):
@@ -100,6 +102,17 @@ SB_FN double ld_band(const double* p) {
 #endif
 }
 
+// f(r, c) for every entry of a rows x cols block (rows <= R, R = SB_BMAX or 2 SB_BMAX): thread t
+// takes row t % R and columns t / R, t / R + SB_TPB / R, ... (shifts, no integer division;
+// consecutive threads, consecutive rows: coalesced along a column of the band storage)
+template <int R, class F>
+SB_FN void over_block(int t, int rows, int cols, F f) {
+  static_assert(SB_TPB % R == 0, "R divides the block's threads");
+  const int r = t % R;
+  if (r >= rows) return;
+  for (int c = t / R; c < cols; c += SB_TPB / R) f(r, c);
+}
+
 // sm.red[0] = the sum of sm.red[0 .. 63] by a halving tree, run by the first warp alone
 // (x.warp: its 32 threads, a warp barrier after each level).  Ends synchronized.
 template <class X>
@@ -121,10 +134,10 @@ SB_FN double combine(const double (&part)[SB_PARTS][SB_BMAX], int o) {
 // writes it in between, tests/unit/test_sb2st_schedule.py).  Ends after a sync.
 //
 // Every block the step reads is loaded at its start, in one round: the panel [D; Y] =
-// A[s:e2, s:e] (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
+// A[s:e2, s:e], D's lower triangle (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
 // three products with tau v in one phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v);
-// L -= v u^T and Y -= y v^T (stored to both triangles of A); w = p - (tau / 2)(p^T v) v;
-// D -= v w^T + w v^T (stored), Y kept in sm.L for the next step.
+// L -= v u^T and Y -= y v^T (stored); w = p - (tau / 2)(p^T v) v; D -= v w^T + w v^T on D's
+// lower triangle (stored), Y kept in sm.L for the next step.
 template <class X>
 SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long long* goff,
                       int n, int b, int g, int j, int k) {
@@ -141,10 +154,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   double* R = flat ? flat + goff[j / g] + (long long)k * (b + 1) * g + j % g : nullptr;
 
   x.each([&](int t) {
-    for (int idx = t; idx < mp * m; idx += SB_TPB) {
-      const int r = idx % mp, c = idx / mp;
-      sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b));
-    }
+    over_block<2 * SB_BMAX>(t, mp, m, [&](int r, int c) {   // D's lower triangle and Y
+      if (r >= c) sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b));
+    });
     if (k == 0 && t < m) sm.L[t] = ld_band(A + at(s + t, j, b));
   });
   x.sync();
@@ -173,10 +185,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged;
     x.each([&](int t) {              // Y as loaded is the next pivot block
       if (t == 0 && R) R[0] = 1.0;
-      for (int idx = t; idx < m2 * m; idx += SB_TPB) {
-        const int r = idx % m2, c = idx / m2;
-        sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP];
-      }
+      over_block<SB_BMAX>(t, m2, m, [&](int r, int c) { sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP]; });
     });
     x.sync();
     return;
@@ -199,7 +208,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
     for (int i = part; i < m; i += SB_PARTS) {
       const double ti = sm.tv[i];
       if (o < cl - 1) au = sb_add(au, sb_mul(ti, sm.L[i + (o + 1) * SB_LDS]));
-      if (o < m) ap = sb_add(ap, sb_mul(sm.P[o + i * SB_LDP], ti));
+      if (o < m) ap = sb_add(ap, sb_mul(sm.P[o >= i ? o + i * SB_LDP : i + o * SB_LDP], ti));  // D(o, i)
       if (o < m2) ay = sb_add(ay, sb_mul(sm.P[m + o + i * SB_LDP], ti));
     }
     sm.part[0][part][o] = au;
@@ -218,39 +227,32 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   });
   x.sync();
   // from the left on L: the pivot column becomes (beta, 0, ...), L[:, 1:] -= v u^T; from the
-  // right on Y (the next bulge): Y -= y v^T; both into both triangles of A.  Then p^T v.
+  // right on Y (the next bulge): Y -= y v^T; both into A (lower triangle).  Then p^T v.
   x.each([&](int t) {
-    for (int idx = t; idx < m * cl; idx += SB_TPB) {
-      const int r = idx % m, c = idx / m;
+    over_block<SB_BMAX>(t, m, cl, [&](int r, int c) {
       const double a = c == 0 ? (r == 0 ? sm.beta : 0.0) : sb_sub(sm.L[r + c * SB_LDS], sb_mul(sm.v[r], sm.u[c - 1]));
       A[at(s + r, lo + c, b)] = a;
-      A[at(lo + c, s + r, b)] = a;
-    }
-    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
-      const int r = idx % m2, c = idx / m2;
+    });
+    over_block<SB_BMAX>(t, m2, m, [&](int r, int c) {
       double& a = sm.P[m + r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.y[r], sm.v[c]));
       A[at(e + r, s + c, b)] = a;
-      A[at(s + c, e + r, b)] = a;
-    }
+    });
   });
   tree_sum(x, sm);
-  // two-sided on the diagonal block D (both triangles, as the host): w = p - (tau / 2)(p^T v) v,
+  // two-sided on the diagonal block D (its lower triangle): w = p - (tau / 2)(p^T v) v,
   // D -= v w^T, D -= w v^T; Y into sm.L
   x.each([&](int t) { if (t < m) sm.w[t] = sb_sub(sm.p[t], sb_mul(sb_mul(sb_mul(0.5, sm.tau), sm.red[0]), sm.v[t])); });
   x.sync();
   x.each([&](int t) {
-    for (int idx = t; idx < m * m; idx += SB_TPB) {
-      const int r = idx % m, c = idx / m;
+    over_block<SB_BMAX>(t, m, m, [&](int r, int c) {
+      if (r < c) return;
       double a = sm.P[r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.v[r], sm.w[c]));
       a = sb_sub(a, sb_mul(sm.w[r], sm.v[c]));
       A[at(s + r, s + c, b)] = a;
-    }
-    for (int idx = t; idx < m2 * m; idx += SB_TPB) {
-      const int r = idx % m2, c = idx / m2;
-      sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP];
-    }
+    });
+    over_block<SB_BMAX>(t, m2, m, [&](int r, int c) { sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP]; });
   });
   x.sync();
 }
