@@ -1,7 +1,7 @@
-"""q2_device.apply_q2_device on one GPU: equal to sb2st.apply_q2 (the host's block loop) to
-rounding on reflectors of random symmetric bands, B = Q2 T Q2^T through it on Z = I, the same
-bits on two runs, and (printed, not asserted) its speed at n = 8192 and 16384 beside the host's
-block loop run on CuPy.  No MPI: tests/gpu/run.sh runs this file once with plain pytest.
+"""q2_device's Q2 Z on one GPU, each way (apply_q2_levels, apply_q2_groups, and apply_q2_device
+that picks): equal to sb2st.apply_q2 (the host's block loop) to rounding on reflectors of random
+symmetric bands, B = Q2 T Q2^T through it on Z = I, the same bits on two runs, and (printed, not
+asserted) the speed of both ways at n = 4096 to 16384 beside the host's block loop run on CuPy.  No MPI: tests/gpu/run.sh runs this file once with plain pytest.
 
     python -m pytest -q -rs tests/gpu/test_q2_gpu.py"""
 from __future__ import annotations
@@ -12,13 +12,14 @@ import _gpu_checks  # noqa: F401 - lazily-imported modules first (see there)
 import numpy as np
 import pytest
 
-from hpccoll_eigensolver.linalg.q2_device import apply_q2_device, chunk_columns, q2_flops, schedule
+from hpccoll_eigensolver.linalg.q2_device import apply_q2_device, apply_q2_groups, apply_q2_levels, q2_flops
 from hpccoll_eigensolver.linalg.sb2st import apply_q2, group_offsets, group_shape, sb2st
 
 pytestmark = pytest.mark.gpu
 STARTS_ITS_OWN_JOBS = True  # tests/gpu/run.sh: run this file outside mpiexec (it uses no MPI)
 
 WIDEST = 300
+WAYS = {"levels": apply_q2_levels, "groups": apply_q2_groups, "device": apply_q2_device}
 
 
 def _band(rng, n, b):
@@ -48,43 +49,48 @@ def _rel(got, want):
 SIZES = [(n, b) for n in (5, 67, 300, 1000) for b in (2, 8, 32, 64) if (n, b) != (1000, 2)]
 
 
+@pytest.mark.parametrize("way", sorted(WAYS))
 @pytest.mark.parametrize("n,b", SIZES)
-@pytest.mark.parametrize("width", [0, 1, 7, WIDEST])
-def test_matches_the_host_apply(cupy, n, b, width):
+@pytest.mark.parametrize("width", [0, 1, 7, 65, WIDEST])
+def test_matches_the_host_apply(cupy, n, b, width, way):
     _, _, _, flat, Z, want = _case(n, b, b)
     Zd = cupy.asfortranarray(cupy.asarray(Z[:, :width]))
-    apply_q2_device(cupy.asarray(flat), n, b, b, Zd)
+    WAYS[way](cupy.asarray(flat), n, b, b, Zd)
     assert _rel(Zd.get(), want[:, :width]) < 1e-12
 
 
-@pytest.mark.parametrize("n,b,g", [(300, 8, 3), (301, 5, 16), (67, 32, 7)])
-def test_matches_the_host_apply_for_g_other_than_b(cupy, n, b, g):
+@pytest.mark.parametrize("way", sorted(WAYS))
+@pytest.mark.parametrize("n,b,g", [(300, 8, 3), (301, 5, 16), (67, 32, 7), (500, 64, 33), (400, 40, 64)])
+def test_matches_the_host_apply_for_g_other_than_b(cupy, n, b, g, way):
     _, _, _, flat, Z, want = _case(n, b, g)
     Zd = cupy.asfortranarray(cupy.asarray(Z))
-    apply_q2_device(cupy.asarray(flat), n, b, g, Zd)
+    WAYS[way](cupy.asarray(flat), n, b, g, Zd)
     assert _rel(Zd.get(), want) < 1e-12
 
 
-def test_in_column_chunks_on_a_block_of_a_larger_array(cupy):
-    """A small budget (several chunks) and Z a column block of a taller Fortran array (leading
-    dimension > n): the rows below n and the other columns stay untouched."""
+@pytest.mark.parametrize("way", ["levels", "groups"])
+def test_on_a_block_of_a_larger_array(cupy, way):
+    """Z a column block of a taller Fortran array (leading dimension > n; for the levels a small
+    budget: several chunks): the rows below n and the other columns stay untouched."""
     n, b = 300, 32
     _, _, _, flat, Z, want = _case(n, b, b)
     big = cupy.asfortranarray(cupy.asarray(np.random.default_rng().standard_normal((n + 5, WIDEST + 9))))
     before = big.get()
     big[:n, 4:4 + WIDEST] = cupy.asarray(Z)
-    apply_q2_device(cupy.asarray(flat), n, b, b, big[:n, 4:4 + WIDEST], budget=8 * b * 5 * 7)
+    extra = {"budget": 8 * b * 5 * 7} if way == "levels" else {}
+    WAYS[way](cupy.asarray(flat), n, b, b, big[:n, 4:4 + WIDEST], **extra)
     after = big.get()
     assert _rel(after[:n, 4:4 + WIDEST], want) < 1e-12
     assert np.array_equal(after[n:], before[n:]) and np.array_equal(after[:, :4], before[:, :4])
     assert np.array_equal(after[:, 4 + WIDEST:], before[:, 4 + WIDEST:])
 
 
-@pytest.mark.parametrize("n,b", [(67, 8), (300, 64), (1000, 32)])
-def test_rebuilds_the_band_on_the_identity(cupy, n, b):
+@pytest.mark.parametrize("way", ["levels", "groups"])
+@pytest.mark.parametrize("n,b", [(67, 8), (300, 64), (1000, 32), (1000, 64)])
+def test_rebuilds_the_band_on_the_identity(cupy, n, b, way):
     band, d, e, flat, _, _ = _case(n, b, b)
     Q2 = cupy.asfortranarray(cupy.eye(n))
-    apply_q2_device(cupy.asarray(flat), n, b, b, Q2)
+    WAYS[way](cupy.asarray(flat), n, b, b, Q2)
     Q2 = Q2.get()
     B = np.zeros((n, n))
     for k in range(b + 1):
@@ -95,22 +101,31 @@ def test_rebuilds_the_band_on_the_identity(cupy, n, b):
     assert _rel(Q2.T @ Q2, np.eye(n)) < 1e-12
 
 
-def test_same_bits_on_two_runs(cupy):
-    n, b = 1000, 32
+@pytest.mark.parametrize("way", ["levels", "groups"])
+def test_same_bits_on_two_runs(cupy, way):
+    n, b = 1000, 64
     _, _, _, flat, Z, _ = _case(n, b, b)
     runs = []
     for _ in range(2):
         Zd = cupy.asfortranarray(cupy.asarray(Z))
-        apply_q2_device(cupy.asarray(flat), n, b, b, Zd)
+        WAYS[way](cupy.asarray(flat), n, b, b, Zd)
         runs.append(Zd.get())
     assert np.array_equal(runs[0], runs[1])
 
 
-def test_rejects_a_c_order_z(cupy):
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_rejects_a_c_order_z(cupy, way):
     n, b = 67, 8
     _, _, _, flat, Z, _ = _case(n, b, b)
     with pytest.raises(ValueError, match="column-major"):
-        apply_q2_device(cupy.asarray(flat), n, b, b, cupy.ascontiguousarray(cupy.asarray(Z)))
+        WAYS[way](cupy.asarray(flat), n, b, b, cupy.ascontiguousarray(cupy.asarray(Z)))
+
+
+def test_groups_reject_a_band_above_64(cupy):
+    n, b = 300, 64
+    _, _, _, flat, Z, _ = _case(n, b, b)
+    with pytest.raises(ValueError, match="<= 64"):
+        apply_q2_groups(cupy.zeros(group_offsets(n, 65, 65)[-1]), n, 65, 65, cupy.asfortranarray(cupy.asarray(Z)))
 
 
 def _random_flat(cupy, n, b, g):
@@ -142,35 +157,31 @@ def _seconds(cupy, fn):
 
 
 def test_speed(cupy, capsys):
-    """Printed: apply_q2_device's time and GEMM rate for ncols = n, and the host's block loop on
-    CuPy at n = 4096 (its launches per block are what the levels avoid)."""
+    """Printed: both ways' time for ncols = n and n / 10 (the levels' GEMM rate beside), and the
+    host's block loop on CuPy at n = 4096 (its launches per block are what both ways avoid)."""
     lines = []
     warm = cupy.asfortranarray(cupy.ones((300, 3)))
-    apply_q2_device(_random_flat(cupy, 300, 64, 64), 300, 64, 64, warm)   # compile and load first
+    for way in (apply_q2_levels, apply_q2_groups):     # compile and load first
+        way(_random_flat(cupy, 300, 64, 64), 300, 64, 64, warm)
     for n in (4096, 8192, 16384):
         for b in (32, 64):
             flat = _random_flat(cupy, n, b, b)
-            Z = cupy.asfortranarray(cupy.random.standard_normal((n, n)))
-            thin = cupy.asfortranarray(Z[:, :1])
-            t1 = _seconds(cupy, lambda: apply_q2_device(flat, n, b, b, thin))
-            t = _seconds(cupy, lambda: apply_q2_device(flat, n, b, b, Z))
-            norm = float(cupy.linalg.norm(Z[:, :8]) / cupy.linalg.norm(cupy.ones((n, 8))))
-            lines.append(f"apply_q2_device n={n} b=g={b} ncols={n}: {t:.3f} s, "
-                         f"{q2_flops(n, b, b, n) / t / 1e12:.1f} TFLOP/s; ncols=1: {t1 * 1e3:.1f} ms; "
-                         f"|Z[:, :8]| / |ones| = {norm:.3f}")
-            if n == 16384 and b == 64:   # smaller chunks: Z's chunk and W nearer L2's size, more launches
-                for budget in (64 << 20, 8 << 20):
-                    tb = _seconds(cupy, lambda: apply_q2_device(flat, n, b, b, Z, budget=budget))
-                    lines.append(f"  budget {budget >> 20} MiB ({chunk_columns(schedule(n, b, b), b, n, budget)} "
-                                 f"columns a chunk): {tb:.3f} s, {q2_flops(n, b, b, n) / tb / 1e12:.1f} TFLOP/s")
+            Z0 = cupy.asfortranarray(cupy.random.standard_normal((n, n)))
+            for cols in (n, n // 10):
+                Z = Z0[:, :cols].copy(order="F")
+                tl = _seconds(cupy, lambda: apply_q2_levels(flat, n, b, b, Z))
+                Z = Z0[:, :cols].copy(order="F")
+                tg = _seconds(cupy, lambda: apply_q2_groups(flat, n, b, b, Z))
+                lines.append(f"n={n} b=g={b} ncols={cols}: levels {tl:.3f} s ({q2_flops(n, b, b, cols) / tl / 1e12:.1f} "
+                             f"TFLOP/s), groups {tg:.3f} s: {tl / tg:.2f}x")
             if n == 4096:
                 off = group_offsets(n, b, b)
                 shapes = [group_shape(n, b, b, q) for q in range(len(off) - 1)]
-                Zh = cupy.asfortranarray(cupy.random.standard_normal((n, n)))
+                Zh = Z0.copy(order="F")
                 th = _seconds(cupy, lambda: apply_q2(lambda q: flat[off[q]:off[q + 1]].reshape(shapes[q]),
                                                      n, b, b, Zh, cupy))
-                lines.append(f"host block loop on CuPy n={n} b=g={b} ncols={n}: {th:.3f} s ({th / t:.1f} x)")
-            del flat, Z, thin
+                lines.append(f"host block loop on CuPy n={n} b=g={b} ncols={n}: {th:.3f} s")
+            del flat, Z0, Z
             cupy.get_default_memory_pool().free_all_blocks()
     with capsys.disabled():
         print("\n" + "\n".join(lines))

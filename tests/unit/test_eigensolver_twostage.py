@@ -143,11 +143,11 @@ def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
     assert np.abs(C1 - C2).max() < 1e-11 and np.array_equal(C1 == 0, C2 == 0)
 
 
-def test_the_gpu_band_depends_on_the_eigenvector_columns():
+def test_the_gpu_band_is_the_largest_divisor_of_nb_up_to_64():
     from hpccoll_eigensolver.linalg.twostage import device_band
 
-    assert device_band(64, 1000, 0) == 32 and device_band(64, 1000, 500) == 32 and device_band(64, 1000, 501) == 64
-    assert device_band(64, 1000, 1000) == 64 and device_band(48, 1000, 0) == 24 and device_band(48, 1000, 1000) == 48
+    assert device_band(64) == 64 and device_band(128) == 64 and device_band(48) == 48 and device_band(96) == 48
+    assert device_band(100) == 50 and device_band(7) == 7
 
 
 def test_auto_takes_two_stages_on_one_gpu_rank_from_16384_with_few_vectors():

@@ -253,3 +253,14 @@ def test_q2_kernels_compile():
             pytest.skip(str(exc))
         raise
     assert cubin[:4] == b"\x7fELF"
+
+
+def test_the_group_path_needs_b_and_g_in_33_to_64_and_columns_for_half_the_sms():
+    from hpccoll_eigensolver.linalg.q2_device import uses_groups
+
+    assert uses_groups(64, 64, 16384, 132) and uses_groups(33, 40, 64 * 66, 132)
+    assert not uses_groups(64, 64, 64 * 65, 132)                    # 65 blocks for 132 SMs
+    assert uses_groups(64, 64, 64 * 65 + 1, 132)                    # 66 blocks: a partial one counts
+    assert not uses_groups(32, 64, 16384, 132) and not uses_groups(64, 32, 16384, 132)
+    assert not uses_groups(65, 64, 16384, 132) and not uses_groups(64, 65, 16384, 132)
+    assert not uses_groups(64, 64, 0, 132)

@@ -163,7 +163,7 @@ class GeneralizedSolver:
         d, e, tau, V, L = tridiagonalize(A_local, None, desc, comm, xp, timer, self.sytrd,
                                          early.hooks if early else (), scale_exponents=(a_exp, b_exp), L=self.L,
                                          reduction=reduction_for(self.reduction, desc, is_device(xp), columns),
-                                         vectors=vectors, columns=columns)
+                                         vectors=vectors)
         with timer.phase("stedc"):
             if subset is None:
                 w, Z = _stedc(d, e, desc, comm, xp, vectors, self.where, early.solved if early else None)
@@ -357,8 +357,7 @@ def _check_finite(w, X, comm, xp, w_exp: int, who: str = "sygvd") -> None:
 
 
 def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, sytrd: str = "auto",
-                   notify=(), scale_exponents=(0, 0), L=None, reduction: str = "auto", vectors: bool = True,
-                   columns: int | None = None):
+                   notify=(), scale_exponents=(0, 0), L=None, reduction: str = "auto", vectors: bool = True):
     """sygvd's first three phases: potrf, sygst and sytrd on copies of A_local and B_local,
     scaled by 2^a and 2^b for scale_exponents (a, b) (scaling.py).  Returns (d, e, tau, V, L):
     T's diagonals and the reflectors' scalars (replicated), the local columns holding the
@@ -366,9 +365,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     once T's first `rows` rows are final (sytrd.sytrd).  L: B's factor from cholesky (of B
     scaled by 2^b) when the caller holds it (GeneralizedSolver): no potrf, B_local unused.
     reduction "two-stage": (d, e, None, Q, L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z
-    for any n x k columns Z, None with vectors=False; notify's functions called at the end);
-    columns: the eigenvector columns Q will be applied to (None: n; the GPU's band width
-    depends on it, twostage.device_band)."""
+    for any n x k columns Z, None with vectors=False; notify's functions called at the end)."""
     a_exp, b_exp = scale_exponents
     if L is None:
         L = cholesky(B_local, desc, comm, xp, timer, b_exp)
@@ -378,7 +375,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
         if reduction == "two-stage":
-            d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors, columns=columns)
+            d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
             for _, fn in sorted(notify, key=lambda hook: hook[0]):
                 fn(d, e)
             return d, e, None, Q, L

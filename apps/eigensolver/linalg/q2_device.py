@@ -1,5 +1,14 @@
-"""Z <- Q2 Z on the GPU: sb2st's reflectors applied by levels of disjoint compact-WY blocks, one
-factor kernel (q2_kernels.cu) and two strided-batched cuBLAS GEMMs per level and column chunk.
+"""Z <- Q2 Z on the GPU, two ways; apply_q2_device picks (uses_groups).
+
+Levels (apply_q2_levels): sb2st's reflectors applied by levels of disjoint compact-WY blocks, one
+factor kernel (q2_kernels.cu) and two strided-batched cuBLAS GEMMs per level and column chunk;
+every level streams its rows of Z through the GEMMs.  Any b and g.
+
+Groups (apply_q2_groups): per group one factor kernel (each step's T) and one q2_group_apply
+launch whose blocks each take 64 of Z's columns through all of the group's steps in the host's
+order, the 128 rows a step touches held on chip and the products on the tensor cores (fp64
+mma m16n8k8); a step brings in b new rows and writes b back.  b, g <= 64; its grid is
+ncols / 64 blocks, so it pays where those fill the GPU.
 
 The blocks.  sb2st.apply_q2 applies Q2 as blocks (q, k), q < Q = the number of groups, k < K_q:
 group q's step k, rows r(q, k) = q g + 1 + k b .. + h - 1 (h = b + g - 1, clipped at n), one
@@ -51,6 +60,13 @@ from .sb2st import _groups, group_offsets, sweep_steps
 WORKSPACE_BUDGET = 256 << 20   # bytes for W, the GEMMs' m x g x chunk intermediate
 THREADS = 256                  # q2_level_factors' block size
 SMEM_DEFAULT = 48 << 10        # dynamic shared memory a kernel gets without opting in
+GROUP_COLUMNS = 64             # q2_group_apply's Z columns per block (Q2_COLS)
+GROUP_THREADS = 256            # its block size (Q2_THREADS)
+GROUP_MAX = 64                 # its largest b and g (Q2_PAD)
+#: apply_q2_device's group path needs min(b, g) above this: on an H100 at n = 16384, ncols = n,
+#: the group path took 0.75 s against the levels' 1.13 s at b = g = 64 and 1.91 s against 1.78 s
+#: at b = g = 32 (docs/performance.md)
+GROUP_MIN = 32
 
 
 @dataclass(frozen=True)
@@ -92,7 +108,7 @@ def chunk_columns(levels: list[Level], g: int, ncols: int, budget: int = WORKSPA
 
 
 def q2_flops(n: int, b: int, g: int, ncols: int) -> int:
-    """The GEMMs' flops of apply_q2_device on ncols columns: 2 (2 h' g ncols) per block of height
+    """The GEMMs' flops of apply_q2_levels on ncols columns: 2 (2 h' g ncols) per block of height
     h' (h, or n - r for a level's clipped block), V's and Y's zero triangles included (about
     2 n^2 ncols (b + g - 1) / b in all).  The factor kernel's O(n^2 g) are left out."""
     total = 0
@@ -164,7 +180,7 @@ def level_gemms(lv: Level, n: int, b: int, g: int, w: int, z0: int, ldz: int) ->
 
 
 def apply_q2_twin(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
-    """Z <- Q2 Z in place (NumPy, Z column-major): apply_q2_device's schedule, chunks,
+    """Z <- Q2 Z in place (NumPy, Z column-major): apply_q2_levels' schedule, chunks,
     workspaces and GEMM parameters (level_gemms), each GEMM's reach checked against its buffer."""
     from ._xp import _leading_dim
 
@@ -211,8 +227,28 @@ def _gemm_twin(gm: Gemm, bufs: dict, n: int, ldz: int) -> None:
         C[...] = prod + gm.beta * C
 
 
-def apply_q2_device(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
-    """Z <- Q2 Z in place on the GPU.  flat: CuPy float64, all groups' reflectors in the
+def apply_q2_device(flat, n: int, b: int, g: int, Z):
+    """Z <- Q2 Z in place on the GPU: apply_q2_groups where uses_groups says so, else
+    apply_q2_levels.  flat, Z as apply_q2_levels takes them; runs on the current stream;
+    returns Z."""
+    import cupy
+
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    if Z.ndim == 2 and uses_groups(b, g, Z.shape[1], sms):
+        return apply_q2_groups(flat, n, b, g, Z)
+    return apply_q2_levels(flat, n, b, g, Z)
+
+
+def uses_groups(b: int, g: int, ncols: int, sms: int) -> bool:
+    """Whether apply_q2_device takes the group path for ncols columns on a GPU of sms SMs: with
+    b and g above GROUP_MIN (q2_group_apply pads its factors to 64 x 64) and at least half as many
+    64-column blocks as SMs (each block of the grid runs every step of a group: a GPU with fewer
+    blocks than SMs runs a group in the time of a full one)."""
+    return GROUP_MIN < min(b, g) and max(b, g) <= GROUP_MAX and 2 * -(-ncols // GROUP_COLUMNS) >= sms
+
+
+def apply_q2_levels(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
+    """Z <- Q2 Z in place on the GPU by levels of batched GEMMs.  flat: CuPy float64, all groups' reflectors in the
     sb2st.group_offsets layout (group q's sb2st refl[q], C order, at flat[off[q]:off[q + 1]]);
     Z: CuPy float64 n x ncols, column-major (ncols may be 0).  `budget`: bytes for W (module
     doc).  Runs on the current stream; returns Z."""
@@ -256,6 +292,59 @@ def apply_q2_device(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUD
     return Z
 
 
+_group_kernels: dict = {}   # CUDA device -> (q2_group_T, q2_group_apply, the latter's shared memory)
+
+
+def group_kernels():
+    """q2_group_T and q2_group_apply on the current device, and q2_group_apply's dynamic shared
+    memory in bytes (sizeof(Q2Smem), asked of the kernel file once; the limit raised to it)."""
+    import cupy
+
+    from ._xp import raw_module
+
+    dev = cupy.cuda.Device().id
+    if dev not in _group_kernels:
+        mod = raw_module("q2_kernels.cu")
+        out = cupy.zeros(1, dtype=cupy.int64)
+        mod.get_function("q2_apply_smem_bytes")((1,), (1,), (out,))
+        smem = int(out.get()[0])
+        apply = mod.get_function("q2_group_apply")
+        _allow_shared(cupy, apply, smem, 64)
+        _group_kernels[dev] = (mod.get_function("q2_group_T"), apply, smem)
+    return _group_kernels[dev]
+
+
+def apply_q2_groups(flat, n: int, b: int, g: int, Z):
+    """Z <- Q2 Z in place on the GPU, group by group (q2_kernels.cu's q2_group_apply: each block
+    of the grid takes 64 columns of Z through all of a group's steps with the rows on chip), the
+    host's order (sb2st.apply_q2).  b, g <= 64.  flat, Z as apply_q2_levels takes them."""
+    import cupy
+
+    from ._xp import _leading_dim
+
+    _check_operands(cupy, flat, n, b, g, Z, None)
+    if b > GROUP_MAX or g > GROUP_MAX:
+        raise ValueError(f"apply_q2_groups: b = {b}, g = {g}: both must be <= {GROUP_MAX}")
+    ncols = Z.shape[1]
+    Q = _groups(n, g)
+    if not Q or not ncols:
+        return Z
+    K = [sweep_steps(n, b, q * g) for q in range(Q)]
+    tk, ak, smem = group_kernels()
+    offsets = cupy.asarray(np.array(group_offsets(n, b, g), dtype=np.int64))
+    T = cupy.empty(max(K) * g * g, dtype=cupy.float64)
+    _allow_shared(cupy, tk, (g * g + g) * 8, g)
+    ldz = np.int64(_leading_dim(Z))
+    grid = (ncols + GROUP_COLUMNS - 1) // GROUP_COLUMNS
+    args = (np.int32(n), np.int32(b), np.int32(g), Z, ldz, np.int32(ncols))
+    for q in reversed(range(Q)):
+        if K[q]:
+            tk((K[q],), (THREADS,), (flat, offsets, np.int32(q), np.int32(b), np.int32(g), T),
+               shared_mem=(g * g + g) * 8)
+            ak((grid,), (GROUP_THREADS,), (flat, offsets, T, np.int32(q), np.int32(K[q])) + args, shared_mem=smem)
+    return Z
+
+
 def _allow_shared(cupy, kernel, smem: int, g: int) -> None:
     """Let the kernel use smem bytes of dynamic shared memory (opting in above 48 KiB)."""
     if smem <= SMEM_DEFAULT:
@@ -288,5 +377,6 @@ def _check_operands(xp, flat, n: int, b: int, g: int, Z, levels) -> None:
             raise ValueError(f"{name}: `Z` must be column-major (a Fortran-order array or a block of one)")
 
 
-__all__ = ["apply_q2_device", "apply_q2_twin", "q2_flops", "schedule", "chunk_columns", "level_gemms", "Level",
+__all__ = ["apply_q2_device", "apply_q2_levels", "apply_q2_groups", "uses_groups", "apply_q2_twin", "q2_flops",
+           "schedule", "chunk_columns", "level_gemms", "Level",
            "Gemm", "WORKSPACE_BUDGET"]

@@ -1,5 +1,6 @@
-// The compact-WY factors of Q2's blocks for q2_device.py: one launch per level of its schedule.
+// Q2's kernels for q2_device.py.
 //
+// q2_level_factors (apply_q2_levels): the compact-WY factors of one level of its schedule.
 // Block i of the level (blockIdx.x) is group q = q0 + i, step k = k0 + i.  Its reflectors lie in
 // `flat` (sb2st.group_offsets' layout, group q's (K_q, b + 1, g) array in C order) from
 // offsets[q] + k (b + 1) g:  R[r g + t] (r < b) is entry r of sweep q g + t's vector (the block's
@@ -78,5 +79,306 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
             if (tau[a] != 0.0)
                 s += R[(r - a) * g + a] * S[a + c * g];
         Yi[e] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q2 Z group by group, every block of a group applied to Z's rows while they stay on chip.
+//
+// q2_group_T: group q's blocks' T factors, block k = blockIdx.x, g x g column-major at
+// T + k g g (zero below the diagonal), by the recurrence above.  Launch: grid = K_q, any
+// blockDim (256), (g g + g) doubles of dynamic shared memory.
+//
+// q2_group_apply: Z <- H_{q,K-1} ... H_{q,1} H_{q,0} Z for one group q, H_{q,k} = I - V T V^T
+// the block of rows r_k = q g + 1 + k b .. r_k + h - 1 (h = b + g - 1, clipped at n).  Block x
+// of the grid owns Z's columns 64 x .. 64 x + 63 (columns are independent: no block waits for
+// another) and keeps a window of Q2_WIN = 128 rows on chip, a ring (row rho in slot rho & 127):
+// rows r_k .. r_k + 127 during step k, of which the block's h rows change.  Rows r_k .. r_k + b - 1
+// are final after step k (step k + 1 starts b rows lower), so they go back to Z and rows
+// r_k + 128 .. r_k + 128 + b - 1 come in, read into registers while step k computes.  Per step,
+// on the tensor cores (mma m16n8k8, fp64):
+//   W  = V^T Zw         64 x 64, V^T's 32-row tiles only over the rows where V is nonzero
+//   W2 = T W            T upper triangular: only l >= a
+//   Zw = Zw - V W2      V's 32-row tiles only over the columns where V is nonzero
+// with V[rho][t] = R[(rho - t) g + t] for 0 <= rho - t < b and tau_t != 0 (the skewed columns,
+// kept on chip as R, not as a dense h x g V).  R, T and W are padded to 64 x 64 with zeros
+// (b, g <= 64).  Rows at or past n are zero on chip and never written back; columns past ncols
+// are zero and never written back.  Every sum runs in a fixed order: the same bits every run.
+//
+// Launch: grid = ceil(ncols / 64), blockDim Q2_THREADS, sizeof(Q2Smem) bytes of dynamic shared
+// memory (q2_apply_smem_bytes), after q2_group_T of the same group on the same stream.
+
+#define Q2_COLS 64
+#define Q2_WIN 128
+#define Q2_LDZ 132      // the ring's column stride: 4 (mod 16) spreads a fragment's rows over banks
+#define Q2_LDS 68       // R's, T's and W's row stride: 4 (mod 16), the same reason
+#define Q2_PAD 64
+#define Q2_THREADS 256
+#define Q2_ITEMS (Q2_PAD * Q2_COLS / Q2_THREADS)   // 64 x 64 items, per thread
+
+struct Q2Smem {
+    double Z[Q2_COLS * Q2_LDZ];    // the ring: column c's row rho at c Q2_LDZ + (rho & 127)
+    double R[Q2_PAD * Q2_LDS];     // R[d Q2_LDS + t]: entry d of reflector t (0 where tau_t = 0)
+    double T[Q2_PAD * Q2_LDS];     // T[l Q2_LDS + a] = T_(a, l)
+    double W[Q2_PAD * Q2_LDS];     // W[t Q2_LDS + c], then W2
+};
+
+extern "C" __global__ void q2_apply_smem_bytes(long long* out) { *out = (long long)sizeof(Q2Smem); }
+
+__device__ __forceinline__ void q2_mma(double* d, const double* a, const double* b)
+{
+    // D = A B + D, m16n8k8: with g = lane / 4, u = lane % 4, the lane holds A[g][u], A[g + 8][u],
+    // A[g][u + 4], A[g + 8][u + 4] (a[0..3]), B[u][g], B[u + 4][g] (b[0..1]), and D[g][2u + j],
+    // D[g + 8][2u + j] (d[j], d[2 + j]) for j = 0, 1
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+                 : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+}
+
+// V[rho][t] of the block whose R is on chip
+__device__ __forceinline__ double q2_v(const double* R, int rho, int t, int b)
+{
+    const int d = rho - t;
+    return (unsigned)d < (unsigned)b ? R[d * Q2_LDS + t] : 0.0;
+}
+
+// group q's block k's R and T into registers: item i is (row e >> 6, column e & 63) for
+// e = threadIdx.x + i Q2_THREADS
+__device__ __forceinline__ void q2_fetch_factors(const double* __restrict__ Rg, const double* __restrict__ Tg,
+                                                 int b, int g, double* r, double* t)
+{
+#pragma unroll
+    for (int i = 0; i < Q2_ITEMS; ++i) {
+        const int e = threadIdx.x + i * Q2_THREADS, row = e >> 6, col = e & 63;
+        r[i] = (row < b && col < g && Rg[b * g + col] != 0.0) ? Rg[row * g + col] : 0.0;
+        t[i] = (row < g && col < g) ? Tg[row * g + col] : 0.0;
+    }
+}
+
+__device__ __forceinline__ void q2_store_factors(Q2Smem& s, const double* r, const double* t)
+{
+#pragma unroll
+    for (int i = 0; i < Q2_ITEMS; ++i) {
+        const int e = threadIdx.x + i * Q2_THREADS, row = e >> 6, col = e & 63;
+        s.R[row * Q2_LDS + col] = r[i];
+        s.T[row * Q2_LDS + col] = t[i];
+    }
+}
+
+extern "C" __global__ void q2_group_T(const double* __restrict__ flat, const long long* __restrict__ offsets,
+                                      int q, int b, int g, double* __restrict__ T)
+{
+    extern __shared__ double S[];
+    double* tau = S + g * g;
+    const int k = (int)blockIdx.x;
+    const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
+    for (int t = threadIdx.x; t < g; t += blockDim.x)
+        tau[t] = R[b * g + t];
+    __syncthreads();
+    for (int e = threadIdx.x; e < g * g; e += blockDim.x) {     // G, mirrored below the diagonal
+        const int c = e % g, a = e / g;
+        if (a < c) {
+            const int lag = c - a;
+            double s = 0.0;
+            if (tau[a] != 0.0 && tau[c] != 0.0)
+                for (int r = 0; r < b - lag; ++r)
+                    s += R[(r + lag) * g + a] * R[r * g + c];
+            S[e] = s;
+        }
+    }
+    __syncthreads();
+    for (int c = 0; c < g; ++c) {
+        for (int a = threadIdx.x; a < c; a += blockDim.x) {
+            double s = 0.0;
+            for (int l = a; l < c; ++l)
+                s += S[a + l * g] * S[c + l * g];
+            S[a + c * g] = -tau[c] * s;
+        }
+        if (threadIdx.x == 0)
+            S[c + c * g] = tau[c];
+        __syncthreads();
+    }
+    double* Tk = T + (long long)k * g * g;
+    for (int e = threadIdx.x; e < g * g; e += blockDim.x) {
+        const int a = e % g, c = e / g;
+        Tk[e] = a <= c ? S[e] : 0.0;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(Q2_THREADS, 1)
+q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ offsets, const double* __restrict__ T,
+               int q, int K, int n, int b, int g, double* __restrict__ Z, long long ldz, int ncols)
+{
+    extern __shared__ __align__(16) unsigned char q2_raw[];
+    Q2Smem& s = *reinterpret_cast<Q2Smem*>(q2_raw);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
+    const int c_base = (int)blockIdx.x * Q2_COLS;
+    const int r_first = q * g + 1;
+    const double* R0 = flat + offsets[q];
+
+    // ring: rows r_first .. r_first + 127
+    for (int e = threadIdx.x; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
+        const int c = e >> 7, i = e & 127, rho = r_first + i, col = c_base + c;
+        s.Z[c * Q2_LDZ + (rho & 127)] = (rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
+    }
+    double fr[Q2_ITEMS], ft[Q2_ITEMS], fz[Q2_ITEMS];
+    q2_fetch_factors(R0, T, b, g, fr, ft);
+    q2_store_factors(s, fr, ft);
+    __syncthreads();
+
+    for (int k = 0; k < K; ++k) {
+        const int r = r_first + k * b;
+        const int valid = min(Q2_WIN, n - r);          // window rows that lie in Z
+        // the rows that come in after this step, and the next block's factors
+#pragma unroll
+        for (int i = 0; i < Q2_ITEMS; ++i) {
+            const int e = threadIdx.x + i * Q2_THREADS, c = e >> 6, row = e & 63;
+            const int rho = r + Q2_WIN + row, col = c_base + c;
+            fz[i] = (row < b && rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
+        }
+        if (k + 1 < K)
+            q2_fetch_factors(R0 + (long long)(k + 1) * (b + 1) * g, T + (long long)(k + 1) * g * g, b, g, fr, ft);
+
+        // W = V^T Zw: warp (t0, cb) owns W[t0 .. t0 + 31][cb .. cb + 15]
+        {
+            const int t0 = 32 * (wid & 1), cb = 16 * (wid >> 1);
+            if (t0 < g) {
+                double acc[2][2][4] = {};
+                const int end = min(t0 + 31 + b, valid);
+#pragma unroll 2
+                for (int p = t0; p < end; p += 8) {
+                    double a[2][4], bz[2][2];
+#pragma unroll
+                    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            a[ti][x] = q2_v(s.R, p + lq + 4 * (x >> 1), t0 + 16 * ti + lg + 8 * (x & 1), b);
+#pragma unroll
+                    for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 2; ++x)
+                            bz[cj][x] = s.Z[(cb + 8 * cj + lg) * Q2_LDZ + ((r + p + lq + 4 * x) & 127)];
+#pragma unroll
+                    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                        for (int cj = 0; cj < 2; ++cj)
+                            q2_mma(acc[ti][cj], a[ti], bz[cj]);
+                }
+#pragma unroll
+                for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                    for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            s.W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
+            }
+        }
+        __syncthreads();
+        // W2 = T W (T upper triangular): same tiles, l from t0
+        {
+            const int t0 = 32 * (wid & 1), cb = 16 * (wid >> 1);
+            double acc[2][2][4] = {};
+            if (t0 < g) {
+#pragma unroll 2
+                for (int l = t0; l < g; l += 8) {
+                    double a[2][4], bw[2][2];
+#pragma unroll
+                    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            a[ti][x] = s.T[(l + lq + 4 * (x >> 1)) * Q2_LDS + t0 + 16 * ti + lg + 8 * (x & 1)];
+#pragma unroll
+                    for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 2; ++x)
+                            bw[cj][x] = s.W[(l + lq + 4 * x) * Q2_LDS + cb + 8 * cj + lg];
+#pragma unroll
+                    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                        for (int cj = 0; cj < 2; ++cj)
+                            q2_mma(acc[ti][cj], a[ti], bw[cj]);
+                }
+            }
+            __syncthreads();
+            if (t0 < g) {
+#pragma unroll
+                for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+                    for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            s.W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
+            }
+        }
+        __syncthreads();
+        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31
+        {
+            const int p0 = 32 * (wid & 3), cb = 32 * (wid >> 2);
+            if (p0 < valid) {
+                double acc[2][4][4];
+#pragma unroll
+                for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+                    for (int cj = 0; cj < 4; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            acc[ri][cj][x] = s.Z[(cb + 8 * cj + 2 * lq + (x & 1)) * Q2_LDZ
+                                                 + ((r + p0 + 16 * ri + lg + 8 * (x >> 1)) & 127)];
+                const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 32);
+#pragma unroll 2
+                for (int t = lo; t < hi; t += 8) {
+                    double a[2][4], bw[4][2];
+#pragma unroll
+                    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+                        for (int x = 0; x < 4; ++x)
+                            a[ri][x] = -q2_v(s.R, p0 + 16 * ri + lg + 8 * (x & 1), t + lq + 4 * (x >> 1), b);
+#pragma unroll
+                    for (int cj = 0; cj < 4; ++cj)
+#pragma unroll
+                        for (int x = 0; x < 2; ++x)
+                            bw[cj][x] = s.W[(t + lq + 4 * x) * Q2_LDS + cb + 8 * cj + lg];
+#pragma unroll
+                    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+                        for (int cj = 0; cj < 4; ++cj)
+                            q2_mma(acc[ri][cj], a[ri], bw[cj]);
+                }
+#pragma unroll
+                for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        const int rho = p0 + 16 * ri + lg + 8 * (x >> 1);
+                        if (rho < valid)
+#pragma unroll
+                            for (int cj = 0; cj < 4; ++cj)
+                                s.Z[(cb + 8 * cj + 2 * lq + (x & 1)) * Q2_LDZ + ((r + rho) & 127)] = acc[ri][cj][x];
+                    }
+            }
+        }
+        __syncthreads();
+        // rows r .. r + b - 1 back to Z, rows r + 128 .. in; the next block's factors on chip
+#pragma unroll
+        for (int i = 0; i < Q2_ITEMS; ++i) {
+            const int e = threadIdx.x + i * Q2_THREADS, c = e >> 6, row = e & 63;
+            const int rho = r + row, col = c_base + c;
+            if (row < b) {
+                double& slot = s.Z[c * Q2_LDZ + (rho & 127)];
+                if (rho < n && col < ncols)
+                    Z[(long long)col * ldz + rho] = slot;
+                slot = fz[i];
+            }
+        }
+        if (k + 1 < K)
+            q2_store_factors(s, fr, ft);
+        __syncthreads();
+    }
+    // the ring's rows r_K .. r_K + 127 back to Z
+    const int r_end = r_first + K * b;
+    for (int e = threadIdx.x; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
+        const int c = e >> 7, i = e & 127, rho = r_end + i, col = c_base + c;
+        if (rho < n && col < ncols)
+            Z[(long long)col * ldz + rho] = s.Z[c * Q2_LDZ + (rho & 127)];
     }
 }

@@ -27,22 +27,17 @@ from .sy2sb import check_band, gather_band, sy2sb
 #: the largest half-bandwidth the two-stage reduction uses: b is the largest divisor of the
 #: layout's nb not above it (sy2sb needs b | nb)
 TWO_STAGE_BAND = 64
-#: the GPU's with all n eigenvectors: Q2's application (g = b) on n x n eigenvectors at n = 16384
-#: took 1.12 s at b = 64 and 1.80 s at b = 32 on an H100 (fewer, larger levels), more than the
-#: reduction saves at b = 32 (docs/performance.md); bench/twostage_parts.py times every part per b
+#: the GPU's: at n = 16384 on an H100 the reduction (sy2sb + bulge chasing) took 0.92 s at b = 64
+#: against 1.08 s at b = 32 (the band reduction's panels cost more at b = 32 than the bulge chasing
+#: saves), and Q2 on n x n eigenvectors (g = b) 1.12 s against 1.77 s (fewer, larger levels):
+#: b = 64 whatever the eigenvector columns (docs/performance.md); bench/twostage_parts.py times
+#: every part per b
 TWO_STAGE_BAND_DEVICE = 64
-#: the GPU's with eigenvalues only or at most half of the eigenvectors: the bulge chasing took
-#: 0.38 s at b = 32 against 0.97 s at b = 64 (n = 16384, H100) and the whole reduction 1.22 s
-#: against 1.45 (the band reduction's panels cost more at b = 32); Q2 on k columns costs k / n
-#: of its n x n time
-TWO_STAGE_BAND_DEVICE_FEW = 32
 
 
-def device_band(nb: int, n: int, columns: int) -> int:
-    """The GPU's half-bandwidth for layout block nb when Q will be applied to `columns` of the n
-    eigenvector columns (0: eigenvalues only)."""
-    few = 2 * columns <= n
-    return band_width(nb, TWO_STAGE_BAND_DEVICE_FEW if few else TWO_STAGE_BAND_DEVICE)
+def device_band(nb: int) -> int:
+    """The GPU's half-bandwidth for layout block nb."""
+    return band_width(nb, TWO_STAGE_BAND_DEVICE)
 
 
 def band_width(nb: int, target: int = TWO_STAGE_BAND) -> int:
@@ -85,22 +80,16 @@ class TwoStageQ:
         return Z
 
 
-def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | None = None, vectors: bool = True,
-              columns: int | None = None):
+def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | None = None, vectors: bool = True):
     """Tridiagonalize the distributed symmetric C (lower triangle, strict upper zero) in two
     stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
     with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
     hold Q1's reflectors.  On the GPU the bulge chasing runs on rank 0's device
     (sb2st_device.py), and with vectors one Bcast gives every rank Q2's reflectors.  b: the
-    half-bandwidth (default: TWO_STAGE_BAND on the host; on the GPU device_band of the eigenvector
-    columns Q will be applied to, `columns`, default n with vectors)."""
+    half-bandwidth (default: TWO_STAGE_BAND on the host, device_band on the GPU)."""
     device = is_device(xp)
     if b is None:
-        if device:
-            cols = (desc.n if columns is None else columns) if vectors else 0
-            b = device_band(desc.nb, desc.n, cols)
-        else:
-            b = band_width(desc.nb, TWO_STAGE_BAND)
+        b = device_band(desc.nb) if device else band_width(desc.nb, TWO_STAGE_BAND)
     check_band(desc, b)
     g = b if g is None else g
     band, tau1 = sy2sb(C, desc, comm, xp, b)
@@ -129,5 +118,4 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     return de[:n], de[n:2 * n - 1], Q
 
 
-__all__ = ["two_stage", "TwoStageQ", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE",
-           "TWO_STAGE_BAND_DEVICE_FEW"]
+__all__ = ["two_stage", "TwoStageQ", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
