@@ -240,9 +240,12 @@ q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ of
         if (k + 1 < K)
             q2_fetch_factors(R0 + (long long)(k + 1) * (b + 1) * g, T + (long long)(k + 1) * g * g, b, g, fr, ft);
 
-        // W = V^T Zw: warp (t0, cb) owns W[t0 .. t0 + 31][cb .. cb + 15]
+        // W = V^T Zw: warp (t0, cb) owns W[t0 .. t0 + 31][cb .. cb + 15].  Warps w and w + 4 share
+        // a scheduler (w mod 4): one of them takes t0 = 0, the other t0 = 32, so that the
+        // triangular W2 = T W below (twice the work at t0 = 0) is spread evenly
+        const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
         {
-            const int t0 = 32 * (wid & 1), cb = 16 * (wid >> 1);
+            const int t0 = tw, cb = cw;
             if (t0 < g) {
                 double acc[2][2][4] = {};
                 const int end = min(t0 + 31 + b, valid);
@@ -277,7 +280,7 @@ q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ of
         __syncthreads();
         // W2 = T W (T upper triangular): same tiles, l from t0
         {
-            const int t0 = 32 * (wid & 1), cb = 16 * (wid >> 1);
+            const int t0 = tw, cb = cw;
             double acc[2][2][4] = {};
             if (t0 < g) {
 #pragma unroll 2
@@ -312,9 +315,11 @@ q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ of
             }
         }
         __syncthreads();
-        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31
+        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31; V's nonzero
+        // columns span 32 there at p0 = 0 and 96, 64 at p0 = 32 and 64: the scheduler's two warps
+        // take one of each
         {
-            const int p0 = 32 * (wid & 3), cb = 32 * (wid >> 2);
+            const int p0 = 32 * ((wid & 3) ^ (wid >> 2)), cb = 32 * (wid >> 2);
             if (p0 < valid) {
                 double acc[2][4][4];
 #pragma unroll
