@@ -150,13 +150,14 @@ def test_the_gpu_band_is_the_largest_divisor_of_nb_up_to_64():
     assert device_band(100) == 50 and device_band(7) == 7
 
 
-def test_auto_takes_two_stages_on_one_gpu_rank_from_16384_with_few_vectors():
-    from hpccoll_eigensolver.linalg.driver import AUTO_TWO_STAGE_MIN_N, reduction_for
+def test_auto_takes_two_stages_on_one_gpu_rank_from_8192_with_few_vectors_and_16384_with_more():
+    from hpccoll_eigensolver.linalg.driver import AUTO_TWO_STAGE_ALL_MIN_N, AUTO_TWO_STAGE_MIN_N, reduction_for
 
-    n = AUTO_TWO_STAGE_MIN_N
-    big, small = BlockCyclic(n, n, 64, 1), BlockCyclic(8192, 8192, 64, 1)
-    assert reduction_for("auto", big, True, 0) == "two-stage" and reduction_for("auto", big, True, n // 2) == "two-stage"
-    assert reduction_for("auto", big, True, n // 2 + 1) == "one-stage" and reduction_for("auto", big, True) == "one-stage"
+    n, m = AUTO_TWO_STAGE_MIN_N, AUTO_TWO_STAGE_ALL_MIN_N
+    mid, big, small = BlockCyclic(n, n, 64, 1), BlockCyclic(m, m, 64, 1), BlockCyclic(n - 1, n - 1, 64, 1)
+    assert reduction_for("auto", mid, True, 0) == "two-stage" and reduction_for("auto", mid, True, n // 2) == "two-stage"
+    assert reduction_for("auto", mid, True, n // 2 + 1) == "one-stage" and reduction_for("auto", mid, True) == "one-stage"
+    assert reduction_for("auto", big, True, m // 2 + 1) == "two-stage" and reduction_for("auto", big, True) == "two-stage"
     assert reduction_for("auto", small, True, 0) == "one-stage"
     assert reduction_for("auto", big, False, 0) == "one-stage"                              # the host
     assert reduction_for("auto", BlockCyclic(32768, 32768, 64, 2), True, 0) == "one-stage"  # ranks sharing GPUs

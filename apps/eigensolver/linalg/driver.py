@@ -101,7 +101,7 @@ def sygvd(A_local, B_local, desc: BlockCyclic, comm, *, eigvals_only: bool | Non
     reduction: the tridiagonalization, "one-stage" (sytrd) or "two-stage" (dense -> band ->
     tridiagonal, twostage.py; sytrd= does not apply to it); "auto": reduction_for's choice
     (two-stage on one GPU rank from n = AUTO_TWO_STAGE_MIN_N with eigenvalues only or at most n/2
-    eigenvectors, else one-stage).
+    eigenvectors, from AUTO_TWO_STAGE_ALL_MIN_N with more; else one-stage).
 
     sygvd(A, B, ...) is GeneralizedSolver(B, ...).solve(A, ...): the same code, the same bits.
     A and B are scaled by powers of two into a safe range first and the results scaled back
@@ -197,23 +197,27 @@ class GeneralizedSolver:
         self.free()
 
 
-#: reduction="auto" takes the two-stage path on one GPU rank from this n on, with eigenvalues
-#: only or at most n/2 eigenvectors: on one H100 at n = 16384 it took 0.62x the one-stage solve's
-#: time with eigenvalues only and 0.72x for the lowest n/10 (at 8192 longer).  With more
-#: eigenvectors one stage: two stages took the same time at 16384 (0.83x at 32768) and keep Q2's
-#: n^2/2 reflectors beside Q1's (1 GiB more at 16384, 4.5 GiB at 32768; docs/performance.md).
-#: Ranks sharing a GPU and the host take one stage (rank 0's bulge chasing, the host's NumPy steps).
-AUTO_TWO_STAGE_MIN_N = 16384
+#: reduction="auto" takes the two-stage path on one GPU rank from this n on with eigenvalues only
+#: or at most n/2 eigenvectors: on one H100 at n = 8192 it took 0.71x the one-stage solve's time
+#: with eigenvalues only and 0.85x for the lowest n/10 (0.44x and 0.55x at 16384)
+AUTO_TWO_STAGE_MIN_N = 8192
+#: ... and from this n on with more eigenvectors: 0.73x the one-stage solve's time at 16384 and
+#: 0.68x at 32768 (at 8192 0.97x), for Q2's n^2/2 reflectors held beside Q1's (1 GiB more at 16384,
+#: 4 GiB at 32768; docs/performance.md).  Ranks sharing a GPU and the host take one stage (rank
+#: 0's bulge chasing, the host's NumPy steps).
+AUTO_TWO_STAGE_ALL_MIN_N = 16384
 
 
 def reduction_for(reduction: str, desc: BlockCyclic, device: bool, columns: int | None = None) -> str:
     """The tridiagonalization sygvd runs for `reduction` when `columns` eigenvectors are wanted
     (0: eigenvalues only; None: all n): "auto" is two-stage on one GPU rank with
-    n >= AUTO_TWO_STAGE_MIN_N and columns <= n / 2, else one-stage.  The same on every rank."""
+    n >= AUTO_TWO_STAGE_MIN_N and columns <= n / 2, or n >= AUTO_TWO_STAGE_ALL_MIN_N; else
+    one-stage.  The same on every rank."""
     if reduction != "auto":
         return reduction
     columns = desc.n if columns is None else columns
-    two = device and desc.nprocs == 1 and desc.n >= AUTO_TWO_STAGE_MIN_N and 2 * columns <= desc.n
+    least = AUTO_TWO_STAGE_MIN_N if 2 * columns <= desc.n else AUTO_TWO_STAGE_ALL_MIN_N
+    two = device and desc.nprocs == 1 and desc.n >= least
     return "two-stage" if two else "one-stage"
 
 
@@ -469,5 +473,5 @@ def solve_distributed(A_global, B_global, comm, *, nb: int = 64, eigvals_only: b
 
 
 __all__ = ["sygvd", "GeneralizedSolver", "tridiagonalize", "solve_distributed", "stedc_choice", "PHASES", "STEDC_CHOICES",
-           "SYTRD_CHOICES", "REDUCTION_CHOICES", "AUTO_TWO_STAGE_MIN_N", "reduction_for",
+           "SYTRD_CHOICES", "REDUCTION_CHOICES", "AUTO_TWO_STAGE_MIN_N", "AUTO_TWO_STAGE_ALL_MIN_N", "reduction_for",
            "NotPositiveDefinite", "NonFiniteResult", "InputError", "sync"]
