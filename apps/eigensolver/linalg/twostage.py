@@ -28,10 +28,9 @@ from .sy2sb import check_band, gather_band, sy2sb
 #: layout's nb not above it (sy2sb needs b | nb)
 TWO_STAGE_BAND = 64
 #: the GPU's: at n = 16384 on an H100 the reduction (sy2sb + bulge chasing) took 0.92 s at b = 64
-#: against 1.08 s at b = 32 (the band reduction's panels cost more at b = 32 than the bulge chasing
-#: saves), and Q2 on n x n eigenvectors (g = b) 1.12 s against 1.77 s (fewer, larger levels):
-#: b = 64 whatever the eigenvector columns (docs/performance.md); bench/twostage_parts.py times
-#: every part per b
+#: against 1.11 s at b = 32 (the band reduction's panels cost more at b = 32 than the bulge chasing
+#: saves), and Q2 on n x n eigenvectors (g = b) 0.71 s against 1.77 s: b = 64 whatever the
+#: eigenvector columns (docs/performance.md); bench/twostage_parts.py times every part per b
 TWO_STAGE_BAND_DEVICE = 64
 
 
