@@ -1,7 +1,8 @@
 """q2_device's Q2 Z on one GPU, each way (apply_q2_levels, apply_q2_groups, and apply_q2_device
 that picks): equal to sb2st.apply_q2 (the host's block loop) to rounding on reflectors of random
 symmetric bands, B = Q2 T Q2^T through it on Z = I, the same bits on two runs, and (printed, not
-asserted) the speed of both ways at n = 4096 to 16384 beside the host's block loop run on CuPy.  No MPI: tests/gpu/run.sh runs this file once with plain pytest.
+asserted) the speed of both ways at n = 4096 to 16384 beside the host's block loop run on CuPy.
+No MPI: tests/gpu/run.sh runs this file once with plain pytest.
 
     python -m pytest -q -rs tests/gpu/test_q2_gpu.py"""
 from __future__ import annotations
@@ -172,8 +173,9 @@ def test_speed(cupy, capsys):
                 tl = _seconds(cupy, lambda: apply_q2_levels(flat, n, b, b, Z))
                 Z = Z0[:, :cols].copy(order="F")
                 tg = _seconds(cupy, lambda: apply_q2_groups(flat, n, b, b, Z))
-                lines.append(f"n={n} b=g={b} ncols={cols}: levels {tl:.3f} s ({q2_flops(n, b, b, cols) / tl / 1e12:.1f} "
-                             f"TFLOP/s), groups {tg:.3f} s: {tl / tg:.2f}x")
+                rate = q2_flops(n, b, b, cols) / tl / 1e12
+                lines.append(f"n={n} b=g={b} ncols={cols}: levels {tl:.3f} s ({rate:.1f} TFLOP/s), "
+                             f"groups {tg:.3f} s: {tl / tg:.2f}x")
             if n == 4096:
                 off = group_offsets(n, b, b)
                 shapes = [group_shape(n, b, b, q) for q in range(len(off) - 1)]

@@ -3,6 +3,8 @@ orthogonal), sb2st (band -> tridiagonal similarity, Q2 orthogonal), the band wid
 the CuPy run of the array-agnostic parts (marked gpu)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -155,10 +157,12 @@ def test_auto_takes_two_stages_on_one_gpu_rank_from_8192_with_few_vectors_and_16
 
     n, m = AUTO_TWO_STAGE_MIN_N, AUTO_TWO_STAGE_ALL_MIN_N
     mid, big, small = BlockCyclic(n, n, 64, 1), BlockCyclic(m, m, 64, 1), BlockCyclic(n - 1, n - 1, 64, 1)
-    assert reduction_for("auto", mid, True, 0) == "two-stage" and reduction_for("auto", mid, True, n // 2) == "two-stage"
-    assert reduction_for("auto", mid, True, n // 2 + 1) == "one-stage" and reduction_for("auto", mid, True) == "one-stage"
-    assert reduction_for("auto", big, True, m // 2 + 1) == "two-stage" and reduction_for("auto", big, True) == "two-stage"
+    auto = functools.partial(reduction_for, "auto")
+    assert auto(mid, True, 0) == "two-stage" and auto(mid, True, n // 2) == "two-stage"
+    assert auto(mid, True, n // 2 + 1) == "one-stage" and auto(mid, True) == "one-stage"
+    assert auto(big, True, m // 2 + 1) == "two-stage" and auto(big, True) == "two-stage"
     assert reduction_for("auto", small, True, 0) == "one-stage"
     assert reduction_for("auto", big, False, 0) == "one-stage"                              # the host
     assert reduction_for("auto", BlockCyclic(32768, 32768, 64, 2), True, 0) == "one-stage"  # ranks sharing GPUs
-    assert reduction_for("one-stage", big, True, 0) == "one-stage" and reduction_for("two-stage", small, False) == "two-stage"
+    assert reduction_for("one-stage", big, True, 0) == "one-stage"
+    assert reduction_for("two-stage", small, False) == "two-stage"

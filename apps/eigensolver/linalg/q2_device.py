@@ -64,8 +64,8 @@ GROUP_COLUMNS = 64             # q2_group_apply's Z columns per block (Q2_COLS)
 GROUP_THREADS = 256            # its block size (Q2_THREADS)
 GROUP_MAX = 64                 # its largest b and g (Q2_PAD)
 #: apply_q2_device's group path needs min(b, g) above this: on an H100 at n = 16384, ncols = n,
-#: the group path took 0.75 s against the levels' 1.13 s at b = g = 64 and 1.91 s against 1.78 s
-#: at b = g = 32 (docs/performance.md)
+#: the group path took 0.71 s against the levels' 1.12 s at b = g = 64, and 1.72 s against 1.76 s
+#: at b = g = 32, where its factors padded to 64 x 64 do twice the work (docs/performance.md)
 GROUP_MIN = 32
 
 
@@ -248,9 +248,9 @@ def uses_groups(b: int, g: int, ncols: int, sms: int) -> bool:
 
 
 def apply_q2_levels(flat, n: int, b: int, g: int, Z, budget: int = WORKSPACE_BUDGET):
-    """Z <- Q2 Z in place on the GPU by levels of batched GEMMs.  flat: CuPy float64, all groups' reflectors in the
-    sb2st.group_offsets layout (group q's sb2st refl[q], C order, at flat[off[q]:off[q + 1]]);
-    Z: CuPy float64 n x ncols, column-major (ncols may be 0).  `budget`: bytes for W (module
+    """Z <- Q2 Z in place on the GPU by levels of batched GEMMs.  flat: CuPy float64, all groups'
+    reflectors in the sb2st.group_offsets layout (group q's sb2st refl[q], C order, at
+    flat[off[q]:off[q + 1]]); Z: CuPy float64 n x ncols, column-major (ncols may be 0).  `budget`: bytes for W (module
     doc).  Runs on the current stream; returns Z."""
     import cupy
 
