@@ -21,27 +21,20 @@
 // the diagonal, column c) while it reads columns < c of T and row c of the mirrored G, so
 // step c reads nothing it writes; __syncthreads() between steps publishes column c.
 
-extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, const long long* __restrict__ offsets,
-                                            int q0, int k0, int b, int g, double* __restrict__ V,
-                                            double* __restrict__ Y)
+// A block's tau into S + g g, every thread of the block calling it (S as described above)
+__device__ __forceinline__ void q2_block_tau(const double* __restrict__ R, double* S, int b, int g)
 {
-    extern __shared__ double S[];
     double* tau = S + g * g;
-    const int h = b + g - 1;
-    const int q = q0 + (int)blockIdx.x, k = k0 + (int)blockIdx.x;
-    const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
-    double* Vi = V + (long long)blockIdx.x * h * g;
-    double* Yi = Y + (long long)blockIdx.x * h * g;
-
     for (int t = threadIdx.x; t < g; t += blockDim.x)
         tau[t] = R[b * g + t];
     __syncthreads();
+}
 
-    // V, dense and masked: entry (r, a) is v_a's entry r - a
-    for (int e = threadIdx.x; e < h * g; e += blockDim.x) {
-        const int r = e % h, a = e / h, d = r - a;
-        Vi[e] = (d >= 0 && d < b && tau[a] != 0.0) ? R[d * g + a] : 0.0;
-    }
+// Then its G (mirrored below the diagonal) and T (on and above it) into S by the recurrence
+// above, every thread of the block calling it; S is complete when it returns
+__device__ __forceinline__ void q2_block_T(const double* __restrict__ R, double* S, int b, int g)
+{
+    const double* tau = S + g * g;
     // G[a][c] for a < c: the skewed columns a and c share the rows c .. a + b - 1 (none when
     // c - a >= b), where v_a has entries lag .. b - 1 and v_c entries 0 .. b - 1 - lag
     for (int e = threadIdx.x; e < g * g; e += blockDim.x) {
@@ -68,6 +61,28 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
             S[c + c * g] = tau[c];
         __syncthreads();
     }
+}
+
+extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, const long long* __restrict__ offsets,
+                                            int q0, int k0, int b, int g, double* __restrict__ V,
+                                            double* __restrict__ Y)
+{
+    extern __shared__ double S[];
+    const double* tau = S + g * g;
+    const int h = b + g - 1;
+    const int q = q0 + (int)blockIdx.x, k = k0 + (int)blockIdx.x;
+    const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
+    double* Vi = V + (long long)blockIdx.x * h * g;
+    double* Yi = Y + (long long)blockIdx.x * h * g;
+
+    q2_block_tau(R, S, b, g);
+
+    // V, dense and masked: entry (r, a) is v_a's entry r - a
+    for (int e = threadIdx.x; e < h * g; e += blockDim.x) {
+        const int r = e % h, a = e / h, d = r - a;
+        Vi[e] = (d >= 0 && d < b && tau[a] != 0.0) ? R[d * g + a] : 0.0;
+    }
+    q2_block_T(R, S, b, g);
 
     // Y[r][c] = sum_a V[r][a] T[a][c], a over V's nonzeros in row r (r - b < a <= r) and T's in
     // column c (a <= c)
@@ -86,8 +101,8 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
 // Q2 Z group by group, every block of a group applied to Z's rows while they stay on chip.
 //
 // q2_group_T: group q's blocks' T factors, block k = blockIdx.x, g x g column-major at
-// T + k g g (zero below the diagonal), by the recurrence above.  Launch: grid = K_q, any
-// blockDim (256), (g g + g) doubles of dynamic shared memory.
+// T + k g g (zero below the diagonal), by the recurrence above (q2_block_tau, q2_block_T).
+// Launch: grid = K_q, any blockDim (256), (g g + g) doubles of dynamic shared memory.
 //
 // q2_group_apply: Z <- H_{q,K-1} ... H_{q,1} H_{q,0} Z for one group q, H_{q,k} = I - V T V^T
 // the block of rows r_k = q g + 1 + k b .. r_k + h - 1 (h = b + g - 1, clipped at n).  Block x
@@ -143,6 +158,46 @@ __device__ __forceinline__ double q2_v(const double* R, int rho, int t, int b)
     return (unsigned)d < (unsigned)b ? R[d * Q2_LDS + t] : 0.0;
 }
 
+// A warp's 32 x 16 tile of W (rows t0 .., columns cb ..) as two by two m16n8k8 tiles:
+// acc += A[t0 .. t0 + 31][kk] B[kk][cb .. cb + 15] over kk = k0 .. k1 - 1 in steps of 8 (k1 - k0
+// rounded up to 8; a(row, kk) and b(kk, col) give the operands' entries), then into W
+template <class OpA, class OpB>
+__device__ __forceinline__ void q2_tile_w(double (&acc)[2][2][4], int t0, int cb, int k0, int k1, OpA a_of, OpB b_of)
+{
+    const int lane = threadIdx.x & 31, lg = lane >> 2, lq = lane & 3;
+#pragma unroll 2
+    for (int kk = k0; kk < k1; kk += 8) {
+        double a[2][4], bv[2][2];
+#pragma unroll
+        for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+            for (int x = 0; x < 4; ++x)
+                a[ti][x] = a_of(t0 + 16 * ti + lg + 8 * (x & 1), kk + lq + 4 * (x >> 1));
+#pragma unroll
+        for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+                bv[cj][x] = b_of(kk + lq + 4 * x, cb + 8 * cj + lg);
+#pragma unroll
+        for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+            for (int cj = 0; cj < 2; ++cj)
+                q2_mma(acc[ti][cj], a[ti], bv[cj]);
+    }
+}
+
+__device__ __forceinline__ void q2_put_w(double* W, const double (&acc)[2][2][4], int t0, int cb)
+{
+    const int lane = threadIdx.x & 31, lg = lane >> 2, lq = lane & 3;
+#pragma unroll
+    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+        for (int cj = 0; cj < 2; ++cj)
+#pragma unroll
+            for (int x = 0; x < 4; ++x)
+                W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
+}
+
 // group q's block k's R and T into registers: item i is (row e >> 6, column e & 63) for
 // e = threadIdx.x + i Q2_THREADS
 __device__ __forceinline__ void q2_fetch_factors(const double* __restrict__ Rg, const double* __restrict__ Tg,
@@ -170,35 +225,10 @@ extern "C" __global__ void q2_group_T(const double* __restrict__ flat, const lon
                                       int q, int b, int g, double* __restrict__ T)
 {
     extern __shared__ double S[];
-    double* tau = S + g * g;
     const int k = (int)blockIdx.x;
     const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
-    for (int t = threadIdx.x; t < g; t += blockDim.x)
-        tau[t] = R[b * g + t];
-    __syncthreads();
-    for (int e = threadIdx.x; e < g * g; e += blockDim.x) {     // G, mirrored below the diagonal
-        const int c = e % g, a = e / g;
-        if (a < c) {
-            const int lag = c - a;
-            double s = 0.0;
-            if (tau[a] != 0.0 && tau[c] != 0.0)
-                for (int r = 0; r < b - lag; ++r)
-                    s += R[(r + lag) * g + a] * R[r * g + c];
-            S[e] = s;
-        }
-    }
-    __syncthreads();
-    for (int c = 0; c < g; ++c) {
-        for (int a = threadIdx.x; a < c; a += blockDim.x) {
-            double s = 0.0;
-            for (int l = a; l < c; ++l)
-                s += S[a + l * g] * S[c + l * g];
-            S[a + c * g] = -tau[c] * s;
-        }
-        if (threadIdx.x == 0)
-            S[c + c * g] = tau[c];
-        __syncthreads();
-    }
+    q2_block_tau(R, S, b, g);
+    q2_block_T(R, S, b, g);
     double* Tk = T + (long long)k * g * g;
     for (int e = threadIdx.x; e < g * g; e += blockDim.x) {
         const int a = e % g, c = e / g;
@@ -244,75 +274,23 @@ q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ of
         // a scheduler (w mod 4): one of them takes t0 = 0, the other t0 = 32, so that the
         // triangular W2 = T W below (twice the work at t0 = 0) is spread evenly
         const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
-        {
-            const int t0 = tw, cb = cw;
-            if (t0 < g) {
-                double acc[2][2][4] = {};
-                const int end = min(t0 + 31 + b, valid);
-#pragma unroll 2
-                for (int p = t0; p < end; p += 8) {
-                    double a[2][4], bz[2][2];
-#pragma unroll
-                    for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            a[ti][x] = q2_v(s.R, p + lq + 4 * (x >> 1), t0 + 16 * ti + lg + 8 * (x & 1), b);
-#pragma unroll
-                    for (int cj = 0; cj < 2; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x)
-                            bz[cj][x] = s.Z[(cb + 8 * cj + lg) * Q2_LDZ + ((r + p + lq + 4 * x) & 127)];
-#pragma unroll
-                    for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                        for (int cj = 0; cj < 2; ++cj)
-                            q2_mma(acc[ti][cj], a[ti], bz[cj]);
-                }
-#pragma unroll
-                for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                    for (int cj = 0; cj < 2; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            s.W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
-            }
+        if (tw < g) {
+            double acc[2][2][4] = {};
+            q2_tile_w(acc, tw, cw, tw, min(tw + 31 + b, valid),
+                      [&](int t, int rho) { return q2_v(s.R, rho, t, b); },
+                      [&](int rho, int c) { return s.Z[c * Q2_LDZ + ((r + rho) & 127)]; });
+            q2_put_w(s.W, acc, tw, cw);
         }
         __syncthreads();
-        // W2 = T W (T upper triangular): same tiles, l from t0
+        // W2 = T W (T upper triangular): same tiles, l from t0; into W once every warp has read it
         {
-            const int t0 = tw, cb = cw;
             double acc[2][2][4] = {};
-            if (t0 < g) {
-#pragma unroll 2
-                for (int l = t0; l < g; l += 8) {
-                    double a[2][4], bw[2][2];
-#pragma unroll
-                    for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            a[ti][x] = s.T[(l + lq + 4 * (x >> 1)) * Q2_LDS + t0 + 16 * ti + lg + 8 * (x & 1)];
-#pragma unroll
-                    for (int cj = 0; cj < 2; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x)
-                            bw[cj][x] = s.W[(l + lq + 4 * x) * Q2_LDS + cb + 8 * cj + lg];
-#pragma unroll
-                    for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                        for (int cj = 0; cj < 2; ++cj)
-                            q2_mma(acc[ti][cj], a[ti], bw[cj]);
-                }
-            }
+            if (tw < g)
+                q2_tile_w(acc, tw, cw, tw, g, [&](int a, int l) { return s.T[l * Q2_LDS + a]; },
+                          [&](int l, int c) { return s.W[l * Q2_LDS + c]; });
             __syncthreads();
-            if (t0 < g) {
-#pragma unroll
-                for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-                    for (int cj = 0; cj < 2; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            s.W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
-            }
+            if (tw < g)
+                q2_put_w(s.W, acc, tw, cw);
         }
         __syncthreads();
         // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31; V's nonzero
