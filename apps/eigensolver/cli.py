@@ -262,7 +262,8 @@ def cmd_anchor(args) -> int:
 
 def add_solve_args(p: argparse.ArgumentParser) -> None:
     from .runinfo import HOST_THREADS_HELP
-    from .linalg.driver import REDUCTION_CHOICES, STEDC_CHOICES, SYTRD_CHOICES
+    from .linalg.driver import (AUTO_TWO_STAGE_ALL_MIN_N, AUTO_TWO_STAGE_MIN_N, REDUCTION_CHOICES, STEDC_CHOICES,
+                                SYTRD_CHOICES)
 
     p.add_argument("--host-threads", type=_host_threads, default="auto", help=HOST_THREADS_HELP)
     p.add_argument("--no-sync-collectives", action="store_true",
@@ -298,8 +299,9 @@ def add_solve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", choices=REDUCTION_CHOICES, default="auto",
                    help="the tridiagonalization: one-stage (Householder, one column at a time: sytrd) or "
                         "two-stage (dense -> band by blocked Householder, band -> tridiagonal by bulge "
-                        "chasing; --sytrd does not apply); auto (default): two-stage on one GPU rank from n = 16384 "
-                        "with --eigvals-only or a --subset of at most n/2, else one-stage")
+                        "chasing; --sytrd does not apply); auto (default): two-stage on one GPU rank from "
+                        f"n = {AUTO_TWO_STAGE_MIN_N} with --eigvals-only or a --subset of at most n/2, from "
+                        f"n = {AUTO_TWO_STAGE_ALL_MIN_N} with more eigenvectors, else one-stage")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,11 +21,11 @@ def warm_up(nb: int = 8, stedc: str = "auto") -> None:
     """Build and solve a small known problem on this rank's GPU the way `solve` does: problem
     columns, symmetrization, input checks, sygvd, the distributed metrics and the column
     digests, and the two-stage reduction, a subset and eigenvalues only.  n is large enough for
-    the branches a large one-rank solve takes, each of which compiles kernels of its own: sygst's panel loop past its first 1024-column panel, and for
-    the divide and conquer (stedc "auto" or "dc") ten equal leaves and a short one, solved once
-    more as one whole tree (a batch of equal leaves, more than 8 rows gathered at once: CuPy's
-    single-kernel concatenation); then the several-rank branches' kernels (warm_ranks) and the
-    trailing updates' GEMMs."""
+    the branches a large one-rank solve takes, each of which compiles kernels of its own: sygst's
+    panel loop past its first 1024-column panel, and for the divide and conquer (stedc "auto" or
+    "dc") ten equal leaves and a short one, solved once more as one whole tree (a batch of equal
+    leaves, more than 8 rows gathered at once: CuPy's single-kernel concatenation); then the
+    several-rank branches' kernels (warm_ranks) and the trailing updates' GEMMs."""
     import cupy as cp
     from mpi4py import MPI
 
