@@ -13,14 +13,26 @@ import _gpu_checks  # noqa: F401 - lazily-imported modules first (see there)
 import numpy as np
 import pytest
 
-from hpccoll_eigensolver.linalg.q2_device import apply_q2_device, apply_q2_groups, apply_q2_levels, q2_flops
-from hpccoll_eigensolver.linalg.sb2st import apply_q2, group_offsets, group_shape, sb2st
+from hpccoll_eigensolver.linalg.q2_device import (apply_q2_device, apply_q2_group, apply_q2_groups, apply_q2_levels,
+                                                  q2_flops)
+from hpccoll_eigensolver.linalg.sb2st import _groups, apply_q2, group_offsets, group_shape, sb2st
 
 pytestmark = pytest.mark.gpu
 STARTS_ITS_OWN_JOBS = True  # tests/gpu/run.sh: run this file outside mpiexec (it uses no MPI)
 
 WIDEST = 300
-WAYS = {"levels": apply_q2_levels, "groups": apply_q2_groups, "device": apply_q2_device}
+
+
+def _one_group_at_a_time(flat, n, b, g, Z):
+    """apply_q2_group over q = Q - 1 .. 0, each group a separate array (as a rank receives it)."""
+    off = group_offsets(n, b, g)
+    for q in reversed(range(_groups(n, g))):
+        apply_q2_group(flat[off[q]:off[q + 1]].reshape(group_shape(n, b, g, q)).copy(), n, b, g, q, Z)
+    return Z
+
+
+WAYS = {"levels": apply_q2_levels, "groups": apply_q2_groups, "device": apply_q2_device,
+        "one-group": _one_group_at_a_time}
 
 
 def _band(rng, n, b):
@@ -120,6 +132,29 @@ def test_rejects_a_c_order_z(cupy, way):
     _, _, _, flat, Z, _ = _case(n, b, b)
     with pytest.raises(ValueError, match="column-major"):
         WAYS[way](cupy.asarray(flat), n, b, b, cupy.ascontiguousarray(cupy.asarray(Z)))
+
+
+@pytest.mark.parametrize("n,b,g,width", [(1000, 64, 64, 300), (301, 5, 16, 65), (500, 64, 33, 7)])
+def test_one_group_at_a_time_is_the_group_path_bit_for_bit(cupy, n, b, g, width):
+    _, _, _, flat, Z, _ = _case(n, b, g)
+    fd = cupy.asarray(flat)
+    got, want = (cupy.asfortranarray(cupy.asarray(Z[:, :width])) for _ in range(2))
+    _one_group_at_a_time(fd, n, b, g, got)
+    apply_q2_groups(fd, n, b, g, want)
+    assert cupy.array_equal(got, want)
+
+
+def test_one_group_rejects_a_wrong_group(cupy):
+    n, b = 300, 8
+    _, _, _, flat, Z, _ = _case(n, b, b)
+    Zd = cupy.asfortranarray(cupy.asarray(Z))
+    R = cupy.zeros(group_shape(n, b, b, 3))
+    with pytest.raises(ValueError, match="group 2's"):
+        apply_q2_group(R, n, b, b, 2, Zd)
+    with pytest.raises(ValueError, match="q = 99"):
+        apply_q2_group(R, n, b, b, 99, Zd)
+    with pytest.raises(ValueError, match="<= 64"):
+        apply_q2_group(cupy.zeros(group_shape(n, 65, 65, 0)), n, 65, 65, 0, Zd)
 
 
 def test_groups_reject_a_band_above_64(cupy):

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .sb2st import _groups, group_offsets, sweep_steps
+from .sb2st import _groups, group_offsets, group_shape, sweep_steps
 
 WORKSPACE_BUDGET = 256 << 20   # bytes for W, the GEMMs' m x g x chunk intermediate
 THREADS = 256                  # q2_level_factors' block size
@@ -320,29 +320,70 @@ def apply_q2_groups(flat, n: int, b: int, g: int, Z):
     host's order (sb2st.apply_q2).  b, g <= 64.  flat, Z as apply_q2_levels takes them."""
     import cupy
 
-    from ._xp import _leading_dim
-
     _check_operands(cupy, flat, n, b, g, Z, None)
+    _check_group_width(b, g)
+    off = group_offsets(n, b, g)
+    if Z.shape[1]:
+        for q in reversed(range(_groups(n, g))):
+            _launch_group(flat[off[q]:off[q + 1]], n, b, g, q, Z)
+    return Z
+
+
+def apply_q2_group(R, n: int, b: int, g: int, q: int, Z):
+    """Z <- (group q's block product) Z in place on the GPU: one group of sweeps alone, for a
+    caller that holds one group's reflectors at a time (R: sb2st's refl[q], a C-order
+    (K_q, b + 1, g) CuPy float64 array).  Applying q = Q - 1 down to 0 is apply_q2_groups, bit
+    for bit.  b, g <= 64; Z as apply_q2_levels takes it."""
+    import cupy
+
+    shape = group_shape(n, b, g, q)
+    if not 0 <= q < max(_groups(n, g), 1):
+        raise ValueError(f"apply_q2_group: q = {q}: groups are 0 .. {_groups(n, g) - 1} (n = {n}, g = {g})")
+    if R.shape != shape or R.dtype != np.float64 or not R.flags.c_contiguous:
+        raise ValueError(f"apply_q2_group: `R` must be group {q}'s C-order float64 {shape} array "
+                         f"(sb2st.group_shape(n, b, g, q)); got shape {R.shape}, {R.dtype}")
+    _check_operands(cupy, None, n, b, g, Z, None)
+    _check_group_width(b, g)
+    if Z.shape[1]:
+        _launch_group(R.reshape(-1), n, b, g, q, Z)
+    return Z
+
+
+_zeros: dict = {}   # CUDA device -> int64 zeros, grown as needed
+
+
+def _zero_offsets(count: int):
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _zeros or _zeros[dev].size < count:
+        _zeros[dev] = cupy.zeros(max(count, 512), dtype=cupy.int64)
+    return _zeros[dev][:count]
+
+
+def _check_group_width(b: int, g: int) -> None:
     if b > GROUP_MAX or g > GROUP_MAX:
         raise ValueError(f"apply_q2_groups: b = {b}, g = {g}: both must be <= {GROUP_MAX}")
-    ncols = Z.shape[1]
-    Q = _groups(n, g)
-    if not Q or not ncols:
-        return Z
-    K = [sweep_steps(n, b, q * g) for q in range(Q)]
+
+
+def _launch_group(R, n: int, b: int, g: int, q: int, Z) -> None:
+    """q2_group_T and q2_group_apply of group q on Z (ncols >= 1), R its reflectors (1-D)."""
+    import cupy
+    from ._xp import _leading_dim
+
+    K = sweep_steps(n, b, q * g)
+    if not K:
+        return
     tk, ak, smem = group_kernels()
-    offsets = cupy.asarray(np.array(group_offsets(n, b, g), dtype=np.int64))
-    T = cupy.empty(max(K) * g * g, dtype=cupy.float64)
+    at = _zero_offsets(q + 1)                      # the kernels read group q at offsets[q]: R's start
+    T = cupy.empty(K * g * g, dtype=cupy.float64)
     _allow_shared(cupy, tk, (g * g + g) * 8, g)
-    ldz = np.int64(_leading_dim(Z))
+    ncols = Z.shape[1]
     grid = (ncols + GROUP_COLUMNS - 1) // GROUP_COLUMNS
-    args = (np.int32(n), np.int32(b), np.int32(g), Z, ldz, np.int32(ncols))
-    for q in reversed(range(Q)):
-        if K[q]:
-            tk((K[q],), (THREADS,), (flat, offsets, np.int32(q), np.int32(b), np.int32(g), T),
-               shared_mem=(g * g + g) * 8)
-            ak((grid,), (GROUP_THREADS,), (flat, offsets, T, np.int32(q), np.int32(K[q])) + args, shared_mem=smem)
-    return Z
+    q32, b32, g32 = np.int32(q), np.int32(b), np.int32(g)
+    tk((K,), (THREADS,), (R, at, q32, b32, g32, T), shared_mem=(g * g + g) * 8)
+    ak((grid,), (GROUP_THREADS,), (R, at, T, q32, np.int32(K), np.int32(n), b32, g32, Z,
+                                   np.int64(_leading_dim(Z)), np.int32(ncols)), shared_mem=smem)
 
 
 def _allow_shared(cupy, kernel, smem: int, g: int) -> None:
@@ -362,10 +403,12 @@ def _check_sizes(n: int, b: int, g: int) -> None:
 
 
 def _check_operands(xp, flat, n: int, b: int, g: int, Z, levels) -> None:
-    """flat and Z as apply_q2_device needs them, or ValueError saying what is wrong."""
+    """flat (None: not checked) and Z as apply_q2_device needs them, or ValueError saying what is
+    wrong."""
     name = "apply_q2_device" if xp is not np else "apply_q2_twin"
     need = group_offsets(n, b, g)[-1]
-    if flat.ndim != 1 or flat.dtype != np.float64 or flat.size != need or not flat.flags.c_contiguous:
+    if flat is not None and (flat.ndim != 1 or flat.dtype != np.float64 or flat.size != need
+                             or not flat.flags.c_contiguous):
         raise ValueError(f"{name}: `flat` must be a contiguous 1-D float64 array of {need} elements "
                          f"(sb2st.group_offsets(n, b, g)[-1]); got shape {flat.shape}, {flat.dtype}")
     if Z.ndim != 2 or Z.shape[0] != n or Z.dtype != np.float64:
@@ -377,6 +420,6 @@ def _check_operands(xp, flat, n: int, b: int, g: int, Z, levels) -> None:
             raise ValueError(f"{name}: `Z` must be column-major (a Fortran-order array or a block of one)")
 
 
-__all__ = ["apply_q2_device", "apply_q2_levels", "apply_q2_groups", "uses_groups", "apply_q2_twin", "q2_flops",
+__all__ = ["apply_q2_device", "apply_q2_levels", "apply_q2_groups", "apply_q2_group", "uses_groups", "apply_q2_twin", "q2_flops",
            "schedule", "chunk_columns", "level_gemms", "Level",
            "Gemm", "WORKSPACE_BUDGET"]

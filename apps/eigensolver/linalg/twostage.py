@@ -3,11 +3,15 @@
   sy2sb   dense -> band of half-bandwidth b, BLAS-3, distributed (sy2sb.py): per panel of b
           columns one Bcast and one Allreduce.
   sb2st   band -> tridiagonal by bulge chasing (sb2st.py) on rank 0: one Allgather brings it
-          the band ((b + 1) x n), one Bcast gives every rank d and e.  Rank 0 keeps Q2's
-          reflectors (about n^2 / 2 numbers) until the back-transformation.
-  Q1 Q2 Z Q2 by compact-WY blocks of g sweeps (sb2st.apply_q2), each group reaching the ranks by
-          one Bcast from rank 0 (n / g in all); then Q1 by ormtr.ormtr with offset b (one Bcast
-          per panel of reflectors, as the one-stage path).
+          the band ((b + 1) x n), one Bcast gives every rank d and e.  Q2's reflectors (about
+          n^2 / 2 numbers, in groups of g sweeps) are kept until the back-transformation: on one
+          rank all of them; on P ranks rank 0 sends each group to its owner, rank q % P (one Bcast
+          per group, spread_groups), so that each rank holds about n^2 / (2 P).
+  Q1 Q2 Z Q2 by compact-WY blocks of g sweeps, group by group (sb2st.apply_q2; on the GPU
+          q2_device: one rank's all groups by apply_q2_device, several ranks' one group at a time
+          by apply_q2_group), each group reaching the ranks by one Bcast from its owner (n / g in
+          all); then Q1 by ormtr.ormtr with offset b (one Bcast per panel of reflectors, as the
+          one-stage path).
 
 The choice of b: the band reduction's GEMMs have inner dimension b (larger is faster), the bulge
 chasing's steps number about n^2 / (2 b) with O(b^2) work each, and Q2's blocks cost (b + g) / b
@@ -21,7 +25,8 @@ import numpy as np
 from ._xp import is_device, to_host
 from .layout import BlockCyclic
 from .ormtr import ormtr
-from .sb2st import apply_q2, group_offsets, group_shape, sb2st
+from .q2_device import GROUP_MAX
+from .sb2st import _groups, apply_q2, group_offsets, group_shape, sb2st
 from .sy2sb import check_band, gather_band, sy2sb
 
 #: the largest half-bandwidth the two-stage reduction uses: b is the largest divisor of the
@@ -49,34 +54,68 @@ class TwoStageQ:
 
     def __init__(self, V1, tau1, b: int, g: int, refl, desc: BlockCyclic, comm, xp):
         self.V1, self.tau1, self.b, self.g = V1, tau1, b, g
-        # Q2's reflectors: on the host, rank 0's list of groups (None elsewhere), sent group by
-        # group; on the GPU, every rank's copy of all groups in one flat array (group_offsets)
+        # Q2's reflectors: on one rank all groups (the GPU's flat array, group_offsets, or the
+        # host's list); on several, {q: group q's array} of the groups this rank owns
+        # (spread_groups: q % P), each sent to every rank when Q2 reaches it
         self.refl = refl
         self.desc, self.comm, self.xp = desc, comm, xp
 
     def apply(self, Z):
         """Z <- Q1 Q2 Z on the owned columns Z (every rank calls it)."""
-        xp, comm, n = self.xp, self.comm, self.desc.n
+        xp, comm, n, b, g = self.xp, self.comm, self.desc.n, self.b, self.g
         refl, self.refl = self.refl, None      # released as it is used
+        nranks, rank = comm.Get_size(), comm.Get_rank()
+
+        def group(q):
+            if nranks == 1:
+                R, refl[q] = refl[q], None
+                return R
+            shape, owner = group_shape(n, b, g, q), q % nranks
+            R = refl.pop(q) if owner == rank else xp.empty(shape, dtype=xp.float64)
+            if shape[0]:
+                comm.Bcast(R, root=owner)
+            return R
+
         if is_device(xp):
-            from .q2_device import apply_q2_device
+            from .q2_device import apply_q2_device, apply_q2_group
 
-            apply_q2_device(refl, n, self.b, self.g, Z)
+            if nranks == 1:
+                apply_q2_device(refl, n, b, g, Z)
+            else:
+                for q in reversed(range(_groups(n, g))):
+                    apply_q2_group(group(q), n, b, g, q, Z)
         else:
-            def group(q):
-                shape = group_shape(n, self.b, self.g, q)
-                buf = xp.empty(shape, dtype=xp.float64)
-                if comm.Get_rank() == 0:
-                    buf[...] = xp.asarray(refl[q])
-                    refl[q] = None
-                if comm.Get_size() > 1:
-                    comm.Bcast(buf, root=0)
-                return buf
-
-            apply_q2(group, n, self.b, self.g, Z, xp)
+            apply_q2(group, n, b, g, Z, xp)
         del refl
-        ormtr(self.V1, self.tau1, Z, self.desc, comm, xp, offset=self.b)
+        ormtr(self.V1, self.tau1, Z, self.desc, comm, xp, offset=b)
         return Z
+
+
+def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
+    """Rank 0's Q2 reflectors (refl: the GPU's flat array or the host's list of groups; None
+    elsewhere) to their owners, group q to rank q % P, one Bcast per group.  Returns this rank's
+    {q: group q's (K_q, b + 1, g) array}.  Each rank then holds about n^2 / (2 P) of the
+    n^2 / 2 numbers; rank 0 drops refl as it goes."""
+    nranks, rank = comm.Get_size(), comm.Get_rank()
+    off = group_offsets(n, b, g)
+    mine = {}
+    for q in range(_groups(n, g)):
+        shape, owner = group_shape(n, b, g, q), q % nranks
+        if not shape[0]:
+            if owner == rank:
+                mine[q] = xp.empty(shape, dtype=xp.float64)
+            continue
+        if rank == 0:
+            R = refl[off[q]:off[q + 1]].reshape(shape) if is_device(xp) else xp.ascontiguousarray(refl[q])
+            if not is_device(xp):
+                refl[q] = None
+        else:
+            R = xp.empty(shape, dtype=xp.float64)
+        comm.Bcast(R, root=0)
+        if owner == rank:
+            mine[q] = R.copy() if rank == 0 and is_device(xp) else R   # a copy lets flat go
+        del R
+    return mine
 
 
 def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | None = None, vectors: bool = True):
@@ -84,13 +123,16 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
     with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
     hold Q1's reflectors.  On the GPU the bulge chasing runs on rank 0's device
-    (sb2st_device.py), and with vectors one Bcast gives every rank Q2's reflectors.  b: the
+    (sb2st_device.py); with vectors on several ranks spread_groups shares Q2's reflectors out.  b: the
     half-bandwidth (default: TWO_STAGE_BAND on the host, device_band on the GPU)."""
     device = is_device(xp)
     if b is None:
         b = device_band(desc.nb) if device else band_width(desc.nb, TWO_STAGE_BAND)
     check_band(desc, b)
     g = b if g is None else g
+    if device and vectors and comm.Get_size() > 1 and max(b, g) > GROUP_MAX:
+        raise ValueError(f"two_stage: b = {b}, g = {g}: on several GPU ranks Q2 goes group by group "
+                         f"(q2_device.apply_q2_group), which needs b, g <= {GROUP_MAX}")
     band, tau1 = sy2sb(C, desc, comm, xp, b)
     full = gather_band(band, desc, comm, xp)
     del band
@@ -109,12 +151,10 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
         del d, e
     del full
     comm.Bcast(de, root=0)
-    if device and vectors and comm.Get_size() > 1:   # every rank's copy of Q2's reflectors
-        if not root:
-            refl = xp.empty(group_offsets(n, b, g)[-1], dtype=xp.float64)
-        comm.Bcast(refl, root=0)
+    if vectors and comm.Get_size() > 1:   # each rank its share of Q2's reflectors
+        refl = spread_groups(refl, n, b, g, comm, xp)
     Q = TwoStageQ(C, tau1, b, g, refl, desc, comm, xp) if vectors else None
     return de[:n], de[n:2 * n - 1], Q
 
 
-__all__ = ["two_stage", "TwoStageQ", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
+__all__ = ["two_stage", "TwoStageQ", "spread_groups", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
