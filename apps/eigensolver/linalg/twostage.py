@@ -5,8 +5,9 @@
   sb2st   band -> tridiagonal by bulge chasing (sb2st.py) on rank 0: one Allgather brings it
           the band ((b + 1) x n), one Bcast gives every rank d and e.  Q2's reflectors (about
           n^2 / 2 numbers, in groups of g sweeps) are kept until the back-transformation: on one
-          rank all of them; on P ranks rank 0 sends each group to its owner, rank q % P (one Bcast
-          per group, spread_groups), so that each rank holds about n^2 / (2 P).
+          rank all of them; on P ranks rank 0 sends each group to its owner (group_owner: ranks
+          1 .. P - 1 in turn; one Bcast per group, spread_groups), so that each of them holds about
+          n^2 / (2 (P - 1)) and rank 0, which held all of them during the bulge chasing, none.
   Q1 Q2 Z Q2 by compact-WY blocks of g sweeps, group by group (sb2st.apply_q2; on the GPU
           q2_device: one rank's all groups by apply_q2_device, several ranks' one group at a time
           by apply_q2_group), each group reaching the ranks by one Bcast from its owner (n / g in
@@ -56,7 +57,7 @@ class TwoStageQ:
         self.V1, self.tau1, self.b, self.g = V1, tau1, b, g
         # Q2's reflectors: on one rank all groups (the GPU's flat array, group_offsets, or the
         # host's list); on several, {q: group q's array} of the groups this rank owns
-        # (spread_groups: q % P), each sent to every rank when Q2 reaches it
+        # (spread_groups, group_owner), each sent to every rank when Q2 reaches it
         self.refl = refl
         self.desc, self.comm, self.xp = desc, comm, xp
 
@@ -70,7 +71,7 @@ class TwoStageQ:
             if nranks == 1:
                 R, refl[q] = refl[q], None
                 return R
-            shape, owner = group_shape(n, b, g, q), q % nranks
+            shape, owner = group_shape(n, b, g, q), group_owner(q, nranks)
             R = refl.pop(q) if owner == rank else xp.empty(shape, dtype=xp.float64)
             if shape[0]:
                 comm.Bcast(R, root=owner)
@@ -91,16 +92,23 @@ class TwoStageQ:
         return Z
 
 
+def group_owner(q: int, nranks: int) -> int:
+    """The rank that keeps group q of Q2's reflectors between the bulge chasing and Q2: ranks
+    1 .. P - 1 in turn (rank 0, which holds all of them while the bulge chasing runs, keeps none
+    on several ranks: its peak is then that of the bulge chasing, not that plus a share)."""
+    return 0 if nranks == 1 else 1 + q % (nranks - 1)
+
+
 def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
     """Rank 0's Q2 reflectors (refl: the GPU's flat array or the host's list of groups; None
-    elsewhere) to their owners, group q to rank q % P, one Bcast per group.  Returns this rank's
-    {q: group q's (K_q, b + 1, g) array}.  Each rank then holds about n^2 / (2 P) of the
-    n^2 / 2 numbers; rank 0 drops refl as it goes."""
+    elsewhere) to their owners (group_owner), one Bcast per group.  Returns this rank's
+    {q: group q's (K_q, b + 1, g) array}.  Ranks 1 .. P - 1 then hold about n^2 / (2 (P - 1))
+    of the n^2 / 2 numbers each; rank 0 drops refl as it goes."""
     nranks, rank = comm.Get_size(), comm.Get_rank()
     off = group_offsets(n, b, g)
     mine = {}
     for q in range(_groups(n, g)):
-        shape, owner = group_shape(n, b, g, q), q % nranks
+        shape, owner = group_shape(n, b, g, q), group_owner(q, nranks)
         if not shape[0]:
             if owner == rank:
                 mine[q] = xp.empty(shape, dtype=xp.float64)
@@ -113,7 +121,7 @@ def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
             R = xp.empty(shape, dtype=xp.float64)
         comm.Bcast(R, root=0)
         if owner == rank:
-            mine[q] = R.copy() if rank == 0 and is_device(xp) else R   # a copy lets flat go
+            mine[q] = R
         del R
     return mine
 
@@ -157,4 +165,4 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     return de[:n], de[n:2 * n - 1], Q
 
 
-__all__ = ["two_stage", "TwoStageQ", "spread_groups", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
+__all__ = ["two_stage", "TwoStageQ", "spread_groups", "group_owner", "band_width", "device_band", "TWO_STAGE_BAND", "TWO_STAGE_BAND_DEVICE"]
