@@ -1,4 +1,7 @@
-// Q2's kernels for q2_device.py.
+// Q2's kernels for q2_device.py.  Compiled for the GPU by NVRTC (raw_module); with Q2_HOST defined
+// the group path (q2_group_T, q2_group_apply) is plain C++ that the CPU tests run
+// (tests/unit/q2_emulation.cpp): each phase between two barriers over all Q2_THREADS thread
+// indices in turn, and an mma as the sum over its k that each lane's outputs take.
 //
 // q2_level_factors (apply_q2_levels): the compact-WY factors of one level of its schedule.
 // Block i of the level (blockIdx.x) is group q = q0 + i, step k = k0 + i.  Its reflectors lie in
@@ -21,68 +24,86 @@
 // the diagonal, column c) while it reads columns < c of T and row c of the mirrored G, so
 // step c reads nothing it writes; __syncthreads() between steps publishes column c.
 
-// A block's tau into S + g g, every thread of the block calling it (S as described above)
-__device__ __forceinline__ void q2_block_tau(const double* __restrict__ R, double* S, int b, int g)
+#ifdef Q2_HOST
+#include <algorithm>
+#define Q2_FN inline
+#define Q2_RESTRICT
+using std::max;
+using std::min;
+#else
+#define Q2_FN __device__ __forceinline__
+#define Q2_RESTRICT __restrict__
+
+struct Q2DeviceExec {   // every thread of the block runs a phase; __syncthreads between phases
+    template <class F>
+    __device__ __forceinline__ void each(F f) const { f((int)threadIdx.x); }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+#endif
+
+// The UT transform's T of one block into S (g x g column-major, T on and above the diagonal, G
+// mirrored below it) and tau into S + g g, by the recurrence above, with `nt` threads (x: the
+// executor); S is complete when it returns.
+template <class X>
+Q2_FN void q2_block_T(const X& x, int nt, const double* Q2_RESTRICT R, double* S, int b, int g)
 {
     double* tau = S + g * g;
-    for (int t = threadIdx.x; t < g; t += blockDim.x)
-        tau[t] = R[b * g + t];
-    __syncthreads();
-}
-
-// Then its G (mirrored below the diagonal) and T (on and above it) into S by the recurrence
-// above, every thread of the block calling it; S is complete when it returns
-__device__ __forceinline__ void q2_block_T(const double* __restrict__ R, double* S, int b, int g)
-{
-    const double* tau = S + g * g;
+    x.each([&](int th) {
+        for (int t = th; t < g; t += nt)
+            tau[t] = R[b * g + t];
+    });
+    x.sync();
     // G[a][c] for a < c: the skewed columns a and c share the rows c .. a + b - 1 (none when
     // c - a >= b), where v_a has entries lag .. b - 1 and v_c entries 0 .. b - 1 - lag
-    for (int e = threadIdx.x; e < g * g; e += blockDim.x) {
-        const int c = e % g, a = e / g;           // S[c + a g]: below the diagonal when a < c
-        if (a < c) {
-            const int lag = c - a;
-            double s = 0.0;
-            if (tau[a] != 0.0 && tau[c] != 0.0)
-                for (int r = 0; r < b - lag; ++r)
-                    s += R[(r + lag) * g + a] * R[r * g + c];
-            S[e] = s;
+    x.each([&](int th) {
+        for (int e = th; e < g * g; e += nt) {
+            const int c = e % g, a = e / g;       // S[c + a g]: below the diagonal when a < c
+            if (a < c) {
+                const int lag = c - a;
+                double s = 0.0;
+                if (tau[a] != 0.0 && tau[c] != 0.0)
+                    for (int r = 0; r < b - lag; ++r)
+                        s += R[(r + lag) * g + a] * R[r * g + c];
+                S[e] = s;
+            }
         }
-    }
-    __syncthreads();
-
+    });
+    x.sync();
     for (int c = 0; c < g; ++c) {                 // T's column c from its columns 0 .. c - 1
-        for (int a = threadIdx.x; a < c; a += blockDim.x) {
-            double s = 0.0;
-            for (int l = a; l < c; ++l)           // T[a][l] (zero for l < a) times G[l][c]
-                s += S[a + l * g] * S[c + l * g];
-            S[a + c * g] = -tau[c] * s;
-        }
-        if (threadIdx.x == 0)
-            S[c + c * g] = tau[c];
-        __syncthreads();
+        x.each([&](int th) {
+            for (int a = th; a < c; a += nt) {
+                double s = 0.0;
+                for (int l = a; l < c; ++l)       // T[a][l] (zero for l < a) times G[l][c]
+                    s += S[a + l * g] * S[c + l * g];
+                S[a + c * g] = -tau[c] * s;
+            }
+            if (th == 0)
+                S[c + c * g] = tau[c];
+        });
+        x.sync();
     }
 }
 
+#ifndef Q2_HOST
 extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, const long long* __restrict__ offsets,
                                             int q0, int k0, int b, int g, double* __restrict__ V,
                                             double* __restrict__ Y)
 {
     extern __shared__ double S[];
-    const double* tau = S + g * g;
+    double* tau = S + g * g;
     const int h = b + g - 1;
     const int q = q0 + (int)blockIdx.x, k = k0 + (int)blockIdx.x;
     const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
     double* Vi = V + (long long)blockIdx.x * h * g;
     double* Yi = Y + (long long)blockIdx.x * h * g;
 
-    q2_block_tau(R, S, b, g);
+    q2_block_T(Q2DeviceExec(), (int)blockDim.x, R, S, b, g);
 
     // V, dense and masked: entry (r, a) is v_a's entry r - a
     for (int e = threadIdx.x; e < h * g; e += blockDim.x) {
         const int r = e % h, a = e / h, d = r - a;
         Vi[e] = (d >= 0 && d < b && tau[a] != 0.0) ? R[d * g + a] : 0.0;
     }
-    q2_block_T(R, S, b, g);
 
     // Y[r][c] = sum_a V[r][a] T[a][c], a over V's nonzeros in row r (r - b < a <= r) and T's in
     // column c (a <= c)
@@ -96,13 +117,14 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
         Yi[e] = s;
     }
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Q2 Z group by group, every block of a group applied to Z's rows while they stay on chip.
 //
 // q2_group_T: group q's blocks' T factors, block k = blockIdx.x, g x g column-major at
-// T + k g g (zero below the diagonal), by the recurrence above (q2_block_tau, q2_block_T).
-// Launch: grid = K_q, any blockDim (256), (g g + g) doubles of dynamic shared memory.
+// T + k g g (zero below the diagonal), by the recurrence above.  Launch: grid = K_q, any
+// blockDim (256), (g g + g) doubles of dynamic shared memory.
 //
 // q2_group_apply: Z <- H_{q,K-1} ... H_{q,1} H_{q,0} Z for one group q, H_{q,k} = I - V T V^T
 // the block of rows r_k = q g + 1 + k b .. r_k + h - 1 (h = b + g - 1, clipped at n).  Block x
@@ -138,102 +160,284 @@ struct Q2Smem {
     double W[Q2_PAD * Q2_LDS];     // W[t Q2_LDS + c], then W2
 };
 
-extern "C" __global__ void q2_apply_smem_bytes(long long* out) { *out = (long long)sizeof(Q2Smem); }
+// What a thread keeps from one phase to a later one (registers on the GPU): the next block's R
+// and T and the rows that come in, read while a step computes, and W2's tile across a barrier
+struct Q2Thread {
+    double fr[Q2_ITEMS], ft[Q2_ITEMS], fz[Q2_ITEMS];
+    double acc[2][2][4];
+};
 
-__device__ __forceinline__ void q2_mma(double* d, const double* a, const double* b)
+#ifndef Q2_HOST
+extern "C" __global__ void q2_apply_smem_bytes(long long* out) { *out = (long long)sizeof(Q2Smem); }
+#endif
+
+// m16n8k8 tiles, D += A B: a lane's fragments of A (rows row0 .., columns kk ..) and B (rows
+// kk .., columns col0 ..), from a_of(row, k) and b_of(k, col).  On the GPU the lane holds, with
+// g = lane / 4 and u = lane % 4, A[g][u], A[g + 8][u], A[g][u + 4], A[g + 8][u + 4], B[u][g],
+// B[u + 4][g], and D[g][2u + j], D[g + 8][2u + j] (d[j], d[2 + j]) for j = 0, 1.  On the host a
+// fragment keeps where its tile lies, and q2_mma sums the lane's outputs over k = 0 .. 7.
+#ifdef Q2_HOST
+struct Q2FragA { int row0, kk; };
+struct Q2FragB { int col0, kk; };
+template <class Op> inline Q2FragA q2_frag_a(int, int row0, int kk, Op) { return {row0, kk}; }
+template <class Op> inline Q2FragB q2_frag_b(int, int col0, int kk, Op) { return {col0, kk}; }
+template <class OpA, class OpB>
+inline void q2_mma(double (&d)[4], int lane, const Q2FragA& a, const Q2FragB& b, OpA a_of, OpB b_of)
 {
-    // D = A B + D, m16n8k8: with g = lane / 4, u = lane % 4, the lane holds A[g][u], A[g + 8][u],
-    // A[g][u + 4], A[g + 8][u + 4] (a[0..3]), B[u][g], B[u + 4][g] (b[0..1]), and D[g][2u + j],
-    // D[g + 8][2u + j] (d[j], d[2 + j]) for j = 0, 1
+    const int lg = lane >> 2, lq = lane & 3;
+    for (int x = 0; x < 4; ++x) {
+        const int row = a.row0 + lg + 8 * (x >> 1), col = b.col0 + 2 * lq + (x & 1);
+        double s = d[x];
+        for (int k = 0; k < 8; ++k)
+            s += a_of(row, a.kk + k) * b_of(a.kk + k, col);
+        d[x] = s;
+    }
+}
+#else
+struct Q2FragA { double v[4]; };
+struct Q2FragB { double v[2]; };
+template <class Op>
+__device__ __forceinline__ Q2FragA q2_frag_a(int lane, int row0, int kk, Op a_of)
+{
+    const int lg = lane >> 2, lq = lane & 3;
+    Q2FragA f;
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+        f.v[x] = a_of(row0 + lg + 8 * (x & 1), kk + lq + 4 * (x >> 1));
+    return f;
+}
+template <class Op>
+__device__ __forceinline__ Q2FragB q2_frag_b(int lane, int col0, int kk, Op b_of)
+{
+    const int lg = lane >> 2, lq = lane & 3;
+    Q2FragB f;
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        f.v[x] = b_of(kk + lq + 4 * x, col0 + lg);
+    return f;
+}
+template <class OpA, class OpB>
+__device__ __forceinline__ void q2_mma(double (&d)[4], int, const Q2FragA& a, const Q2FragB& b, OpA, OpB)
+{
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};"
                  : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-                 : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+                 : "d"(a.v[0]), "d"(a.v[1]), "d"(a.v[2]), "d"(a.v[3]), "d"(b.v[0]), "d"(b.v[1]));
 }
+#endif
 
 // V[rho][t] of the block whose R is on chip
-__device__ __forceinline__ double q2_v(const double* R, int rho, int t, int b)
+Q2_FN double q2_v(const double* R, int rho, int t, int b)
 {
     const int d = rho - t;
     return (unsigned)d < (unsigned)b ? R[d * Q2_LDS + t] : 0.0;
 }
 
-// A warp's 32 x 16 tile of W (rows t0 .., columns cb ..) as two by two m16n8k8 tiles:
-// acc += A[t0 .. t0 + 31][kk] B[kk][cb .. cb + 15] over kk = k0 .. k1 - 1 in steps of 8 (k1 - k0
-// rounded up to 8; a(row, kk) and b(kk, col) give the operands' entries), then into W
-template <class OpA, class OpB>
-__device__ __forceinline__ void q2_tile_w(double (&acc)[2][2][4], int t0, int cb, int k0, int k1, OpA a_of, OpB b_of)
+// A warp's RI x CJ tiles of m16n8k8 (rows row0 + 16 ri, columns col0 + 8 cj): acc += A B over
+// kk = k0 .. k1 - 1 in steps of 8 (k1 - k0 rounded up to 8)
+template <int RI, int CJ, class OpA, class OpB>
+Q2_FN void q2_tiles(double (&acc)[RI][CJ][4], int lane, int row0, int col0, int k0, int k1, OpA a_of, OpB b_of)
 {
-    const int lane = threadIdx.x & 31, lg = lane >> 2, lq = lane & 3;
 #pragma unroll 2
     for (int kk = k0; kk < k1; kk += 8) {
-        double a[2][4], bv[2][2];
+        Q2FragA a[RI];
+        Q2FragB bv[CJ];
 #pragma unroll
-        for (int ti = 0; ti < 2; ++ti)
+        for (int ri = 0; ri < RI; ++ri)
+            a[ri] = q2_frag_a(lane, row0 + 16 * ri, kk, a_of);
 #pragma unroll
-            for (int x = 0; x < 4; ++x)
-                a[ti][x] = a_of(t0 + 16 * ti + lg + 8 * (x & 1), kk + lq + 4 * (x >> 1));
+        for (int cj = 0; cj < CJ; ++cj)
+            bv[cj] = q2_frag_b(lane, col0 + 8 * cj, kk, b_of);
 #pragma unroll
-        for (int cj = 0; cj < 2; ++cj)
+        for (int ri = 0; ri < RI; ++ri)
 #pragma unroll
-            for (int x = 0; x < 2; ++x)
-                bv[cj][x] = b_of(kk + lq + 4 * x, cb + 8 * cj + lg);
-#pragma unroll
-        for (int ti = 0; ti < 2; ++ti)
-#pragma unroll
-            for (int cj = 0; cj < 2; ++cj)
-                q2_mma(acc[ti][cj], a[ti], bv[cj]);
+            for (int cj = 0; cj < CJ; ++cj)
+                q2_mma(acc[ri][cj], lane, a[ri], bv[cj], a_of, b_of);
     }
 }
 
-__device__ __forceinline__ void q2_put_w(double* W, const double (&acc)[2][2][4], int t0, int cb)
+// f(row, col, acc[ri][cj][x]) for each output a lane holds of its RI x CJ tiles
+template <int RI, int CJ, class F>
+Q2_FN void q2_each_output(int lane, int row0, int col0, F f)
 {
-    const int lane = threadIdx.x & 31, lg = lane >> 2, lq = lane & 3;
+    const int lg = lane >> 2, lq = lane & 3;
 #pragma unroll
-    for (int ti = 0; ti < 2; ++ti)
+    for (int ri = 0; ri < RI; ++ri)
 #pragma unroll
-        for (int cj = 0; cj < 2; ++cj)
+        for (int cj = 0; cj < CJ; ++cj)
 #pragma unroll
             for (int x = 0; x < 4; ++x)
-                W[(t0 + 16 * ti + lg + 8 * (x >> 1)) * Q2_LDS + cb + 8 * cj + 2 * lq + (x & 1)] = acc[ti][cj][x];
+                f(ri, cj, x, row0 + 16 * ri + lg + 8 * (x >> 1), col0 + 8 * cj + 2 * lq + (x & 1));
 }
 
-// group q's block k's R and T into registers: item i is (row e >> 6, column e & 63) for
-// e = threadIdx.x + i Q2_THREADS
-__device__ __forceinline__ void q2_fetch_factors(const double* __restrict__ Rg, const double* __restrict__ Tg,
-                                                 int b, int g, double* r, double* t)
+// group q's block k's R and T into a thread's registers: item i is (row e >> 6, column e & 63)
+// for e = th + i Q2_THREADS
+Q2_FN void q2_fetch_factors(int th, const double* Q2_RESTRICT Rg, const double* Q2_RESTRICT Tg, int b, int g,
+                            double* r, double* t)
 {
 #pragma unroll
     for (int i = 0; i < Q2_ITEMS; ++i) {
-        const int e = threadIdx.x + i * Q2_THREADS, row = e >> 6, col = e & 63;
+        const int e = th + i * Q2_THREADS, row = e >> 6, col = e & 63;
         r[i] = (row < b && col < g && Rg[b * g + col] != 0.0) ? Rg[row * g + col] : 0.0;
         t[i] = (row < g && col < g) ? Tg[row * g + col] : 0.0;
     }
 }
 
-__device__ __forceinline__ void q2_store_factors(Q2Smem& s, const double* r, const double* t)
+Q2_FN void q2_store_factors(int th, Q2Smem& s, const double* r, const double* t)
 {
 #pragma unroll
     for (int i = 0; i < Q2_ITEMS; ++i) {
-        const int e = threadIdx.x + i * Q2_THREADS, row = e >> 6, col = e & 63;
+        const int e = th + i * Q2_THREADS, row = e >> 6, col = e & 63;
         s.R[row * Q2_LDS + col] = r[i];
         s.T[row * Q2_LDS + col] = t[i];
     }
 }
 
+// q2_group_T's block k: its T, with nt threads
+template <class X>
+Q2_FN void q2_group_T_block(const X& x, int nt, const double* Q2_RESTRICT flat, const long long* Q2_RESTRICT offsets,
+                            int q, int b, int g, double* Q2_RESTRICT T, int k, double* S)
+{
+    q2_block_T(x, nt, flat + offsets[q] + (long long)k * (b + 1) * g, S, b, g);
+    double* Tk = T + (long long)k * g * g;
+    x.each([&](int th) {
+        for (int e = th; e < g * g; e += nt) {
+            const int a = e % g, c = e / g;
+            Tk[e] = a <= c ? S[e] : 0.0;
+        }
+    });
+    x.sync();
+}
+
+// q2_group_apply's block `blk` (its columns 64 blk ..): x the executor, state(th) thread th's
+// Q2Thread
+template <class X, class State>
+Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double* Q2_RESTRICT flat,
+                                const long long* Q2_RESTRICT offsets, const double* Q2_RESTRICT T, int q, int K,
+                                int n, int b, int g, double* Q2_RESTRICT Z, long long ldz, int ncols, int blk)
+{
+    const int c_base = blk * Q2_COLS;
+    const int r_first = q * g + 1;
+    const double* R0 = flat + offsets[q];
+
+    x.each([&](int th) {    // ring: rows r_first .. r_first + 127; block 0's factors
+        for (int e = th; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
+            const int c = e >> 7, i = e & 127, rho = r_first + i, col = c_base + c;
+            s.Z[c * Q2_LDZ + (rho & 127)] = (rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
+        }
+        Q2Thread& h = state(th);
+        q2_fetch_factors(th, R0, T, b, g, h.fr, h.ft);
+        q2_store_factors(th, s, h.fr, h.ft);
+    });
+    x.sync();
+
+    for (int k = 0; k < K; ++k) {
+        const int r = r_first + k * b;
+        const int valid = min(Q2_WIN, n - r);          // window rows that lie in Z
+        const auto v_of = [&](int rho, int t) { return q2_v(s.R, rho, t, b); };
+        const auto zw_of = [&](int rho, int c) { return s.Z[c * Q2_LDZ + ((r + rho) & 127)]; };
+        const auto w_of = [&](int l, int c) { return s.W[l * Q2_LDS + c]; };
+        x.each([&](int th) {
+            Q2Thread& h = state(th);
+            const int lane = th & 31, wid = th >> 5;
+            // the rows that come in after this step, and the next block's factors
+#pragma unroll
+            for (int i = 0; i < Q2_ITEMS; ++i) {
+                const int e = th + i * Q2_THREADS, c = e >> 6, row = e & 63;
+                const int rho = r + Q2_WIN + row, col = c_base + c;
+                h.fz[i] = (row < b && rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
+            }
+            if (k + 1 < K)
+                q2_fetch_factors(th, R0 + (long long)(k + 1) * (b + 1) * g, T + (long long)(k + 1) * g * g, b, g,
+                                 h.fr, h.ft);
+            // W = V^T Zw: warp (tw, cw) owns W[tw .. tw + 31][cw .. cw + 15].  Warps w and w + 4
+            // share a scheduler (w mod 4): one of them takes tw = 0, the other tw = 32, so that
+            // the triangular W2 = T W below (twice the work at tw = 0) is spread evenly
+            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
+            if (tw < g) {
+                double acc[2][2][4] = {};
+                q2_tiles(acc, lane, tw, cw, tw, min(tw + 31 + b, valid), [&](int t, int rho) { return v_of(rho, t); },
+                         zw_of);
+                q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
+                    s.W[t * Q2_LDS + c] = acc[ri][cj][xx];
+                });
+            }
+        });
+        x.sync();
+        x.each([&](int th) {    // W2 = T W (T upper triangular): the same tiles, l from tw
+            Q2Thread& h = state(th);
+            const int lane = th & 31, wid = th >> 5;
+            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
+            q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int, int) { h.acc[ri][cj][xx] = 0.0; });
+            if (tw < g)
+                q2_tiles(h.acc, lane, tw, cw, tw, g, [&](int a, int l) { return s.T[l * Q2_LDS + a]; }, w_of);
+        });
+        x.sync();
+        x.each([&](int th) {    // W2 into W, once every warp has read W
+            Q2Thread& h = state(th);
+            const int lane = th & 31, wid = th >> 5;
+            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
+            if (tw < g)
+                q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
+                    s.W[t * Q2_LDS + c] = h.acc[ri][cj][xx];
+                });
+        });
+        x.sync();
+        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31; V's nonzero
+        // columns span 32 there at p0 = 0 and 96, 64 at p0 = 32 and 64: the scheduler's two
+        // warps take one of each
+        x.each([&](int th) {
+            const int lane = th & 31, wid = th >> 5;
+            const int p0 = 32 * ((wid & 3) ^ (wid >> 2)), cb = 32 * (wid >> 2);
+            if (p0 < valid) {
+                double acc[2][4][4];
+                q2_each_output<2, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
+                    acc[ri][cj][xx] = zw_of(rho, c);
+                });
+                const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 32);
+                q2_tiles(acc, lane, p0, cb, lo, hi, [&](int rho, int t) { return -v_of(rho, t); }, w_of);
+                q2_each_output<2, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
+                    if (rho < valid)
+                        s.Z[c * Q2_LDZ + ((r + rho) & 127)] = acc[ri][cj][xx];
+                });
+            }
+        });
+        x.sync();
+        x.each([&](int th) {    // rows r .. r + b - 1 back to Z, rows r + 128 .. in; the next factors
+            Q2Thread& h = state(th);
+#pragma unroll
+            for (int i = 0; i < Q2_ITEMS; ++i) {
+                const int e = th + i * Q2_THREADS, c = e >> 6, row = e & 63;
+                const int rho = r + row, col = c_base + c;
+                if (row < b) {
+                    double& slot = s.Z[c * Q2_LDZ + (rho & 127)];
+                    if (rho < n && col < ncols)
+                        Z[(long long)col * ldz + rho] = slot;
+                    slot = h.fz[i];
+                }
+            }
+            if (k + 1 < K)
+                q2_store_factors(th, s, h.fr, h.ft);
+        });
+        x.sync();
+    }
+    const int r_end = r_first + K * b;
+    x.each([&](int th) {    // the ring's rows r_K .. r_K + 127 back to Z
+        for (int e = th; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
+            const int c = e >> 7, i = e & 127, rho = r_end + i, col = c_base + c;
+            if (rho < n && col < ncols)
+                Z[(long long)col * ldz + rho] = s.Z[c * Q2_LDZ + (rho & 127)];
+        }
+    });
+    x.sync();
+}
+
+#ifndef Q2_HOST
 extern "C" __global__ void q2_group_T(const double* __restrict__ flat, const long long* __restrict__ offsets,
                                       int q, int b, int g, double* __restrict__ T)
 {
     extern __shared__ double S[];
-    const int k = (int)blockIdx.x;
-    const double* R = flat + offsets[q] + (long long)k * (b + 1) * g;
-    q2_block_tau(R, S, b, g);
-    q2_block_T(R, S, b, g);
-    double* Tk = T + (long long)k * g * g;
-    for (int e = threadIdx.x; e < g * g; e += blockDim.x) {
-        const int a = e % g, c = e / g;
-        Tk[e] = a <= c ? S[e] : 0.0;
-    }
+    q2_group_T_block(Q2DeviceExec(), (int)blockDim.x, flat, offsets, q, b, g, T, (int)blockIdx.x, S);
 }
 
 extern "C" __global__ void __launch_bounds__(Q2_THREADS, 1)
@@ -241,127 +445,12 @@ q2_group_apply(const double* __restrict__ flat, const long long* __restrict__ of
                int q, int K, int n, int b, int g, double* __restrict__ Z, long long ldz, int ncols)
 {
     extern __shared__ __align__(16) unsigned char q2_raw[];
-    Q2Smem& s = *reinterpret_cast<Q2Smem*>(q2_raw);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
-    const int c_base = (int)blockIdx.x * Q2_COLS;
-    const int r_first = q * g + 1;
-    const double* R0 = flat + offsets[q];
-
-    // ring: rows r_first .. r_first + 127
-    for (int e = threadIdx.x; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
-        const int c = e >> 7, i = e & 127, rho = r_first + i, col = c_base + c;
-        s.Z[c * Q2_LDZ + (rho & 127)] = (rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
-    }
-    double fr[Q2_ITEMS], ft[Q2_ITEMS], fz[Q2_ITEMS];
-    q2_fetch_factors(R0, T, b, g, fr, ft);
-    q2_store_factors(s, fr, ft);
-    __syncthreads();
-
-    for (int k = 0; k < K; ++k) {
-        const int r = r_first + k * b;
-        const int valid = min(Q2_WIN, n - r);          // window rows that lie in Z
-        // the rows that come in after this step, and the next block's factors
-#pragma unroll
-        for (int i = 0; i < Q2_ITEMS; ++i) {
-            const int e = threadIdx.x + i * Q2_THREADS, c = e >> 6, row = e & 63;
-            const int rho = r + Q2_WIN + row, col = c_base + c;
-            fz[i] = (row < b && rho < n && col < ncols) ? Z[(long long)col * ldz + rho] : 0.0;
-        }
-        if (k + 1 < K)
-            q2_fetch_factors(R0 + (long long)(k + 1) * (b + 1) * g, T + (long long)(k + 1) * g * g, b, g, fr, ft);
-
-        // W = V^T Zw: warp (t0, cb) owns W[t0 .. t0 + 31][cb .. cb + 15].  Warps w and w + 4 share
-        // a scheduler (w mod 4): one of them takes t0 = 0, the other t0 = 32, so that the
-        // triangular W2 = T W below (twice the work at t0 = 0) is spread evenly
-        const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
-        if (tw < g) {
-            double acc[2][2][4] = {};
-            q2_tile_w(acc, tw, cw, tw, min(tw + 31 + b, valid),
-                      [&](int t, int rho) { return q2_v(s.R, rho, t, b); },
-                      [&](int rho, int c) { return s.Z[c * Q2_LDZ + ((r + rho) & 127)]; });
-            q2_put_w(s.W, acc, tw, cw);
-        }
-        __syncthreads();
-        // W2 = T W (T upper triangular): same tiles, l from t0; into W once every warp has read it
-        {
-            double acc[2][2][4] = {};
-            if (tw < g)
-                q2_tile_w(acc, tw, cw, tw, g, [&](int a, int l) { return s.T[l * Q2_LDS + a]; },
-                          [&](int l, int c) { return s.W[l * Q2_LDS + c]; });
-            __syncthreads();
-            if (tw < g)
-                q2_put_w(s.W, acc, tw, cw);
-        }
-        __syncthreads();
-        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31; V's nonzero
-        // columns span 32 there at p0 = 0 and 96, 64 at p0 = 32 and 64: the scheduler's two warps
-        // take one of each
-        {
-            const int p0 = 32 * ((wid & 3) ^ (wid >> 2)), cb = 32 * (wid >> 2);
-            if (p0 < valid) {
-                double acc[2][4][4];
-#pragma unroll
-                for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-                    for (int cj = 0; cj < 4; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            acc[ri][cj][x] = s.Z[(cb + 8 * cj + 2 * lq + (x & 1)) * Q2_LDZ
-                                                 + ((r + p0 + 16 * ri + lg + 8 * (x >> 1)) & 127)];
-                const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 32);
-#pragma unroll 2
-                for (int t = lo; t < hi; t += 8) {
-                    double a[2][4], bw[4][2];
-#pragma unroll
-                    for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-                        for (int x = 0; x < 4; ++x)
-                            a[ri][x] = -q2_v(s.R, p0 + 16 * ri + lg + 8 * (x & 1), t + lq + 4 * (x >> 1), b);
-#pragma unroll
-                    for (int cj = 0; cj < 4; ++cj)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x)
-                            bw[cj][x] = s.W[(t + lq + 4 * x) * Q2_LDS + cb + 8 * cj + lg];
-#pragma unroll
-                    for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-                        for (int cj = 0; cj < 4; ++cj)
-                            q2_mma(acc[ri][cj], a[ri], bw[cj]);
-                }
-#pragma unroll
-                for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) {
-                        const int rho = p0 + 16 * ri + lg + 8 * (x >> 1);
-                        if (rho < valid)
-#pragma unroll
-                            for (int cj = 0; cj < 4; ++cj)
-                                s.Z[(cb + 8 * cj + 2 * lq + (x & 1)) * Q2_LDZ + ((r + rho) & 127)] = acc[ri][cj][x];
-                    }
-            }
-        }
-        __syncthreads();
-        // rows r .. r + b - 1 back to Z, rows r + 128 .. in; the next block's factors on chip
-#pragma unroll
-        for (int i = 0; i < Q2_ITEMS; ++i) {
-            const int e = threadIdx.x + i * Q2_THREADS, c = e >> 6, row = e & 63;
-            const int rho = r + row, col = c_base + c;
-            if (row < b) {
-                double& slot = s.Z[c * Q2_LDZ + (rho & 127)];
-                if (rho < n && col < ncols)
-                    Z[(long long)col * ldz + rho] = slot;
-                slot = fz[i];
-            }
-        }
-        if (k + 1 < K)
-            q2_store_factors(s, fr, ft);
-        __syncthreads();
-    }
-    // the ring's rows r_K .. r_K + 127 back to Z
-    const int r_end = r_first + K * b;
-    for (int e = threadIdx.x; e < Q2_WIN * Q2_COLS; e += Q2_THREADS) {
-        const int c = e >> 7, i = e & 127, rho = r_end + i, col = c_base + c;
-        if (rho < n && col < ncols)
-            Z[(long long)col * ldz + rho] = s.Z[c * Q2_LDZ + (rho & 127)];
-    }
+    struct One {        // the thread's own Q2Thread, in registers
+        Q2Thread* h;
+        __device__ __forceinline__ Q2Thread& operator()(int) const { return *h; }
+    };
+    Q2Thread h;
+    q2_group_apply_block(Q2DeviceExec(), One{&h}, *reinterpret_cast<Q2Smem*>(q2_raw),
+                         flat, offsets, T, q, K, n, b, g, Z, ldz, ncols, (int)blockIdx.x);
 }
+#endif
