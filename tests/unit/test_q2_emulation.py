@@ -1,5 +1,5 @@
 """q2_kernels.cu's group path on the CPU: q2_group_T and q2_group_apply, compiled as C++ with
-Q2_HOST by tests/unit/q2_emulation.cpp (each phase over all 256 thread indices in turn, each mma
+Q2_HOST by tests/unit/q2_emulation.cpp (each phase over all Q2_THREADS (512) thread indices in turn, each mma
 as the sum each lane's outputs take), group by group in apply_q2_groups' order, against the
 host's block loop (sb2st.apply_q2) to rounding; bit for bit the same under three thread orders
 (no phase races); rows and columns outside Z untouched."""

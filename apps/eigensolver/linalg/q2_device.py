@@ -61,11 +61,12 @@ WORKSPACE_BUDGET = 256 << 20   # bytes for W, the GEMMs' m x g x chunk intermedi
 THREADS = 256                  # q2_level_factors' block size
 SMEM_DEFAULT = 48 << 10        # dynamic shared memory a kernel gets without opting in
 GROUP_COLUMNS = 64             # q2_group_apply's Z columns per block (Q2_COLS)
-GROUP_THREADS = 256            # its block size (Q2_THREADS)
+GROUP_THREADS = 512            # its block size (Q2_THREADS)
 GROUP_MAX = 64                 # its largest b and g (Q2_PAD)
 #: apply_q2_device's group path needs min(b, g) above this: on an H100 at n = 16384, ncols = n,
-#: the group path took 0.71 s against the levels' 1.12 s at b = g = 64, and 1.72 s against 1.76 s
-#: at b = g = 32, where its factors padded to 64 x 64 do twice the work (docs/performance.md)
+#: the group path (256 threads a block) took 0.71 s against the levels' 1.12 s at b = g = 64, and
+#: 1.72 s against 1.76 s at b = g = 32, where its factors padded to 64 x 64 do twice the work; at
+#: 512 threads a block it takes 0.58 s at b = g = 64 (docs/performance.md)
 GROUP_MIN = 32
 
 

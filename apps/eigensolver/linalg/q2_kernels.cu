@@ -150,7 +150,7 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
 #define Q2_LDZ 132      // the ring's column stride: 4 (mod 16) spreads a fragment's rows over banks
 #define Q2_LDS 68       // R's, T's and W's row stride: 4 (mod 16), the same reason
 #define Q2_PAD 64
-#define Q2_THREADS 256
+#define Q2_THREADS 512
 #define Q2_ITEMS (Q2_PAD * Q2_COLS / Q2_THREADS)   // 64 x 64 items, per thread
 
 struct Q2Smem {
@@ -164,7 +164,7 @@ struct Q2Smem {
 // and T and the rows that come in, read while a step computes, and W2's tile across a barrier
 struct Q2Thread {
     double fr[Q2_ITEMS], ft[Q2_ITEMS], fz[Q2_ITEMS];
-    double acc[2][2][4];
+    double acc[1][2][4];
 };
 
 #ifndef Q2_HOST
@@ -238,7 +238,7 @@ Q2_FN double q2_v(const double* R, int rho, int t, int b)
 template <int RI, int CJ, class OpA, class OpB>
 Q2_FN void q2_tiles(double (&acc)[RI][CJ][4], int lane, int row0, int col0, int k0, int k1, OpA a_of, OpB b_of)
 {
-#pragma unroll 2
+#pragma unroll 1   // unrolled, q2_group_apply's 128 registers a thread (512 threads) spill
     for (int kk = k0; kk < k1; kk += 8) {
         Q2FragA a[RI];
         Q2FragB bv[CJ];
@@ -350,15 +350,15 @@ Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double
             if (k + 1 < K)
                 q2_fetch_factors(th, R0 + (long long)(k + 1) * (b + 1) * g, T + (long long)(k + 1) * g * g, b, g,
                                  h.fr, h.ft);
-            // W = V^T Zw: warp (tw, cw) owns W[tw .. tw + 31][cw .. cw + 15].  Warps w and w + 4
-            // share a scheduler (w mod 4): one of them takes tw = 0, the other tw = 32, so that
-            // the triangular W2 = T W below (twice the work at tw = 0) is spread evenly
-            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
+            // W = V^T Zw: warp (tw, cw) owns W[tw .. tw + 15][cw .. cw + 15], tw = 16 (wid / 4).
+            // The warps of a scheduler (wid mod 4) take the four tw, so that the triangular
+            // W2 = T W below (work 4 - wid / 4 tiles) is spread evenly
+            const int tw = 16 * (wid >> 2), cw = 16 * (wid & 3);
             if (tw < g) {
-                double acc[2][2][4] = {};
-                q2_tiles(acc, lane, tw, cw, tw, min(tw + 31 + b, valid), [&](int t, int rho) { return v_of(rho, t); },
+                double acc[1][2][4] = {};
+                q2_tiles(acc, lane, tw, cw, tw, min(tw + 15 + b, valid), [&](int t, int rho) { return v_of(rho, t); },
                          zw_of);
-                q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
+                q2_each_output<1, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
                     s.W[t * Q2_LDS + c] = acc[ri][cj][xx];
                 });
             }
@@ -367,8 +367,8 @@ Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double
         x.each([&](int th) {    // W2 = T W (T upper triangular): the same tiles, l from tw
             Q2Thread& h = state(th);
             const int lane = th & 31, wid = th >> 5;
-            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
-            q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int, int) { h.acc[ri][cj][xx] = 0.0; });
+            const int tw = 16 * (wid >> 2), cw = 16 * (wid & 3);
+            q2_each_output<1, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int, int) { h.acc[ri][cj][xx] = 0.0; });
             if (tw < g)
                 q2_tiles(h.acc, lane, tw, cw, tw, g, [&](int a, int l) { return s.T[l * Q2_LDS + a]; }, w_of);
         });
@@ -376,27 +376,29 @@ Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double
         x.each([&](int th) {    // W2 into W, once every warp has read W
             Q2Thread& h = state(th);
             const int lane = th & 31, wid = th >> 5;
-            const int tw = 32 * ((wid ^ (wid >> 2)) & 1), cw = 16 * (wid >> 1);
+            const int tw = 16 * (wid >> 2), cw = 16 * (wid & 3);
             if (tw < g)
-                q2_each_output<2, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
+                q2_each_output<1, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
                     s.W[t * Q2_LDS + c] = h.acc[ri][cj][xx];
                 });
         });
         x.sync();
-        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 31, columns cb .. cb + 31; V's nonzero
-        // columns span 32 there at p0 = 0 and 96, 64 at p0 = 32 and 64: the scheduler's two
-        // warps take one of each
+        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 15, columns cb .. cb + 31.  V's
+        // nonzero columns in those rows are max(0, p0 - b + 1) .. min(g, p0 + 16) - 1: at
+        // b = g = 64, 16, 32, 48, 64, 64, 48, 32, 16 of them for p0 / 16 = 0 .. 7.  Scheduler s
+        // (wid mod 4) takes row tiles {0, 3}, {1, 2}, {4, 7}, {5, 6}, each at both cb: 20 k-steps
+        // of 8 apiece
         x.each([&](int th) {
-            const int lane = th & 31, wid = th >> 5;
-            const int p0 = 32 * ((wid & 3) ^ (wid >> 2)), cb = 32 * (wid >> 2);
+            const int lane = th & 31, wid = th >> 5, sc = wid & 3, m = wid >> 2;
+            const int p0 = 16 * (4 * (sc >> 1) + ((sc & 1) ? 1 + (m >> 1) : 3 * (m >> 1))), cb = 32 * (m & 1);
             if (p0 < valid) {
-                double acc[2][4][4];
-                q2_each_output<2, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
+                double acc[1][4][4];
+                q2_each_output<1, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
                     acc[ri][cj][xx] = zw_of(rho, c);
                 });
-                const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 32);
+                const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 16);
                 q2_tiles(acc, lane, p0, cb, lo, hi, [&](int rho, int t) { return -v_of(rho, t); }, w_of);
-                q2_each_output<2, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
+                q2_each_output<1, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
                     if (rho < valid)
                         s.Z[c * Q2_LDZ + ((r + rho) & 127)] = acc[ri][cj][xx];
                 });
