@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 import hpccoll
 from hpccoll_eigensolver import BlockCyclic, distribute, gather, metrics, sygvd
-from hpccoll_eigensolver.linalg.twostage import two_stage
+from hpccoll_eigensolver.linalg.sb2st import _groups, group_shape
+from hpccoll_eigensolver.linalg.twostage import group_owner, two_stage
 from hpccoll_eigensolver.problems import make_problem
 
 from conftest import assert_as_accurate_as_lapack
@@ -54,6 +55,26 @@ def test_tridiagonal_has_lapacks_eigenvalues(comm, n, nb, b):
     got = sl.eigvalsh_tridiagonal(d, e) if n > 1 else d
     assert np.abs(got - ref).max() <= 50 * n * np.finfo(float).eps * np.abs(ref).max()
     assert len(set(WORLD.allgather(d.tobytes() + e.tobytes()))) == 1
+
+
+@pytest.mark.parametrize("n,nb,b", [(150, 16, 8), (101, 16, 16), (7, 4, 4)])
+def test_q2_groups_are_held_by_their_owners_only(comm, n, nb, b):
+    """Between the bulge chasing and Q2 each rank holds exactly the groups group_owner gives it
+    (rank 0 none on several ranks), each of its (K_q, b + 1, g) shape: every group once."""
+    rng = np.random.default_rng(_seed())
+    C = rng.standard_normal((n, n))
+    desc = BlockCyclic(n, n, nb, comm.size)
+    _, _, Q = two_stage(distribute(np.tril(C + C.T), desc, comm.rank), desc, comm, np, b=b)
+    P, rank, Q_groups = comm.size, comm.rank, _groups(n, b)
+    if P == 1:
+        assert len(Q.refl) == Q_groups
+        return
+    assert sorted(Q.refl) == [q for q in range(Q_groups) if group_owner(q, P) == rank]
+    assert rank != 0 or not Q.refl
+    for q, R in Q.refl.items():
+        assert R.shape == group_shape(n, b, b, q)
+        assert np.isfinite(R).all()
+    assert sorted(q for keys in WORLD.allgather(list(Q.refl)) for q in keys) == list(range(Q_groups))
 
 
 @pytest.mark.parametrize("kind,n,nb", [("known", 101, 16), ("clustered", 150, 32), ("wilkinson", 97, 64),
