@@ -6,29 +6,21 @@ host's block loop (sb2st.apply_q2) to rounding; bit for bit the same under three
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_emulation import build_emulation
 
-from hpccoll_eigensolver.linalg import _xp
 from hpccoll_eigensolver.linalg.sb2st import _groups, apply_q2, block_reflector, group_offsets, group_shape, sweep_steps
 
-HERE = Path(__file__).resolve().parent
 P = ctypes.POINTER
 
 
 def build(folder):
-    """The emulation's shared library, built in `folder` with the C++ compiler found (None: none)."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    """The emulation's shared library, built in `folder` (None: no C++ compiler)."""
+    so = build_emulation(folder, "q2_emulation.cpp", ["-Wno-unknown-pragmas"])
+    if so is None:
         return None
-    lib = Path(folder) / "libq2_emu.so"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Werror", "-Wno-unknown-pragmas",
-                    "-shared", "-fPIC", f"-I{_xp.HERE}", "-o", str(lib), str(HERE / "q2_emulation.cpp")], check=True)
-    so = ctypes.CDLL(str(lib))
     so.q2_emu_group_T.argtypes = [P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 4 + [
         P(ctypes.c_double), ctypes.c_int]
     so.q2_emu_group_apply.argtypes = [P(ctypes.c_double), P(ctypes.c_longlong), P(ctypes.c_double)] + [
@@ -145,16 +137,3 @@ def test_group_T_is_the_host_block_reflector(emu, b, g):
             V[t:t + b, t] = R[k, :b, t]
         want = block_reflector(np, V, R[k, b])
         assert _rel(T[k * g * g:(k + 1) * g * g].reshape(g, g, order="F"), want) < 1e-13
-
-
-def test_the_kernel_file_compiles_with_nvrtc():
-    import hpccoll.ext
-    from hpccoll import HpccollError
-
-    try:
-        cubin = hpccoll.ext.compile_cubin(Path(_xp.HERE) / "q2_kernels.cu", _xp.module_options())
-    except HpccollError as exc:
-        if "NVRTC not found" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    assert cubin[:4] == b"\x7fELF"

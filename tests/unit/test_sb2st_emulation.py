@@ -6,30 +6,23 @@ NVRTC as raw_module compiles it."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_emulation import build_emulation
 
 from hpccoll_eigensolver.linalg import _xp
 from hpccoll_eigensolver.linalg import sb2st as S
 
 from test_sb2st_schedule import permitted_order
 
-HERE = Path(__file__).resolve().parent
-
 
 def build(folder):
-    """The emulation's shared library, built in `folder` with the C++ compiler found (None: none)."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    """The emulation's shared library, built in `folder` (None: no C++ compiler)."""
+    so = build_emulation(folder, "sb2st_emulation.cpp")
+    if so is None:
         return None
-    lib = Path(folder) / "libsb2st_emu.so"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
-                    f"-I{_xp.HERE}", "-o", str(lib), str(HERE / "sb2st_emulation.cpp")], check=True)
-    so = ctypes.CDLL(str(lib))
     P = ctypes.POINTER
     so.sb2st_emu_step.argtypes = [P(ctypes.c_double), P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 6
     return so
