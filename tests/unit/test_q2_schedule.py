@@ -264,3 +264,17 @@ def test_the_group_path_needs_b_and_g_in_33_to_64_and_columns_for_half_the_sms()
     assert not uses_groups(32, 64, 16384, 132) and not uses_groups(64, 32, 16384, 132)
     assert not uses_groups(65, 64, 16384, 132) and not uses_groups(64, 65, 16384, 132)
     assert not uses_groups(64, 64, 0, 132)
+
+
+def test_launch_constants_are_the_kernel_files():
+    """q2_device launches q2_group_apply with the block size, columns per block and largest b, g
+    that q2_kernels.cu is written for (Q2_THREADS: its __launch_bounds__ and tile assignment)."""
+    import re
+
+    from hpccoll_eigensolver.linalg import q2_device
+
+    src = (Path(_xp.HERE) / "q2_kernels.cu").read_text()
+    defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (Q2_\w+) (\d+)\b", src, re.M)}
+    assert defined["Q2_THREADS"] == q2_device.GROUP_THREADS
+    assert defined["Q2_COLS"] == q2_device.GROUP_COLUMNS
+    assert defined["Q2_PAD"] == q2_device.GROUP_MAX
