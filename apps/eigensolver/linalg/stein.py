@@ -113,13 +113,21 @@ def stein_subset(d, e, lo: int, hi: int, nb: int, comm, xp, vectors: bool = True
 
 def _bisect(d, e, lo: int, hi: int) -> np.ndarray:
     """dstebz for eigenvalues lo..hi (0-based), ORDER='B', ABSTOL=0: the Bcast table of
-    stein_subset."""
+    stein_subset.  Where dstebz cannot find eigenvalues lo..hi by index (INFO = 2 or 3: Sturm
+    counts not monotonic in floating point, as in a cluster of eigenvalues a few ulp apart), all
+    n eigenvalues (RANGE='A', LAPACK's documented cure) and those with ascending indices lo..hi
+    among them, kept in block order."""
     from scipy.linalg.lapack import dstebz
 
     n, k = d.shape[0], hi - lo + 1
     if n == 1:
         return np.concatenate([d, [1.0], [1.0]])
     m, w, iblock, isplit, info = dstebz(d, e, 3, 0.0, 0.0, lo + 1, hi + 1, 0.0, "B")
+    if info in (2, 3) or (info == 0 and m != k):
+        m, w, iblock, isplit, info = dstebz(d, e, 0, 0.0, 0.0, 1, n, 0.0, "B")   # range 0: all
+        if info == 0 and m == n:
+            pick = np.sort(np.argsort(w[:n], kind="stable")[lo:hi + 1])   # indices lo..hi, block order
+            w, iblock, m = w[pick], iblock[pick], k
     if info != 0 or m != k:
         raise ArithmeticError(f"stein_subset: LAPACK dstebz returned info={info}, {m} eigenvalues for {k} asked")
     ends = np.asarray(isplit[:int(np.argmax(isplit == n)) + 1], dtype=np.float64)
