@@ -1,7 +1,8 @@
 """q2_device's Q2 Z on one GPU, each way (apply_q2_levels, apply_q2_groups, apply_q2_device that
-picks, and apply_q2_group one group at a time, as several ranks apply it): equal to sb2st.apply_q2 (the host's block loop) to rounding on reflectors of random
-symmetric bands, B = Q2 T Q2^T through it on Z = I, the same bits on two runs, and (printed, not
-asserted) the speed of both ways at n = 4096 to 16384 beside the host's block loop run on CuPy.
+picks, and apply_q2_group one group at a time, as several ranks apply it): equal to
+sb2st.apply_q2 (the host's block loop) to rounding on reflectors of random symmetric bands,
+B = Q2 T Q2^T through it on Z = I, the same bits on two runs, and (printed, not asserted) the
+speed of the levels and the groups at n = 4096 to 16384 beside the host's block loop on CuPy.
 No MPI: tests/gpu/run.sh runs this file once with plain pytest.
 
     python -m pytest -q -rs tests/gpu/test_q2_gpu.py"""
