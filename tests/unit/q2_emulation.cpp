@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include "emulation_order.h"
+
 #include <functional>
 #include <vector>
 
@@ -31,14 +33,7 @@ struct HostExec {
 
 static void order_threads(HostExec& x, int nt, int order) {
   x.nt = nt;
-  for (int i = 0; i < nt; ++i) x.perm[i] = order == 1 ? nt - 1 - i : i;
-  if (order < 2) return;
-  unsigned long long r = 0x9E3779B97F4A7C15ull * (unsigned long long)order;  // a shuffle of seed order
-  for (int i = nt - 1; i > 0; --i) {
-    r = r * 6364136223846793005ull + 1442695040888963407ull;
-    const int k = (int)((r >> 33) % (unsigned long long)(i + 1));
-    const int t = x.perm[i]; x.perm[i] = x.perm[k]; x.perm[k] = t;
-  }
+  thread_order(x.perm, nt, order);
 }
 
 extern "C" int q2_emu_group_T(const double* flat, const long long* offsets, int q, int K, int b, int g,

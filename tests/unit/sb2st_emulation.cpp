@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include "emulation_order.h"
+
 #include <vector>
 
 struct HostExec {
@@ -21,16 +23,7 @@ struct HostExec {
   void sync() const {}
 };
 
-static void order_threads(HostExec& x, int order) {
-  for (int i = 0; i < SB_TPB; ++i) x.perm[i] = order == 1 ? SB_TPB - 1 - i : i;
-  if (order < 2) return;
-  unsigned long long r = 0x9E3779B97F4A7C15ull * (unsigned long long)order;  // a shuffle of seed order
-  for (int i = SB_TPB - 1; i > 0; --i) {
-    r = r * 6364136223846793005ull + 1442695040888963407ull;
-    const int k = (int)((r >> 33) % (unsigned long long)(i + 1));
-    const int t = x.perm[i]; x.perm[i] = x.perm[k]; x.perm[k] = t;
-  }
-}
+static void order_threads(HostExec& x, int order) { thread_order(x.perm, SB_TPB, order); }
 
 extern "C" int sb2st_emu_step(double* A, double* flat, const long long* goff, int n, int b, int g,
                               int j, int k, int order) {

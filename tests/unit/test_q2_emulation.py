@@ -9,7 +9,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from kernel_emulation import build_emulation
+from kernel_emulation import build_emulation, ptr
 
 from hpccoll_eigensolver.linalg.sb2st import _groups, apply_q2, block_reflector, group_offsets, group_shape, sweep_steps
 
@@ -17,10 +17,8 @@ P = ctypes.POINTER
 
 
 def build(folder):
-    """The emulation's shared library, built in `folder` (None: no C++ compiler)."""
+    """The emulation's shared library, built in `folder` (the test skipped without a C++ compiler)."""
     so = build_emulation(folder, "q2_emulation.cpp", ["-Wno-unknown-pragmas"])
-    if so is None:
-        return None
     so.q2_emu_group_T.argtypes = [P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 4 + [
         P(ctypes.c_double), ctypes.c_int]
     so.q2_emu_group_apply.argtypes = [P(ctypes.c_double), P(ctypes.c_longlong), P(ctypes.c_double)] + [
@@ -30,14 +28,7 @@ def build(folder):
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    so = build(tmp_path_factory.mktemp("q2"))
-    if so is None:
-        pytest.skip("no C++ compiler for the kernel's CPU emulation")
-    return so
-
-
-def _ptr(a, t=ctypes.c_double):
-    return a.ctypes.data_as(P(t))
+    return build(tmp_path_factory.mktemp("q2"))
 
 
 def random_flat(rng, n, b, g):
@@ -68,8 +59,8 @@ def emulate(so, flat, n, b, g, Z, order=0):
     T = np.full(max(K, default=0) * g * g, np.nan)
     for q in reversed(range(len(K))):
         if K[q] and ncols:
-            so.q2_emu_group_T(_ptr(flat), _ptr(off, ctypes.c_longlong), q, K[q], b, g, _ptr(T), order)
-            so.q2_emu_group_apply(_ptr(flat), _ptr(off, ctypes.c_longlong), _ptr(T), q, K[q], n, b, g,
+            so.q2_emu_group_T(ptr(flat), ptr(off, ctypes.c_longlong), q, K[q], b, g, ptr(T), order)
+            so.q2_emu_group_apply(ptr(flat), ptr(off, ctypes.c_longlong), ptr(T), q, K[q], n, b, g,
                                   Z.ctypes.data_as(P(ctypes.c_double)), ldz, ncols, order)
     return Z
 
@@ -129,7 +120,7 @@ def test_group_T_is_the_host_block_reflector(emu, b, g):
     q = 1
     K = sweep_steps(n, b, q * g)
     T = np.full(K * g * g, np.nan)
-    emu.q2_emu_group_T(_ptr(flat), _ptr(np.array(off, dtype=np.int64), ctypes.c_longlong), q, K, b, g, _ptr(T), 0)
+    emu.q2_emu_group_T(ptr(flat), ptr(np.array(off, dtype=np.int64), ctypes.c_longlong), q, K, b, g, ptr(T), 0)
     R = flat[off[q]:off[q + 1]].reshape(K, b + 1, g)
     for k in range(K):
         V = np.zeros((b + g - 1, g))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_emulation import build_emulation
+from kernel_emulation import build_emulation, ptr
 
 from hpccoll_eigensolver.linalg import _xp
 from hpccoll_eigensolver.linalg import sb2st as S
@@ -19,10 +19,8 @@ from test_sb2st_schedule import permitted_order
 
 
 def build(folder):
-    """The emulation's shared library, built in `folder` (None: no C++ compiler)."""
+    """The emulation's shared library, built in `folder` (the test skipped without a C++ compiler)."""
     so = build_emulation(folder, "sb2st_emulation.cpp")
-    if so is None:
-        return None
     P = ctypes.POINTER
     so.sb2st_emu_step.argtypes = [P(ctypes.c_double), P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 6
     return so
@@ -30,14 +28,7 @@ def build(folder):
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    so = build(tmp_path_factory.mktemp("sb2st"))
-    if so is None:
-        pytest.skip("no C++ compiler for the kernel's CPU emulation")
-    return so
-
-
-def _ptr(a, t=ctypes.c_double):
-    return a.ctypes.data_as(ctypes.POINTER(t))
+    return build(tmp_path_factory.mktemp("sb2st"))
 
 
 def emulate(so, band, g, order=None, threads=0):
@@ -50,7 +41,7 @@ def emulate(so, band, g, order=None, threads=0):
     goff = np.array(off[:-1], dtype=np.int64)
     steps = order or [(j, k) for j in range(S.n_sweeps(n)) for k in range(S.sweep_steps(n, b, j))]
     for j, k in steps:
-        so.sb2st_emu_step(_ptr(A.buf), _ptr(flat), _ptr(goff, ctypes.c_longlong), n, b, g, j, k, threads)
+        so.sb2st_emu_step(ptr(A.buf), ptr(flat), ptr(goff, ctypes.c_longlong), n, b, g, j, k, threads)
     d, e = A.diagonals()
     return d, e, flat
 
