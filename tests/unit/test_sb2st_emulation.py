@@ -20,7 +20,7 @@ from test_sb2st_schedule import permitted_order
 
 def build(folder):
     """The emulation's shared library, built in `folder` (the test skipped without a C++ compiler)."""
-    so = build_emulation(folder, "sb2st_emulation.cpp")
+    so = build_emulation(folder, "sb2st_emulation.cpp", ["-Wno-unknown-pragmas"])
     P = ctypes.POINTER
     so.sb2st_emu_step.argtypes = [P(ctypes.c_double), P(ctypes.c_double), P(ctypes.c_longlong)] + [ctypes.c_int] * 6
     return so

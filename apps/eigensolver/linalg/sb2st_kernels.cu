@@ -113,6 +113,23 @@ SB_FN void over_block(int t, int rows, int cols, F f) {
   for (int c = t / R; c < cols; c += SB_TPB / R) f(r, c);
 }
 
+// The panel [D; Y] = A[s:e2, s:e] into sm.P: thread t takes row r = t % 128 (r < mp) and
+// columns c = t / 128, t / 128 + 2, ... (over_block's entries), all loaded into registers before
+// any is stored, so that the loads' latencies overlap (one wait on L2 a step).  Every load and
+// store is unconditional, so that the compiler cannot move a load next to its store: where r < c
+// (D's upper triangle, never read) the entry comes from the band's upper triangle, and where
+// c >= m from column m - 1, into P's columns m .. SB_BMAX - 1, which the step never reads.
+SB_FN void load_panel(int t, Smem& sm, const double* A, int b, int s, int m, int mp) {
+  constexpr int R = 2 * SB_BMAX, STEP = SB_TPB / R, N = SB_BMAX / STEP;
+  const int r = t % R, c0 = t / R;
+  if (r >= mp) return;
+  double v[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = ld_band(A + at(s + r, s + sb_min(c0 + i * STEP, m - 1), b));
+#pragma unroll
+  for (int i = 0; i < N; ++i) sm.P[r + (c0 + i * STEP) * SB_LDP] = v[i];
+}
+
 // sm.red[0] = the sum of sm.red[0 .. 63] by a halving tree, run by the first warp alone
 // (x.warp: its 32 threads, a warp barrier after each level).  Ends synchronized.
 template <class X>
@@ -154,9 +171,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   double* R = flat ? flat + goff[j / g] + (long long)k * (b + 1) * g + j % g : nullptr;
 
   x.each([&](int t) {
-    over_block<2 * SB_BMAX>(t, mp, m, [&](int r, int c) {   // D's lower triangle and Y
-      if (r >= c) sm.P[r + c * SB_LDP] = ld_band(A + at(s + r, s + c, b));
-    });
+    load_panel(t, sm, A, b, s, m, mp);
     if (k == 0 && t < m) sm.L[t] = ld_band(A + at(s + t, j, b));
   });
   x.sync();
