@@ -135,6 +135,18 @@ def test_runs_and_grids_give_the_same_bits(cp, n, b):
         assert all(x.tobytes() == y.tobytes() for x, y in zip(got, ref)), f"grid={grid}"
 
 
+@pytest.mark.parametrize("n,b,g", [(1001, 64, 64), (300, 32, 7), (700, 3, 3), (2, 5, 5)])
+def test_groups_in_separate_allocations_are_the_flat_arrays_bits(cp, n, b, g):
+    from hpccoll_eigensolver.linalg.sb2st_device import sb2st_device
+
+    band = cp.asarray(_band(n, b))
+    d, e, flat = (x.get() for x in sb2st_device(band, g))
+    d2, e2, groups = sb2st_device(band, g, separate=True)
+    assert [R.shape for R in groups] == [S.group_shape(n, b, g, q) for q in range(len(groups))]
+    assert np.array_equal(d, d2.get()) and np.array_equal(e, e2.get())
+    assert np.array_equal(flat, np.concatenate([R.get().ravel() for R in groups]) if groups else np.zeros(0))
+
+
 @pytest.mark.parametrize("n,b", [(1, 2), (2, 5), (10, 1), (10, 0), (2, 70)])
 def test_small_n_or_b_is_already_tridiagonal(cp, n, b):
     from hpccoll_eigensolver.linalg.sb2st_device import sb2st_device

@@ -14,6 +14,7 @@ from kernel_emulation import build_emulation, ptr
 
 from hpccoll_eigensolver.linalg import _xp
 from hpccoll_eigensolver.linalg import sb2st as S
+from hpccoll_eigensolver.linalg.sb2st_device import group_starts
 
 from test_sb2st_schedule import permitted_order
 
@@ -31,19 +32,26 @@ def emu(tmp_path_factory):
     return build(tmp_path_factory.mktemp("sb2st"))
 
 
-def emulate(so, band, g, order=None, threads=0):
+def emulate(so, band, g, order=None, threads=0, separate=False):
     """The kernel's steps on the CPU in `order` (default serial): (d, e, flat) as sb2st_device
-    returns them."""
+    returns them; separate=True: (d, e, groups), each group its own array, addressed as
+    sb2st_device addresses them (group_starts)."""
     b, n = band.shape[0] - 1, band.shape[1]
     A = S._SymmetricBand(band, 2 * b)        # the kernel's working band: the same storage
     off = S.group_offsets(n, b, g)
-    flat = np.zeros(off[-1])
-    goff = np.array(off[:-1], dtype=np.int64)
+    if separate:
+        groups = [np.zeros(S.group_shape(n, b, g, q)) for q in range(len(off) - 1)]
+        base, starts = group_starts([a.ctypes.data if a.size else None for a in groups])
+        flat_ptr = ctypes.cast(ctypes.c_void_p(base), ctypes.POINTER(ctypes.c_double))
+    else:
+        flat = np.zeros(off[-1])
+        flat_ptr, starts = ptr(flat), off[:-1]
+    goff = np.array(starts, dtype=np.int64)
     steps = order or [(j, k) for j in range(S.n_sweeps(n)) for k in range(S.sweep_steps(n, b, j))]
     for j, k in steps:
-        so.sb2st_emu_step(ptr(A.buf), ptr(flat), ptr(goff, ctypes.c_longlong), n, b, g, j, k, threads)
+        so.sb2st_emu_step(ptr(A.buf), flat_ptr, ptr(goff, ctypes.c_longlong), n, b, g, j, k, threads)
     d, e = A.diagonals()
-    return d, e, flat
+    return d, e, groups if separate else flat
 
 
 def _flat(refl):
@@ -61,6 +69,24 @@ def test_constants_and_rule_are_the_host_ones(emu):
             assert emu.sb2st_emu_sweep_steps(n, b, j) == S.sweep_steps(n, b, j)
             for k in range(S.sweep_steps(n, b, j)):
                 assert emu.sb2st_emu_steps_needed(n, b, j, k) == S.steps_needed(n, b, j, k)
+
+
+@pytest.mark.parametrize("n,b,g", [(67, 8, 5), (130, 64, 64), (101, 32, 7), (40, 3, 3)])
+def test_groups_in_separate_allocations_get_the_same_bits(emu, n, b, g):
+    """sb2st_device(separate=True)'s addressing: each group its own allocation at its offset from
+    the lowest one; the same reflectors, d and e, bit for bit, as the one array."""
+    band = _band(n, b, seed=7 * n + b)
+    d, e, flat = emulate(emu, band, g)
+    d2, e2, groups = emulate(emu, band, g, separate=True)
+    assert np.array_equal(d, d2) and np.array_equal(e, e2)
+    assert np.array_equal(flat, _flat(groups))
+
+
+def test_group_starts():
+    assert group_starts([None, None]) == (0, [0, 0])
+    assert group_starts([4096, None, 1024, 2048]) == (1024, [384, 0, 0, 128])
+    with pytest.raises(ValueError, match="aligned"):
+        group_starts([1024, 1028])
 
 
 @pytest.mark.parametrize("n,b,g", [(3, 2, 2), (4, 2, 1), (5, 3, 3), (17, 2, 2), (17, 16, 16), (67, 3, 3),

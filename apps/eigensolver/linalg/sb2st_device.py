@@ -84,7 +84,7 @@ def working_band(band, xp):
 
 
 def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, grid: int | None = None,
-                 reflectors: bool = True):
+                 reflectors: bool = True, separate: bool = False):
     """Tridiagonalize the symmetric band in lower band storage (band[d, c] = B[c + d, c], a
     (b + 1) x n CuPy array) on the GPU: B = Q2 T Q2^T.  Returns (d, e, flat), CuPy arrays: T's
     diagonal (n) and subdiagonal (n - 1), and every group's reflectors in one array laid out by
@@ -92,8 +92,10 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     flat[off[q]:off[q + 1]], what host sb2st returns as refl[q]).  g: sweeps per group (default
     b, 1 for b = 0).  n < 3 or b < 2: already tridiagonal.  grid: blocks to launch (default and at most
     resident_blocks()).  reflectors=False: the reflectors are not kept (eigenvalues only: flat is
-    None, n^2 / 2 doubles fewer allocated).  Raises RuntimeError where a wait timed out (after
-    timeout_s)."""
+    None, n^2 / 2 doubles fewer allocated).  separate=True: the reflectors as a list of groups
+    instead, group q's (K_q, b + 1, g) array its own allocation (what host sb2st returns), so
+    that the n^2 / 2 numbers need no single free block of that size and each group can be freed
+    on its own.  Raises RuntimeError where a wait timed out (after timeout_s)."""
     import cupy as cp
 
     b, n = band.shape[0] - 1, band.shape[1]
@@ -107,20 +109,30 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     if n < 3 or b < 2:                                 # already tridiagonal
         d = band[0].copy()
         e = band[1, :max(n - 1, 0)].copy() if b >= 1 else cp.zeros(max(n - 1, 0))
-        size = sum(sweep_steps(n, max(b, 1), q * g) for q in range(-(-n_sweeps(n) // g))) * (b + 1) * g
-        return d, e, cp.zeros(size) if reflectors else None
+        shapes = [(sweep_steps(n, max(b, 1), q * g), b + 1, g) for q in range(-(-n_sweeps(n) // g))]
+        if not reflectors:
+            return d, e, None
+        if separate:
+            return d, e, [cp.zeros(shape) for shape in shapes]
+        return d, e, cp.zeros(sum(int(np.prod(shape)) for shape in shapes))
     A = working_band(band, cp)
     w = 2 * b
     full = A.reshape(n, 2 * w + 1)                     # row c: column c, rows c - w .. c + w
     off = group_offsets(n, b, g)
-    flat = cp.zeros(off[-1]) if reflectors else None
-    goff = cp.asarray(np.array(off[:-1], dtype=np.int64))
+    groups = None
+    if reflectors and separate:
+        groups = [cp.zeros((sweep_steps(n, b, q * g), b + 1, g)) for q in range(len(off) - 1)]
+        base, starts = group_starts([a.data.ptr if a.size else None for a in groups])
+    elif reflectors:
+        flat = cp.zeros(off[-1])
+        base, starts = flat.data.ptr, off[:-1]
+    goff = cp.asarray(np.array(starts if reflectors else off[:-1], dtype=np.int64))
     progress = cp.zeros(n_sweeps(n), dtype=cp.int32)
     err = cp.zeros(5, dtype=cp.int32)
     func, smem = chase_kernel()
     most = resident_blocks(func, smem)
     blocks = min(n_sweeps(n), most if grid is None else max(1, min(grid, most)))
-    keep = flat if reflectors else np.uint64(0)      # a null pointer: the kernel stores no reflector
+    keep = np.uint64(base if reflectors else 0)     # a null pointer: the kernel stores no reflector
     func((blocks,), (TPB,), (A, keep, goff, progress, err, np.int32(n), np.int32(b), np.int32(g),
                               np.uint64(int(timeout_s * 1e9))), shared_mem=smem)
     failed, j, k, seen, need = (int(v) for v in err.get())   # waits for the kernel
@@ -128,7 +140,22 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
         raise RuntimeError(f"sb2st_device: sweep {j} waited {timeout_s} s before step {k} for sweep {j - 1}, "
                            f"which had finished {seen} of the {need} steps it needs (n={n}, b={b}, {blocks} "
                            f"blocks): a block of the grid never ran? pass a smaller grid=")
-    return full[:, w].copy(), full[:n - 1, w + 1].copy(), flat
+    d, e = full[:, w].copy(), full[:n - 1, w + 1].copy()
+    return d, e, (groups if separate else flat) if reflectors else None
 
 
-__all__ = ["sb2st_device", "working_band", "resident_blocks", "chase_kernel", "TPB", "B_MAX"]
+def group_starts(ptrs: list) -> tuple[int, list[int]]:
+    """The kernel's (flat, goff) for groups in separate allocations: flat the lowest group
+    address, goff[q] group q's element offset from it (ptrs[q] None for an empty group, which the
+    kernel never addresses: offset 0).  The kernel writes group q's step k at flat + goff[q] +
+    k (b + 1) g, so any addresses at whole elements from flat serve."""
+    live = [p for p in ptrs if p is not None]
+    if not live:
+        return 0, [0] * len(ptrs)
+    base = min(live)
+    if any((p - base) % 8 for p in live):
+        raise ValueError("sb2st_device: group allocations not 8-byte aligned to one another")
+    return base, [0 if p is None else (p - base) // 8 for p in ptrs]
+
+
+__all__ = ["sb2st_device", "group_starts", "working_band", "resident_blocks", "chase_kernel", "TPB", "B_MAX"]

@@ -7,7 +7,8 @@
           n^2 / 2 numbers, in groups of g sweeps) are kept until the back-transformation: on one
           rank all of them; on P ranks rank 0 sends each group to its owner (group_owner: ranks
           1 .. P - 1 in turn; one Bcast per group, spread_groups), so that each of them holds about
-          n^2 / (2 (P - 1)) and rank 0, which held all of them during the bulge chasing, none.
+          n^2 / (2 (P - 1)) and rank 0, which held all of them during the bulge chasing, none; on
+          GPUs each group is then its own allocation (sb2st_device separate=True), freed once sent.
   Q1 Q2 Z Q2 by compact-WY blocks of g sweeps, group by group (sb2st.apply_q2; on the GPU
           q2_device: one rank's all groups by apply_q2_device, several ranks' one group at a time
           by apply_q2_group), each group reaching the ranks by one Bcast from its owner (n / g in
@@ -27,7 +28,7 @@ from ._xp import is_device, to_host
 from .layout import BlockCyclic
 from .ormtr import ormtr
 from .q2_device import GROUP_MAX
-from .sb2st import _groups, apply_q2, group_offsets, group_shape, sb2st
+from .sb2st import _groups, apply_q2, group_shape, sb2st
 from .sy2sb import check_band, gather_band, sy2sb
 
 #: the largest half-bandwidth the two-stage reduction uses: b is the largest divisor of the
@@ -100,12 +101,11 @@ def group_owner(q: int, nranks: int) -> int:
 
 
 def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
-    """Rank 0's Q2 reflectors (refl: the GPU's flat array or the host's list of groups; None
-    elsewhere) to their owners (group_owner), one Bcast per group.  Returns this rank's
+    """Rank 0's Q2 reflectors (refl: its list of groups, sb2st's or sb2st_device's with
+    separate=True; None elsewhere) to their owners (group_owner), one Bcast per group.  Returns this rank's
     {q: group q's (K_q, b + 1, g) array}.  Ranks 1 .. P - 1 then hold about n^2 / (2 (P - 1))
     of the n^2 / 2 numbers each; rank 0 drops refl as it goes."""
     nranks, rank = comm.Get_size(), comm.Get_rank()
-    off = group_offsets(n, b, g)
     mine = {}
     for q in range(_groups(n, g)):
         shape, owner = group_shape(n, b, g, q), group_owner(q, nranks)
@@ -114,9 +114,7 @@ def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
                 mine[q] = xp.empty(shape, dtype=xp.float64)
             continue
         if rank == 0:
-            R = refl[off[q]:off[q + 1]].reshape(shape) if is_device(xp) else xp.ascontiguousarray(refl[q])
-            if not is_device(xp):
-                refl[q] = None
+            R, refl[q] = xp.ascontiguousarray(refl[q]), None     # each group freed once sent
         else:
             R = xp.empty(shape, dtype=xp.float64)
         comm.Bcast(R, root=0)
@@ -151,7 +149,8 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
         if device:
             from .sb2st_device import sb2st_device
 
-            d, e, refl = sb2st_device(full, g, reflectors=vectors)
+            # several ranks: each group its own allocation, sent to its owner and freed one by one
+            d, e, refl = sb2st_device(full, g, reflectors=vectors, separate=comm.Get_size() > 1)
         else:
             d, e, refl = sb2st(np.ascontiguousarray(to_host(full)), g)
         de[:n], de[n:2 * n - 1] = xp.asarray(d), xp.asarray(e)
