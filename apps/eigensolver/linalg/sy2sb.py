@@ -22,6 +22,8 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
+import contextlib
+
 from ._xp import (
     gemm_acc,
     geqrf,
@@ -156,8 +158,9 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
     panels = list(range(0, max(n - b - 1, 0), b))
     if not panels:
         return
-    main = xp.cuda.get_current_stream()
-    side = kept_streams("sy2sb-panel", 1, "high")[0]
+    device = is_device(xp)                               # the host (tests): the same steps, in order
+    main = xp.cuda.get_current_stream() if device else None
+    side = kept_streams("sy2sb-panel", 1, "high")[0] if device else contextlib.nullcontext()
     geqrf_in_place(xp, C[b:, :b], tau[:b], work)
     ready = None
     for i, p0 in enumerate(panels):
@@ -183,11 +186,12 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
         syr2k_lower(xp, C22[:b, :b], V[:b], W[:b])
         gemm_acc(xp, C22[b:, :b], V[b:], W[:b].T)
         gemm_acc(xp, C22[b:, :b], W[b:], V[:b].T)
-        updated = main.record()
+        updated = main.record() if device else None
         with side:                                       # ... its QR beside the rest of the update
-            side.wait_event(updated)
+            if device:
+                side.wait_event(updated)
             geqrf_in_place(xp, C[p1 + b:, p1:p1 + b], tau[p1:p1 + b], work)
-            ready = side.record()
+            ready = side.record() if device else None
         syr2k_lower(xp, C22[b:, b:], V[b:], W[b:])
 
 
