@@ -22,19 +22,7 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
-import contextlib
-
-from ._xp import (
-    gemm_acc,
-    geqrf,
-    geqrf_in_place,
-    geqrf_work,
-    is_device,
-    kept_streams,
-    symm_lower,
-    syr2k_lower,
-    trsm,
-)
+from ._xp import geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, syr2k_lower, trsm
 from .layout import BlockCyclic
 
 #: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
@@ -148,27 +136,15 @@ def sy2sb(C, desc: BlockCyclic, comm, xp, b: int):
 
 
 def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
-    """sy2sb's panels on one GPU, every column local: per panel T, then Y = C22 V as one cuBLAS
-    symm and the update C22 -= V W^T + W V^T on C22's lower triangle, the next panel's b columns
-    first (a syr2k on their diagonal block, two GEMMs below it), then the rest as one syr2k.  The
-    next panel's cuSOLVER geqrf (in its own columns: no copy) runs on a high-priority side
-    stream as soon as its columns are updated, while the rest of the update runs (lookahead: the
-    panels' QR, latency-bound, off the critical path).  No host sync per panel."""
+    """sy2sb's panels on one GPU, every column local: per panel one cuSOLVER geqrf in the panel's
+    own columns (no copy, no host sync), T, then Y = C22 V as one cuBLAS symm and the update as
+    one syr2k on C22's lower triangle.  The work queues on the stream: no host sync per panel."""
     work = xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
-    panels = list(range(0, max(n - b - 1, 0), b))
-    if not panels:
-        return
-    device = is_device(xp)                               # the host (tests): the same steps, in order
-    main = xp.cuda.get_current_stream() if device else None
-    side = kept_streams("sy2sb-panel", 1, "high")[0] if device else contextlib.nullcontext()
-    geqrf_in_place(xp, C[b:, :b], tau[:b], work)
-    ready = None
-    for i, p0 in enumerate(panels):
+    for p0 in range(0, max(n - b - 1, 0), b):
         p1 = p0 + b
         m = n - p1
-        if ready is not None:
-            main.wait_event(ready)                       # this panel's QR, from the side stream
         panel = C[p1:, p0:p1]
+        geqrf_in_place(xp, panel, tau[p0:p1], work)
         k = min(m, b)                                    # tau[p0 + k:p1] stays 0: no reflector
         V = panel.copy(order="F")                        # unit lower trapezoidal, column-major
         V[:k] = xp.tril(V[:k], -1)
@@ -179,20 +155,7 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
         symm_lower(xp, C22, V, Y)
         X = Y @ T
         W = xp.asfortranarray(X - 0.5 * (V @ (T.T @ (V.T @ X))))
-        if i + 1 == len(panels):
-            syr2k_lower(xp, C22, V, W)
-            break
-        # the next panel's columns C22[:, :b] (m > b + 1: it has entries below its band) ...
-        syr2k_lower(xp, C22[:b, :b], V[:b], W[:b])
-        gemm_acc(xp, C22[b:, :b], V[b:], W[:b].T)
-        gemm_acc(xp, C22[b:, :b], W[b:], V[:b].T)
-        updated = main.record() if device else None
-        with side:                                       # ... its QR beside the rest of the update
-            if device:
-                side.wait_event(updated)
-            geqrf_in_place(xp, C[p1 + b:, p1:p1 + b], tau[p1:p1 + b], work)
-            ready = side.record() if device else None
-        syr2k_lower(xp, C22[b:, b:], V[b:], W[b:])
+        syr2k_lower(xp, C22, V, W)
 
 
 def _band_and_reflectors(C, desc: BlockCyclic, rank: int, b: int, xp):
@@ -246,4 +209,4 @@ def gather_band(band, desc: BlockCyclic, comm, xp):
     return out
 
 
-__all__ = ["RUN_COLUMNS", "block_reflector", "check_band", "gather_band", "sy2sb", "trailing_runs"]
+__all__ = ["sy2sb", "gather_band", "check_band", "block_reflector", "trailing_runs", "RUN_COLUMNS"]
