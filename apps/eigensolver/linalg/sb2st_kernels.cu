@@ -15,9 +15,9 @@
 // thread's stores, __syncthreads, then thread 0 stores the count with st.release.gpu.  Acquire
 // (before a step): thread 0 polls the count with ld.acquire.gpu, then __syncthreads; the band is
 // then read with ld.global.cg (L2, never a stale L1 line).  Acquire and release are what the
-// pattern needs: a fence.sc (__threadfence) on each side costs about 4% of the kernel's time.  Every poll
-// is bounded (timeout_ns, globaltimer): on expiry err[0..4] = 1, sweep, step, count seen, count
-// needed, and the block returns; blocks polling meanwhile see err[0] and return too.
+// pattern needs: a fence.sc (__threadfence) on each side costs about 4% of the kernel's time.
+// Every poll is bounded (timeout_ns, globaltimer): on expiry err[0..4] = 1, sweep, step, count
+// seen, count needed, and the block returns; blocks polling meanwhile see err[0] and return too.
 //
 // Deadlock freedom: a step waits only for a lower sweep, and a block runs its sweeps in
 // ascending order, so the lowest unfinished sweep never waits, provided that every block of the
@@ -116,10 +116,10 @@ SB_FN void over_block(int t, int rows, int cols, F f) {
 
 // The panel [D; Y] = A[s:e2, s:e] into sm.P: thread t takes row r = t % 128 (r < mp) and
 // columns c = t / 128, t / 128 + 2, ... (over_block's entries), all loaded into registers before
-// any is stored, so that the loads' latencies overlap.  Every load and
-// store is unconditional, so that the compiler cannot move a load next to its store: where r < c
-// (D's upper triangle, never read) the entry comes from the band's upper triangle, and where
-// c >= m from column m - 1, into P's columns m .. SB_BMAX - 1, which the step never reads.
+// any is stored, so that the loads' latencies overlap.  Every load and store is unconditional,
+// so that the compiler cannot move a load next to its store: where r < c (D's upper triangle,
+// never read) the entry comes from the band's upper triangle, and where c >= m from column
+// m - 1, into P's columns m .. SB_BMAX - 1, which the step never reads.
 SB_FN void load_panel(int t, Smem& sm, const double* A, int b, int s, int m, int mp) {
   constexpr int R = 2 * SB_BMAX, STEP = SB_TPB / R, N = SB_BMAX / STEP;
   const int r = t % R, c0 = t / R;
