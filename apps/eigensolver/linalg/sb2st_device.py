@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ._xp import raw_module
-from .sb2st import group_offsets, n_sweeps, sweep_steps
+from .sb2st import group_offsets, group_shape, n_sweeps, sweep_steps
 
 KERNELS = "sb2st_kernels.cu"
 _SRC = (Path(__file__).resolve().parent / KERNELS).read_text()
@@ -121,7 +121,7 @@ def sb2st_device(band, g: int | None = None, *, timeout_s: float = TIMEOUT_S, gr
     off = group_offsets(n, b, g)
     groups = None
     if reflectors and separate:
-        groups = [cp.zeros((sweep_steps(n, b, q * g), b + 1, g)) for q in range(len(off) - 1)]
+        groups = [cp.zeros(group_shape(n, b, g, q)) for q in range(len(off) - 1)]
         base, starts = group_starts([a.data.ptr if a.size else None for a in groups])
     elif reflectors:
         flat = cp.zeros(off[-1])

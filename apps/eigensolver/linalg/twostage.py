@@ -102,8 +102,8 @@ def group_owner(q: int, nranks: int) -> int:
 
 def spread_groups(refl, n: int, b: int, g: int, comm, xp) -> dict:
     """Rank 0's Q2 reflectors (refl: its list of groups, sb2st's or sb2st_device's with
-    separate=True; None elsewhere) to their owners (group_owner), one Bcast per group.  Returns this rank's
-    {q: group q's (K_q, b + 1, g) array}.  Ranks 1 .. P - 1 then hold about n^2 / (2 (P - 1))
+    separate=True; None elsewhere) to their owners (group_owner), one Bcast per group.  Returns
+    this rank's {q: group q's (K_q, b + 1, g) array}.  Ranks 1 .. P - 1 then hold about n^2 / (2 (P - 1))
     of the n^2 / 2 numbers each; rank 0 drops refl as it goes."""
     nranks, rank = comm.Get_size(), comm.Get_rank()
     mine = {}
