@@ -75,7 +75,7 @@ def test_constants_and_rule_are_the_host_ones(emu):
 def test_groups_in_separate_allocations_get_the_same_bits(emu, n, b, g):
     """sb2st_device(separate=True)'s addressing: each group its own allocation at its offset from
     the lowest one; the same reflectors, d and e, bit for bit, as the one array."""
-    band = _band(n, b, seed=7 * n + b)
+    band = _band(n, b, seed=None)             # fresh data: the bits agree for any band
     d, e, flat = emulate(emu, band, g)
     d2, e2, groups = emulate(emu, band, g, separate=True)
     assert np.array_equal(d, d2) and np.array_equal(e, e2)
