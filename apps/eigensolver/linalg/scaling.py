@@ -53,19 +53,15 @@ def scaled(x: float, k: int) -> float:
         return math.copysign(math.inf, x)
 
 
-#: columns looked at a time by max_abs: its temporary is n x CHUNK_COLS doubles, within the
-#: memory model's n x nb-sized terms (docs/eigensolver.md), never a share of the matrix
-CHUNK_COLS = 64
-
-
 def max_abs(M, xp):
-    """max |M| as a 0-d array of xp (NaN where M holds a NaN; 0 for an empty M), a chunk of
-    columns at a time, each column's maximum first (on the GPU one CUDA block per column: CuPy
-    without its CUB accelerator reduces a whole array to one value in a single block, about 20
-    GB/s on an H100); no host sync."""
-    out = xp.zeros((), dtype=xp.float64)
+    """max |M| for a 2-D array M of xp, as a 0-d float64 array of xp (NaN where M holds a NaN; 0
+    for an empty M); no host sync.  max(max M, -min M) from the maxima and minima along M's
+    contiguous axis (each a short vector): one read of M per reduction and no M-sized temporary;
+    on the GPU one CUDA block per column (CuPy without its CUB accelerator reduces a whole array
+    to one value in a single block, about 20 GB/s on an H100)."""
     if M.size == 0:
-        return out
-    for k in range(0, M.shape[1], CHUNK_COLS):
-        out = xp.maximum(out, xp.abs(M[:, k:k + CHUNK_COLS]).max(axis=0).max())
-    return out
+        return xp.zeros((), dtype=xp.float64)
+    axis = 1 if M.flags.c_contiguous and not M.flags.f_contiguous else 0
+    hi = xp.max(M, axis=axis).astype(xp.float64).max()
+    lo = xp.min(M, axis=axis).astype(xp.float64).min()
+    return xp.maximum(hi, -lo)
