@@ -369,7 +369,8 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     once T's first `rows` rows are final (sytrd.sytrd).  L: B's factor from cholesky (of B
     scaled by 2^b) when the caller holds it (GeneralizedSolver): no potrf, B_local unused.
     reduction "two-stage": (d, e, None, Q, L) with Q a twostage.TwoStageQ (Q.apply(Z) is Q Z
-    for any n x k columns Z, None with vectors=False; notify's functions called at the end)."""
+    for any n x k columns Z, None with vectors=False; notify's functions called after it, in
+    the timer's stedc phase)."""
     a_exp, b_exp = scale_exponents
     if L is None:
         L = cholesky(B_local, desc, comm, xp, timer, b_exp)
@@ -378,13 +379,15 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     with timer.phase("sygst"):
         sygst(C, L, sygst_desc(desc, is_device(xp)), comm, xp)
     with timer.phase("sytrd"):
-        if reduction == "two-stage":
-            d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
+        if reduction != "two-stage":
+            d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
+            return d, e, tau, C, L                   # the reflectors, where C's columns were
+        d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
+    if notify:                                       # nothing of the reduction left to overlap:
+        with timer.phase("stedc"):                   # the hooks' work is the tridiagonal solver's
             for _, fn in sorted(notify, key=lambda hook: hook[0]):
                 fn(d, e)
-            return d, e, None, Q, L
-        d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
-    return d, e, tau, C, L                           # the reflectors, where C's columns were
+    return d, e, None, Q, L
 
 
 def cholesky(B_local, desc: BlockCyclic, comm, xp, timer: Timer, b_exp: int = 0):
