@@ -201,10 +201,11 @@ class GeneralizedSolver:
 #: or at most n/2 eigenvectors: on one H100 at n = 8192 it took 0.71x the one-stage solve's time
 #: with eigenvalues only and 0.85x for the lowest n/10 (0.44x and 0.55x at 16384)
 AUTO_TWO_STAGE_MIN_N = 8192
-#: ... and from this n on with more eigenvectors: 0.73x the one-stage solve's time at 16384 and
-#: 0.68x at 32768 (at 8192 0.97x), for Q2's n^2/2 reflectors held beside Q1's (1 GiB more at 16384,
-#: 4 GiB at 32768; docs/performance.md).  Ranks sharing a GPU and the host take one stage (rank
-#: 0's bulge chasing, the host's NumPy steps).
+#: ... and from this n on with more eigenvectors: 0.65x the one-stage solve's time at 16384 and
+#: 0.61x at 32768 on one H100 (0.88x at 8192 there, 1.03x on an H200), for Q2's n^2/2 reflectors
+#: held beside Q1's (a pool peak 0.5 GiB higher at 16384, 2.9 GiB at 32768; docs/performance.md).
+#: Ranks sharing a GPU and the host take one stage (rank 0's bulge chasing, the host's NumPy
+#: steps).
 AUTO_TWO_STAGE_ALL_MIN_N = 16384
 
 
