@@ -209,4 +209,4 @@ def gather_band(band, desc: BlockCyclic, comm, xp):
     return out
 
 
-__all__ = ["sy2sb", "gather_band", "check_band", "block_reflector", "trailing_runs", "RUN_COLUMNS"]
+__all__ = ["RUN_COLUMNS", "block_reflector", "check_band", "gather_band", "sy2sb", "trailing_runs"]
