@@ -3,8 +3,9 @@
 // turn, in an order chosen per call (ascending, descending, or shuffled: a phase whose threads
 // race on a slot gives different results under different orders).  Each sweep has its own shared
 // memory, kept from step to step as the block that runs the sweep keeps it; before every step all
-// of it is set to NaN except, after the sweep's first step, the pivot block L that the previous
-// step leaves (a slot read before a phase wrote it shows up in the results).
+// of it is set to NaN except, after the sweep's first step, what the previous step leaves for it:
+// the pivot block L, the reflector v and tau v, and whether it deferred a row (a slot read
+// before a phase wrote it shows up in the results).
 #define SB2ST_HOST
 #include "sb2st_kernels.cu"
 
@@ -33,10 +34,13 @@ extern "C" int sb2st_emu_step(double* A, double* flat, const long long* goff, in
   if (k == 0) {
     memset(&sm, 0xff, sizeof sm);      // every double a NaN
   } else {
-    static double kept[SB_BMAX * SB_LDS];
-    memcpy(kept, sm.L, sizeof kept);
+    static Smem kept;
+    memcpy(&kept, &sm, sizeof sm);
     memset(&sm, 0xff, sizeof sm);
-    memcpy(sm.L, kept, sizeof kept);
+    memcpy(sm.L, kept.L, sizeof sm.L);
+    memcpy(sm.v, kept.v, sizeof sm.v);
+    memcpy(sm.tv, kept.tv, sizeof sm.tv);
+    sm.deferred = kept.deferred;
   }
   HostExec x;
   order_threads(x, order);

@@ -13,11 +13,16 @@ down the band, step k = 0, 1, ... on the rows R = [s, e), s = j + 1 + k b, e = m
 Each step touches three blocks of at most b x b within 2b of the diagonal (step_blocks); every
 update is mirrored, so the band is held symmetric (both triangles, half-bandwidth 2b: room for
 the bulge).  Steps of different sweeps run in a wavefront: sweep j's step k may run once sweep
-j - 1 has finished its step k + LAG (steps_needed).  LAG = 2, not 1: step k of sweep j updates,
-in its block of rows below, the entry A[s + 2b - 1, s + b - 1] (s its first row), which is the
-pivot (alpha) of sweep j - 1's step k + 2.  The CPU tests check that this rule orders every
-pair of steps of different sweeps that touch a common entry (one writing it), and that
-interleavings it permits give the serial result bit for bit; sb2st_device's kernel waits by it.
+j - 1 has finished its step k + LAG (steps_needed).  LAG = 1, with the last row of the rows
+below deferred: the entry A[s + 2b - 1, s + b - 1] (s the step's first row) in that last row is
+the pivot (alpha) of sweep j - 1's step k + 2, which the update from the right reads and
+changes.  So where sweep j has a step k + 1, step k updates its rows below but the last
+(defers), and step k + 1, which waits for sweep j - 1's step k + 2, applies step k's reflector
+to that row first (it is the last row of its pivot block).  Without the deferral the rule would
+need LAG = 2: the critical path of the wavefront, about (LAG + 1) n steps, is 2n steps, not 3n.
+The CPU tests check that this rule orders every pair of steps of different sweeps that touch a
+common entry (one writing it), and that interleavings it permits give the serial result bit for
+bit; sb2st_device's kernel waits by it.
 
 Reflectors are kept by groups of g consecutive sweeps: H_jk for j in [j0, j0 + g) act on the
 rows r0 + t .. r0 + t + b - 1 (t = j - j0, r0 = j0 + 1 + k b), a (b + g - 1) x g trapezoid, so
@@ -72,7 +77,7 @@ class _SymmetricBand:
         return full[:, self.w].copy(), full[:self.n - 1, self.w + 1].copy()
 
 
-LAG = 2   # sweep j's step k waits for sweep j - 1's step k + LAG (module doc)
+LAG = 1   # sweep j's step k waits for sweep j - 1's step k + LAG (module doc)
 
 
 def steps_needed(n: int, b: int, j: int, k: int) -> int:
@@ -81,11 +86,19 @@ def steps_needed(n: int, b: int, j: int, k: int) -> int:
     return min(k + LAG + 1, sweep_steps(n, b, j - 1)) if j > 0 else 0
 
 
+def defers(n: int, b: int, j: int, k: int) -> bool:
+    """Whether step k of sweep j leaves the last of its rows below to its step k + 1 (the module
+    doc): wherever sweep j has a step k + 1."""
+    return k + 1 < sweep_steps(n, b, j)
+
+
 def step_blocks(n: int, b: int, j: int, k: int):
     """The rows of step k of sweep j: (s, e, lo, e2).  It reads and writes the lower blocks
-    L = A[s:e, lo:s] (the pivot column lo and the bulge), D = A[s:e, s:e] (both triangles) and
-    Y = A[e:e2, s:e] (the rows below), and writes the mirrors A[lo:s, s:e] and A[s:e, e:e2];
-    nothing else (a step whose pivot column is zero below the pivot writes none of them)."""
+    L = A[s:e, lo:s] (the pivot column lo and the bulge; its last row at k >= 1 the row step
+    k - 1 deferred), D = A[s:e, s:e] (both triangles) and Y = A[e:ey, s:e] (the rows below:
+    ey = e2 - 1 where the step defers, else e2), and writes the mirrors A[lo:s, s:e] and
+    A[s:e, e:ey]; nothing else (a step whose pivot column is zero below the pivot writes none
+    of them but the deferred row)."""
     s = j + 1 + k * b
     e = min(s + b, n)
     lo = j if k == 0 else s - b
@@ -93,9 +106,16 @@ def step_blocks(n: int, b: int, j: int, k: int):
 
 
 def chase_step(A: _SymmetricBand, refl, n: int, b: int, g: int, j: int, k: int) -> None:
-    """Step k of sweep j on the working band A; its reflector into refl[j // g][k, :, j % g]."""
+    """Step k of sweep j on the working band A; its reflector into refl[j // g][k, :, j % g].
+    First the row step k - 1 deferred (defers): step k - 1's reflector applied to it from the
+    right."""
     Rq, t = refl[j // g], j % g
     s, e, lo, e2 = step_blocks(n, b, j, k)
+    if k > 0 and Rq[k - 1, b, t] != 0.0:              # the deferred row: the last of L
+        ptau, pv = Rq[k - 1, b, t], Rq[k - 1, :s - lo, t]
+        row = A.blk(e - 1, e, lo, s)
+        row -= np.outer(row @ (ptau * pv), pv)
+        A.blk(lo, s, e - 1, e)[...] = row.T
     L = A.blk(s, e, lo, s)
     x = L[:, 0]
     alpha = float(x[0])
@@ -120,10 +140,11 @@ def chase_step(A: _SymmetricBand, refl, n: int, b: int, g: int, j: int, k: int) 
     w = p - (0.5 * tau * (p @ v)) * v
     D -= np.outer(v, w)
     D -= np.outer(w, v)
-    if e2 > e:                                         # from the right on the rows below: the next bulge
-        Y = A.blk(e, e2, s, e)
+    ey = e2 - 1 if defers(n, b, j, k) else e2
+    if ey > e:                                         # from the right on the rows below: the next bulge
+        Y = A.blk(e, ey, s, e)
         Y -= np.outer(Y @ (tau * v), v)
-        A.blk(s, e, e, e2)[...] = Y.T
+        A.blk(s, e, e, ey)[...] = Y.T
 
 
 def sb2st(band, g: int | None = None):
@@ -195,4 +216,4 @@ def apply_q2(refl_of, n: int, b: int, g: int, Z, xp):
 
 
 __all__ = ["sb2st", "apply_q2", "group_shape", "group_offsets", "sweep_steps", "n_sweeps", "steps_needed",
-           "step_blocks", "chase_step", "LAG"]
+           "step_blocks", "chase_step", "defers", "LAG"]

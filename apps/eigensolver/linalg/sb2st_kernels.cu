@@ -7,10 +7,14 @@
 // sb2st._SymmetricBand, of which the kernel reads and writes the lower triangle only: the
 // diagonal block's upper part is its lower part's mirror image, where the host updates both
 // triangles and they part by rounding), staged in shared memory: each step loads the blocks it reads in one
-// round at its start, and keeps the block that the sweep's next step pivots on.
+// round at its start, and keeps the block that the sweep's next step pivots on (all of it but
+// the last row, which the next step reads again: the row deferred, below) and its reflector.
 //
 // The wavefront (sb2st.steps_needed, checked on the CPU by tests/unit/test_sb2st_schedule.py):
-// before step k of sweep j, sweep j - 1 has finished min(k + SB_LAG + 1, K_{j-1}) steps.
+// before step k of sweep j, sweep j - 1 has finished min(k + SB_LAG + 1, K_{j-1}) steps.  A step
+// that has a next step in its sweep (sb2st.defers) leaves the last of its rows below unchanged
+// (its corner is the pivot of sweep j - 1's step k + 2, not yet run); the next step, which waits
+// for that step, reads the row again and applies the kept reflector to it first.
 // Progress: progress[j] = the steps sweep j has finished.  Release (after a step): every
 // thread's stores, __syncthreads, then thread 0 stores the count with st.release.gpu.  Acquire
 // (before a step): thread 0 polls the count with ld.acquire.gpu, then __syncthreads; the band is
@@ -45,20 +49,23 @@
 #define SB_LDS (SB_BMAX + 1)  // leading dimension of the pivot block L (odd: fewer bank conflicts)
 #define SB_LDP (2 * SB_BMAX + 1)  // of the panel: D's rows, then Y's
 #define SB_PARTS (SB_TPB / SB_BMAX)
-#define SB_LAG 2              // sb2st.LAG
+#define SB_LAG 1              // sb2st.LAG
 
 static_assert(SB_PARTS == 4, "the products combine four partials per output");
 
 struct Smem {
   double P[SB_BMAX * SB_LDP];         // the panel A[s:e2, s:e] = [D; Y], P[r + c SB_LDP]
   double L[SB_BMAX * SB_LDS];         // the pivot block A[s:e, lo:s], L[r + c SB_LDS]; after the
-                                      // step the updated Y: the next step's pivot block
-  double v[SB_BMAX], tv[SB_BMAX];     // the reflector v (v[0] = 1) and tau v
+                                      // step the updated Y: the next step's pivot block (its last
+                                      // row deferred, read again by the next step)
+  double v[SB_BMAX], tv[SB_BMAX];     // the reflector v (v[0] = 1) and tau v, kept for the next
+                                      // step where this one deferred (deferred)
   double u[SB_BMAX], p[SB_BMAX], w[SB_BMAX], y[SB_BMAX];
   double part[3][SB_PARTS][SB_BMAX];  // the products' partials (u, p, y)
   double red[SB_BMAX];                // tree_sum's slots
-  double beta, tau, scal;
+  double beta, tau, scal, yd;         // yd: the deferred row's product with tau v
   int skip;                           // nothing below the pivot: H = I
+  int deferred;                       // this step left its last row below to the next
 };
 SB_FN int sb_min(int a, int b) { return a < b ? a : b; }
 
@@ -91,6 +98,9 @@ SB_FN int sweep_steps(int n, int b, int j) { return j <= n - 3 ? (n - 3 - j) / b
 SB_FN int steps_needed(int n, int b, int j, int k) {
   return j > 0 ? sb_min(k + SB_LAG + 1, sweep_steps(n, b, j - 1)) : 0;
 }
+
+// sb2st.defers: step k of sweep j leaves the last of its rows below to its step k + 1
+SB_FN bool defers(int n, int b, int j, int k) { return k + 1 < sweep_steps(n, b, j); }
 
 // A(r, c) in the band storage; |r - c| <= 2b (every block a step touches is within 2b - 1)
 SB_FN long long at(int r, int c, int b) { return (long long)c * (4 * b + 1) + r - c + 2 * b; }
@@ -149,10 +159,14 @@ SB_FN double combine(const double (&part)[SB_PARTS][SB_BMAX], int o) {
 // first warp's (warp), and separates phases (sync); state that crosses phases lives in sm.  At
 // k = 0 nothing is assumed of sm; at k >= 1 sm.L holds what step k - 1 of the same sweep left
 // there (its updated Y, which is this step's pivot block A[s:e, lo:s]: no step of another sweep
-// writes it in between, tests/unit/test_sb2st_schedule.py).  Ends after a sync.
+// writes its rows but the last in between, tests/unit/test_sb2st_schedule.py), and where step
+// k - 1 deferred (sm.deferred) sm.v and sm.tv hold its reflector.  Ends after a sync.
 //
 // Every block the step reads is loaded at its start, in one round: the panel [D; Y] =
-// A[s:e2, s:e], D's lower triangle (and at k = 0 the pivot column).  Then: the reflector from L's first column; the
+// A[s:e2, s:e], D's lower triangle (at k = 0 the pivot column, at k >= 1 L's last row).  Where
+// step k - 1 deferred, that row first: its product with step k - 1's tau v (the first warp; the
+// sums as those of the rows below, below), then the row -= product v^T (stored).  Then: the
+// reflector from L's first column; the
 // three products with tau v in one phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v);
 // L -= v u^T and Y -= y v^T (stored); w = p - (tau / 2)(p^T v) v; D -= v w^T + w v^T on D's
 // lower triangle (stored), Y kept in sm.L for the next step.
@@ -166,7 +180,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   const int m = e - s;               // 2 <= m <= b (sweep_steps counts these steps only)
   const int cl = s - lo;             // L = A[s:e, lo:s] has 1 column at k = 0, else b
   const int m2 = e2 - e;             // Y = A[e:e2, s:e] has 0 .. b rows
+  const int my = defers(n, b, j, k) ? m2 - 1 : m2;  // the rows of Y this step updates
   const int mp = m + m2;             // the panel's rows
+  const bool row = k > 0 && sm.deferred;  // step k - 1 left L's last row (m = cl = b then)
   // group j / g's (K, b + 1, g) array in C order: v[i] of this step at R[i g], tau at R[b g];
   // flat null: the reflectors are not kept (eigenvalues only)
   double* R = flat ? flat + goff[j / g] + (long long)k * (b + 1) * g + j % g : nullptr;
@@ -174,12 +190,40 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   x.each([&](int t) {
     load_panel(t, sm, A, b, s, m, mp);
     if (k == 0 && t < m) sm.L[t] = ld_band(A + at(s + t, j, b));
+    if (k > 0 && t >= SB_TPB - SB_BMAX && t - (SB_TPB - SB_BMAX) < cl) {  // L's last row, again
+      const int c = t - (SB_TPB - SB_BMAX);
+      sm.L[m - 1 + c * SB_LDS] = ld_band(A + at(s + m - 1, lo + c, b));
+    }
   });
   x.sync();
-  // the pivot column x = L[:, 0]: |x[1:]|^2, then beta, tau and 1 / (alpha - beta) as the host
+  if (row) {  // the deferred row's product with tau v: four partials over i = p, p + 4, ..., combined
+    x.warp([&](int t) {
+      if (t < SB_PARTS) {
+        double a = 0.0;
+        for (int i = t; i < cl; i += SB_PARTS) a = sb_add(a, sb_mul(sm.L[m - 1 + i * SB_LDS], sm.tv[i]));
+        sm.red[t] = a;
+      }
+    });
+    x.warp([&](int t) { if (t == 0) sm.yd = sb_add(sb_add(sm.red[0], sm.red[1]), sb_add(sm.red[2], sm.red[3])); });
+    x.sync();
+  }
+  // the deferred row -= yd v^T (stored; its first entry, in the pivot column, by the thread that
+  // squares it), and the pivot column x = L[:, 0]: |x[1:]|^2, then beta, tau and
+  // 1 / (alpha - beta) as the host
   x.each([&](int t) {
+    if (row && t > SB_TPB - SB_BMAX && t - (SB_TPB - SB_BMAX) < cl) {
+      const int c = t - (SB_TPB - SB_BMAX);
+      const double a = sb_sub(sm.L[m - 1 + c * SB_LDS], sb_mul(sm.yd, sm.v[c]));
+      sm.L[m - 1 + c * SB_LDS] = a;
+      A[at(s + m - 1, lo + c, b)] = a;
+    }
     if (t < SB_BMAX) {
-      const double xi = (t >= 1 && t < m) ? sm.L[t] : 0.0;
+      double xi = (t >= 1 && t < m) ? sm.L[t] : 0.0;
+      if (row && t == m - 1) {
+        xi = sb_sub(xi, sb_mul(sm.yd, sm.v[0]));
+        sm.L[t] = xi;
+        A[at(s + t, lo, b)] = xi;
+      }
       sm.red[t] = sb_mul(xi, xi);
     }
   });
@@ -199,8 +243,9 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
   });
   x.sync();
   if (sm.skip) {                     // H = I: v[0] = 1, tau = 0 (flat starts zero); A unchanged;
-    x.each([&](int t) {              // Y as loaded is the next pivot block
+    x.each([&](int t) {              // Y as loaded is the next pivot block; nothing deferred
       if (t == 0 && R) R[0] = 1.0;
+      if (t == 0) sm.deferred = 0;
       over_block<SB_BMAX>(t, m2, m, [&](int r, int c) { sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP]; });
     });
     x.sync();
@@ -249,7 +294,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
       const double a = c == 0 ? (r == 0 ? sm.beta : 0.0) : sb_sub(sm.L[r + c * SB_LDS], sb_mul(sm.v[r], sm.u[c - 1]));
       A[at(s + r, lo + c, b)] = a;
     });
-    over_block<SB_BMAX>(t, m2, m, [&](int r, int c) {
+    over_block<SB_BMAX>(t, my, m, [&](int r, int c) {   // all but a deferred last row
       double& a = sm.P[m + r + c * SB_LDP];
       a = sb_sub(a, sb_mul(sm.y[r], sm.v[c]));
       A[at(e + r, s + c, b)] = a;
@@ -269,6 +314,7 @@ SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long 
       A[at(s + r, s + c, b)] = a;
     });
     over_block<SB_BMAX>(t, m2, m, [&](int r, int c) { sm.L[r + c * SB_LDS] = sm.P[m + r + c * SB_LDP]; });
+    if (t == 0) sm.deferred = my < m2;   // v and tv stay for the next step
   });
   x.sync();
 }
