@@ -6,7 +6,7 @@ until sweep j - 1 has finished steps 0 .. k + sb2st.LAG (sb2st.steps_needed: the
 that this orders every pair of steps that touch a common entry).  A step waits only for a lower
 sweep and a block takes its sweeps in ascending order, so the lowest unfinished sweep never
 waits, provided that every block of the grid is on the GPU at once: the grid is at most
-resident_blocks().  About n / (3 b) sweeps can run at once (sweep j + 1 runs 3 steps behind
+resident_blocks().  About n / (2 b) sweeps can run at once (sweep j + 1 runs 2 steps behind
 sweep j), so a grid larger than that only waits.
 
 Every sum runs in a fixed order: two runs give the same bits."""
