@@ -164,12 +164,12 @@ SB_FN double combine(const double (&part)[SB_PARTS][SB_BMAX], int o) {
 //
 // Every block the step reads is loaded at its start, in one round: the panel [D; Y] =
 // A[s:e2, s:e], D's lower triangle (at k = 0 the pivot column, at k >= 1 L's last row).  Where
-// step k - 1 deferred, that row first: its product with step k - 1's tau v (the first warp; the
-// sums as those of the rows below, below), then the row -= product v^T (stored).  Then: the
-// reflector from L's first column; the
-// three products with tau v in one phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v);
-// L -= v u^T and Y -= y v^T (stored); w = p - (tau / 2)(p^T v) v; D -= v w^T + w v^T on D's
-// lower triangle (stored), Y kept in sm.L for the next step.
+// step k - 1 deferred, that row first: its product with step k - 1's tau v (the first warp, the
+// sum grouped as y's below: the bits step k - 1 would have given it), then the row -= product
+// v^T (stored).  Then: the reflector from L's first column; the three products with tau v in one
+// phase, u = (tau v)^T L[:, 1:], p = D (tau v), y = Y (tau v); L -= v u^T and Y -= y v^T
+// (stored; all rows of Y but a deferred last); w = p - (tau / 2)(p^T v) v; D -= v w^T + w v^T on
+// D's lower triangle (stored), Y kept in sm.L for the next step.
 template <class X>
 SB_FN void chase_step(const X& x, Smem& sm, double* A, double* flat, const long long* goff,
                       int n, int b, int g, int j, int k) {
