@@ -6,6 +6,7 @@ what a host step reads and writes; and the host sb2st (one chase_step per step) 
 of the loop it replaced."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -135,9 +136,7 @@ def test_the_rule_orders_every_conflicting_pair(n, b):
 
 
 def _lag(lag):
-    def needed(n, b, j, k):
-        return min(k + lag + 1, S.sweep_steps(n, b, j - 1)) if j > 0 else 0
-    return needed
+    return functools.partial(S.steps_needed, lag=lag)
 
 
 @pytest.mark.parametrize("n,b", [(40, 2), (40, 5), (57, 8)])
