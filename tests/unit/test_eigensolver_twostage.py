@@ -110,8 +110,9 @@ def test_two_stage_on_cupy_matches_the_host():
 
 @pytest.mark.parametrize("n,b", [(50, 8), (37, 4), (9, 8), (65, 32), (130, 64)])
 def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
-    """sy2sb's one-GPU loop (in-place geqrf, symm, syr2k on C22's lower triangle) run with NumPy
-    stand-ins for those three calls gives the band and reflectors of the 1 x P loop at P = 1."""
+    """sy2sb's one-GPU loop (in-place geqrf, symm, the blocked update of C22's lower triangle and
+    the strict upper zeroed at the end) run with NumPy stand-ins for the first two calls gives the
+    band and reflectors of the 1 x P loop at P = 1 (UPDATE_COLUMNS small: several blocks)."""
     from scipy.linalg.lapack import dgeqrf
 
     from hpccoll_eigensolver.linalg import sy2sb as S
@@ -125,12 +126,9 @@ def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
     def symm_lower(xp, C, V, out):
         out[...] = (np.tril(C) + np.tril(C, -1).T) @ V
 
-    def syr2k_lower(xp, C, V, W):
-        C -= np.tril(V @ W.T + W @ V.T)
-
-    for name, fn in [("geqrf_in_place", geqrf_in_place), ("symm_lower", symm_lower), ("syr2k_lower", syr2k_lower),
-                     ("geqrf_work", lambda shape: 1)]:
+    for name, fn in [("geqrf_in_place", geqrf_in_place), ("symm_lower", symm_lower), ("geqrf_work", lambda shape: 1)]:
         monkeypatch.setattr(S, name, fn)
+    monkeypatch.setattr(S, "UPDATE_COLUMNS", 24)
     A = _symmetric(n, n + b)
     desc = BlockCyclic(n, n, 64, 1)
     C1 = np.asfortranarray(np.tril(A))
@@ -143,6 +141,32 @@ def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
     assert np.abs(band1 - band2).max() < 1e-12 * scale
     assert np.abs(tau1 - tau2).max() < 1e-12 and np.array_equal(tau1 == 0, tau2 == 0)
     assert np.abs(C1 - C2).max() < 1e-11 and np.array_equal(C1 == 0, C2 == 0)
+
+
+@pytest.mark.parametrize("m,k,width", [(1, 1, 4), (10, 3, 4), (37, 5, 8), (64, 8, 64), (65, 8, 64), (5, 2, 100)])
+def test_update_lower_is_syr2k_on_the_lower_triangle(m, k, width):
+    """update_lower's blocked GEMMs then zero_strict_upper: C22 - V W^T - W V^T's lower
+    triangle, the strict upper zero; before the zeroing only the blocks' upper triangles changed."""
+    from hpccoll_eigensolver.linalg._xp import zero_strict_upper
+    from hpccoll_eigensolver.linalg.sy2sb import update_lower
+
+    rng = np.random.default_rng()
+    C = np.asfortranarray(np.tril(rng.standard_normal((m, m))))
+    V, W = rng.standard_normal((m, k)), rng.standard_normal((m, k))
+    want = np.tril(C - V @ W.T - W @ V.T)
+    update_lower(np, C, V, W, width)
+    block = np.arange(m)[:, None] // width == np.arange(m)[None, :] // width
+    assert not np.triu(C, 1)[~block].any()
+    zero_strict_upper(np, C)
+    assert np.abs(C - want).max() < 1e-13 * max(1.0, np.abs(want).max()) * k
+    assert not np.triu(C, 1).any()
+
+
+def test_zero_strict_upper_rejects_a_non_square_matrix():
+    from hpccoll_eigensolver.linalg._xp import zero_strict_upper
+
+    with pytest.raises(ValueError, match="square"):
+        zero_strict_upper(np, np.zeros((3, 4)))
 
 
 def test_the_gpu_band_is_the_largest_divisor_of_nb_up_to_64():

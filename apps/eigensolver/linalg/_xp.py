@@ -248,6 +248,37 @@ def syr2k_lower(xp, C, V, W) -> None:
     _symmetric_call("cublasDsyr2k_v2", C, V, W)
 
 
+def zero_strict_upper(xp, C) -> None:
+    """C's strict upper triangle := 0 in place (C square; on the GPU column-major, one
+    elementwise kernel writing only those entries)."""
+    n = C.shape[0]
+    if C.shape != (n, n):
+        raise ValueError(f"zero_strict_upper: C must be square; got {C.shape}")
+    if not is_device(xp):
+        for j in range(1, n):
+            C[:j, j] = 0.0
+        return
+    if not n:
+        return
+    if not _unit_rows(C):
+        raise ValueError("zero_strict_upper: `C` must be column-major (a Fortran-order array or a block of one)")
+    _zero_upper_kernel(xp)(xp.int64(n), C.T, size=n * n)
+
+
+_zero_upper_kernels: dict = {}
+
+
+def _zero_upper_kernel(cupy):
+    """The elementwise kernel of zero_strict_upper, made once: its raw operand is C^T (row-major
+    over C's column-major memory), element i being C's row i % n of column i / n (consecutive
+    threads, consecutive addresses)."""
+    if "k" not in _zero_upper_kernels:
+        _zero_upper_kernels["k"] = cupy.ElementwiseKernel(
+            "int64 n", "raw float64 Ct", "const ptrdiff_t at[] = {i / n, i % n}; if (at[1] < at[0]) Ct[at] = 0.0;",
+            "hpccoll_zero_strict_upper")
+    return _zero_upper_kernels["k"]
+
+
 def _symmetric_call(entry: str, C, X, Y) -> None:
     import ctypes
 
