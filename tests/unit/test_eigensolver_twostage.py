@@ -110,9 +110,10 @@ def test_two_stage_on_cupy_matches_the_host():
 
 @pytest.mark.parametrize("n,b", [(50, 8), (37, 4), (9, 8), (65, 32), (130, 64)])
 def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
-    """sy2sb's one-GPU loop (in-place geqrf, symm, the blocked update of C22's lower triangle and
-    the strict upper zeroed at the end) run with NumPy stand-ins for the first two calls gives the
-    band and reflectors of the 1 x P loop at P = 1 (UPDATE_COLUMNS small: several blocks)."""
+    """sy2sb's one-GPU loop (in-place geqrf, symm, the update of C22's lower triangle, blocked on
+    the first panels and syr2k on the rest, the strict upper zeroed at the end) run with NumPy
+    stand-ins for geqrf, symm and syr2k gives the band and reflectors of the 1 x P loop at P = 1
+    (UPDATE_COLUMNS small: several blocks)."""
     from scipy.linalg.lapack import dgeqrf
 
     from hpccoll_eigensolver.linalg import sy2sb as S
@@ -126,9 +127,14 @@ def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
     def symm_lower(xp, C, V, out):
         out[...] = (np.tril(C) + np.tril(C, -1).T) @ V
 
-    for name, fn in [("geqrf_in_place", geqrf_in_place), ("symm_lower", symm_lower), ("geqrf_work", lambda shape: 1)]:
+    def syr2k_lower(xp, C, V, W):
+        C -= np.tril(V @ W.T + W @ V.T)
+
+    for name, fn in [("geqrf_in_place", geqrf_in_place), ("symm_lower", symm_lower), ("syr2k_lower", syr2k_lower),
+                     ("geqrf_work", lambda shape: 1)]:
         monkeypatch.setattr(S, name, fn)
     monkeypatch.setattr(S, "UPDATE_COLUMNS", 24)
+    monkeypatch.setattr(S, "UPDATE_BLOCKED_ROWS", n // 2)     # the first panels blocked, the rest syr2k
     A = _symmetric(n, n + b)
     desc = BlockCyclic(n, n, 64, 1)
     C1 = np.asfortranarray(np.tril(A))

@@ -13,9 +13,10 @@ Per panel of b columns [p0, p1 = p0 + b), right-looking (every trailing update a
     columns, C22 -= V W^T + W V^T, one GEMM per run of owned columns (BLAS-3 throughout).
 So 2 collectives per panel, n / b panels, against sytrd's 2 per column; the symmetric
 trailing matrix is read twice per panel of b columns instead of once per column.  One GPU rank
-holds every trailing column: Y is one cuBLAS symm, and the update one GEMM per block of
-UPDATE_COLUMNS columns of C22 from the block's diagonal down (update_lower; the blocks' strict
-upper triangles get the product too and are zeroed once, at the end).
+holds every trailing column: Y is one cuBLAS symm, and the update one cuBLAS syr2k on C22's lower
+triangle, or from UPDATE_BLOCKED_ROWS rows on one GEMM per block of UPDATE_COLUMNS columns from
+the block's diagonal down (update_lower; the blocks' strict upper triangles get the product too
+and are zeroed once, at the end).
 
 The panel's geqrf output stays in its columns until the end; then every rank copies its columns'
 band (rows c..c+b of column c: the diagonal block's lower part and R's upper part) into a
@@ -23,18 +24,21 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
-from ._xp import gemm_acc, geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, trsm, zero_strict_upper
+from ._xp import gemm_acc, geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, syr2k_lower, trsm, zero_strict_upper
 from .layout import BlockCyclic
 
 #: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
 #: discarded) stays a few panels' worth of the trailing triangle
 RUN_COLUMNS = 256
-#: one GPU rank's trailing update: C22 -= V W^T + W V^T as one GEMM (inner dimension 2b) per block
-#: of this many columns, over the block's rows from its diagonal down.  On an H100 cuBLAS syr2k
-#: ran at 17.6 TFLOP/s of its 2 m^2 b flops at m = 16320, b = 64 (1.94 ms), a GEMM of the whole
-#: m x m x 2b at 29 (bench/results/eigensolver/2026-12-07-h100x1-71a3360-sy2sb/sy2sb.txt); blocks
-#: of this width compute about m^2 b (2 + UPDATE_COLUMNS / m) flops
+#: one GPU rank's trailing update of m >= UPDATE_BLOCKED_ROWS rows: C22 -= V W^T + W V^T as one
+#: GEMM (inner dimension 2b) per block of UPDATE_COLUMNS columns, over the block's rows from its
+#: diagonal down, about m^2 b (2 + UPDATE_COLUMNS / m) flops.  On an H100 cuBLAS syr2k ran at
+#: 17.6 TFLOP/s of its 2 m^2 b flops at m = 16320, b = 64 (1.94 ms), a GEMM of the whole
+#: m x m x 2b at 29; the band reduction took 0.445 s with the blocks against 0.481 s with syr2k
+#: at n = 16384 (docs/performance.md).  Below it one syr2k: at n = 8192 the panel loop is bound
+#: by its launches, which the blocks multiply
 UPDATE_COLUMNS = 2048
+UPDATE_BLOCKED_ROWS = 8192
 
 
 def check_band(desc: BlockCyclic, b: int) -> None:
@@ -159,7 +163,8 @@ def update_lower(xp, C22, V, W, width: int | None = None) -> None:
 def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
     """sy2sb's panels on one GPU, every column local: per panel one cuSOLVER geqrf in the panel's
     own columns (no copy, no host sync), T, then Y = C22 V as one cuBLAS symm and the update by
-    update_lower; C's strict upper triangle zeroed at the end.  The work queues on the stream:
+    update_lower from UPDATE_BLOCKED_ROWS rows on (else one syr2k); C's strict upper triangle
+    zeroed at the end.  The work queues on the stream:
     no host sync per panel."""
     work = xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
     for p0 in range(0, max(n - b - 1, 0), b):
@@ -177,7 +182,10 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
         symm_lower(xp, C22, V, Y)
         X = Y @ T
         W = X - 0.5 * (V @ (T.T @ (V.T @ X)))
-        update_lower(xp, C22, V, W)
+        if m >= UPDATE_BLOCKED_ROWS:
+            update_lower(xp, C22, V, W)
+        else:
+            syr2k_lower(xp, C22, V, xp.asfortranarray(W))
     zero_strict_upper(xp, C)
 
 
@@ -232,5 +240,5 @@ def gather_band(band, desc: BlockCyclic, comm, xp):
     return out
 
 
-__all__ = ["RUN_COLUMNS", "UPDATE_COLUMNS", "block_reflector", "check_band", "gather_band", "sy2sb", "trailing_runs",
+__all__ = ["RUN_COLUMNS", "UPDATE_BLOCKED_ROWS", "UPDATE_COLUMNS", "block_reflector", "check_band", "gather_band", "sy2sb", "trailing_runs",
            "update_lower"]
