@@ -196,3 +196,25 @@ def test_auto_takes_two_stages_on_one_gpu_rank_from_8192_with_few_vectors_and_16
     assert reduction_for("auto", BlockCyclic(32768, 32768, 64, 2), True, 0) == "one-stage"  # ranks sharing GPUs
     assert reduction_for("one-stage", big, True, 0) == "one-stage"
     assert reduction_for("two-stage", small, False) == "two-stage"
+
+
+@pytest.mark.parametrize("n,nb,block,offset", [(150, 16, 32, 8), (101, 16, 16, 1), (64, 64, 64, 64), (7, 4, 4, 4)])
+def test_packed_reflectors_give_ormtrs_bits_in_about_half_the_memory(n, nb, block, offset):
+    """ormtr on pack_reflectors' blocks: the same bits as on V's columns (tau = 0 reflectors
+    included), in n^2 / 2 + n block / 2 numbers or fewer; every block a copy (V's memory free)."""
+    from hpccoll_eigensolver.linalg.ormtr import ormtr, pack_reflectors
+
+    rng = np.random.default_rng()
+    desc = BlockCyclic(n, n, nb, 1)
+    V = np.asfortranarray(np.tril(rng.standard_normal((n, n)), -offset))
+    for c in range(n - offset):
+        V[c + offset, c] = 1.0
+    tau = rng.uniform(0.1, 2.0, n) * (rng.random(n) < 0.8)
+    tau[max(n - offset, 0):] = 0.0
+    Z = np.asfortranarray(rng.standard_normal((n, 9)))
+    want = ormtr(V, tau, Z.copy(order="F"), desc, None, np, block=block, offset=offset)
+    packed = pack_reflectors(V, tau, desc, np, block=block, offset=offset)
+    assert packed.nbytes <= 8 * (n * n / 2 + n * block)
+    assert not any(np.shares_memory(b, V) for b in packed.blocks.values())
+    got = ormtr(packed, tau, Z.copy(order="F"), desc, None, np, block=999, offset=1)
+    assert np.array_equal(got, want)

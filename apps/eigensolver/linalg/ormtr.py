@@ -4,7 +4,12 @@ reflectors distributed like C (sytrd.py leaves them in C's columns).
 Q Z = H_0 H_1 ... H_{n-2} Z on the owned columns of Z, blocks of reflectors last to first.  Each
 block (a few panels) reaches every rank by one Bcast per panel from its owner; then
 H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT transform: the
-inverse of LAPACK larft's recurrence), applied with one triangular solve."""
+inverse of LAPACK larft's recurrence), applied with one triangular solve.
+
+One rank can pack the reflectors first (pack_reflectors): each block's rows that ormtr reads,
+copied out of C, about half of C's memory, so that C can be freed before the tridiagonal
+solver allocates the eigenvectors (the two-stage path, whose Q2 reflectors would otherwise sit
+beside the whole of C)."""
 from __future__ import annotations
 
 from ._xp import gemm_acc, is_device, to_host, trsm
@@ -21,6 +26,48 @@ def ormtr_block(device: bool) -> int:
     return ORMTR_BLOCK_DEVICE if device else ORMTR_BLOCK
 
 
+class PackedReflectors:
+    """One rank's reflectors as ormtr reads them (pack_reflectors): blocks[p0] is block p0's Vb,
+    its rows from `top` on (ormtr's), masked where tau = 0; block and offset as packed."""
+
+    def __init__(self, blocks: dict, block: int, offset: int):
+        self.blocks, self.block, self.offset = blocks, block, offset
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.blocks.values())
+
+
+def _blocks(n: int, nb: int, block: int, offset: int, device: bool):
+    """ormtr's blocks of reflectors, last first: (p0, p1, top), top Z's (and Vb's) first row.
+    On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
+    part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even), for one more
+    row of work.  Host: from row p0 + 1, as LAPACK."""
+    if block < 1:
+        raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
+    bw = max(nb, block // nb * nb)
+    lead = offset - 1 if device else offset
+    for p0 in reversed(range(0, max(n - offset, 0), bw)):
+        yield p0, min(p0 + bw, n), p0 + lead
+
+
+def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, offset: int = 1) -> PackedReflectors:
+    """One rank's reflectors (V: the n x n local columns, sytrd's or sy2sb's C) as ormtr reads
+    them, each block's Vb copied into an F-order array of its own, zeroed where tau = 0: about
+    n^2 / 2 + n block / 2 numbers, and V no longer needed.  ormtr(packed, tau, Z, ...) then gives
+    the bits ormtr(V, tau, Z, ...) gives, with the same block and offset."""
+    if desc.nprocs != 1:
+        raise ValueError(f"pack_reflectors: one rank's columns only; the layout has {desc.nprocs} ranks")
+    block = ormtr_block(is_device(xp)) if block is None else block
+    live_h = to_host(tau) != 0
+    blocks = {}
+    for p0, p1, top in _blocks(desc.n, desc.nb, block, offset, is_device(xp)):
+        Vb = V[top:, p0:p1]
+        blocks[p0] = (xp.array(Vb, order="F", copy=True) if live_h[p0:p1].all()
+                      else xp.asfortranarray(Vb * (tau[p0:p1] != 0)[None, :]))
+    return PackedReflectors(blocks, block, offset)
+
+
 def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offset: int = 1):
     """Overwrite the owned columns Z with Q Z, Q = H_0 H_1 ... H_{n-2}; V: the local columns
     holding the reflectors (sytrd's C), tau replicated.  offset: reflector j's vector starts at
@@ -31,32 +78,32 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offs
     with M = T^-1 upper triangular.  A reflector with tau = 0 is the identity: its column of Vb
     is zeroed and its diagonal of M set to 1, which leaves it out.  One rank holds every column
     in order, so Vb is a view of V's columns (copied only where a block has such a reflector):
-    no Bcasts and no copies."""
+    no Bcasts and no copies; or V is pack_reflectors' PackedReflectors (its block and offset
+    then stand)."""
     n, nb = desc.n, desc.nb
+    packed = V if isinstance(V, PackedReflectors) else None
+    if packed is not None:
+        block, offset = packed.block, packed.offset
     if block is None:
         block = ormtr_block(is_device(xp))
-    if block < 1:
-        raise ValueError(f"ormtr: block={block}: use a positive number of reflectors")
-    bw = max(nb, block // nb * nb)
     device = is_device(xp)
-    # On the GPU the block's rows start at row p0 with a zero first row of Vb (row p0 of Z takes
-    # part with weight 0), so that the GEMMs' operands start 16-byte aligned (n even), for one
-    # more row of work.  Host: from row p0 + 1, as LAPACK.
-    lead = offset - 1 if device else offset
     alone = desc.nprocs == 1
-    live_h = to_host(tau) != 0 if alone else None  # one copy: which blocks need a masked Vb
+    if packed is not None and not alone:
+        raise ValueError(f"ormtr: packed reflectors are one rank's; the layout has {desc.nprocs} ranks")
+    live_h = to_host(tau) != 0 if alone and packed is None else None  # which blocks need a masked Vb
     # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
     lives = tau != 0
     diag = 1.0 / xp.where(lives, tau, 1.0)
     eye = None
-    for p0 in reversed(range(0, max(n - offset, 0), bw)):
-        p1 = min(p0 + bw, n)
-        top = p0 + lead                               # Z's first row in the block
+    for p0, p1, top in _blocks(n, nb, block, offset, device):
         live = lives[p0:p1]
         if alone:  # V's columns p0..p1 hold the block's reflectors, zero above each one's 1
             if not Z.shape[1]:
                 continue
-            Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
+            if packed is not None:
+                Vb = packed.blocks[p0]
+            else:
+                Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
         else:
             Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
             for q0 in range(p0, min(p1, n - offset), nb):
