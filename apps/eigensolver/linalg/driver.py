@@ -48,7 +48,7 @@ import warnings
 import numpy as np
 
 from . import scaling
-from ._xp import get_xp, is_device, sync, to_host
+from ._xp import get_xp, is_device, release_cached, sync, to_host
 from .layout import BlockCyclic, column_order, rows_to_columns
 from .ormtr import ormtr
 from .potrf import NotPositiveDefinite, back_transform, panel_desc, potrf
@@ -382,8 +382,11 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
     with timer.phase("sytrd"):
         if reduction != "two-stage":
             d, e, tau = householder_sytrd(C, desc, comm, xp, sytrd, notify)
+            release_cached(xp)                       # the reduction's workspaces, before stedc's
             return d, e, tau, C, L                   # the reflectors, where C's columns were
         d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
+        del C                                        # one rank: Q holds Q1's reflectors packed
+        release_cached(xp)
     if notify:                                       # nothing of the reduction left to overlap:
         with timer.phase("stedc"):                   # the hooks' work is the tridiagonal solver's
             for _, fn in sorted(notify, key=lambda hook: hook[0]):
