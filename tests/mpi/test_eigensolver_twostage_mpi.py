@@ -129,3 +129,28 @@ def test_reduction_must_agree(comm):
             sygvd(*args, reduction=mine)
     with pytest.raises(InputError, match="reduction='three-stage'"):
         sygvd(*args, reduction="three-stage")
+
+
+@pytest.mark.parametrize("n,nb,offset", [(150, 16, 8), (101, 16, 1), (37, 8, 8)])
+def test_packed_reflectors_give_ormtrs_bits_on_every_rank_count(comm, n, nb, offset):
+    """ormtr on pack_reflectors' copies (one rank: the blocks; several: each owned panel's rows)
+    gives the bits of ormtr on the local columns, about half of them kept; packed for another rank
+    count, it refuses."""
+    from hpccoll_eigensolver.linalg.ormtr import ormtr, pack_reflectors
+
+    rng = np.random.default_rng(_seed())
+    desc = BlockCyclic(n, n, nb, comm.size)
+    V = np.tril(rng.standard_normal((n, n)), -offset)
+    V[np.arange(max(n - offset, 0)) + offset, np.arange(max(n - offset, 0))] = 1.0
+    tau = rng.uniform(0.1, 2.0, n) * (rng.random(n) < 0.8)
+    tau[max(n - offset, 0):] = 0.0
+    Vl = distribute(V, desc, comm.rank)
+    Z = distribute(rng.standard_normal((n, n)), desc, comm.rank)
+    want = ormtr(Vl, tau, Z.copy(order="F"), desc, comm, np, block=32, offset=offset)
+    packed = pack_reflectors(Vl, tau, desc, np, block=32, offset=offset, rank=comm.rank)
+    assert packed.nbytes <= 0.5 * Vl.nbytes + 8 * n * (nb + 32)
+    got = ormtr(packed, tau, Z.copy(order="F"), desc, comm, np, offset=offset)
+    assert np.array_equal(got, want)
+    other = BlockCyclic(n, n, nb, comm.size + 1)
+    with pytest.raises(ValueError, match="packed for"):
+        ormtr(packed, tau, Z.copy(order="F"), other, comm, np)

@@ -385,7 +385,7 @@ def tridiagonalize(A_local, B_local, desc: BlockCyclic, comm, xp, timer: Timer, 
             release_cached(xp)                       # the reduction's workspaces, before stedc's
             return d, e, tau, C, L                   # the reflectors, where C's columns were
         d, e, Q = two_stage(C, desc, comm, xp, vectors=vectors)
-        del C                                        # one rank: Q holds Q1's reflectors packed
+        del C                                        # Q holds Q1's reflectors packed
         release_cached(xp)
     if notify:                                       # nothing of the reduction left to overlap:
         with timer.phase("stedc"):                   # the hooks' work is the tridiagonal solver's

@@ -6,10 +6,10 @@ block (a few panels) reaches every rank by one Bcast per panel from its owner; t
 H_p0 ... H_p1-1 = I - Vb T Vb^T with T^-1 = diag(1/tau) + striu(Vb^T Vb) (the UT transform: the
 inverse of LAPACK larft's recurrence), applied with one triangular solve.
 
-One rank can pack the reflectors first (pack_reflectors): each block's rows that ormtr reads,
-copied out of C, about half of C's memory, so that C can be freed before the tridiagonal
-solver allocates the eigenvectors (the two-stage path, whose Q2 reflectors would otherwise sit
-beside the whole of C)."""
+The reflectors can be packed first (pack_reflectors): the rows ormtr reads, copied out of C (on
+one rank each block's, on several each owned panel's), about half of C's memory, so that C can
+be freed before the tridiagonal solver allocates the eigenvectors (the two-stage path, whose Q2
+reflectors would otherwise sit beside the whole of C)."""
 from __future__ import annotations
 
 from ._xp import gemm_acc, is_device, to_host, trsm
@@ -27,11 +27,12 @@ def ormtr_block(device: bool) -> int:
 
 
 class PackedReflectors:
-    """One rank's reflectors as ormtr reads them (pack_reflectors): blocks[p0] is block p0's Vb,
-    its rows from `top` on (ormtr's), masked where tau = 0; block and offset as packed."""
+    """The reflectors as ormtr reads them (pack_reflectors).  One rank (nprocs 1): blocks[p0] is
+    block p0's Vb, its rows from `top` on (ormtr's), masked where tau = 0.  Several: blocks[q0]
+    is owned panel q0's rows q0 + offset .. (what its Bcast sends).  block and offset as packed."""
 
-    def __init__(self, blocks: dict, block: int, offset: int):
-        self.blocks, self.block, self.offset = blocks, block, offset
+    def __init__(self, blocks: dict, block: int, offset: int, nprocs: int = 1):
+        self.blocks, self.block, self.offset, self.nprocs = blocks, block, offset, nprocs
 
     @property
     def nbytes(self) -> int:
@@ -51,14 +52,21 @@ def _blocks(n: int, nb: int, block: int, offset: int, device: bool):
         yield p0, min(p0 + bw, n), p0 + lead
 
 
-def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, offset: int = 1) -> PackedReflectors:
-    """One rank's reflectors (V: the n x n local columns, sytrd's or sy2sb's C) as ormtr reads
-    them, each block's Vb copied into an F-order array of its own, zeroed where tau = 0: about
-    n^2 / 2 + n block / 2 numbers, and V no longer needed.  ormtr(packed, tau, Z, ...) then gives
+def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, offset: int = 1,
+                    rank: int = 0) -> PackedReflectors:
+    """The reflectors in rank `rank`'s local columns V (sytrd's or sy2sb's C) as ormtr reads
+    them, each piece copied into an F-order array of its own: on one rank each block's Vb, zeroed
+    where tau = 0 (about n^2 / 2 + n block / 2 numbers); on several each owned panel's rows from
+    q0 + offset (about half of V).  V is then no longer needed: ormtr(packed, tau, Z, ...) gives
     the bits ormtr(V, tau, Z, ...) gives, with the same block and offset."""
-    if desc.nprocs != 1:
-        raise ValueError(f"pack_reflectors: one rank's columns only; the layout has {desc.nprocs} ranks")
     block = ormtr_block(is_device(xp)) if block is None else block
+    if desc.nprocs > 1:
+        panels = {}
+        for q0 in range(0, max(desc.n - offset, 0), desc.nb):
+            if desc.owner(q0) == rank:
+                lj = desc.local_index(q0)
+                panels[q0] = xp.array(V[q0 + offset:, lj:lj + min(desc.nb, desc.n - q0)], order="F", copy=True)
+        return PackedReflectors(panels, block, offset, desc.nprocs)
     live_h = to_host(tau) != 0
     blocks = {}
     for p0, p1, top in _blocks(desc.n, desc.nb, block, offset, is_device(xp)):
@@ -66,6 +74,16 @@ def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, off
         blocks[p0] = (xp.array(Vb, order="F", copy=True) if live_h[p0:p1].all()
                       else xp.asfortranarray(Vb * (tau[p0:p1] != 0)[None, :]))
     return PackedReflectors(blocks, block, offset)
+
+
+def _packed_bcast(packed: PackedReflectors, desc: BlockCyclic, comm, q0: int, xp):
+    """panel_bcast of panel q0's rows q0 + offset .. from its owner's packed copy."""
+    w, owner = min(q0 + desc.nb, desc.n) - q0, desc.owner(q0)
+    buf = xp.empty((w, desc.m - q0 - packed.offset), dtype=xp.float64)
+    if comm.Get_rank() == owner:
+        buf[...] = packed.blocks[q0].T
+    comm.Bcast(buf, root=owner)
+    return buf.T
 
 
 def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offset: int = 1):
@@ -88,8 +106,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offs
         block = ormtr_block(is_device(xp))
     device = is_device(xp)
     alone = desc.nprocs == 1
-    if packed is not None and not alone:
-        raise ValueError(f"ormtr: packed reflectors are one rank's; the layout has {desc.nprocs} ranks")
+    if packed is not None and packed.nprocs != desc.nprocs:
+        raise ValueError(f"ormtr: reflectors packed for {packed.nprocs} ranks; the layout has {desc.nprocs}")
     live_h = to_host(tau) != 0 if alone and packed is None else None  # which blocks need a masked Vb
     # per reflector, once: is it live, and M's diagonal (1/tau; 1 where tau = 0); the blocks slice them
     lives = tau != 0
@@ -108,7 +126,8 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offs
             Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
             for q0 in range(p0, min(p1, n - offset), nb):
                 q1 = min(q0 + nb, p1)
-                Vb[q0 + offset - top:, q0 - p0:q1 - p0] = panel_bcast(V, desc, comm, q0, q0 + offset)
+                Vb[q0 + offset - top:, q0 - p0:q1 - p0] = (panel_bcast(V, desc, comm, q0, q0 + offset) if packed is None
+                                                            else _packed_bcast(packed, desc, comm, q0, xp))
             if not Z.shape[1]:
                 continue
             Vb *= live[None, :]

@@ -13,9 +13,10 @@
           q2_device: one rank's all groups by apply_q2_device, several ranks' one group at a time
           by apply_q2_group), each group reaching the ranks by one Bcast from its owner (n / g in
           all); then Q1 by ormtr.ormtr with offset b (one Bcast per panel of reflectors, as the
-          one-stage path).  One rank packs Q1's reflectors out of C before the bulge chasing
-          (ormtr.pack_reflectors: the rows ormtr reads, about n^2 / 2 numbers), so that C is
-          freed once the reduction returns: Q2's n^2 / 2 take the place of C's other half.
+          one-stage path).  Each rank packs its Q1 reflectors out of C once the bulge chasing
+          and the spreading of Q2 are done (ormtr.pack_reflectors: the rows ormtr reads, about
+          half of C), so that C is freed once the reduction returns: on one rank Q2's n^2 / 2
+          take the place of C's other half.
 
 The choice of b: the band reduction's GEMMs have inner dimension b (larger is faster), the bulge
 chasing's steps number about n^2 / (2 b) with O(b^2) work each, and Q2's blocks cost (b + g) / b
@@ -131,7 +132,7 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     """Tridiagonalize the distributed symmetric C (lower triangle, strict upper zero) in two
     stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
     with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
-    hold Q1's reflectors (on one rank Q holds a packed copy of them: C is not needed after).  On the GPU the bulge chasing runs on rank 0's device
+    hold Q1's reflectors (Q holds a packed copy of them: C is not needed after).  On the GPU the bulge chasing runs on rank 0's device
     (sb2st_device.py); with vectors on several ranks spread_groups shares Q2's reflectors out.  b: the
     half-bandwidth (default: TWO_STAGE_BAND on the host, device_band on the GPU)."""
     device = is_device(xp)
@@ -143,7 +144,6 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
         raise ValueError(f"two_stage: b = {b}, g = {g}: on several GPU ranks Q2 goes group by group "
                          f"(q2_device.apply_q2_group), which needs b, g <= {GROUP_MAX}")
     band, tau1 = sy2sb(C, desc, comm, xp, b)
-    V1 = pack_reflectors(C, tau1, desc, xp, offset=b) if vectors and comm.Get_size() == 1 else C
     full = gather_band(band, desc, comm, xp)
     del band
     n, root = desc.n, comm.Get_rank() == 0
@@ -164,6 +164,7 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     comm.Bcast(de, root=0)
     if vectors and comm.Get_size() > 1:   # each rank its share of Q2's reflectors
         refl = spread_groups(refl, n, b, g, comm, xp)
+    V1 = pack_reflectors(C, tau1, desc, xp, offset=b, rank=comm.Get_rank()) if vectors else None
     Q = TwoStageQ(V1, tau1, b, g, refl, desc, comm, xp) if vectors else None
     return de[:n], de[n:2 * n - 1], Q
 
