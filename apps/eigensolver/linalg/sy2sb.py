@@ -24,7 +24,8 @@ band (rows c..c+b of column c: the diagonal block's lower part and R's upper par
 reflectors ormtr.ormtr(offset=b) applies: column c holds v_c, zero above row c + b, 1 there."""
 from __future__ import annotations
 
-from ._xp import gemm_acc, geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, syr2k_lower, trsm, zero_strict_upper
+from ._xp import (gemm_acc, geqrf, geqrf_in_place, geqrf_work, is_device, symm_lower, syr2k_lower, trsm,
+                  zero_strict_upper)
 from .layout import BlockCyclic
 
 #: owned trailing columns per update GEMM on one run: the product's upper part (computed, then
@@ -164,8 +165,7 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
     """sy2sb's panels on one GPU, every column local: per panel one cuSOLVER geqrf in the panel's
     own columns (no copy, no host sync), T, then Y = C22 V as one cuBLAS symm and the update by
     update_lower from UPDATE_BLOCKED_ROWS rows on (else one syr2k); C's strict upper triangle
-    zeroed at the end.  The work queues on the stream:
-    no host sync per panel."""
+    zeroed at the end.  The work queues on the stream: no host sync per panel."""
     work = xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
     for p0 in range(0, max(n - b - 1, 0), b):
         p1 = p0 + b
@@ -240,5 +240,5 @@ def gather_band(band, desc: BlockCyclic, comm, xp):
     return out
 
 
-__all__ = ["RUN_COLUMNS", "UPDATE_BLOCKED_ROWS", "UPDATE_COLUMNS", "block_reflector", "check_band", "gather_band", "sy2sb", "trailing_runs",
-           "update_lower"]
+__all__ = ["RUN_COLUMNS", "UPDATE_BLOCKED_ROWS", "UPDATE_COLUMNS", "block_reflector", "check_band", "gather_band",
+           "sy2sb", "trailing_runs", "update_lower"]

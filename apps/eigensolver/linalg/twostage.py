@@ -132,9 +132,10 @@ def two_stage(C, desc: BlockCyclic, comm, xp, b: int | None = None, g: int | Non
     """Tridiagonalize the distributed symmetric C (lower triangle, strict upper zero) in two
     stages.  Returns (d, e, Q): T's diagonals (replicated, arrays of xp) and a TwoStageQ (None
     with vectors=False: Q2's reflectors are then dropped as they are made); C's columns then
-    hold Q1's reflectors (Q holds a packed copy of them: C is not needed after).  On the GPU the bulge chasing runs on rank 0's device
-    (sb2st_device.py); with vectors on several ranks spread_groups shares Q2's reflectors out.  b: the
-    half-bandwidth (default: TWO_STAGE_BAND on the host, device_band on the GPU)."""
+    hold Q1's reflectors, of which Q holds a packed copy (C is not needed after).  On the GPU the
+    bulge chasing runs on rank 0's device (sb2st_device.py); with vectors on several ranks
+    spread_groups shares Q2's reflectors out.  b: the half-bandwidth (default: TWO_STAGE_BAND on
+    the host, device_band on the GPU)."""
     device = is_device(xp)
     if b is None:
         b = device_band(desc.nb) if device else band_width(desc.nb, TWO_STAGE_BAND)
