@@ -261,8 +261,9 @@ def release_cached(xp) -> None:
 
 
 def zero_strict_upper(xp, C) -> None:
-    """C's strict upper triangle := 0 in place (C square; on the GPU column-major, one
-    elementwise kernel writing only those entries)."""
+    """C's strict upper triangle := 0 in place (C square; on the GPU column-major): one
+    elementwise kernel writing only those entries.  potrf.zero_above_diagonal does the same for
+    any layout by two launches per block of it (512 at n = 16384 on one rank, blocks of 64)."""
     n = C.shape[0]
     if C.shape != (n, n):
         raise ValueError(f"zero_strict_upper: C must be square; got {C.shape}")
