@@ -117,11 +117,13 @@ def gather(local, desc: BlockCyclic, comm):
     return out
 
 
-def panel_bcast(local, desc: BlockCyclic, comm, k0: int, r0: int | None = None):
+def panel_bcast(local, desc: BlockCyclic, comm, k0: int, r0: int | None = None, owned=None):
     """Rows r0.. (default k0) of the global columns [k0, k1) of the block starting at k0, on every
     rank: the owner's copy by one Bcast.  Returns an (m - r0) x (k1 - k0) F-order view of a
     buffer of the local array's module (a C-order (k1 - k0) x (m - r0) buffer, so that the
-    broadcast is one contiguous message)."""
+    broadcast is one contiguous message).  owned: where the owner keeps those rows elsewhere (a
+    packed copy, ormtr.pack_reflectors), the owner's (m - r0) x (k1 - k0) array, sent instead of
+    local's columns; local then gives only the array module and dtype."""
     xp = get_xp(local)
     r0 = k0 if r0 is None else r0
     k1 = min(k0 + desc.nb, desc.n)
@@ -129,7 +131,7 @@ def panel_bcast(local, desc: BlockCyclic, comm, k0: int, r0: int | None = None):
     buf = xp.empty((k1 - k0, desc.m - r0), dtype=local.dtype)
     if comm.Get_rank() == owner:
         lj = desc.local_index(k0)
-        buf[...] = local[r0:, lj:lj + k1 - k0].T
+        buf[...] = (local[r0:, lj:lj + k1 - k0] if owned is None else owned).T
     comm.Bcast(buf, root=owner)
     return buf.T
 

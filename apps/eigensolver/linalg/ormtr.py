@@ -52,6 +52,14 @@ def _blocks(n: int, nb: int, block: int, offset: int, device: bool):
         yield p0, min(p0 + bw, n), p0 + lead
 
 
+def _alone_block(V, lives, live_h, p0: int, p1: int, top: int):
+    """One rank's block p0 of reflectors as ormtr applies it: V's rows top.. of columns p0..p1,
+    a view, or a masked copy where the block has a reflector with tau = 0 (live_h: the host's
+    lives)."""
+    Vb = V[top:, p0:p1]
+    return Vb if live_h[p0:p1].all() else Vb * lives[p0:p1][None, :]
+
+
 def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, offset: int = 1,
                     rank: int = 0) -> PackedReflectors:
     """The reflectors in rank `rank`'s local columns V (sytrd's or sy2sb's C) as ormtr reads
@@ -67,23 +75,10 @@ def pack_reflectors(V, tau, desc: BlockCyclic, xp, block: int | None = None, off
                 lj = desc.local_index(q0)
                 panels[q0] = xp.array(V[q0 + offset:, lj:lj + min(desc.nb, desc.n - q0)], order="F", copy=True)
         return PackedReflectors(panels, block, offset, desc.nprocs)
-    live_h = to_host(tau) != 0
-    blocks = {}
-    for p0, p1, top in _blocks(desc.n, desc.nb, block, offset, is_device(xp)):
-        Vb = V[top:, p0:p1]
-        blocks[p0] = (xp.array(Vb, order="F", copy=True) if live_h[p0:p1].all()
-                      else xp.asfortranarray(Vb * (tau[p0:p1] != 0)[None, :]))
+    lives, live_h = tau != 0, to_host(tau) != 0
+    blocks = {p0: xp.array(_alone_block(V, lives, live_h, p0, p1, top), order="F", copy=True)
+              for p0, p1, top in _blocks(desc.n, desc.nb, block, offset, is_device(xp))}
     return PackedReflectors(blocks, block, offset)
-
-
-def _packed_bcast(packed: PackedReflectors, desc: BlockCyclic, comm, q0: int, xp):
-    """panel_bcast of panel q0's rows q0 + offset .. from its owner's packed copy."""
-    w, owner = min(q0 + desc.nb, desc.n) - q0, desc.owner(q0)
-    buf = xp.empty((w, desc.m - q0 - packed.offset), dtype=xp.float64)
-    if comm.Get_rank() == owner:
-        buf[...] = packed.blocks[q0].T
-    comm.Bcast(buf, root=owner)
-    return buf.T
 
 
 def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offset: int = 1):
@@ -118,16 +113,14 @@ def ormtr(V, tau, Z, desc: BlockCyclic, comm, xp, block: int | None = None, offs
         if alone:  # V's columns p0..p1 hold the block's reflectors, zero above each one's 1
             if not Z.shape[1]:
                 continue
-            if packed is not None:
-                Vb = packed.blocks[p0]
-            else:
-                Vb = V[top:, p0:p1] if live_h[p0:p1].all() else V[top:, p0:p1] * live[None, :]
+            Vb = packed.blocks[p0] if packed is not None else _alone_block(V, lives, live_h, p0, p1, top)
         else:
             Vb = xp.zeros((n - top, p1 - p0), dtype=xp.float64, order="F")
             for q0 in range(p0, min(p1, n - offset), nb):
                 q1 = min(q0 + nb, p1)
-                Vb[q0 + offset - top:, q0 - p0:q1 - p0] = (panel_bcast(V, desc, comm, q0, q0 + offset) if packed is None
-                                                            else _packed_bcast(packed, desc, comm, q0, xp))
+                Vb[q0 + offset - top:, q0 - p0:q1 - p0] = (
+                    panel_bcast(V, desc, comm, q0, q0 + offset) if packed is None
+                    else panel_bcast(tau, desc, comm, q0, q0 + offset, owned=packed.blocks.get(q0)))
             if not Z.shape[1]:
                 continue
             Vb *= live[None, :]
