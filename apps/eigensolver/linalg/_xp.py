@@ -22,16 +22,19 @@ def _cupy():
         return None
 
 
-def raw_module(filename: str):
+def raw_module(filename: str, cooperative: bool = False):
     """The CuPy RawModule of the CUDA source `filename` of this folder (sytrd_step.cu,
-    stedc/dc_kernels.cu) on the current device, compiled once per device."""
+    stedc/dc_kernels.cu) on the current device, compiled once per device.  cooperative: its
+    kernels launched by cuLaunchCooperativeKernel (every block of a grid resident at once, or
+    the launch fails: sy2sb_kernels.cu's grid barrier)."""
     import cupy
 
-    key = (filename, cupy.cuda.Device().id)
+    key = (filename, cupy.cuda.Device().id, cooperative)
     mod = _raw_modules.get(key)
     if mod is None:
         with open(os.path.join(HERE, filename)) as fh:
-            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=module_options())
+            mod = _raw_modules[key] = cupy.RawModule(code=fh.read(), options=module_options(),
+                                                     enable_cooperative_groups=cooperative)
     return mod
 
 

@@ -162,21 +162,30 @@ def update_lower(xp, C22, V, W, width: int | None = None) -> None:
 
 
 def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
-    """sy2sb's panels on one GPU, every column local: per panel one cuSOLVER geqrf in the panel's
-    own columns (no copy, no host sync), T, then Y = C22 V as one cuBLAS symm and the update by
-    update_lower from UPDATE_BLOCKED_ROWS rows on (else one syr2k); C's strict upper triangle
-    zeroed at the end.  The work queues on the stream: no host sync per panel."""
-    work = xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
+    """sy2sb's panels on one GPU, every column local: per panel the QR factorization in the
+    panel's own columns with its V and T (sy2sb_device.PanelQR: one launch; where the panel does
+    not fit it, cuSOLVER's geqrf and block_reflector), then Y = C22 V as one cuBLAS symm and the
+    update by update_lower from UPDATE_BLOCKED_ROWS rows on (else one syr2k); C's strict upper
+    triangle zeroed at the end.  The work queues on the stream: no host sync per panel."""
+    from .sy2sb_device import PanelQR
+
+    qr = PanelQR(n, b)
+    work = None if qr.fits else xp.empty(max(1, geqrf_work((max(n - b, 1), b))), dtype=xp.float64)
     for p0 in range(0, max(n - b - 1, 0), b):
         p1 = p0 + b
         m = n - p1
         panel = C[p1:, p0:p1]
-        geqrf_in_place(xp, panel, tau[p0:p1], work)
-        k = min(m, b)                                    # tau[p0 + k:p1] stays 0: no reflector
-        V = panel.copy(order="F")                        # unit lower trapezoidal, column-major
-        V[:k] = xp.tril(V[:k], -1)
-        V[xp.arange(k), xp.arange(k)] = 1.0
-        T = block_reflector(xp, V, tau[p0:p1])
+        if qr.fits:
+            V = xp.empty((m, b), dtype=xp.float64, order="F")
+            T = xp.empty((b, b), dtype=xp.float64, order="F")
+            qr(panel, tau[p0:p1], V, T)
+        else:
+            geqrf_in_place(xp, panel, tau[p0:p1], work)
+            k = min(m, b)                                # tau[p0 + k:p1] stays 0: no reflector
+            V = panel.copy(order="F")                    # unit lower trapezoidal, column-major
+            V[:k] = xp.tril(V[:k], -1)
+            V[xp.arange(k), xp.arange(k)] = 1.0
+            T = block_reflector(xp, V, tau[p0:p1])
         C22 = C[p1:, p1:]
         Y = xp.empty((m, b), dtype=xp.float64, order="F")
         symm_lower(xp, C22, V, Y)

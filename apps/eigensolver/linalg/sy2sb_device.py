@@ -1,0 +1,86 @@
+"""The band reduction's panel on one GPU: sy2sb_kernels.cu's sy2sb_panel, the Householder QR of
+the m x b panel below the band and its block reflector's T in one cooperative launch (the kernel
+file's header says how).  sy2sb.py takes it for every panel of a one-rank reduction whose first
+panel fits (panel_grid), cuSOLVER's geqrf and block_reflector otherwise.
+
+The grid: G = min(SMs, ceil(m / MIN_ROWS)) blocks, each holding R = ceil(m / G) rows of the
+panel in shared memory, so m up to about SMs x 440 at b = 64 (227 KiB a block on an H100)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ._xp import _leading_dim, raw_module
+
+KERNELS = "sy2sb_kernels.cu"
+_SRC = (Path(__file__).resolve().parent / KERNELS).read_text()
+THREADS = int(re.search(r"#define SY2SB_THREADS (\d+)", _SRC).group(1))   # threads per block
+B_MAX = int(re.search(r"#define SY2SB_BMAX (\d+)", _SRC).group(1))        # the largest b
+WARPS = THREADS // 32
+#: rows per block at least: below it more blocks only add to every barrier's arrivals and sums
+MIN_ROWS = 64
+
+
+def panel_smem(R: int, b: int) -> int:
+    """Bytes of dynamic shared memory of a block holding R rows (sy2sb_panel_smem)."""
+    return 8 * (max(R * b, 2 * b * b) + WARPS + 2 * B_MAX)
+
+
+def panel_work(G: int, b: int) -> int:
+    """Doubles of the work array of a grid of G blocks (sy2sb_panel_work)."""
+    return 2 * G + 2 + G * b + G * b * b + b * b
+
+
+def panel_grid(m: int, b: int, sms: int, smem_most: int):
+    """(G, R): blocks and rows per block for an m x b panel on a GPU of `sms` SMs that allows
+    smem_most bytes of shared memory per block; None where the kernel does not take it (b above
+    B_MAX, or R rows not fitting)."""
+    if m < 1 or not 1 <= b <= B_MAX or sms < 1:
+        return None
+    G = max(1, min(sms, -(-m // MIN_ROWS)))
+    R = -(-m // G)
+    return (G, R) if panel_smem(R, b) <= smem_most else None
+
+
+class PanelQR:
+    """sy2sb_panel for the panels of one band reduction of order n and half-bandwidth b on the
+    current GPU.  fits: whether the kernel takes the first (largest) panel, n - b rows, and with
+    it every later one; call(panel, tau, V, T) then factors a panel (the queue's order, no host
+    sync)."""
+
+    def __init__(self, n: int, b: int):
+        import cupy as cp
+
+        attrs = cp.cuda.Device().attributes
+        self.sms = int(attrs["MultiProcessorCount"])
+        self.most = int(attrs["MaxSharedMemoryPerBlockOptin"])
+        self.b = b
+        self.fits = n - b >= 1 and panel_grid(n - b, b, self.sms, self.most) is not None
+        if not self.fits:
+            return
+        self.func = raw_module(KERNELS, cooperative=True).get_function("sy2sb_panel")
+        self.func.max_dynamic_shared_size_bytes = self.most
+        self.work = cp.empty(panel_work(self.sms, b), dtype=cp.float64)
+        self.bar = cp.zeros(1, dtype=cp.uint32)       # the grid barrier's counter (never reset)
+
+    def __call__(self, panel, tau, V, T) -> None:
+        """panel (m x b, a column-major block of C) := geqrf's R and v; tau[:b] (a contiguous
+        slice) := the reflectors' scalars (0 from min(m, b) on); V (m x b, F-order) := the unit
+        lower trapezoidal V; T (b x b, F-order) := the block reflector's upper triangular T."""
+        m, b = panel.shape
+        grid = panel_grid(m, b, self.sms, self.most)
+        if grid is None or b != self.b:
+            raise ValueError(f"PanelQR: a {m} x {b} panel does not fit the kernel (b = {self.b}, "
+                             f"{self.sms} SMs, {self.most} bytes of shared memory a block)")
+        if V.shape != (m, b) or not V.flags.f_contiguous or T.shape != (b, b) or not T.flags.f_contiguous:
+            raise ValueError(f"PanelQR: V must be F-order {m} x {b} and T F-order {b} x {b}; got {V.shape}, {T.shape}")
+        if tau.size < b or not tau.flags.c_contiguous:
+            raise ValueError(f"PanelQR: tau must be a contiguous slice of at least {b} entries")
+        G, R = grid
+        self.func((G,), (THREADS,), (panel, np.int64(_leading_dim(panel)), np.int32(m), np.int32(b), tau, V, T,
+                                     self.work, self.bar), shared_mem=panel_smem(R, b))
+
+
+__all__ = ["PanelQR", "panel_grid", "panel_smem", "panel_work", "B_MAX", "MIN_ROWS", "THREADS"]

@@ -1,0 +1,118 @@
+"""The band reduction's panel on one GPU: sy2sb_device.PanelQR (one cooperative launch: QR, V and
+T) against cuSOLVER's geqrf plus the V copy and sy2sb.block_reflector (the path it replaces, still
+taken where a panel does not fit the kernel), per panel height m; then the whole one-GPU sy2sb
+each way, alternating calls, and how far the two bands differ.
+
+    python bench/sy2sb_panel.py --m 16320,8192,4096,1024,256 --n 8192,16384 [--json FILE]
+
+Panel times: CUDA events around `--reps` back-to-back calls (each queue's launches included: the
+host issues them while the GPU runs), their mean; the panels are fresh Gaussian matrices.  Whole
+reduction: wall time of a call between device syncs, `--calls` calls each way alternating, the best;
+C = sym(Gaussian) from a seed."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", default="16320,8192,4096,1024,256")
+    ap.add_argument("--n", default="8192,16384")
+    ap.add_argument("--b", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import cupy as cp
+
+    import hpccoll
+    from hpccoll_eigensolver.linalg import sy2sb_device
+    from hpccoll_eigensolver.linalg._xp import geqrf_in_place, geqrf_work
+    from hpccoll_eigensolver.linalg.layout import BlockCyclic
+    from hpccoll_eigensolver.linalg.sy2sb import block_reflector, sy2sb
+
+    dev = cp.cuda.Device()
+    name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+    b = args.b
+    out = {"device": name, "b": b, "panels": [], "reductions": []}
+    print(f"{name}; b = {b}")
+
+    def events(fn, reps):
+        fn()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(reps):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return cp.cuda.get_elapsed_time(start, stop) / reps
+
+    for m in (int(x) for x in args.m.split(",")):
+        A = cp.asfortranarray(cp.random.standard_normal((m, b)))
+        P = A.copy(order="F")
+        tau = cp.zeros(b)
+        V, T = cp.empty((m, b), order="F"), cp.empty((b, b), order="F")
+        qr = sy2sb_device.PanelQR(m + b, b)
+        work = cp.empty(max(1, geqrf_work((m, b))))
+
+        def kernel():
+            P[...] = A
+            qr(P, tau, V, T)
+
+        def cusolver():
+            P[...] = A
+            geqrf_in_place(cp, P, tau, work)
+            k = min(m, b)
+            W = P.copy(order="F")
+            W[:k] = cp.tril(W[:k], -1)
+            W[cp.arange(k), cp.arange(k)] = 1.0
+            block_reflector(cp, W, tau)
+
+        copy = events(lambda: P.__setitem__(Ellipsis, A), args.reps)
+        t_new, t_old = events(kernel, args.reps) - copy, events(cusolver, args.reps) - copy
+        print(f"  m={m}: kernel {t_new:.3f} ms, geqrf + V + block_reflector {t_old:.3f} ms ({t_old / t_new:.2f}x); "
+              f"the panel's copy {copy:.3f} ms subtracted")
+        out["panels"].append({"m": m, "kernel_ms": t_new, "cusolver_ms": t_old})
+
+    class Old(sy2sb_device.PanelQR):    # the path without the kernel
+        def __init__(self, n, b):
+            super().__init__(n, b)
+            self.fits = False
+
+    comm = hpccoll.Communicator(backend="host", deterministic=True)   # one rank: Get_rank only
+    real = sy2sb_device.PanelQR
+    for n in (int(x) for x in args.n.split(",")):
+        S = cp.random.default_rng(n).standard_normal((n, n))
+        S = cp.asfortranarray(cp.tril(S + S.T))
+        desc = BlockCyclic(n, n, 64, 1)
+        runs = {"kernel": [], "cusolver": []}
+        bands = {}
+        for _ in range(args.calls):
+            for label, cls in (("kernel", real), ("cusolver", Old)):
+                sy2sb_device.PanelQR = cls
+                C = S.copy(order="F")
+                cp.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                band, _ = sy2sb(C, desc, comm, cp, b)
+                cp.cuda.Device().synchronize()
+                runs[label].append(time.perf_counter() - t0)
+                bands[label] = band
+                del C
+        sy2sb_device.PanelQR = real
+        diff = float(cp.abs(bands["kernel"] - bands["cusolver"]).max() / cp.abs(bands["cusolver"]).max())
+        best = {k: min(v) for k, v in runs.items()}
+        print(f"n={n}: sy2sb with the kernel best {best['kernel']:.4f} s, with geqrf best {best['cusolver']:.4f} s "
+              f"({best['cusolver'] / best['kernel']:.2f}x); runs {' '.join(f'{t:.4f}' for t in runs['kernel'])} | "
+              f"{' '.join(f'{t:.4f}' for t in runs['cusolver'])}; bands' max difference / max |band| {diff:.2e}")
+        out["reductions"].append({"n": n, "kernel_s": runs["kernel"], "cusolver_s": runs["cusolver"],
+                                  "band_rel_diff": diff})
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
