@@ -1,7 +1,7 @@
 """sy2sb_device.PanelQR, the band reduction's panel kernel (sy2sb_kernels.cu), on one GPU: the
 panel's R, v and tau are LAPACK dgeqrf's (scipy) to rounding and (I - V T V^T)^T A = R; T is
-sy2sb.block_reflector's; V is unit lower trapezoidal; a second call gives the same bits; zero and
-repeated columns give tau = 0 reflectors that drop out; a panel the kernel cannot hold is refused;
+sy2sb.block_reflector's; V is unit lower trapezoidal; a second call gives the same bits; zero
+columns give tau = 0 reflectors that drop out; a panel the kernel cannot hold is refused;
 the one-GPU band reduction is an orthogonal similarity.  Fresh random panels on every run.
 
     python -m pytest -q tests/gpu/test_sy2sb_gpu.py      (tests/gpu/run.sh runs it once)"""
@@ -102,15 +102,12 @@ def test_tall_panels_factor_and_repeat_bitwise(cp, m, b):
 
 
 @pytest.mark.parametrize("m", [3, 70, 1000])
-def test_zero_and_repeated_columns_give_identity_reflectors(cp, m):
-    """Column 2 zero, column 4 a copy of column 0 and column 5 of column 4 (nothing left below
-    the diagonal once the earlier reflectors are applied), the last columns zero: tau = 0 there
-    (LAPACK's too), T's rows and columns zero there, and Q^T A = R still."""
+def test_zero_columns_give_identity_reflectors(cp, m):
+    """Columns 2, 6 and 7 zero (nothing below the diagonal, exactly, once the earlier reflectors
+    are applied): tau = 0 there (LAPACK's too), T's rows and columns zero there, Q^T A = R."""
     b = 8
     A = np.random.default_rng().standard_normal((m, b))
     A[:, 2] = 0.0
-    A[:, 4] = A[:, 0]
-    A[:, 5] = A[:, 4]
     A[:, 6:] = 0.0
     qr, tau, V, T = out = _factor(cp, A)
     assert tau[2] == 0.0 and np.all(tau[6:] == 0.0)

@@ -4,7 +4,7 @@ file's header says how).  sy2sb.py takes it for every panel of a one-rank reduct
 panel fits (panel_grid), cuSOLVER's geqrf and block_reflector otherwise.
 
 The grid: G = min(SMs, ceil(m / MIN_ROWS)) blocks, each holding R = ceil(m / G) rows of the
-panel in shared memory, so m up to about SMs x 440 at b = 64 (227 KiB a block on an H100)."""
+panel in shared memory, so m up to about SMs x 380 at b = 64 (227 KiB a block on an H100)."""
 from __future__ import annotations
 
 import re
@@ -18,19 +18,18 @@ KERNELS = "sy2sb_kernels.cu"
 _SRC = (Path(__file__).resolve().parent / KERNELS).read_text()
 THREADS = int(re.search(r"#define SY2SB_THREADS (\d+)", _SRC).group(1))   # threads per block
 B_MAX = int(re.search(r"#define SY2SB_BMAX (\d+)", _SRC).group(1))        # the largest b
-WARPS = THREADS // 32
 #: rows per block at least: below it more blocks only add to every barrier's arrivals and sums
 MIN_ROWS = 64
 
 
 def panel_smem(R: int, b: int) -> int:
     """Bytes of dynamic shared memory of a block holding R rows (sy2sb_panel_smem)."""
-    return 8 * (max(R * b, 2 * b * b) + WARPS + 2 * B_MAX)
+    return 8 * (max((R | 1) * b, b * b) + B_MAX * B_MAX + THREADS + 3 * B_MAX)
 
 
-def panel_work(G: int, b: int) -> int:
+def panel_work(G: int) -> int:
     """Doubles of the work array of a grid of G blocks (sy2sb_panel_work)."""
-    return 2 * G + 2 + G * b + G * b * b + b * b
+    return 2 * (G + 1) * B_MAX
 
 
 def panel_grid(m: int, b: int, sms: int, smem_most: int):
@@ -62,7 +61,7 @@ class PanelQR:
             return
         self.func = raw_module(KERNELS, cooperative=True).get_function("sy2sb_panel")
         self.func.max_dynamic_shared_size_bytes = self.most
-        self.work = cp.empty(panel_work(self.sms, b), dtype=cp.float64)
+        self.work = cp.empty(panel_work(self.sms), dtype=cp.float64)
         self.bar = cp.zeros(1, dtype=cp.uint32)       # the grid barrier's counter (never reset)
 
     def __call__(self, panel, tau, V, T) -> None:
