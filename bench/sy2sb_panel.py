@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     ap.add_argument("--b", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--grids", default="",
+                    help="extra MIN_ROWS:BLOCKS_MAX pairs to time the kernel with too, e.g. 128:66,256:44")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -72,9 +74,19 @@ def main(argv=None) -> int:
 
         copy = events(lambda: P.__setitem__(Ellipsis, A), args.reps)
         t_new, t_old = events(kernel, args.reps) - copy, events(cusolver, args.reps) - copy
-        print(f"  m={m}: kernel {t_new:.3f} ms, geqrf + V + block_reflector {t_old:.3f} ms ({t_old / t_new:.2f}x); "
-              f"the panel's copy {copy:.3f} ms subtracted")
-        out["panels"].append({"m": m, "kernel_ms": t_new, "cusolver_ms": t_old})
+        G, R = sy2sb_device.panel_grid(m, b, qr.sms, qr.most)
+        print(f"  m={m}: kernel {t_new:.3f} ms ({G} blocks of {R} rows), geqrf + V + block_reflector {t_old:.3f} ms "
+              f"({t_old / t_new:.2f}x); the panel's copy {copy:.3f} ms subtracted")
+        row = {"m": m, "kernel_ms": t_new, "cusolver_ms": t_old, "blocks": G, "grids": {}}
+        defaults = sy2sb_device.MIN_ROWS, sy2sb_device.BLOCKS_MAX
+        for pair in filter(None, args.grids.split(",")):
+            sy2sb_device.MIN_ROWS, sy2sb_device.BLOCKS_MAX = (int(x) for x in pair.split(":"))
+            G, R = sy2sb_device.panel_grid(m, b, qr.sms, qr.most)
+            t = events(kernel, args.reps) - copy
+            print(f"    MIN_ROWS:BLOCKS_MAX {pair}: {t:.3f} ms ({G} blocks of {R} rows)")
+            row["grids"][pair] = t
+        sy2sb_device.MIN_ROWS, sy2sb_device.BLOCKS_MAX = defaults
+        out["panels"].append(row)
 
     class Old(sy2sb_device.PanelQR):    # the path without the kernel
         def __init__(self, n, b):

@@ -20,11 +20,14 @@ THREADS = int(re.search(r"#define SY2SB_THREADS (\d+)", _SRC).group(1))   # thre
 B_MAX = int(re.search(r"#define SY2SB_BMAX (\d+)", _SRC).group(1))        # the largest b
 #: rows per block at least: below it more blocks only add to every barrier's arrivals and sums
 MIN_ROWS = 64
+#: blocks at most (and at most the GPU's SMs): every block reads every block's partials per
+#: column, G^2 x 64 doubles through L2
+BLOCKS_MAX = 132
 
 
 def panel_smem(R: int, b: int) -> int:
     """Bytes of dynamic shared memory of a block holding R rows (sy2sb_panel_smem)."""
-    return 8 * (max((R | 1) * b, b * b) + B_MAX * B_MAX + THREADS + 3 * B_MAX)
+    return 8 * (max((R | 1) * b, b * b) + B_MAX * B_MAX + THREADS + 4 * B_MAX)
 
 
 def panel_work(G: int) -> int:
@@ -38,8 +41,11 @@ def panel_grid(m: int, b: int, sms: int, smem_most: int):
     B_MAX, or R rows not fitting)."""
     if m < 1 or not 1 <= b <= B_MAX or sms < 1:
         return None
-    G = max(1, min(sms, -(-m // MIN_ROWS)))
+    G = max(1, min(sms, BLOCKS_MAX, -(-m // MIN_ROWS)))
     R = -(-m // G)
+    while panel_smem(R, b) > smem_most and G < sms:    # too many rows a block: more blocks
+        G = min(sms, G + max(1, G // 8))
+        R = -(-m // G)
     return (G, R) if panel_smem(R, b) <= smem_most else None
 
 

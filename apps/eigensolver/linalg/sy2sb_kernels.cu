@@ -47,7 +47,7 @@ __host__ __device__ __forceinline__ int sy2sb_panel_ld(int R)
 __host__ __device__ __forceinline__ long long sy2sb_panel_smem(int R, int b)
 {
     const long long rows = (long long)sy2sb_panel_ld(R) * b;
-    return 8LL * ((rows > b * b ? rows : b * b) + SY2SB_BMAX * SY2SB_BMAX + SY2SB_THREADS + 3 * SY2SB_BMAX);
+    return 8LL * ((rows > b * b ? rows : b * b) + SY2SB_BMAX * SY2SB_BMAX + SY2SB_THREADS + 4 * SY2SB_BMAX);
 }
 
 // The work array's doubles for G blocks: part and row j, twice each
@@ -90,6 +90,7 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
     double* tot = red + SY2SB_THREADS;                  // BMAX: s_k
     double* ws = tot + SY2SB_BMAX;                      // BMAX: -tau w_k
     double* taus = ws + SY2SB_BMAX;                     // BMAX
+    double* rowv = taus + SY2SB_BMAX;                   // BMAX: row j
     const int kmax = min(m, b);
 
     for (int e = th; e < rows * b; e += SY2SB_THREADS) {
@@ -126,6 +127,9 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
         sy2sb_grid_sync(bar);
         const double* part = work + (i64)(j & 1) * (G + 1) * SY2SB_BMAX;
         {
+            const double* rowj = part + (i64)G * SY2SB_BMAX;
+            if (qq == 0 && kq < b)                     // row j, read beside the partials
+                rowv[kq] = __ldcg(rowj + kq);
             double s = 0.0;
 #pragma unroll 4
             for (int c = qq; c < G; c += SY2SB_QUARTERS)
@@ -141,8 +145,7 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
             tot[th] = t;
         }
         __syncthreads();
-        const double* rowj = part + (i64)G * SY2SB_BMAX;
-        const double alpha = __ldcg(rowj + j), xn2 = tot[j];
+        const double alpha = rowv[j], xn2 = tot[j];
         double t = 0.0, beta = alpha, scal = 0.0;
         if (xn2 != 0.0) {                  // dlarfg (the matrix is scaled: no over- or underflow)
             beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
@@ -151,7 +154,7 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
         }
         if (t != 0.0) {
             if (th < b) {
-                const double vA = __ldcg(rowj + th) + scal * tot[th];    // v_j^T A[:, th] or G[th][j]
+                const double vA = rowv[th] + scal * tot[th];    // v_j^T A[:, th] or G[th][j]
                 if (th > j)
                     ws[th] = -t * vA;
                 else if (th < j && blk == 0)
