@@ -108,15 +108,35 @@ def test_two_stage_on_cupy_matches_the_host():
         c.Free()
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["panel-kernel", "geqrf"])
 @pytest.mark.parametrize("n,b", [(50, 8), (37, 4), (9, 8), (65, 32), (130, 64)])
-def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b):
-    """sy2sb's one-GPU loop (in-place geqrf, symm, the update of C22's lower triangle, blocked on
-    the first panels and syr2k on the rest, the strict upper zeroed at the end) run with NumPy
-    stand-ins for geqrf, symm and syr2k gives the band and reflectors of the 1 x P loop at P = 1
+def test_the_one_gpu_panel_loop_is_the_distributed_one(comm, monkeypatch, n, b, kernel):
+    """sy2sb's one-GPU loop (the panel by sy2sb_device.PanelQR or, where it does not fit, by an
+    in-place geqrf and block_reflector; symm, the update of C22's lower triangle, blocked on the
+    first panels and syr2k on the rest, the strict upper zeroed at the end) run with NumPy
+    stand-ins for PanelQR (LAPACK's geqrf, V and T: what tests/gpu/test_sy2sb_gpu.py checks the
+    kernel against), geqrf, symm and syr2k gives the band and reflectors of the 1 x P loop at P = 1
     (UPDATE_COLUMNS small: several blocks)."""
     from scipy.linalg.lapack import dgeqrf
 
     from hpccoll_eigensolver.linalg import sy2sb as S
+    from hpccoll_eigensolver.linalg import sy2sb_device
+
+    class PanelQR:
+        def __init__(self, n, b):
+            self.fits = kernel
+
+        def __call__(self, panel, tau, V, T):
+            qr, t, _, info = dgeqrf(panel)
+            assert info == 0 and kernel
+            panel[...] = qr
+            tau[:V.shape[1]] = 0.0
+            tau[:t.size] = t
+            V[...] = np.tril(qr, -1)
+            V[np.arange(t.size), np.arange(t.size)] = 1.0
+            T[...] = S.block_reflector(np, V, tau[:V.shape[1]])
+
+    monkeypatch.setattr(sy2sb_device, "PanelQR", PanelQR)
 
     def geqrf_in_place(xp, a, tau, work=None):
         qr, t, _, info = dgeqrf(a)
@@ -173,6 +193,30 @@ def test_zero_strict_upper_rejects_a_non_square_matrix():
 
     with pytest.raises(ValueError, match="square"):
         zero_strict_upper(np, np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("m", [1, 2, 63, 64, 65, 1000, 4097, 16320, 24448, 32704, 48000])
+@pytest.mark.parametrize("b", [1, 17, 64])
+def test_the_panel_kernels_grid_covers_the_rows_and_fits(m, b):
+    """sy2sb_device.panel_grid on an H100's 132 SMs and 232448 bytes a block: G blocks of R rows
+    cover the m rows with no empty block, within G_MAX and the SMs, in the shared memory."""
+    from hpccoll_eigensolver.linalg.sy2sb_device import BLOCKS_MAX, G_MAX, MIN_ROWS, panel_grid, panel_smem
+
+    sms, most = 132, 232448
+    G, R = panel_grid(m, b, sms, most)
+    assert 1 <= G <= min(sms, G_MAX) and G * R >= m and (G - 1) * R < m
+    assert panel_smem(R, b) <= most
+    if panel_smem(-(-m // min(BLOCKS_MAX, -(-m // MIN_ROWS))), b) <= most:
+        assert G == max(1, min(BLOCKS_MAX, -(-m // MIN_ROWS)))     # more blocks only where rows do not fit
+
+
+def test_the_panel_kernel_refuses_what_it_cannot_hold():
+    from hpccoll_eigensolver.linalg.sy2sb_device import B_MAX, panel_grid
+
+    assert panel_grid(1000, B_MAX + 1, 132, 232448) is None
+    assert panel_grid(0, 64, 132, 232448) is None
+    assert panel_grid(60000, 64, 132, 232448) is None               # 128 blocks of 469 rows do not fit
+    assert panel_grid(60000, 64, 64, 232448) is None
 
 
 def test_the_gpu_band_is_the_largest_divisor_of_nb_up_to_64():
