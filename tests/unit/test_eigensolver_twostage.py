@@ -199,12 +199,12 @@ def test_zero_strict_upper_rejects_a_non_square_matrix():
 @pytest.mark.parametrize("b", [1, 17, 64])
 def test_the_panel_kernels_grid_covers_the_rows_and_fits(m, b):
     """sy2sb_device.panel_grid on an H100's 132 SMs and 232448 bytes a block: G blocks of R rows
-    cover the m rows with no empty block, within G_MAX and the SMs, in the shared memory."""
-    from hpccoll_eigensolver.linalg.sy2sb_device import BLOCKS_MAX, G_MAX, MIN_ROWS, panel_grid, panel_smem
+    cover the m rows with no empty block, within the SMs, in the shared memory."""
+    from hpccoll_eigensolver.linalg.sy2sb_device import BLOCKS_MAX, MIN_ROWS, panel_grid, panel_smem
 
     sms, most = 132, 232448
     G, R = panel_grid(m, b, sms, most)
-    assert 1 <= G <= min(sms, G_MAX) and G * R >= m and (G - 1) * R < m
+    assert 1 <= G <= sms and G * R >= m and (G - 1) * R < m
     assert panel_smem(R, b) <= most
     if panel_smem(-(-m // min(BLOCKS_MAX, -(-m // MIN_ROWS))), b) <= most:
         assert G == max(1, min(BLOCKS_MAX, -(-m // MIN_ROWS)))     # more blocks only where rows do not fit
@@ -215,7 +215,7 @@ def test_the_panel_kernel_refuses_what_it_cannot_hold():
 
     assert panel_grid(1000, B_MAX + 1, 132, 232448) is None
     assert panel_grid(0, 64, 132, 232448) is None
-    assert panel_grid(60000, 64, 132, 232448) is None               # 128 blocks of 469 rows do not fit
+    assert panel_grid(60000, 64, 132, 232448) is None               # 132 blocks of 455 rows do not fit
     assert panel_grid(60000, 64, 64, 232448) is None
 
 

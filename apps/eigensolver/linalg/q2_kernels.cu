@@ -135,7 +135,7 @@ extern "C" __global__ void q2_level_factors(const double* __restrict__ flat, con
 // r_k + 128 .. r_k + 128 + b - 1 come in, read into registers while step k computes.  Per step,
 // on the tensor cores (mma m16n8k8, fp64):
 //   W  = V^T Zw         64 x 64, V^T's 32-row tiles only over the rows where V is nonzero
-//   W2 = T W            T upper triangular: only l >= a
+//   W2 = T W            T upper triangular: only l >= a (stored as -W2)
 //   Zw = Zw - V W2      V's 32-row tiles only over the columns where V is nonzero
 // with V[rho][t] = R[(rho - t) g + t] for 0 <= rho - t < b and tau_t != 0 (the skewed columns,
 // kept on chip as R, not as a dense h x g V).  R, T and W are padded to 64 x 64 with zeros
@@ -157,7 +157,7 @@ struct Q2Smem {
     double Z[Q2_COLS * Q2_LDZ];    // the ring: column c's row rho at c Q2_LDZ + (rho & 127)
     double R[Q2_PAD * Q2_LDS];     // R[d Q2_LDS + t]: entry d of reflector t (0 where tau_t = 0)
     double T[Q2_PAD * Q2_LDS];     // T[l Q2_LDS + a] = T_(a, l)
-    double W[Q2_PAD * Q2_LDS];     // W[t Q2_LDS + c], then W2
+    double W[Q2_PAD * Q2_LDS];     // W[t Q2_LDS + c], then -W2
 };
 
 // What a thread keeps from one phase to a later one (registers on the GPU): the next block's R
@@ -373,17 +373,19 @@ Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double
                 q2_tiles(h.acc, lane, tw, cw, tw, g, [&](int a, int l) { return s.T[l * Q2_LDS + a]; }, w_of);
         });
         x.sync();
-        x.each([&](int th) {    // W2 into W, once every warp has read W
+        x.each([&](int th) {    // -W2 into W, once every warp has read W
             Q2Thread& h = state(th);
             const int lane = th & 31, wid = th >> 5;
             const int tw = 16 * (wid >> 2), cw = 16 * (wid & 3);
             if (tw < g)
                 q2_each_output<1, 2>(lane, tw, cw, [&](int ri, int cj, int xx, int t, int c) {
-                    s.W[t * Q2_LDS + c] = h.acc[ri][cj][xx];
+                    s.W[t * Q2_LDS + c] = -h.acc[ri][cj][xx];
                 });
         });
         x.sync();
-        // Zw -= V W2: warp (p0, cb) owns Zw rows p0 .. p0 + 15, columns cb .. cb + 31.  V's
+        // Zw += V (-W2): warp (p0, cb) owns Zw rows p0 .. p0 + 15, columns cb .. cb + 31.  (W holds
+        // -W2, negated once per entry where it is stored rather than in every fragment of V:
+        // (-v) w and v (-w) are the same double.)  V's
         // nonzero columns in those rows are max(0, p0 - b + 1) .. min(g, p0 + 16) - 1: at
         // b = g = 64, 16, 32, 48, 64, 64, 48, 32, 16 of them for p0 / 16 = 0 .. 7.  Scheduler s
         // (wid mod 4) takes row tiles {0, 3}, {1, 2}, {4, 7}, {5, 6}, each at both cb: 20 k-steps
@@ -397,7 +399,7 @@ Q2_FN void q2_group_apply_block(const X& x, State state, Q2Smem& s, const double
                     acc[ri][cj][xx] = zw_of(rho, c);
                 });
                 const int lo = max(0, p0 - b + 1) & ~7, hi = min(g, p0 + 16);
-                q2_tiles(acc, lane, p0, cb, lo, hi, [&](int rho, int t) { return -v_of(rho, t); }, w_of);
+                q2_tiles(acc, lane, p0, cb, lo, hi, v_of, w_of);
                 q2_each_output<1, 4>(lane, p0, cb, [&](int ri, int cj, int xx, int rho, int c) {
                     if (rho < valid)
                         s.Z[c * Q2_LDZ + ((r + rho) & 127)] = acc[ri][cj][xx];

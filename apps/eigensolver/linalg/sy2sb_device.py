@@ -3,9 +3,8 @@ the m x b panel below the band and its block reflector's T in one cooperative la
 file's header says how).  sy2sb.py takes it for every panel of a one-rank reduction whose first
 panel fits (panel_grid), cuSOLVER's geqrf and block_reflector otherwise.
 
-The grid: G = min(BLOCKS_MAX, ceil(m / MIN_ROWS)) blocks, more where R = ceil(m / G) rows a
-block do not fit shared memory, up to G_MAX and the GPU's SMs: so m up to about
-min(SMs, G_MAX) x 380 at b = 64 (227 KiB a block on an H100: n about 48000 at 132 SMs)."""
+The grid: G = min(SMs, ceil(m / MIN_ROWS)) blocks, each holding R = ceil(m / G) rows of the
+panel in shared memory, so m up to about SMs x 380 at b = 64 (227 KiB a block on an H100)."""
 from __future__ import annotations
 
 import re
@@ -19,12 +18,11 @@ KERNELS = "sy2sb_kernels.cu"
 _SRC = (Path(__file__).resolve().parent / KERNELS).read_text()
 THREADS = int(re.search(r"#define SY2SB_THREADS (\d+)", _SRC).group(1))   # threads per block
 B_MAX = int(re.search(r"#define SY2SB_BMAX (\d+)", _SRC).group(1))        # the largest b
-G_MAX = int(re.search(r"#define SY2SB_GMAX (\d+)", _SRC).group(1))        # the most blocks
 #: rows per block at least: below it more blocks only add to every barrier's arrivals and sums
 MIN_ROWS = 64
-#: blocks at most where the rows fit (more where they do not, up to G_MAX and the GPU's SMs):
-#: every block reads every block's partials per column, G^2 x 64 slots of 16 bytes through L2
-BLOCKS_MAX = 64
+#: blocks at most (and at most the GPU's SMs): every block reads every block's partials per
+#: column, G^2 x 64 doubles through L2
+BLOCKS_MAX = 132
 
 
 def panel_smem(R: int, b: int) -> int:
@@ -34,7 +32,7 @@ def panel_smem(R: int, b: int) -> int:
 
 def panel_work(G: int) -> int:
     """Doubles of the work array of a grid of G blocks (sy2sb_panel_work)."""
-    return 4 * (G + 1) * B_MAX
+    return 2 * (G + 1) * B_MAX
 
 
 def panel_grid(m: int, b: int, sms: int, smem_most: int):
@@ -43,11 +41,10 @@ def panel_grid(m: int, b: int, sms: int, smem_most: int):
     B_MAX, or R rows not fitting)."""
     if m < 1 or not 1 <= b <= B_MAX or sms < 1:
         return None
-    most = min(sms, G_MAX)
-    G = max(1, min(most, BLOCKS_MAX, -(-m // MIN_ROWS)))
+    G = max(1, min(sms, BLOCKS_MAX, -(-m // MIN_ROWS)))
     R = -(-m // G)
-    while panel_smem(R, b) > smem_most and G < most:   # too many rows a block: more blocks
-        G = min(most, G + max(1, G // 8))
+    while panel_smem(R, b) > smem_most and G < sms:    # too many rows a block: more blocks
+        G = min(sms, G + max(1, G // 8))
         R = -(-m // G)
     return (G, R) if panel_smem(R, b) <= smem_most else None
 
@@ -70,8 +67,8 @@ class PanelQR:
             return
         self.func = raw_module(KERNELS, cooperative=True).get_function("sy2sb_panel")
         self.func.max_dynamic_shared_size_bytes = self.most
-        self.work = cp.zeros(panel_work(min(self.sms, G_MAX)), dtype=cp.float64)   # flags 0: no epoch
-        self.launches = 0
+        self.work = cp.empty(panel_work(self.sms), dtype=cp.float64)
+        self.bar = cp.zeros(1, dtype=cp.uint32)       # the grid barrier's counter (never reset)
 
     def __call__(self, panel, tau, V, T) -> None:
         """panel (m x b, a column-major block of C) := geqrf's R and v; tau[:b] (a contiguous
@@ -87,12 +84,8 @@ class PanelQR:
         if tau.size < b or not tau.flags.c_contiguous:
             raise ValueError(f"PanelQR: tau must be a contiguous slice of at least {b} entries")
         G, R = grid
-        # flags epoch .. epoch + b - 1, never 0 and never a flag of an earlier launch (until 2^32 / 64
-        # launches of this object)
-        epoch = np.uint32(1 + (self.launches * B_MAX) % ((1 << 32) - B_MAX - 1))
-        self.launches += 1
         self.func((G,), (THREADS,), (panel, np.int64(_leading_dim(panel)), np.int32(m), np.int32(b), tau, V, T,
-                                     self.work, epoch), shared_mem=panel_smem(R, b))
+                                     self.work, self.bar), shared_mem=panel_smem(R, b))
 
 
-__all__ = ["PanelQR", "panel_grid", "panel_smem", "panel_work", "B_MAX", "BLOCKS_MAX", "G_MAX", "MIN_ROWS", "THREADS"]
+__all__ = ["PanelQR", "panel_grid", "panel_smem", "panel_work", "B_MAX", "MIN_ROWS", "THREADS"]

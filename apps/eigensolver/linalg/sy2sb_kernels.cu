@@ -9,21 +9,14 @@
 //   s_k = x^T A[j+1:, k]:   s_j = |x|^2 (dlarfg's xnorm^2); for k > j, w_k = A[j][k] + s_k / (alpha - beta)
 //   (v^T A[:, k], v = [1; x / (alpha - beta)]); for a < j, G[a][j] = A[j][a] + s_a / (alpha - beta)
 //   (v_a^T v_j: column a holds v_a below its diagonal)
-// and row j, A[j][k] for every k (alpha = A[j][j]).  So ONE exchange per column, no barrier:
-//   each block: its rows' partial s_k for every k -> part[c][k]; the block holding row j: row j,
-//   each value in a flagged slot (below);
-//   each block, once every slot it reads carries column j's flag: s_k = sum over c of part[c][k]
-//   (the same order, so the same bits, in every block);
+// and row j, A[j][k] for every k (alpha = A[j][j]).  So ONE grid barrier per column:
+//   each block: its rows' partial s_k for every k -> part[c][k]; the block holding row j: row j
+//                                                                                  grid sync
+//   each block: s_k = sum over c of part[c][k] (the same order, so the same bits, in every block);
 //   dlarfg's beta, tau = (beta - alpha) / beta, 1 / (alpha - beta); its rows of v_j scaled; its
 //   rows of the trailing columns, A[i][k] += v_i (-tau w_k) (dlarf); then column j + 1's partials.
 // (xnorm = 0: tau = 0, nothing changes, H_j = I.)  part and row j are kept twice, by the parity of
-// j: a block writes column j + 1's while another may still read column j's (and cannot write
-// column j + 2's before every block has written column j + 1's, after reading column j's).
-// A slot is 16 bytes, the double's two halves each in an 8-byte word beside the flag
-// (cuda/proto_ll.cuh's LL layout and assumption: 8-byte single-copy atomicity per vector
-// element): a reader that sees the flag in both words has the value, with no fence on either
-// side.  The flag of column j is the launch's epoch + j (never 0: the work array starts zeroed,
-// and the host gives each launch epochs of its own).  Block 0 keeps the
+// j: a block writes column j + 1's while another may still read column j's.  Block 0 keeps the
 // Gram matrix's columns and forms T at the end by dlarft's forward recurrence
 //   T[c][c] = tau_c,   T[0:c, c] = -tau_c T[0:c, 0:c] G[0:c, c]
 // (a reflector with tau = 0 gets a zero row and column of T: it drops out, as
@@ -32,15 +25,13 @@
 // (b x b column-major, zero below the diagonal).
 //
 // Every sum runs in a fixed order (a thread's rows ascending, then the four threads of an entry
-// in index order; the blocks' partials likewise): the same bits on every run.  A block waits for
-// the others' slots, so every block must be resident at once: the launch is cooperative
-// (cuLaunchCooperativeKernel refuses a grid that does not fit).  At most SY2SB_GMAX blocks.
+// in index order; the blocks' partials likewise): the same bits on every run.  The grid barrier
+// needs every block resident at once: the launch is cooperative (cuLaunchCooperativeKernel
+// refuses a grid that does not fit).
 
 #define SY2SB_THREADS 256
 #define SY2SB_BMAX 64
 #define SY2SB_QUARTERS (SY2SB_THREADS / SY2SB_BMAX)   // threads per entry of a reduction
-#define SY2SB_GMAX 128
-#define SY2SB_SLOTS (SY2SB_GMAX / SY2SB_QUARTERS)      // the most partials a thread reads
 
 typedef long long i64;
 
@@ -59,39 +50,33 @@ __host__ __device__ __forceinline__ long long sy2sb_panel_smem(int R, int b)
     return 8LL * ((rows > b * b ? rows : b * b) + SY2SB_BMAX * SY2SB_BMAX + SY2SB_THREADS + 4 * SY2SB_BMAX);
 }
 
-// The work array's doubles for G blocks: part and row j, twice each, a 16-byte slot per value
+// The work array's doubles for G blocks: part and row j, twice each
 __host__ __device__ __forceinline__ long long sy2sb_panel_work(int G)
 {
-    return 2LL * 2 * (G + 1) * SY2SB_BMAX;
+    return 2LL * (G + 1) * SY2SB_BMAX;
 }
 
-// slot := v with flag f: one 16-byte store, each 8-byte word half the double and the flag
-__device__ __forceinline__ void sy2sb_put(double* slot, double v, unsigned f)
+// Grid barrier (cooperative groups' algorithm): block 0 adds 2^31 - (G - 1), the others 1, so
+// the counter's top bit flips once all G have arrived and its low bits are as before (no reset
+// between barriers or launches).  The releasing add publishes the block's writes (ordered before
+// it by __syncthreads), the acquiring load orders the block's later reads after the others'.
+__device__ __forceinline__ void sy2sb_grid_sync(unsigned* bar)
 {
-    const unsigned long long u = (unsigned long long)__double_as_longlong(v), hi = (unsigned long long)f << 32;
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(hi | (u & 0xffffffffull)),
-                 "l"(hi | (u >> 32)) : "memory");
-}
-
-// one read of a slot: its two words
-__device__ __forceinline__ void sy2sb_load(const double* slot, unsigned long long& a, unsigned long long& c)
-{
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(c) : "l"(slot) : "memory");
-}
-
-__device__ __forceinline__ bool sy2sb_fresh(unsigned long long a, unsigned long long c, unsigned f)
-{
-    return (unsigned)(a >> 32) == f && (unsigned)(c >> 32) == f;
-}
-
-__device__ __forceinline__ double sy2sb_value(unsigned long long a, unsigned long long c)
-{
-    return __longlong_as_double((long long)((c << 32) | (a & 0xffffffffull)));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        unsigned old, now;
+        asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(bar), "r"(inc) : "memory");
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar) : "memory");
+        } while (((old ^ now) & 0x80000000u) == 0);
+    }
+    __syncthreads();
 }
 
 extern "C" __global__ void __launch_bounds__(SY2SB_THREADS, 1)
 sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ tau, double* __restrict__ V,
-            double* __restrict__ T, double* __restrict__ work, unsigned epoch)
+            double* __restrict__ T, double* __restrict__ work, unsigned* __restrict__ bar)
 {
     extern __shared__ double smem[];
     const int G = (int)gridDim.x, blk = (int)blockIdx.x, th = (int)threadIdx.x;
@@ -118,64 +103,38 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
 
     // column jj's partials s_k (this block's rows below row jj) and, from the block holding it, row jj
     const auto partials = [&](int jj) {
-        double* part = work + (i64)(jj & 1) * 2 * (G + 1) * SY2SB_BMAX;   // slot (c, k) at 2 (c BMAX + k)
-        double s0 = 0.0, s1 = 0.0;                   // two chains (rows alternating), added at the end
-        if (kq < b) {
-            const int first = max(jj + 1 - r0, 0) + qq;
-            int li = first;
-            for (; li + SY2SB_QUARTERS < rows; li += 2 * SY2SB_QUARTERS) {
-                s0 += As[li + (i64)jj * ld] * As[li + (i64)kq * ld];
-                s1 += As[li + SY2SB_QUARTERS + (i64)jj * ld] * As[li + SY2SB_QUARTERS + (i64)kq * ld];
-            }
-            if (li < rows)
-                s0 += As[li + (i64)jj * ld] * As[li + (i64)kq * ld];
-        }
-        red[th] = s0 + s1;
+        double* part = work + (i64)(jj & 1) * (G + 1) * SY2SB_BMAX;
+        double s = 0.0;
+        if (kq < b)
+            for (int li = max(jj + 1 - r0, 0) + qq; li < rows; li += SY2SB_QUARTERS)
+                s += As[li + (i64)jj * ld] * As[li + (i64)kq * ld];
+        red[th] = s;
         __syncthreads();
         if (th < SY2SB_BMAX) {
             double t = red[th];
 #pragma unroll
             for (int q = 1; q < SY2SB_QUARTERS; ++q)
                 t += red[th + q * SY2SB_BMAX];
-            sy2sb_put(part + 2 * ((i64)blk * SY2SB_BMAX + th), t, epoch + (unsigned)jj);
+            part[(i64)blk * SY2SB_BMAX + th] = t;
             if (r0 <= jj && jj < r1 && th < b)
-                sy2sb_put(part + 2 * ((i64)G * SY2SB_BMAX + th), As[(jj - r0) + (i64)th * ld], epoch + (unsigned)jj);
+                part[(i64)G * SY2SB_BMAX + th] = As[(jj - r0) + (i64)th * ld];
         }
     };
 
     if (kmax > 0)
         partials(0);
     for (int j = 0; j < kmax; ++j) {
-        const double* part = work + (i64)(j & 1) * 2 * (G + 1) * SY2SB_BMAX;
-        const unsigned f = epoch + (unsigned)j;
+        sy2sb_grid_sync(bar);
+        const double* part = work + (i64)(j & 1) * (G + 1) * SY2SB_BMAX;
         {
-            // this thread's partials (blocks qq, qq + 4, ...) and for qq = 0 row j's entry kq:
-            // all loads issued, then the stale ones read again one by one
-            const bool row_reader = qq == 0 && kq < b;
-            const double* rslot = part + 2 * ((i64)G * SY2SB_BMAX + kq);
-            unsigned long long ra = 0, rc = 0;
-            if (row_reader)
-                sy2sb_load(rslot, ra, rc);
-            unsigned long long lo[SY2SB_SLOTS], hi[SY2SB_SLOTS];
-#pragma unroll
-            for (int i = 0; i < SY2SB_SLOTS; ++i)
-                if (qq + SY2SB_QUARTERS * i < G)
-                    sy2sb_load(part + 2 * ((i64)(qq + SY2SB_QUARTERS * i) * SY2SB_BMAX + kq), lo[i], hi[i]);
+            const double* rowj = part + (i64)G * SY2SB_BMAX;
+            if (qq == 0 && kq < b)                     // row j, read beside the partials
+                rowv[kq] = __ldcg(rowj + kq);
             double s = 0.0;
-#pragma unroll
-            for (int i = 0; i < SY2SB_SLOTS; ++i)
-                if (qq + SY2SB_QUARTERS * i < G) {
-                    const double* slot = part + 2 * ((i64)(qq + SY2SB_QUARTERS * i) * SY2SB_BMAX + kq);
-                    while (!sy2sb_fresh(lo[i], hi[i], f))
-                        sy2sb_load(slot, lo[i], hi[i]);
-                    s += sy2sb_value(lo[i], hi[i]);
-                }
+#pragma unroll 4
+            for (int c = qq; c < G; c += SY2SB_QUARTERS)
+                s += __ldcg(part + (i64)c * SY2SB_BMAX + kq);
             red[th] = s;
-            if (row_reader) {
-                while (!sy2sb_fresh(ra, rc, f))
-                    sy2sb_load(rslot, ra, rc);
-                rowv[kq] = sy2sb_value(ra, rc);
-            }
         }
         __syncthreads();
         if (th < SY2SB_BMAX) {
@@ -208,13 +167,11 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
             __syncthreads();
             if (th == 0 && r0 <= j && j < r1)
                 As[(j - r0) + (i64)j * ld] = beta;    // R's diagonal entry (v_j = 1 is implied)
-            const int i0 = max(j - r0, 0), lane = th & 31;
-            for (int k = j + 1 + (th >> 5); k < b; k += SY2SB_THREADS / 32) {    // a warp a column
-                const double wk = ws[k];
-                for (int li = i0 + lane; li < rows; li += 32) {
-                    const double v = li + r0 == j ? 1.0 : As[li + (i64)j * ld];
-                    As[li + (i64)k * ld] += v * wk;
-                }
+            const int i0 = max(j - r0, 0), nr = rows - i0;
+            for (int e = th; nr > 0 && e < nr * (b - j - 1); e += SY2SB_THREADS) {
+                const int li = i0 + e % nr, k = j + 1 + e / nr;
+                const double v = li + r0 == j ? 1.0 : As[li + (i64)j * ld];
+                As[li + (i64)k * ld] += v * ws[k];
             }
             __syncthreads();
         }
