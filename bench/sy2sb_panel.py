@@ -1,7 +1,8 @@
 """The band reduction's panel on one GPU: sy2sb_device.PanelQR (one cooperative launch: QR, V and
 T) against cuSOLVER's geqrf plus the V copy and sy2sb.block_reflector (the path it replaces, still
-taken where a panel does not fit the kernel), per panel height m; then the whole one-GPU sy2sb
-each way, alternating calls, and how far the two bands differ.
+taken where a panel does not fit the kernel), per panel height m; C22 V by sy2sb.symm_blocked
+against one cuBLAS symm from UPDATE_BLOCKED_ROWS rows; then the whole one-GPU sy2sb with the
+kernel and without, alternating calls, and how far the two bands differ.
 
     python bench/sy2sb_panel.py --m 16320,8192,4096,1024,256 --n 8192,16384 [--json FILE]
 
@@ -87,6 +88,25 @@ def main(argv=None) -> int:
             row["grids"][pair] = t
         sy2sb_device.MIN_ROWS, sy2sb_device.BLOCKS_MAX = defaults
         out["panels"].append(row)
+
+    from hpccoll_eigensolver.linalg.sy2sb import UPDATE_BLOCKED_ROWS, symm_blocked
+    from hpccoll_eigensolver.linalg._xp import symm_lower
+
+    out["symm"] = []
+    for m in (int(x) for x in args.m.split(",")):
+        if m < UPDATE_BLOCKED_ROWS:
+            continue
+        C22 = cp.asfortranarray(cp.tril(cp.random.standard_normal((m, m))))
+        V = cp.asfortranarray(cp.random.standard_normal((m, b)))
+        Y1, Y2 = cp.empty((m, b), order="F"), cp.empty((m, b), order="F")
+        t1 = events(lambda: symm_lower(cp, C22, V, Y1), args.reps)
+        t2 = events(lambda: symm_blocked(cp, C22, V, Y2), args.reps)
+        diff = float(cp.abs(Y1 - Y2).max() / cp.abs(Y1).max())
+        tf = 2.0 * m * m * b / 1e9
+        print(f"  C22 V at m={m}: cuBLAS symm {t1:.3f} ms ({tf / t1:.1f} TFLOP/s), blocks {t2:.3f} ms "
+              f"({tf / t2:.1f} TFLOP/s, {t1 / t2:.2f}x); max difference / max |Y| {diff:.1e}")
+        out["symm"].append({"m": m, "symm_ms": t1, "blocked_ms": t2, "rel_diff": diff})
+        del C22
 
     class Old(sy2sb_device.PanelQR):    # the path without the kernel
         def __init__(self, n, b):

@@ -161,6 +161,26 @@ def update_lower(xp, C22, V, W, width: int | None = None) -> None:
         gemm_acc(xp, C22[j0:, j0:j1], VW[j0:], WV[j0:j1].T, -1.0)
 
 
+def symm_blocked(xp, C22, V, Y, width: int | None = None) -> None:
+    """Y := C22 V for the symmetric C22 given by its lower triangle (column-major; nothing above
+    the diagonal blocks' diagonals is read), by blocks of `width` columns [j0, j1) (default
+    UPDATE_COLUMNS): each diagonal block by a symm into Y's rows j0.., then each block below a
+    diagonal block B = C22[j1:, j0:j1] twice, Y[j1:] += B V[j0:j1] and Y[j0:j1] += B^T V[j1:] (one
+    GEMM each).  On an H100 cuBLAS symm ran at 22 to 30 TFLOP/s at m = 12288 to 16320, b = 64, a
+    GEMM reading the whole matrix at about 47 (docs/performance.md)."""
+    m = C22.shape[0]
+    width = width or UPDATE_COLUMNS
+    for j0 in range(0, m, width):
+        j1 = min(j0 + width, m)
+        symm_lower(xp, C22[j0:j1, j0:j1], V[j0:j1], Y[j0:j1])
+    for j0 in range(0, m, width):
+        j1 = min(j0 + width, m)
+        if j1 < m:
+            B = C22[j1:, j0:j1]
+            gemm_acc(xp, Y[j1:], B, V[j0:j1], 1.0)
+            gemm_acc(xp, Y[j0:j1], B.T, V[j1:], 1.0)
+
+
 def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
     """sy2sb's panels on one GPU, every column local: per panel the QR factorization in the
     panel's own columns with its V and T (sy2sb_device.PanelQR: one launch; where the panel does
@@ -188,7 +208,10 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
             T = block_reflector(xp, V, tau[p0:p1])
         C22 = C[p1:, p1:]
         Y = xp.empty((m, b), dtype=xp.float64, order="F")
-        symm_lower(xp, C22, V, Y)
+        if m >= UPDATE_BLOCKED_ROWS:
+            symm_blocked(xp, C22, V, Y)
+        else:
+            symm_lower(xp, C22, V, Y)
         X = Y @ T
         W = X - 0.5 * (V @ (T.T @ (V.T @ X)))
         if m >= UPDATE_BLOCKED_ROWS:
@@ -250,4 +273,4 @@ def gather_band(band, desc: BlockCyclic, comm, xp):
 
 
 __all__ = ["RUN_COLUMNS", "UPDATE_BLOCKED_ROWS", "UPDATE_COLUMNS", "block_reflector", "check_band", "gather_band",
-           "sy2sb", "trailing_runs", "update_lower"]
+           "sy2sb", "symm_blocked", "trailing_runs", "update_lower"]
