@@ -13,10 +13,11 @@ Per panel of b columns [p0, p1 = p0 + b), right-looking (every trailing update a
     columns, C22 -= V W^T + W V^T, one GEMM per run of owned columns (BLAS-3 throughout).
 So 2 collectives per panel, n / b panels, against sytrd's 2 per column; the symmetric
 trailing matrix is read twice per panel of b columns instead of once per column.  One GPU rank
-holds every trailing column: Y is one cuBLAS symm, and the update one cuBLAS syr2k on C22's lower
-triangle, or from UPDATE_BLOCKED_ROWS rows on one GEMM per block of UPDATE_COLUMNS columns from
-the block's diagonal down (update_lower; the blocks' strict upper triangles get the product too
-and are zeroed once, at the end).
+holds every trailing column: the panel's QR, V and T are one kernel (sy2sb_device.PanelQR), Y is
+one cuBLAS symm and the update one cuBLAS syr2k on C22's lower triangle, or from
+UPDATE_BLOCKED_ROWS rows on Y by blocks (symm_blocked) and the update one GEMM per block of
+UPDATE_COLUMNS columns from the block's diagonal down (update_lower; the blocks' strict upper
+triangles get the product too and are zeroed once, at the end).
 
 The panel's geqrf output stays in its columns until the end; then every rank copies its columns'
 band (rows c..c+b of column c: the diagonal block's lower part and R's upper part) into a
@@ -166,8 +167,9 @@ def symm_blocked(xp, C22, V, Y, width: int | None = None) -> None:
     the diagonal blocks' diagonals is read), by blocks of `width` columns [j0, j1) (default
     UPDATE_COLUMNS): each diagonal block by a symm into Y's rows j0.., then each block below a
     diagonal block B = C22[j1:, j0:j1] twice, Y[j1:] += B V[j0:j1] and Y[j0:j1] += B^T V[j1:] (one
-    GEMM each).  On an H100 cuBLAS symm ran at 22 to 30 TFLOP/s at m = 12288 to 16320, b = 64, a
-    GEMM reading the whole matrix at about 47 (docs/performance.md)."""
+    GEMM each).  On an H100 at b = 64 (GPU time): 0.707 against 0.863 ms for one cuBLAS symm at
+    m = 12288, the same at 16320, 0.357 against 0.295 ms at 8192; the band reduction 0.331
+    against 0.345 s at n = 16384 (docs/performance.md)."""
     m = C22.shape[0]
     width = width or UPDATE_COLUMNS
     for j0 in range(0, m, width):
@@ -184,9 +186,9 @@ def symm_blocked(xp, C22, V, Y, width: int | None = None) -> None:
 def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
     """sy2sb's panels on one GPU, every column local: per panel the QR factorization in the
     panel's own columns with its V and T (sy2sb_device.PanelQR: one launch; where the panel does
-    not fit it, cuSOLVER's geqrf and block_reflector), then Y = C22 V as one cuBLAS symm and the
-    update by update_lower from UPDATE_BLOCKED_ROWS rows on (else one syr2k); C's strict upper
-    triangle zeroed at the end.  The work queues on the stream: no host sync per panel."""
+    not fit it, cuSOLVER's geqrf and block_reflector), then Y = C22 V and the update by
+    symm_blocked and update_lower from UPDATE_BLOCKED_ROWS rows on (else one symm and one syr2k);
+    C's strict upper triangle zeroed at the end.  The work queues on the stream: no host sync per panel."""
     from .sy2sb_device import PanelQR
 
     qr = PanelQR(n, b)

@@ -3,8 +3,12 @@ the m x b panel below the band and its block reflector's T in one cooperative la
 file's header says how).  sy2sb.py takes it for every panel of a one-rank reduction whose first
 panel fits (panel_grid), cuSOLVER's geqrf and block_reflector otherwise.
 
-The grid: G = min(SMs, ceil(m / MIN_ROWS)) blocks, each holding R = ceil(m / G) rows of the
-panel in shared memory, so m up to about SMs x 380 at b = 64 (227 KiB a block on an H100)."""
+The grid: G = min(SMs, BLOCKS_MAX, ceil(m / MIN_ROWS)) blocks, each holding R = ceil(m / G) rows
+of the panel in shared memory (more blocks where the rows do not fit, up to the SMs), so m up to
+about SMs x 380 at b = 64 (227 KiB a block on an H100: n about 50000).  On an H100 the kernel
+took 0.41 ms at m = 16320 and 0.23 ms at 256 against 1.17 and 0.56 ms for cuSOLVER's geqrf,
+the copy of V and block_reflector; 128 blocks of 128 rows or 66 of 248 at m = 16320 were no
+faster than 132 of 124 (docs/performance.md)."""
 from __future__ import annotations
 
 import re
@@ -20,8 +24,8 @@ THREADS = int(re.search(r"#define SY2SB_THREADS (\d+)", _SRC).group(1))   # thre
 B_MAX = int(re.search(r"#define SY2SB_BMAX (\d+)", _SRC).group(1))        # the largest b
 #: rows per block at least: below it more blocks only add to every barrier's arrivals and sums
 MIN_ROWS = 64
-#: blocks at most (and at most the GPU's SMs): every block reads every block's partials per
-#: column, G^2 x 64 doubles through L2
+#: blocks at most where the rows fit (and at most the GPU's SMs): every block reads every
+#: block's partials per column, G^2 x 64 doubles through L2
 BLOCKS_MAX = 132
 
 
