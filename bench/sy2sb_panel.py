@@ -122,26 +122,38 @@ def main(argv=None) -> int:
             self.fits = False
 
     comm = hpccoll.Communicator(backend="host", deterministic=True)   # one rank: Get_rank only
-    real = sy2sb_device.PanelQR
+    from hpccoll_eigensolver.linalg import sy2sb as S
+
+    def alternate(Sm, desc, variants):
+        """The whole band reduction of Sm once per variant (label, set-up) per call, alternating:
+        {label: seconds of each call}, {label: the last band}, and the bands' max difference over
+        the second variant's max |band|."""
+        runs, bands = {label: [] for label, _ in variants}, {}
+        for _ in range(args.calls):
+            for label, setup in variants:
+                undo = setup()
+                C = Sm.copy(order="F")
+                cp.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                bands[label], _ = sy2sb(C, desc, comm, cp, b)
+                cp.cuda.Device().synchronize()
+                runs[label].append(time.perf_counter() - t0)
+                undo()
+                del C
+        (a, _), (r, _) = variants
+        return runs, float(cp.abs(bands[a] - bands[r]).max() / cp.abs(bands[r]).max())
+
+    def patch(module, name, value):
+        old = getattr(module, name)
+        setattr(module, name, value)
+        return lambda: setattr(module, name, old)
+
     for n in (int(x) for x in args.n.split(",")):
         Sm = cp.random.default_rng(n).standard_normal((n, n))
         Sm = cp.asfortranarray(cp.tril(Sm + Sm.T))
         desc = BlockCyclic(n, n, 64, 1)
-        runs = {"kernel": [], "cusolver": []}
-        bands = {}
-        for _ in range(args.calls):
-            for label, cls in (("kernel", real), ("cusolver", Old)):
-                sy2sb_device.PanelQR = cls
-                C = Sm.copy(order="F")
-                cp.cuda.Device().synchronize()
-                t0 = time.perf_counter()
-                band, _ = sy2sb(C, desc, comm, cp, b)
-                cp.cuda.Device().synchronize()
-                runs[label].append(time.perf_counter() - t0)
-                bands[label] = band
-                del C
-        sy2sb_device.PanelQR = real
-        diff = float(cp.abs(bands["kernel"] - bands["cusolver"]).max() / cp.abs(bands["cusolver"]).max())
+        runs, diff = alternate(Sm, desc, [("kernel", lambda: (lambda: None)),
+                                          ("cusolver", lambda: patch(sy2sb_device, "PanelQR", Old))])
         best = {k: min(v) for k, v in runs.items()}
         print(f"n={n}: sy2sb with the kernel best {best['kernel']:.4f} s, with geqrf best {best['cusolver']:.4f} s "
               f"({best['cusolver'] / best['kernel']:.2f}x); runs {' '.join(f'{t:.4f}' for t in runs['kernel'])} | "
@@ -149,23 +161,9 @@ def main(argv=None) -> int:
         out["reductions"].append({"n": n, "kernel_s": runs["kernel"], "cusolver_s": runs["cusolver"],
                                   "band_rel_diff": diff})
         if args.symm_ab:
-            from hpccoll_eigensolver.linalg import sy2sb as S
-
-            blocked = S.symm_blocked
-            ab = {"blocks": [], "symm": []}
-            for _ in range(args.calls):
-                for label, fn in (("blocks", blocked), ("symm", lambda xp, C22, V, Y: symm_lower(xp, C22, V, Y))):
-                    S.symm_blocked = fn
-                    C = Sm.copy(order="F")
-                    cp.cuda.Device().synchronize()
-                    t0 = time.perf_counter()
-                    band, _ = sy2sb(C, desc, comm, cp, b)
-                    cp.cuda.Device().synchronize()
-                    ab[label].append(time.perf_counter() - t0)
-                    bands[label] = band
-                    del C
-            S.symm_blocked = blocked
-            d = float(cp.abs(bands["blocks"] - bands["symm"]).max() / cp.abs(bands["symm"]).max())
+            one = lambda xp, C22, V, Y: symm_lower(xp, C22, V, Y)   # noqa: E731 - C22 V by one symm
+            ab, d = alternate(Sm, desc, [("blocks", lambda: (lambda: None)),
+                                         ("symm", lambda: patch(S, "symm_blocked", one))])
             print(f"n={n}: sy2sb (kernel) with C22 V by blocks best {min(ab['blocks']):.4f} s, by one symm best "
                   f"{min(ab['symm']):.4f} s ({min(ab['symm']) / min(ab['blocks']):.2f}x); runs "
                   f"{' '.join(f'{t:.4f}' for t in ab['blocks'])} | {' '.join(f'{t:.4f}' for t in ab['symm'])}; "

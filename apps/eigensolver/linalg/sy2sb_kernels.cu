@@ -101,6 +101,15 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
         taus[k] = 0.0;
     __syncthreads();
 
+    // entry th's (th < BMAX) sum of its SY2SB_QUARTERS threads' values in red, in index order
+    const auto quarters = [&]() {
+        double t = red[th];
+#pragma unroll
+        for (int q = 1; q < SY2SB_QUARTERS; ++q)
+            t += red[th + q * SY2SB_BMAX];
+        return t;
+    };
+
     // column jj's partials s_k (this block's rows below row jj) and, from the block holding it, row jj
     const auto partials = [&](int jj) {
         double* part = work + (i64)(jj & 1) * (G + 1) * SY2SB_BMAX;
@@ -111,11 +120,7 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
         red[th] = s;
         __syncthreads();
         if (th < SY2SB_BMAX) {
-            double t = red[th];
-#pragma unroll
-            for (int q = 1; q < SY2SB_QUARTERS; ++q)
-                t += red[th + q * SY2SB_BMAX];
-            part[(i64)blk * SY2SB_BMAX + th] = t;
+            part[(i64)blk * SY2SB_BMAX + th] = quarters();
             if (r0 <= jj && jj < r1 && th < b)
                 part[(i64)G * SY2SB_BMAX + th] = As[(jj - r0) + (i64)th * ld];
         }
@@ -137,13 +142,8 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
             red[th] = s;
         }
         __syncthreads();
-        if (th < SY2SB_BMAX) {
-            double t = red[th];
-#pragma unroll
-            for (int q = 1; q < SY2SB_QUARTERS; ++q)
-                t += red[th + q * SY2SB_BMAX];
-            tot[th] = t;
-        }
+        if (th < SY2SB_BMAX)
+            tot[th] = quarters();
         __syncthreads();
         const double alpha = rowv[j], xn2 = tot[j];
         double t = 0.0, beta = alpha, scal = 0.0;
