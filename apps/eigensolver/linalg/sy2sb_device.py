@@ -7,8 +7,9 @@ The grid: G = min(SMs, BLOCKS_MAX, ceil(m / MIN_ROWS)) blocks, each holding R = 
 of the panel in shared memory (more blocks where the rows do not fit, up to the SMs), so m up to
 about SMs x 380 at b = 64 (227 KiB a block on an H100: n about 50000).  On an H100 the kernel
 took 0.41 ms at m = 16320 and 0.23 ms at 256 against 1.17 and 0.56 ms for cuSOLVER's geqrf,
-the copy of V and block_reflector; 128 blocks of 128 rows or 66 of 248 at m = 16320 were no
-faster than 132 of 124 (docs/performance.md)."""
+the copy of V and block_reflector.  Other grids won at some heights and lost at others: at
+least 128 rows a block took 0.398 against 0.420 ms at m = 16320 and 0.312 against 0.283 at 4096,
+at most 66 blocks 0.457 at 16320 (the record's Parts, docs/performance.md)."""
 from __future__ import annotations
 
 import re
