@@ -210,6 +210,24 @@ def test_the_panel_kernels_grid_covers_the_rows_and_fits(m, b):
         assert G == max(1, min(BLOCKS_MAX, -(-m // MIN_ROWS)))     # more blocks only where rows do not fit
 
 
+def test_the_panel_kernels_sizes_are_the_kernel_files(tmp_path):
+    """sy2sb_device's shared memory and work sizes are sy2sb_kernels.cu's own (its size functions
+    built for the CPU: tests/unit/sy2sb_sizes.cpp)."""
+    import ctypes
+
+    from kernel_emulation import build_emulation
+
+    from hpccoll_eigensolver.linalg.sy2sb_device import panel_smem, panel_work
+
+    lib = build_emulation(tmp_path, "sy2sb_sizes.cpp")
+    lib.sy2sb_sizes_smem.restype = lib.sy2sb_sizes_work.restype = ctypes.c_longlong
+    for R in (1, 2, 3, 63, 64, 124, 255, 382, 455):
+        for b in (1, 7, 32, 63, 64):
+            assert panel_smem(R, b) == lib.sy2sb_sizes_smem(R, b), (R, b)
+    for G in (1, 4, 64, 132):
+        assert panel_work(G) == lib.sy2sb_sizes_work(G), G
+
+
 def test_the_panel_kernel_refuses_what_it_cannot_hold():
     from hpccoll_eigensolver.linalg.sy2sb_device import B_MAX, panel_grid
 

@@ -35,6 +35,12 @@
 
 typedef long long i64;
 
+#ifdef SY2SB_SIZES_ONLY   // the sizes below on the host alone (tests/unit: they are sy2sb_device.py's)
+#define __host__
+#define __device__
+#define __forceinline__ inline
+#endif
+
 // The leading dimension of a block's rows in shared memory: R, odd (a warp reading one row of
 // consecutive columns then meets each bank at most twice, the least for doubles)
 __host__ __device__ __forceinline__ int sy2sb_panel_ld(int R)
@@ -56,6 +62,7 @@ __host__ __device__ __forceinline__ long long sy2sb_panel_work(int G)
     return 2LL * (G + 1) * SY2SB_BMAX;
 }
 
+#ifndef SY2SB_SIZES_ONLY
 // Grid barrier (cooperative groups' algorithm): block 0 adds 2^31 - (G - 1), the others 1, so
 // the counter's top bit flips once all G have arrived and its low bits are as before (no reset
 // between barriers or launches).  The releasing add publishes the block's writes (ordered before
@@ -211,3 +218,4 @@ sy2sb_panel(double* __restrict__ A, i64 lda, int m, int b, double* __restrict__ 
     for (int k = th; k < b; k += SY2SB_THREADS)
         tau[k] = taus[k];
 }
+#endif  // SY2SB_SIZES_ONLY
