@@ -33,10 +33,11 @@ def main(argv=None) -> int:
     import cupy as cp
 
     import hpccoll
+    from hpccoll_eigensolver.linalg import sy2sb as S
     from hpccoll_eigensolver.linalg import sy2sb_device
-    from hpccoll_eigensolver.linalg._xp import geqrf_in_place, geqrf_work
+    from hpccoll_eigensolver.linalg._xp import geqrf_in_place, geqrf_work, symm_lower
     from hpccoll_eigensolver.linalg.layout import BlockCyclic
-    from hpccoll_eigensolver.linalg.sy2sb import block_reflector, sy2sb
+    from hpccoll_eigensolver.linalg.sy2sb import UPDATE_BLOCKED_ROWS, block_reflector, sy2sb, symm_blocked
 
     dev = cp.cuda.Device()
     name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
@@ -97,9 +98,6 @@ def main(argv=None) -> int:
         sy2sb_device.MIN_ROWS, sy2sb_device.BLOCKS_MAX = defaults
         out["panels"].append(row)
 
-    from hpccoll_eigensolver.linalg.sy2sb import UPDATE_BLOCKED_ROWS, symm_blocked
-    from hpccoll_eigensolver.linalg._xp import symm_lower
-
     out["symm"] = []
     for m in (int(x) for x in args.m.split(",")):
         if m < UPDATE_BLOCKED_ROWS:
@@ -122,7 +120,6 @@ def main(argv=None) -> int:
             self.fits = False
 
     comm = hpccoll.Communicator(backend="host", deterministic=True)   # one rank: Get_rank only
-    from hpccoll_eigensolver.linalg import sy2sb as S
 
     def alternate(Sm, desc, variants):
         """The whole band reduction of Sm once per variant (label, set-up) per call, alternating:

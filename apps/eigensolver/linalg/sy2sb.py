@@ -210,13 +210,11 @@ def _sy2sb_one_device(C, n: int, b: int, xp, tau) -> None:
             T = block_reflector(xp, V, tau[p0:p1])
         C22 = C[p1:, p1:]
         Y = xp.empty((m, b), dtype=xp.float64, order="F")
-        if m >= UPDATE_BLOCKED_ROWS:
-            symm_blocked(xp, C22, V, Y)
-        else:
-            symm_lower(xp, C22, V, Y)
+        blocked = m >= UPDATE_BLOCKED_ROWS
+        (symm_blocked if blocked else symm_lower)(xp, C22, V, Y)
         X = Y @ T
         W = X - 0.5 * (V @ (T.T @ (V.T @ X)))
-        if m >= UPDATE_BLOCKED_ROWS:
+        if blocked:
             update_lower(xp, C22, V, W)
         else:
             syr2k_lower(xp, C22, V, xp.asfortranarray(W))
